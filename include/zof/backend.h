@@ -1,0 +1,93 @@
+// The one small interface every compute backend implements (CPU now, CUDA later).
+// Three separate concerns: memory (device buffers, pinned host buffers), streams (ordered queues
+// of async copies and ops, with events) and ops (the math of a transformer forward pass).
+// Backends know no model: ops take raw buffers and sizes; the model graph lives in src/core.
+// Every op is asynchronous with respect to the host on its stream; the CPU backend runs it inline.
+// All tensors are row-major, fp32 activations; shapes are given in comments as (rows, cols).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace zof {
+
+// Opaque handles owned by the backend that created them.
+struct Stream;
+struct Event;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory ----------------------------------------------------------------------------
+  // Device memory (on the CPU backend: 64-byte aligned host memory). Never returns null: throws
+  // zof::Error when the budget is exhausted.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  // Page-locked host memory, the source/target of async copies (CPU backend: aligned memory).
+  virtual void* alloc_host_pinned(size_t bytes) = 0;
+  virtual void free_host_pinned(void* ptr) = 0;
+  // Bytes of device memory still free (CPU backend: available physical memory).
+  virtual size_t free_memory() const = 0;
+
+  // ---- streams and events --------------------------------------------------------------------
+  virtual Stream* default_stream() = 0;
+  virtual Stream* create_stream() = 0;  // owned by the backend, lives until it is destroyed
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes, Stream* s) = 0;
+  virtual void copy_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
+  virtual Event* create_event() = 0;  // owned by the backend
+  virtual void record(Event* e, Stream* s) = 0;      // e completes when s reaches this point
+  virtual void wait(Stream* s, Event* e) = 0;        // s waits for e, the host does not
+  virtual void synchronize(Stream* s) = 0;           // the host waits for s
+
+  // ---- ops (on stream s; nullptr = default stream) -------------------------------------------
+  // y(M,N) = x(M,K) · w(N,K)^T + bias(N); bias may be null. w is in nn.Linear layout (out, in).
+  virtual void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M,
+                      int64_t N, int64_t K, Stream* s = nullptr) = 0;
+  // y(rows,dim) = x / sqrt(mean(x^2) + eps) * w. y may alias x.
+  virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
+                        float eps, Stream* s = nullptr) = 0;
+  // y(rows,dim) = (x - mean) / sqrt(var + eps) * w + b (biased variance). y may alias x.
+  virtual void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                          int64_t dim, float eps, Stream* s = nullptr) = 0;
+  // Rotary embedding in place, Hugging Face rotate_half convention: within each head the pairs
+  // are (i, i + head_dim/2), angle = pos * theta^(-2i/head_dim). x (rows, n_heads, head_dim),
+  // pos (rows).
+  virtual void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads,
+                    int64_t head_dim, float theta, Stream* s = nullptr) = 0;
+  // Causal softmax attention with grouped-query heads (query head h reads kv head
+  // h / (H / Hkv)). q (B,Tq,H,D), k and v (B,Tk,Hkv,D), out (B,Tq,H,D). Query i sits at position
+  // q_offset + i and sees key j iff j <= q_offset + i and key_mask[b*Tk + j] != 0 (key_mask null:
+  // all keys valid). A query that sees no key gets zeros.
+  virtual void attention(const float* q, const float* k, const float* v, float* out,
+                         const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                         int64_t Hkv, int64_t D, int64_t q_offset, float scale,
+                         Stream* s = nullptr) = 0;
+  // out(n) = silu(gate) * up. out may alias gate or up.
+  virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n,
+                        Stream* s = nullptr) = 0;
+  // In place: tanh-approximated GELU ("gelu_new"/"gelu_pytorch_tanh"), exact erf GELU, ReLU.
+  virtual void gelu_tanh(float* x, int64_t n, Stream* s = nullptr) = 0;
+  virtual void gelu_erf(float* x, int64_t n, Stream* s = nullptr) = 0;
+  virtual void relu(float* x, int64_t n, Stream* s = nullptr) = 0;
+  // y(n) += x(n)
+  virtual void add(float* y, const float* x, int64_t n, Stream* s = nullptr) = 0;
+  // out(n,dim) = table[ids[i]] (+= when accumulate). ids must be in range (checked by caller).
+  virtual void embedding(const int32_t* ids, const float* table, float* out, int64_t n,
+                         int64_t dim, bool accumulate, Stream* s = nullptr) = 0;
+  // nll(rows) = logsumexp(logits[r]) - logits[r][targets[r]]; targets[r] < 0 gives 0.
+  // logits (rows, vocab).
+  virtual void cross_entropy(const float* logits, const int32_t* targets, float* nll,
+                             int64_t rows, int64_t vocab, Stream* s = nullptr) = 0;
+};
+
+// The CPU backend (oneDNN matrix products, OpenMP elsewhere). threads <= 0: OpenMP's default.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// The plain scalar reference backend: every op written once, never optimized; the oracle that
+// the fast backends are tested against.
+std::unique_ptr<Backend> make_reference_backend();
+
+}  // namespace zof

@@ -1,0 +1,72 @@
+// safetensors: memory-mapped, fully validated reader (single file or sharded with
+// model.safetensors.index.json) and an atomic writer (temporary file, fsync, rename).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zof/dtype.h"
+
+namespace zof::safetensors {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // into the mapped file; valid while the Archive lives
+  size_t nbytes = 0;
+  std::string file;  // path of the file that holds it, for error messages
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+// A set of tensors backed by one or more memory-mapped files. Every offset, size, dtype and shape
+// is validated when the file is opened, before any tensor is read; problems throw zof::Error
+// naming the file and the tensor.
+class Archive {
+ public:
+  // A model directory: model.safetensors, or model.safetensors.index.json and its shards.
+  static Archive open_dir(const std::string& dir);
+  // One .safetensors file.
+  static Archive open_file(const std::string& path);
+
+  Archive(Archive&&) noexcept;
+  Archive& operator=(Archive&&) noexcept;
+  ~Archive();
+
+  const TensorInfo* find(const std::string& name) const;  // null when absent
+  // The tensor, which must exist with exactly this shape; otherwise zof::Error naming the file,
+  // the tensor, the expected and the found shape.
+  const TensorInfo& require(const std::string& name, const std::vector<int64_t>& shape) const;
+  std::vector<std::string> names() const;  // sorted
+  const std::map<std::string, std::string>& metadata() const;  // __metadata__ of the first file
+  std::string source() const;  // the path given to open_*
+
+ private:
+  Archive();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Converts any stored dtype to fp32: out must hold t.numel() floats.
+void to_f32(const TensorInfo& t, float* out);
+
+struct TensorOut {
+  std::string name;
+  DType dtype;  // stored dtype; data is converted from fp32 (round to nearest even)
+  std::vector<int64_t> shape;
+  const float* data;
+};
+
+// Writes one safetensors file atomically: path.tmp.<pid>, fsync, rename, fsync of the directory.
+// Tensors are laid out in the order given; names must be unique. On failure nothing is left at
+// path (an existing file there is untouched) and zof::Error says why.
+void write(const std::string& path, const std::vector<TensorOut>& tensors,
+           const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace zof::safetensors
