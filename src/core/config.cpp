@@ -1,0 +1,334 @@
+// config.json of the supported families, read as transformers reads it: the same field names, the
+// same defaults per model_type, and an error for every option that would change the math in a way
+// zof does not implement (RoPE scaling, sliding windows, cross-attention, ...).
+#include "zof/config.h"
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "zof/error.h"
+
+namespace zof {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Reads fields of one config.json, each error naming the file and the field.
+struct Fields {
+  const json& j;
+  const std::string& src;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(src + ": field \"" + key + "\" " + what);
+  }
+  const json* get(const std::string& key) const {  // null when absent or JSON null
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool has(const std::string& key) const { return get(key) != nullptr; }
+
+  int64_t integer(const std::string& key, const json& v) const {
+    if (!v.is_number_integer())
+      fail(key, "must be an integer, got " + v.dump() + "; fix config.json");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      fail(key, "is too large (" + v.dump() + "); fix config.json");
+    return v.get<int64_t>();
+  }
+  int64_t required_int(const std::string& key) const {
+    const json* v = get(key);
+    if (!v) fail(key, "is missing; config.json of this model_type must define it");
+    return integer(key, *v);
+  }
+  int64_t positive(const std::string& key) const {
+    int64_t x = required_int(key);
+    if (x <= 0) fail(key, "must be positive, got " + std::to_string(x) + "; fix config.json");
+    return x;
+  }
+  int64_t positive_or(const std::string& key, int64_t def) const {
+    const json* v = get(key);
+    if (!v) return def;
+    int64_t x = integer(key, *v);
+    if (x <= 0) fail(key, "must be positive, got " + std::to_string(x) + "; fix config.json");
+    return x;
+  }
+  double number_or(const std::string& key, double def) const {
+    const json* v = get(key);
+    if (!v) return def;
+    if (!v->is_number()) fail(key, "must be a number, got " + v->dump() + "; fix config.json");
+    return v->get<double>();
+  }
+  double positive_number_or(const std::string& key, double def) const {
+    double x = number_or(key, def);
+    if (!(x > 0)) fail(key, "must be positive, got " + std::to_string(x) + "; fix config.json");
+    return x;
+  }
+  bool boolean_or(const std::string& key, bool def) const {
+    const json* v = get(key);
+    if (!v) return def;
+    if (!v->is_boolean()) fail(key, "must be true or false, got " + v->dump() + "; fix config.json");
+    return v->get<bool>();
+  }
+  std::string string_or(const std::string& key, const std::string& def) const {
+    const json* v = get(key);
+    if (!v) return def;
+    if (!v->is_string()) fail(key, "must be a string, got " + v->dump() + "; fix config.json");
+    return v->get<std::string>();
+  }
+  // A token id: an integer, null, or (eos_token_id in newer models) a list whose first entry zof
+  // uses. Negative ids (some old conversions write -1) mean none.
+  int32_t token_id(const std::string& key) const {
+    const json* v = get(key);
+    if (!v) return -1;
+    const json* x = v;
+    if (v->is_array()) {
+      if (v->empty()) return -1;
+      x = &(*v)[0];
+    }
+    if (!x->is_number_integer()) fail(key, "must be an integer or a list of integers, got " + v->dump());
+    int64_t id = x->get<int64_t>();
+    if (x->is_number_unsigned() && x->get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max()))
+      fail(key, "is out of range (" + v->dump() + "); fix config.json");
+    if (id > std::numeric_limits<int32_t>::max()) fail(key, "is out of range (" + v->dump() + ")");
+    return id < 0 ? -1 : int32_t(id);
+  }
+  void reject_if_true(const std::string& key, bool def, const std::string& why) const {
+    if (boolean_or(key, def)) fail(key, "= true is not supported: " + why);
+  }
+};
+
+// hidden_size / heads, the default head_dim, which transformers computes with floor division;
+// zof requires it exact since a remainder means a config no checkpoint was trained with.
+int64_t divide(const Fields& f, int64_t hidden, const std::string& hidden_key, int64_t heads,
+               const std::string& heads_key) {
+  if (hidden % heads != 0)
+    f.fail(hidden_key, "(" + std::to_string(hidden) + ") is not divisible by " + heads_key + " (" +
+                           std::to_string(heads) + "); fix config.json or give head_dim");
+  return hidden / heads;
+}
+
+// Accepts plain RoPE only: rope_scaling (transformers 4) or rope_parameters (transformers 5) absent,
+// null, or of rope_type "default". Returns rope_theta.
+double parse_rope(const Fields& f) {
+  double theta = f.positive_number_or("rope_theta", 10000.0);
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json* r = f.get(key);
+    if (!r) continue;
+    if (!r->is_object()) f.fail(key, "must be an object or null, got " + r->dump());
+    std::string type = "default";
+    for (const char* tk : {"rope_type", "type"})
+      if (r->contains(tk)) {
+        if (!(*r)[tk].is_string()) f.fail(key, std::string("has a non-string ") + tk);
+        type = (*r)[tk].get<std::string>();
+      }
+    if (type != "default")
+      f.fail(key, "asks for RoPE scaling of type \"" + type +
+                      "\", which zof does not support yet; use a model with plain RoPE (rope_scaling null)");
+    for (auto it = r->begin(); it != r->end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "rope_type" || k == "type") continue;
+      if (k == "rope_theta") {
+        if (!it->is_number() || !(it->get<double>() > 0)) f.fail(key, "has a rope_theta that is not a positive number");
+        theta = it->get<double>();
+      } else if (k == "partial_rotary_factor" && it->is_number() && it->get<double>() == 1.0) {
+      } else {
+        f.fail(key, "sets \"" + k + "\", which zof does not support yet; use a model with plain RoPE");
+      }
+    }
+  }
+  return theta;
+}
+
+DType parse_torch_dtype(const Fields& f) {
+  const char* key = f.has("dtype") ? "dtype" : "torch_dtype";  // transformers 5 writes "dtype"
+  std::string s = f.string_or(key, "float32");
+  if (s == "float32" || s == "float") return DType::F32;
+  if (s == "float16" || s == "half") return DType::F16;
+  if (s == "bfloat16") return DType::BF16;
+  f.fail(key, "is \"" + s + "\"; zof supports float32, float16 and bfloat16 checkpoints");
+}
+
+void parse_llama(const Fields& f, ModelConfig& c) {
+  const std::string& mt = c.model_type;
+  c.arch = Arch::Llama;
+  c.hidden_size = f.positive("hidden_size");
+  c.intermediate_size = f.positive("intermediate_size");
+  c.num_layers = f.positive("num_hidden_layers");
+  c.num_heads = f.positive("num_attention_heads");
+  c.num_kv_heads = f.positive_or("num_key_value_heads", c.num_heads);
+  if (c.num_heads % c.num_kv_heads != 0)
+    f.fail("num_key_value_heads", "(" + std::to_string(c.num_kv_heads) + ") does not divide num_attention_heads (" +
+                                      std::to_string(c.num_heads) + "); fix config.json");
+  c.head_dim = f.has("head_dim") ? f.positive("head_dim")
+                                 : divide(f, c.hidden_size, "hidden_size", c.num_heads, "num_attention_heads");
+  // transformers' defaults differ by family.
+  const int64_t def_pos = mt == "mistral" ? 4096 * 32 : mt == "qwen2" ? 32768 : 2048;
+  c.max_position = f.positive_or("max_position_embeddings", def_pos);
+  c.norm_eps = float(f.positive_number_or("rms_norm_eps", 1e-6));
+  c.rope_theta = float(parse_rope(f));
+  std::string act = f.string_or("hidden_act", "silu");
+  if (act != "silu" && act != "swish")
+    f.fail("hidden_act", "is \"" + act + "\"; zof supports only \"silu\" for " + mt + " models");
+  c.act = Activation::SiLU;
+  if (mt == "llama") {  // Mistral and Qwen2 hard-code their biases and ignore these fields
+    c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
+    c.mlp_bias = f.boolean_or("mlp_bias", false);
+  } else if (mt == "qwen2") {
+    c.qkv_bias = true;
+    c.o_bias = false;
+    c.mlp_bias = false;
+  } else {
+    c.qkv_bias = c.o_bias = c.mlp_bias = false;
+  }
+  c.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
+
+  // Sliding-window attention changes the mask on long inputs; accept only configs where it never
+  // applies. Mistral uses sliding_window (default 4096) as given; Qwen2 only with use_sliding_window
+  // and only on layers from max_window_layers on (or as layer_types says).
+  if (mt == "mistral" || mt == "qwen2") {
+    const json* sw = f.get("sliding_window");
+    int64_t window = 0;  // 0: none
+    if (!f.j.contains("sliding_window")) window = 4096;
+    else if (sw) window = f.positive("sliding_window");
+    bool applies = window > 0 && window < c.max_position;
+    if (applies && mt == "qwen2") {
+      if (!f.boolean_or("use_sliding_window", false)) {
+        applies = false;
+      } else if (const json* lt = f.get("layer_types")) {
+        if (!lt->is_array()) f.fail("layer_types", "must be a list of strings");
+        applies = false;
+        for (const json& t : *lt)
+          if (!t.is_string() || t.get<std::string>() != "full_attention") applies = true;
+      } else {
+        applies = f.positive_or("max_window_layers", 28) < c.num_layers;
+      }
+    }
+    if (applies)
+      f.fail("sliding_window", "is " + std::to_string(window) + ", below max_position_embeddings (" +
+                                   std::to_string(c.max_position) +
+                                   "): sliding-window attention is not supported yet; set it to null if the "
+                                   "model was trained with full attention");
+  }
+}
+
+void parse_opt(const Fields& f, ModelConfig& c) {
+  c.arch = Arch::OPT;
+  c.hidden_size = f.positive("hidden_size");
+  c.intermediate_size = f.positive("ffn_dim");
+  c.num_layers = f.positive("num_hidden_layers");
+  c.num_heads = f.positive("num_attention_heads");
+  c.num_kv_heads = c.num_heads;
+  c.head_dim = divide(f, c.hidden_size, "hidden_size", c.num_heads, "num_attention_heads");
+  c.max_position = f.positive("max_position_embeddings");
+  c.word_embed_proj_dim = f.positive_or("word_embed_proj_dim", c.hidden_size);
+  c.do_layer_norm_before = f.boolean_or("do_layer_norm_before", true);
+  f.reject_if_true("_remove_final_layer_norm", false, "it drops the final LayerNorm of old OPT checkpoints");
+  if (!f.boolean_or("layer_norm_elementwise_affine", true))
+    f.fail("layer_norm_elementwise_affine", "= false is not supported: zof's LayerNorm has a weight and a bias");
+  std::string act = f.string_or("activation_function", "relu");
+  if (act == "relu") c.act = Activation::ReLU;
+  else if (act == "gelu") c.act = Activation::GeluErf;
+  else f.fail("activation_function", "is \"" + act + "\"; zof supports \"relu\" and \"gelu\" for opt models");
+  c.norm_eps = 1e-5f;  // nn.LayerNorm's default, which OPT uses
+  c.qkv_bias = c.o_bias = c.mlp_bias = f.boolean_or("enable_bias", true);
+  c.tie_embeddings = f.boolean_or("tie_word_embeddings", true);
+}
+
+void parse_gpt2(const Fields& f, ModelConfig& c) {
+  c.arch = Arch::GPT2;
+  c.hidden_size = f.positive("n_embd");
+  c.num_layers = f.positive("n_layer");
+  c.num_heads = f.positive("n_head");
+  c.num_kv_heads = c.num_heads;
+  c.head_dim = divide(f, c.hidden_size, "n_embd", c.num_heads, "n_head");
+  c.max_position = f.positive("n_positions");
+  c.intermediate_size = f.positive_or("n_inner", 4 * c.hidden_size);
+  c.norm_eps = float(f.positive_number_or("layer_norm_epsilon", 1e-5));
+  std::string act = f.string_or("activation_function", "gelu_new");
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast") c.act = Activation::GeluTanh;
+  else if (act == "gelu") c.act = Activation::GeluErf;
+  else if (act == "relu") c.act = Activation::ReLU;
+  else
+    f.fail("activation_function",
+           "is \"" + act + "\"; zof supports gelu_new, gelu_pytorch_tanh, gelu_fast, gelu and relu for gpt2 models");
+  f.reject_if_true("scale_attn_by_inverse_layer_idx", false, "it scales attention by 1/(layer+1), which zof does not implement");
+  f.reject_if_true("add_cross_attention", false, "zof runs decoder-only models");
+  if (!f.boolean_or("scale_attn_weights", true))
+    f.fail("scale_attn_weights", "= false is not supported: zof scales attention scores by 1/sqrt(head_dim)");
+  // reorder_and_upcast_attn only changes the rounding of the attention scores: accepted.
+  c.qkv_bias = c.o_bias = c.mlp_bias = true;
+  c.tie_embeddings = f.boolean_or("tie_word_embeddings", true);
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw Error(source + ": config.json must hold a JSON object, got a " + j.type_name());
+  Fields f{j, source};
+  ModelConfig c;
+  const json* mt = f.get("model_type");
+  if (!mt) f.fail("model_type", "is missing; zof supports llama, mistral, qwen2, opt and gpt2");
+  if (!mt->is_string()) f.fail("model_type", "must be a string, got " + mt->dump());
+  c.model_type = mt->get<std::string>();
+  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") parse_llama(f, c);
+  else if (c.model_type == "opt") parse_opt(f, c);
+  else if (c.model_type == "gpt2") parse_gpt2(f, c);
+  else
+    f.fail("model_type", "is \"" + c.model_type + "\", which zof does not support; supported: llama, mistral, qwen2, opt, gpt2");
+  c.vocab_size = f.positive("vocab_size");
+  c.bos_token_id = f.token_id("bos_token_id");
+  c.eos_token_id = f.token_id("eos_token_id");
+  c.pad_token_id = f.token_id("pad_token_id");
+  c.torch_dtype = parse_torch_dtype(f);
+  c.raw = j;
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open; check that the model directory holds config.json");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::exception& e) {
+    throw Error(path + ": malformed JSON (" + e.what() + "); fix or re-download config.json");
+  }
+  return from_json(j, path);
+}
+
+int64_t ModelConfig::num_params() const {
+  const int64_t H = hidden_size, V = vocab_size, I = intermediate_size, L = num_layers;
+  int64_t n = 0;
+  switch (arch) {
+    case Arch::Llama: {
+      const int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
+      int64_t layer = H * q + 2 * H * kv + q * H  // q, k, v, o
+                      + 3 * H * I                 // gate, up, down
+                      + 2 * H;                    // input and post-attention RMSNorm
+      if (qkv_bias) layer += q + 2 * kv;
+      if (o_bias) layer += H;
+      if (mlp_bias) layer += 2 * I + H;
+      n = V * H + L * layer + H + (tie_embeddings ? 0 : V * H);
+      break;
+    }
+    case Arch::OPT: {
+      const int64_t P = word_embed_proj_dim, b = qkv_bias ? 1 : 0;
+      int64_t layer = 4 * (H * H + b * H) + H * I + b * I + I * H + b * H + 4 * H;  // + two LayerNorms
+      n = V * P + (max_position + 2) * H  // OPT's learned positions carry an offset of 2
+          + L * layer + (do_layer_norm_before ? 2 * H : 0) + (P != H ? 2 * P * H : 0) +
+          (tie_embeddings ? 0 : V * P);
+      break;
+    }
+    case Arch::GPT2: {
+      int64_t layer = 2 * H + (3 * H * H + 3 * H) + (H * H + H) + 2 * H + (H * I + I) + (I * H + H);
+      n = V * H + max_position * H + L * layer + 2 * H + (tie_embeddings ? 0 : V * H);
+      break;
+    }
+  }
+  return n;
+}
+
+}  // namespace zof

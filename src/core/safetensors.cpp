@@ -1,0 +1,497 @@
+// safetensors reader (mmap, every offset, size, dtype and shape validated before use) and atomic
+// writer. The format: u64 LE header length N, N bytes of JSON, then the data section; see
+// https://github.com/huggingface/safetensors (the Rust crate is the reference we match).
+#include "zof/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "zof/error.h"
+
+namespace zof::safetensors {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The Rust crate refuses headers over 100 MB; so do we, before parsing.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kRedownload = "the file is corrupt or was not written by a safetensors writer; re-download or re-export it";
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// One line for the user: the file, the tensor when there is one, the problem and the fix.
+[[noreturn]] void fail(const std::string& file, const std::string& tensor, const std::string& what) {
+  std::string msg = "safetensors " + file;
+  if (!tensor.empty()) msg += ", tensor " + tensor;
+  throw Error(msg + ": " + what);
+}
+
+std::string errno_str(int e) { return std::strerror(e); }
+
+// The safetensors dtype names; only the first three can be read.
+bool parse_dtype(const std::string& s, DType* out) {
+  if (s == "F32") *out = DType::F32;
+  else if (s == "F16") *out = DType::F16;
+  else if (s == "BF16") *out = DType::BF16;
+  else return false;
+  return true;
+}
+bool known_unsupported_dtype(const std::string& s) {
+  static const std::set<std::string> k = {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64",
+                                          "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
+                                          "F6_E3M2", "C64", "E8M0"};
+  return k.count(s) > 0;
+}
+
+// A read-only mapping of a whole file.
+struct Mapping {
+  std::string path;
+  const uint8_t* addr = nullptr;
+  size_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (addr) munmap(const_cast<uint8_t*>(addr), size);
+  }
+};
+
+std::unique_ptr<Mapping> map_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "", "cannot open: " + errno_str(errno) + "; check the path");
+  struct stat st{};
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail(path, "", "cannot stat: " + errno_str(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "", "not a regular file");
+  }
+  auto m = std::make_unique<Mapping>();
+  m->path = path;
+  m->size = size_t(st.st_size);
+  if (m->size < 8) {
+    ::close(fd);
+    fail(path, "",
+         "the file is truncated: it has " + std::to_string(m->size) +
+             " bytes, fewer than the 8-byte header length; re-download the file");
+  }
+  void* p = mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) fail(path, "", "cannot mmap: " + errno_str(e));
+  m->addr = static_cast<const uint8_t*>(p);
+  return m;
+}
+
+const json* field(const json& entry, const char* key) {
+  auto it = entry.find(key);
+  return it == entry.end() ? nullptr : &*it;
+}
+
+// Parses and validates the header of one mapped file; appends its tensors to out (name -> info).
+void parse_file(const Mapping& m, std::map<std::string, TensorInfo>* out,
+                std::map<std::string, std::string>* metadata) {
+  const std::string& path = m.path;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | m.addr[i];
+  if (n > kMaxHeaderBytes)
+    fail(path, "",
+         "header length " + std::to_string(n) + " exceeds the 100 MB limit; " + kRedownload);
+  if (n > m.size - 8)
+    fail(path, "",
+         "the file is truncated: header says " + std::to_string(n) + " header bytes after the first 8, file has " +
+             std::to_string(m.size - 8) + "; re-download the file");
+  if (n < 2) fail(path, "", "header of " + std::to_string(n) + " bytes cannot hold a JSON object; " + kRedownload);
+  const char* hb = reinterpret_cast<const char*>(m.addr + 8);
+  json header;
+  try {
+    header = json::parse(hb, hb + n);
+  } catch (const json::exception& e) {
+    fail(path, "", std::string("malformed header JSON (") + e.what() + "); " + kRedownload);
+  }
+  if (!header.is_object())
+    fail(path, "", std::string("header JSON is a ") + header.type_name() + ", not an object; " + kRedownload);
+
+  const uint8_t* data = m.addr + 8 + n;
+  const uint64_t data_size = m.size - 8 - n;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(path, "", "__metadata__ is not a string-to-string map; " + std::string(kRedownload));
+      for (auto mt = v.begin(); mt != v.end(); ++mt) {
+        if (!mt.value().is_string())
+          fail(path, "", "__metadata__ value for key '" + mt.key() + "' is a " + mt.value().type_name() +
+                             ", not a string; " + kRedownload);
+        if (metadata) (*metadata)[mt.key()] = mt.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!v.is_object()) fail(path, name, std::string("header entry is a ") + v.type_name() + ", not an object; " + kRedownload);
+    const json* jd = field(v, "dtype");
+    const json* js = field(v, "shape");
+    const json* jo = field(v, "data_offsets");
+    if (!jd || !js || !jo)
+      fail(path, name,
+           std::string("header entry lacks ") + (!jd ? "dtype" : !js ? "shape" : "data_offsets") + "; " + kRedownload);
+    if (!jd->is_string()) fail(path, name, "dtype is not a string; " + std::string(kRedownload));
+    const std::string ds = jd->get<std::string>();
+    TensorInfo t;
+    t.name = name;
+    t.file = path;
+    if (!parse_dtype(ds, &t.dtype)) {
+      if (known_unsupported_dtype(ds))
+        fail(path, name,
+             "dtype " + ds + " is not supported (zof reads F32, F16 and BF16); convert the checkpoint, e.g. with torch: "
+             "model.to(torch.float32).save_pretrained(dir)");
+      fail(path, name, "unknown dtype '" + ds + "' (zof reads F32, F16 and BF16); " + kRedownload);
+    }
+    if (!js->is_array()) fail(path, name, "shape is not an array; " + std::string(kRedownload));
+    // numel * dtype size must fit the data section; checking each step against it also rules out
+    // overflow.
+    uint64_t bytes = dtype_size(t.dtype);
+    bool too_big = false;
+    for (const json& d : *js) {
+      if (!d.is_number_integer())
+        fail(path, name, "shape " + js->dump() + " holds a non-integer; " + kRedownload);
+      if (d.is_number_unsigned()) {
+        uint64_t u = d.get<uint64_t>();
+        if (u > uint64_t(INT64_MAX)) fail(path, name, "shape " + js->dump() + " has a dimension too large; " + kRedownload);
+        t.shape.push_back(int64_t(u));
+      } else {
+        int64_t s = d.get<int64_t>();
+        if (s < 0) fail(path, name, "shape " + js->dump() + " has a negative dimension; " + kRedownload);
+        t.shape.push_back(s);
+      }
+      uint64_t dim = uint64_t(t.shape.back());
+      if (!too_big && dim != 0 && bytes > data_size / dim) too_big = true;
+      else bytes *= dim;
+    }
+    bool has_zero = std::find(t.shape.begin(), t.shape.end(), int64_t(0)) != t.shape.end();
+    if (has_zero) bytes = 0, too_big = false;
+    if (too_big)
+      fail(path, name,
+           "shape " + shape_str(t.shape) + " of " + ds + " needs more bytes than the data section holds (" +
+               std::to_string(data_size) + "); the file is truncated or corrupt, re-download it");
+    if (!jo->is_array() || jo->size() != 2 || !(*jo)[0].is_number_unsigned() || !(*jo)[1].is_number_unsigned())
+      fail(path, name, "data_offsets " + jo->dump() + " is not a pair of non-negative integers; " + kRedownload);
+    uint64_t b = (*jo)[0].get<uint64_t>(), e = (*jo)[1].get<uint64_t>();
+    if (b > e) fail(path, name, "data_offsets " + jo->dump() + " end before they begin; " + kRedownload);
+    if (e > data_size)
+      fail(path, name,
+           "data_offsets " + jo->dump() + " run past the end of the data section (" + std::to_string(data_size) +
+               " bytes): the file is truncated or corrupt; re-download the file");
+    if (e - b != bytes)
+      fail(path, name,
+           "shape " + shape_str(t.shape) + " of " + ds + " needs " + std::to_string(bytes) +
+               " bytes but data_offsets " + jo->dump() + " span " + std::to_string(e - b) + "; " + kRedownload);
+    t.data = data + b;
+    t.nbytes = size_t(bytes);
+    if (e > b) spans.push_back({b, e, name});
+    if (out->count(name)) fail(path, name, "tensor appears twice");
+    out->emplace(name, std::move(t));
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].begin < spans[i - 1].end)
+      fail(path, spans[i].name,
+           "data_offsets [" + std::to_string(spans[i].begin) + ", " + std::to_string(spans[i].end) +
+               "] overlap those of " + spans[i - 1].name + " [" + std::to_string(spans[i - 1].begin) + ", " +
+               std::to_string(spans[i - 1].end) + "]; " + kRedownload);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(path + ": cannot open: " + errno_str(errno));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw Error(path + ": read error");
+  return ss.str();
+}
+
+}  // namespace
+
+struct Archive::Impl {
+  std::string source;  // as given to open_*
+  std::string where;   // the file that lists the tensors: model.safetensors or the index.json
+  std::vector<std::unique_ptr<Mapping>> maps;
+  std::map<std::string, TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+Archive::Archive() : impl_(std::make_unique<Impl>()) {}
+Archive::Archive(Archive&&) noexcept = default;
+Archive& Archive::operator=(Archive&&) noexcept = default;
+Archive::~Archive() = default;
+
+Archive Archive::open_file(const std::string& path) {
+  Archive a;
+  a.impl_->source = path;
+  a.impl_->where = path;
+  a.impl_->maps.push_back(map_file(path));
+  parse_file(*a.impl_->maps.back(), &a.impl_->tensors, &a.impl_->metadata);
+  return a;
+}
+
+Archive Archive::open_dir(const std::string& dir) {
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::error_code ec;
+  if (fs::exists(single, ec)) {
+    Archive a = open_file(single.string());
+    a.impl_->source = dir;
+    return a;
+  }
+  if (!fs::exists(index, ec))
+    throw Error("no model.safetensors or model.safetensors.index.json in " + dir +
+                "; point zof at a Hugging Face model directory with safetensors weights");
+  const std::string ip = index.string();
+  json j;
+  try {
+    j = json::parse(read_text(ip));
+  } catch (const json::exception& e) {
+    throw Error(ip + ": malformed JSON (" + e.what() + "); re-download the file");
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error(ip + ": no \"weight_map\" object mapping tensor names to shard files; re-download the file");
+  const json& wm = j["weight_map"];
+  std::map<std::string, std::string> want;  // tensor -> shard
+  std::set<std::string> shards;
+  for (auto it = wm.begin(); it != wm.end(); ++it) {
+    if (!it.value().is_string())
+      throw Error(ip + ": weight_map entry for tensor " + it.key() + " is not a file name; re-download the file");
+    std::string s = it.value().get<std::string>();
+    fs::path sp(s);
+    if (s.empty() || sp.is_absolute() || std::find(sp.begin(), sp.end(), fs::path("..")) != sp.end())
+      throw Error(ip + ": weight_map entry for tensor " + it.key() + " names shard '" + s +
+                  "' outside the model directory; re-download the file");
+    want[it.key()] = s;
+    shards.insert(s);
+  }
+  if (want.empty()) throw Error(ip + ": weight_map is empty; re-download the file");
+  for (const auto& s : shards) {
+    const fs::path sp = fs::path(dir) / s;
+    if (!fs::exists(sp, ec))
+      throw Error(ip + " names shard " + s + ", which is missing from " + dir + "; download it");
+  }
+  Archive a;
+  a.impl_->source = dir;
+  a.impl_->where = ip;
+  std::map<std::string, std::string> found;  // tensor -> shard that holds it
+  bool first = true;
+  for (const auto& s : shards) {
+    const std::string sp = (fs::path(dir) / s).string();
+    a.impl_->maps.push_back(map_file(sp));
+    std::map<std::string, TensorInfo> ts;
+    parse_file(*a.impl_->maps.back(), &ts, first ? &a.impl_->metadata : nullptr);
+    first = false;
+    for (auto& [name, t] : ts) {
+      auto [it, fresh] = found.emplace(name, s);
+      if (!fresh)
+        throw Error(ip + ": tensor " + name + " is in two shards, " + it->second + " and " + s +
+                    "; re-download the model");
+      a.impl_->tensors.emplace(name, std::move(t));
+    }
+  }
+  for (const auto& [name, s] : want) {
+    auto it = found.find(name);
+    if (it == found.end())
+      throw Error(ip + " maps tensor " + name + " to shard " + s + ", which does not hold it; re-download the model");
+    if (it->second != s)
+      throw Error(ip + " maps tensor " + name + " to shard " + s + " but it is in " + it->second +
+                  "; re-download the model");
+  }
+  return a;
+}
+
+const TensorInfo* Archive::find(const std::string& name) const {
+  auto it = impl_->tensors.find(name);
+  return it == impl_->tensors.end() ? nullptr : &it->second;
+}
+
+const TensorInfo& Archive::require(const std::string& name, const std::vector<int64_t>& shape) const {
+  const TensorInfo* t = find(name);
+  if (!t)
+    throw Error("missing tensor " + name + " in " + impl_->where +
+                "; the checkpoint does not match config.json (wrong model directory?)");
+  if (t->shape != shape)
+    throw Error("tensor " + name + " in " + t->file + " has shape " + shape_str(t->shape) + ", expected " +
+                shape_str(shape) + " from config.json; the checkpoint does not match its config");
+  return *t;
+}
+
+std::vector<std::string> Archive::names() const {
+  std::vector<std::string> r;
+  r.reserve(impl_->tensors.size());
+  for (const auto& kv : impl_->tensors) r.push_back(kv.first);
+  return r;
+}
+
+const std::map<std::string, std::string>& Archive::metadata() const { return impl_->metadata; }
+std::string Archive::source() const { return impl_->source; }
+
+void to_f32(const TensorInfo& t, float* out) {
+  const int64_t n = t.numel();
+  ZOF_ASSERT(size_t(n) * dtype_size(t.dtype) == t.nbytes);
+  const uint8_t* src = t.data;  // may be unaligned: the header length need not be a multiple of 4
+  switch (t.dtype) {
+    case DType::F32:
+      if (n) std::memcpy(out, src, size_t(n) * 4);
+      return;
+    case DType::F16:
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+      }
+      return;
+    case DType::BF16:
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+      }
+      return;
+  }
+  ZOF_ABORT("unknown dtype");
+}
+
+namespace {
+
+void write_all(int fd, const void* p, size_t n, const std::string& tmp) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw Error("cannot write " + tmp + ": " + errno_str(errno) + "; check free disk space and quotas");
+    }
+    c += w;
+    n -= size_t(w);
+  }
+}
+
+// Removes the temporary file unless the write got as far as the rename.
+struct TempFile {
+  std::string path;
+  int fd = -1;
+  bool keep = false;
+  ~TempFile() {
+    if (fd >= 0) ::close(fd);
+    if (!keep) ::unlink(path.c_str());
+  }
+};
+
+}  // namespace
+
+void write(const std::string& path, const std::vector<TensorOut>& tensors,
+           const std::map<std::string, std::string>& metadata) {
+  // Validate everything before touching the file system.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    if (t.name == "__metadata__") throw Error("cannot write " + path + ": a tensor may not be named __metadata__");
+    if (!seen.insert(t.name).second) throw Error("cannot write " + path + ": tensor " + t.name + " given twice");
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0)
+        throw Error("cannot write " + path + ": tensor " + t.name + " has negative shape " + shape_str(t.shape));
+      if (d != 0 && numel > (uint64_t(1) << 62) / uint64_t(d))
+        throw Error("cannot write " + path + ": tensor " + t.name + " shape " + shape_str(t.shape) + " is too large");
+      numel *= uint64_t(d);
+    }
+    if (numel > 0 && !t.data) throw Error("cannot write " + path + ": tensor " + t.name + " has no data");
+    const uint64_t bytes = numel * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string hs = header.dump();
+  hs.append((8 - hs.size() % 8) % 8, ' ');  // as the Rust writer pads, so the data starts 8-aligned
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(hs.size()) >> (8 * i));
+
+  TempFile tmp;
+  tmp.path = path + ".tmp." + std::to_string(::getpid());
+  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (tmp.fd < 0) {
+    int e = errno;
+    tmp.keep = true;  // nothing was created
+    throw Error("cannot create " + tmp.path + ": " + errno_str(e) + "; check that the directory exists and is writable");
+  }
+  write_all(tmp.fd, len, 8, tmp.path);
+  write_all(tmp.fd, hs.data(), hs.size(), tmp.path);
+  std::vector<uint16_t> buf;
+  constexpr size_t kChunk = size_t(1) << 20;  // elements converted per write
+  for (const auto& t : tensors) {
+    size_t numel = 1;
+    for (int64_t d : t.shape) numel *= size_t(d);
+    if (t.dtype == DType::F32) {
+      write_all(tmp.fd, t.data, numel * 4, tmp.path);
+      continue;
+    }
+    buf.resize(std::min(numel, kChunk));
+    for (size_t at = 0; at < numel; at += kChunk) {
+      const size_t m = std::min(kChunk, numel - at);
+      const float* src = t.data + at;
+      if (t.dtype == DType::F16)
+        for (size_t i = 0; i < m; ++i) buf[i] = f32_to_f16(src[i]);
+      else
+        for (size_t i = 0; i < m; ++i) buf[i] = f32_to_bf16(src[i]);
+      write_all(tmp.fd, buf.data(), m * 2, tmp.path);
+    }
+  }
+  if (::fsync(tmp.fd) != 0) throw Error("cannot fsync " + tmp.path + ": " + errno_str(errno));
+  int rc = ::close(tmp.fd);
+  tmp.fd = -1;
+  if (rc != 0) throw Error("cannot close " + tmp.path + ": " + errno_str(errno));
+  if (::rename(tmp.path.c_str(), path.c_str()) != 0)
+    throw Error("cannot rename " + tmp.path + " to " + path + ": " + errno_str(errno));
+  tmp.keep = true;
+  // The rename is durable only once the directory entry is on disk.
+  std::string dir = fs::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    int r = ::fsync(dfd);
+    int e = errno;
+    ::close(dfd);
+    if (r != 0 && e != EINVAL) throw Error("wrote " + path + " but cannot fsync its directory " + dir + ": " + errno_str(e));
+  }
+}
+
+}  // namespace zof::safetensors

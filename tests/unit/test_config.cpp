@@ -1,0 +1,428 @@
+// config.json parsing for each supported family (real configs from the Hugging Face Hub), the
+// parameter counts transformers reports, and every error case.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "common.h"
+#include "zof/config.h"
+#include "zof/error.h"
+
+namespace {
+
+using json = nlohmann::json;
+using zof::Activation;
+using zof::Arch;
+using zof::ModelConfig;
+
+// Expected parameter counts: transformers 5.2 AutoModelForCausalLM.from_config(cfg) on the meta
+// device, then model.num_parameters() (tied weights counted once), for these exact configs.
+
+const char* kGpt2 = R"({
+  "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+  "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+  "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": null,
+  "summary_first_dropout": 0.1, "summary_proj_to_labels": true, "summary_type": "cls_index",
+  "summary_use_proj": true, "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+  "vocab_size": 50257})";
+
+const char* kOpt125m = R"({
+  "_name_or_path": "facebook/opt-125m", "activation_dropout": 0.0, "activation_function": "relu",
+  "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+  "do_layer_norm_before": true, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 3072, "hidden_size": 768,
+  "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048, "model_type": "opt",
+  "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1, "prefix": "</s>",
+  "torch_dtype": "float16", "transformers_version": "4.21.0.dev0", "use_cache": true,
+  "vocab_size": 50272, "word_embed_proj_dim": 768})";
+
+const char* kOpt350m = R"({
+  "_name_or_path": "facebook/opt-350m", "activation_dropout": 0.0, "activation_function": "relu",
+  "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+  "do_layer_norm_before": false, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 4096, "hidden_size": 1024,
+  "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048, "model_type": "opt",
+  "num_attention_heads": 16, "num_hidden_layers": 24, "pad_token_id": 1, "prefix": "</s>",
+  "torch_dtype": "float16", "transformers_version": "4.20.0.dev0", "use_cache": true,
+  "vocab_size": 50272, "word_embed_proj_dim": 512})";
+
+const char* kQwen2_05b = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+  "intermediate_size": 4864, "max_position_embeddings": 131072, "max_window_layers": 24,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+// Mistral-7B-v0.3 (sliding_window null; v0.1 had 4096, see the error tests).
+const char* kMistral7b = R"({
+  "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.0.dev0", "use_cache": true, "vocab_size": 32768})";
+
+const char* kLlama2_7b = R"({
+  "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+  "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+  "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": null, "tie_word_embeddings": false, "torch_dtype": "float16",
+  "transformers_version": "4.31.0.dev0", "use_cache": true, "vocab_size": 32000})";
+
+// TinyLlama-1.1B: grouped-query attention, 32 query heads sharing 4 key/value heads.
+const char* kTinyLlama = R"({
+  "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
+  "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 32,
+  "num_hidden_layers": 22, "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": null, "rope_theta": 10000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.35.0", "use_cache": true, "vocab_size": 32000})";
+
+ModelConfig parse(const char* text) { return ModelConfig::from_json(json::parse(text), "test/config.json"); }
+ModelConfig parse(const json& j) { return ModelConfig::from_json(j, "test/config.json"); }
+
+// Parses j and expects zof::Error whose message names the file and contains every word in words.
+void expect_error(const json& j, std::initializer_list<std::string> words) {
+  try {
+    ModelConfig::from_json(j, "test/config.json");
+    ADD_FAILURE() << "no error for " << j.dump();
+  } catch (const zof::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test/config.json"), std::string::npos) << msg;
+    for (const auto& w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+json with(const char* base, const json& patch) {
+  json j = json::parse(base);
+  j.merge_patch(patch);  // a null in patch removes the field
+  return j;
+}
+
+TEST(Config, Gpt2) {
+  ModelConfig c = parse(kGpt2);
+  EXPECT_EQ(c.arch, Arch::GPT2);
+  EXPECT_EQ(c.model_type, "gpt2");
+  EXPECT_EQ(c.vocab_size, 50257);
+  EXPECT_EQ(c.hidden_size, 768);
+  EXPECT_EQ(c.intermediate_size, 3072);  // n_inner absent: 4 * n_embd
+  EXPECT_EQ(c.num_layers, 12);
+  EXPECT_EQ(c.num_heads, 12);
+  EXPECT_EQ(c.num_kv_heads, 12);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.max_position, 1024);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_EQ(c.act, Activation::GeluTanh);
+  EXPECT_TRUE(c.qkv_bias && c.o_bias && c.mlp_bias);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.bos_token_id, 50256);
+  EXPECT_EQ(c.eos_token_id, 50256);
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_EQ(c.torch_dtype, zof::DType::F32);
+  EXPECT_EQ(c.raw["n_ctx"], 1024);
+  EXPECT_EQ(c.num_params(), 124439808);
+}
+
+TEST(Config, Gpt2Variants) {
+  EXPECT_EQ(parse(with(kGpt2, {{"activation_function", "gelu"}})).act, Activation::GeluErf);
+  EXPECT_EQ(parse(with(kGpt2, {{"activation_function", "relu"}})).act, Activation::ReLU);
+  EXPECT_EQ(parse(with(kGpt2, {{"activation_function", "gelu_pytorch_tanh"}})).act, Activation::GeluTanh);
+  EXPECT_EQ(parse(with(kGpt2, {{"reorder_and_upcast_attn", true}})).arch, Arch::GPT2);
+  EXPECT_EQ(parse(with(kGpt2, {{"n_inner", 1000}})).intermediate_size, 1000);
+  // Small untied GPT-2 with n_inner: 110,700 parameters in transformers.
+  ModelConfig c = parse(json{{"model_type", "gpt2"}, {"n_embd", 64}, {"n_head", 4}, {"n_layer", 3},
+                             {"n_positions", 128}, {"n_inner", 100}, {"vocab_size", 100},
+                             {"tie_word_embeddings", false}});
+  EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_EQ(c.num_params(), 110700);
+}
+
+TEST(Config, Opt125m) {
+  ModelConfig c = parse(kOpt125m);
+  EXPECT_EQ(c.arch, Arch::OPT);
+  EXPECT_EQ(c.vocab_size, 50272);
+  EXPECT_EQ(c.hidden_size, 768);
+  EXPECT_EQ(c.intermediate_size, 3072);
+  EXPECT_EQ(c.num_layers, 12);
+  EXPECT_EQ(c.num_heads, 12);
+  EXPECT_EQ(c.num_kv_heads, 12);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.max_position, 2048);
+  EXPECT_EQ(c.word_embed_proj_dim, 768);
+  EXPECT_TRUE(c.do_layer_norm_before);
+  EXPECT_EQ(c.act, Activation::ReLU);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_TRUE(c.qkv_bias && c.o_bias && c.mlp_bias);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.bos_token_id, 2);
+  EXPECT_EQ(c.eos_token_id, 2);
+  EXPECT_EQ(c.pad_token_id, 1);
+  EXPECT_EQ(c.torch_dtype, zof::DType::F16);
+  EXPECT_EQ(c.num_params(), 125239296);
+}
+
+TEST(Config, Opt350m) {
+  ModelConfig c = parse(kOpt350m);
+  EXPECT_EQ(c.hidden_size, 1024);
+  EXPECT_EQ(c.intermediate_size, 4096);
+  EXPECT_EQ(c.num_layers, 24);
+  EXPECT_EQ(c.num_heads, 16);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.word_embed_proj_dim, 512);  // project_in / project_out exist
+  EXPECT_FALSE(c.do_layer_norm_before);   // post-LayerNorm, and no final LayerNorm
+  EXPECT_EQ(c.num_params(), 331196416);
+}
+
+TEST(Config, OptVariants) {
+  EXPECT_EQ(parse(with(kOpt125m, {{"activation_function", "gelu"}})).act, Activation::GeluErf);
+  EXPECT_EQ(parse(with(kOpt125m, {{"word_embed_proj_dim", nullptr}})).word_embed_proj_dim, 768);
+  // Small OPT without biases, untied: 120,064 parameters in transformers.
+  ModelConfig c = parse(json{{"model_type", "opt"}, {"ffn_dim", 256}, {"hidden_size", 64},
+                             {"max_position_embeddings", 128}, {"num_attention_heads", 4},
+                             {"num_hidden_layers", 2}, {"vocab_size", 100}, {"enable_bias", false},
+                             {"tie_word_embeddings", false}});
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+  EXPECT_TRUE(c.do_layer_norm_before);
+  EXPECT_EQ(c.num_params(), 120064);
+}
+
+TEST(Config, Qwen2) {
+  ModelConfig c = parse(kQwen2_05b);
+  EXPECT_EQ(c.arch, Arch::Llama);
+  EXPECT_EQ(c.model_type, "qwen2");
+  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_EQ(c.hidden_size, 896);
+  EXPECT_EQ(c.intermediate_size, 4864);
+  EXPECT_EQ(c.num_layers, 24);
+  EXPECT_EQ(c.num_heads, 14);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.max_position, 131072);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.act, Activation::SiLU);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_FALSE(c.mlp_bias);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.bos_token_id, 151643);
+  EXPECT_EQ(c.torch_dtype, zof::DType::BF16);
+  EXPECT_EQ(c.num_params(), 494032768);
+  // Sliding windows that never apply are accepted.
+  EXPECT_NO_THROW(parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
+                                          {"max_window_layers", 24}})));
+  EXPECT_NO_THROW(parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 131072}})));
+}
+
+TEST(Config, Mistral) {
+  ModelConfig c = parse(kMistral7b);
+  EXPECT_EQ(c.arch, Arch::Llama);
+  EXPECT_EQ(c.model_type, "mistral");
+  EXPECT_EQ(c.num_heads, 32);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.intermediate_size, 14336);
+  EXPECT_EQ(c.max_position, 32768);
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+  EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_EQ(c.num_params(), 7248023552);
+  // A window as long as the context never applies.
+  EXPECT_NO_THROW(parse(with(kMistral7b, {{"sliding_window", 32768}})));
+}
+
+TEST(Config, Llama2) {
+  ModelConfig c = parse(kLlama2_7b);
+  EXPECT_EQ(c.arch, Arch::Llama);
+  EXPECT_EQ(c.num_heads, 32);
+  EXPECT_EQ(c.num_kv_heads, 32);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.max_position, 4096);
+  EXPECT_FLOAT_EQ(c.rope_theta, 10000.f);  // absent: transformers' default
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+  EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_EQ(c.torch_dtype, zof::DType::F16);
+  EXPECT_EQ(c.num_params(), 6738415616);
+  // num_key_value_heads absent: as many as the query heads.
+  EXPECT_EQ(parse(with(kLlama2_7b, {{"num_key_value_heads", nullptr}})).num_kv_heads, 32);
+}
+
+TEST(Config, LlamaGroupedQuery) {
+  ModelConfig c = parse(kTinyLlama);
+  EXPECT_EQ(c.num_heads, 32);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_params(), 1100048384);
+}
+
+TEST(Config, LlamaBiasesAndHeadDim) {
+  // head_dim given (not hidden/heads), attention and MLP biases: 121,456 parameters in transformers.
+  ModelConfig c = parse(json{{"model_type", "llama"}, {"hidden_size", 64}, {"intermediate_size", 172},
+                             {"num_attention_heads", 8}, {"num_hidden_layers", 2}, {"num_key_value_heads", 2},
+                             {"head_dim", 16}, {"attention_bias", true}, {"mlp_bias", true},
+                             {"tie_word_embeddings", false}, {"vocab_size", 100}});
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_TRUE(c.qkv_bias && c.o_bias && c.mlp_bias);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-6f);  // transformers' default
+  EXPECT_EQ(c.max_position, 2048);     // transformers' default for llama
+  EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_EQ(c.num_params(), 121456);
+}
+
+TEST(Config, TokenIdsAndDtype) {
+  // Llama 3 style: eos_token_id is a list; zof takes the first.
+  ModelConfig c = parse(with(kLlama2_7b, {{"eos_token_id", {128001, 128008, 128009}}, {"pad_token_id", -1}}));
+  EXPECT_EQ(c.eos_token_id, 128001);
+  EXPECT_EQ(c.pad_token_id, -1);
+  // transformers 5 writes "dtype" instead of "torch_dtype".
+  EXPECT_EQ(parse(with(kLlama2_7b, {{"torch_dtype", nullptr}, {"dtype", "bfloat16"}})).torch_dtype, zof::DType::BF16);
+  EXPECT_EQ(parse(with(kLlama2_7b, {{"torch_dtype", nullptr}})).torch_dtype, zof::DType::F32);
+  // transformers 5 rope_parameters with plain RoPE.
+  ModelConfig r = parse(with(kLlama2_7b, {{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}}));
+  EXPECT_FLOAT_EQ(r.rope_theta, 500000.f);
+  EXPECT_NO_THROW(parse(with(kLlama2_7b, {{"rope_scaling", {{"type", "default"}}}})));
+}
+
+TEST(Config, Stories260K) {
+  const std::string path = zof::test::assets_dir() + "/models/stories260K/config.json";
+  ZOF_REQUIRE_PATH(path);
+  ModelConfig c = ModelConfig::load(path);
+  EXPECT_EQ(c.arch, Arch::Llama);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 172);
+  EXPECT_EQ(c.num_layers, 5);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.max_position, 512);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_FLOAT_EQ(c.rope_theta, 10000.f);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_id, 2);
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_EQ(c.torch_dtype, zof::DType::F32);
+  EXPECT_EQ(c.num_params(), 260032);  // the asset README; transformers agrees
+}
+
+TEST(Config, LoadErrors) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("zof_config_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string missing = (dir / "nope.json").string();
+  try {
+    ModelConfig::load(missing);
+    ADD_FAILURE();
+  } catch (const zof::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  const std::string bad = (dir / "config.json").string();
+  std::ofstream(bad) << "{\"model_type\": \"llama\", ";
+  try {
+    ModelConfig::load(bad);
+    ADD_FAILURE();
+  } catch (const zof::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(bad), std::string::npos) << msg;
+    EXPECT_NE(msg.find("malformed"), std::string::npos) << msg;
+  }
+  std::ofstream(bad) << "[1, 2]";
+  EXPECT_THROW(ModelConfig::load(bad), zof::Error);
+  fs::remove_all(dir);
+}
+
+TEST(Config, UnknownModelType) {
+  expect_error(with(kLlama2_7b, {{"model_type", "bert"}}), {"model_type", "bert", "llama, mistral, qwen2, opt, gpt2"});
+  expect_error(with(kLlama2_7b, {{"model_type", nullptr}}), {"model_type", "missing"});
+  expect_error(with(kLlama2_7b, {{"model_type", 3}}), {"model_type", "string"});
+}
+
+TEST(Config, MissingRequiredFields) {
+  for (const char* f : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
+    expect_error(with(kLlama2_7b, {{f, nullptr}}), {f, "missing"});
+  for (const char* f : {"vocab_size", "hidden_size", "ffn_dim", "num_hidden_layers", "num_attention_heads",
+                        "max_position_embeddings"})
+    expect_error(with(kOpt125m, {{f, nullptr}}), {f, "missing"});
+  for (const char* f : {"vocab_size", "n_embd", "n_layer", "n_head", "n_positions"})
+    expect_error(with(kGpt2, {{f, nullptr}}), {f, "missing"});
+}
+
+TEST(Config, WrongTypesAndValues) {
+  expect_error(with(kLlama2_7b, {{"hidden_size", "4096"}}), {"hidden_size", "integer"});
+  expect_error(with(kLlama2_7b, {{"hidden_size", 4096.5}}), {"hidden_size", "integer"});
+  expect_error(with(kLlama2_7b, {{"num_hidden_layers", true}}), {"num_hidden_layers", "integer"});
+  expect_error(with(kLlama2_7b, {{"hidden_size", 0}}), {"hidden_size", "positive"});
+  expect_error(with(kLlama2_7b, {{"vocab_size", -5}}), {"vocab_size", "positive"});
+  expect_error(with(kLlama2_7b, {{"num_key_value_heads", 0}}), {"num_key_value_heads", "positive"});
+  expect_error(with(kGpt2, {{"n_inner", -1}}), {"n_inner", "positive"});
+  expect_error(with(kLlama2_7b, {{"rms_norm_eps", "1e-5"}}), {"rms_norm_eps", "number"});
+  expect_error(with(kLlama2_7b, {{"rms_norm_eps", 0}}), {"rms_norm_eps", "positive"});
+  expect_error(with(kLlama2_7b, {{"tie_word_embeddings", 1}}), {"tie_word_embeddings", "true or false"});
+  expect_error(with(kLlama2_7b, {{"eos_token_id", "2"}}), {"eos_token_id", "integer"});
+  expect_error(with(kLlama2_7b, {{"torch_dtype", "int8"}}), {"torch_dtype", "int8", "bfloat16"});
+  expect_error(with(kLlama2_7b, {{"torch_dtype", 16}}), {"torch_dtype", "string"});
+  expect_error(with(kLlama2_7b, {{"hidden_act", 1}}), {"hidden_act", "string"});
+  EXPECT_THROW(ModelConfig::from_json(json::array(), "test/config.json"), zof::Error);
+}
+
+TEST(Config, Divisibility) {
+  expect_error(with(kLlama2_7b, {{"num_attention_heads", 30}, {"num_key_value_heads", 30}}), {"hidden_size", "num_attention_heads", "divisible"});
+  // With head_dim given, hidden_size need not divide.
+  EXPECT_NO_THROW(parse(with(kLlama2_7b, {{"num_attention_heads", 30}, {"num_key_value_heads", 30}, {"head_dim", 128}})));
+  expect_error(with(kLlama2_7b, {{"num_key_value_heads", 5}}), {"num_key_value_heads", "num_attention_heads"});
+  expect_error(with(kOpt125m, {{"num_attention_heads", 7}}), {"hidden_size", "num_attention_heads"});
+  expect_error(with(kGpt2, {{"n_head", 7}}), {"n_embd", "n_head"});
+}
+
+TEST(Config, UnsupportedLlamaOptions) {
+  expect_error(with(kLlama2_7b, {{"hidden_act", "gelu"}}), {"hidden_act", "gelu", "silu"});
+  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}}),
+               {"rope_scaling", "llama3", "not support"});
+  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}), {"rope_scaling", "linear"});
+  expect_error(with(kLlama2_7b, {{"rope_scaling", "yes"}}), {"rope_scaling"});
+  expect_error(with(kLlama2_7b, {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}),
+               {"rope_parameters", "yarn"});
+  expect_error(with(kLlama2_7b, {{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}}}),
+               {"rope_parameters", "partial_rotary_factor"});
+}
+
+TEST(Config, SlidingWindow) {
+  // Mistral-7B-v0.1: a 4096-token window under a 32768 context.
+  expect_error(with(kMistral7b, {{"sliding_window", 4096}}), {"sliding_window", "4096", "not supported"});
+  // transformers' default for Mistral is a 4096 window.
+  json j = json::parse(kMistral7b);
+  j.erase("sliding_window");
+  expect_error(j, {"sliding_window"});
+  // Qwen2 with use_sliding_window and layers past max_window_layers.
+  expect_error(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096}, {"max_window_layers", 12}}),
+               {"sliding_window"});
+  expect_error(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
+                                 {"layer_types", json::array({"full_attention", "sliding_attention"})}}),
+               {"sliding_window"});
+  // use_sliding_window false: the window is ignored, as in transformers.
+  EXPECT_NO_THROW(parse(with(kQwen2_05b, {{"sliding_window", 4096}})));
+}
+
+TEST(Config, UnsupportedOptOptions) {
+  expect_error(with(kOpt125m, {{"activation_function", "silu"}}), {"activation_function", "silu"});
+  expect_error(with(kOpt125m, {{"layer_norm_elementwise_affine", false}}), {"layer_norm_elementwise_affine"});
+  expect_error(with(kOpt125m, {{"_remove_final_layer_norm", true}}), {"_remove_final_layer_norm"});
+  expect_error(with(kOpt125m, {{"enable_bias", "no"}}), {"enable_bias"});
+}
+
+TEST(Config, UnsupportedGpt2Options) {
+  expect_error(with(kGpt2, {{"scale_attn_by_inverse_layer_idx", true}}), {"scale_attn_by_inverse_layer_idx", "not supported"});
+  expect_error(with(kGpt2, {{"add_cross_attention", true}}), {"add_cross_attention", "not supported"});
+  expect_error(with(kGpt2, {{"scale_attn_weights", false}}), {"scale_attn_weights"});
+  expect_error(with(kGpt2, {{"activation_function", "quick_gelu"}}), {"activation_function", "quick_gelu"});
+}
+
+}  // namespace
