@@ -10,9 +10,18 @@
 #include <memory>
 #include <string>
 
+#include "zof/philox.h"
+
 namespace zof {
 
-// Opaque handles owned by the backend that created them.
+// One direction's share of a ZO update: theta -= coef * z(key).
+struct ZOUpdateTerm {
+  ZKey key;
+  float coef = 0.f;  // lr * g_j / q
+};
+
+// Opaque handles owned by the backend that created them. No backend defines these types: each
+// keeps its own and casts (two definitions of zof::Stream in one library would break the ODR).
 struct Stream;
 struct Event;
 
@@ -55,7 +64,9 @@ class Backend {
                           int64_t dim, float eps, Stream* s = nullptr) = 0;
   // Rotary embedding in place, Hugging Face rotate_half convention: within each head the pairs
   // are (i, i + head_dim/2), angle = pos * theta^(-2i/head_dim). x (rows, n_heads, head_dim),
-  // pos (rows).
+  // pos (rows); head_dim even. As in Hugging Face the angle is an fp32 product,
+  // float(pos) * float(theta^(-2i/head_dim)), so every backend rotates by the same rounded angle
+  // (at pos ~4000 the rounding is ~1e-4 rad, more than the fp32 tolerance between backends).
   virtual void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads,
                     int64_t head_dim, float theta, Stream* s = nullptr) = 0;
   // Causal softmax attention with grouped-query heads (query head h reads kv head
@@ -82,7 +93,22 @@ class Backend {
   // logits (rows, vocab).
   virtual void cross_entropy(const float* logits, const int32_t* targets, float* nll,
                              int64_t rows, int64_t vocab, Stream* s = nullptr) = 0;
+
+  // ---- zeroth-order passes over one parameter tensor (id `tensor`, n elements) --------------
+  // One memory pass that fuses what MeZO does in several:
+  //  1. when n_update > 0: theta[i] <- theta[i] - (sum_j upd[j].coef * z(upd[j].key, tensor, i)
+  //     + lr_wd * theta[i]), accumulated with fmaf in j order from lr_wd * theta[i];
+  //  2. when cur: plus[i] = theta[i] + eps * z(cur, tensor, i), minus[i] = theta[i] - eps * z.
+  // plus/minus may be null (update only). z is z_group() of philox.h, so every backend produces
+  // the same bits. The default runs on host memory (CPU backends); device backends override.
+  virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd,
+                       int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
+                       float* minus, Stream* s = nullptr);
 };
+
+// The host implementation of Backend::zo_pass (OpenMP over groups of 4 elements).
+void zo_pass_host(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
+                  float lr_wd, const ZKey* cur, float eps, float* plus, float* minus);
 
 // The CPU backend (oneDNN matrix products, OpenMP elsewhere). threads <= 0: OpenMP's default.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

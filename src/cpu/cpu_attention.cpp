@@ -1,0 +1,192 @@
+// The CPU backend's causal grouped-query attention, flash-attention style: a work item is 16
+// "rows" (query position, query head) that share one kv head, and it walks their visible keys in
+// blocks of kKeyBlock with an online softmax. Scores are a small GEMM vectorized across the 16
+// rows; the only buffers are per-thread tiles (16 x D and 16 x kKeyBlock), never T x T.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu/cpu_ops.h"
+#include "cpu/vec_math.h"
+#include "zof/error.h"
+
+namespace zof::cpu {
+
+namespace {
+
+constexpr int64_t kRows = 16;      // rows per work item, one SIMD vector across them
+constexpr int64_t kKeyBlock = 64;  // keys scored at once
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// 16 floats as one GCC/Clang vector (a zmm with AVX-512, split into halves or quarters without).
+typedef float v16 __attribute__((vector_size(64)));
+inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Per-thread tiles, allocated once per call.
+struct Tiles {
+  std::vector<float> qt;     // (D, kRows): scaled queries, transposed so a row of it is a vector
+  std::vector<float> s;      // (kKeyBlock, kRows): scores, then probabilities
+  std::vector<float> o;      // (D, kRows): unnormalized outputs, transposed like qt
+  std::vector<int64_t> lim;  // (kRows): the last key each row sees (causal), -1: none
+  float m[kRows], l[kRows];  // running max and sum of exp per row
+};
+
+}  // namespace
+
+void attention(const float* q, const float* k, const float* v, float* out,
+               const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int threads) {
+  ZOF_ASSERT(Hkv > 0 && H % Hkv == 0);
+  const int64_t group = H / Hkv;
+  // Row r of kv head hk is query i = r / group of head hk * group + r % group: for one position
+  // the group's query heads are adjacent in memory, and they all read the same keys.
+  const int64_t rows = Tq * group;
+  const int64_t row_blocks = (rows + kRows - 1) / kRows;
+  const int64_t items = B * Hkv * row_blocks;
+  const int64_t kv_stride = Hkv * D;  // between consecutive keys of one head
+  const int64_t work = B * H * Tq * std::min(Tk, q_offset + Tq) * D;
+  // Work per item grows with the query position (causal), hence the dynamic schedule.
+#pragma omp parallel num_threads(threads) if (work >= kMinParallelWork)
+  {
+    Tiles t;
+    t.qt.resize(size_t(D * kRows));
+    t.s.resize(size_t(kKeyBlock * kRows));
+    t.o.resize(size_t(D * kRows));
+    t.lim.resize(size_t(kRows));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t b = item / (Hkv * row_blocks);
+      const int64_t hk = item / row_blocks % Hkv;
+      const int64_t r0 = item % row_blocks * kRows;
+      const int64_t n_rows = std::min(kRows, rows - r0);
+      const float* kb = k + (b * Tk * Hkv + hk) * D;  // key j at kb + j * kv_stride
+      const float* vb = v + (b * Tk * Hkv + hk) * D;
+      const uint8_t* mask = key_mask ? key_mask + b * Tk : nullptr;
+      auto q_row = [&](int64_t r) { return ((b * Tq + r / group) * H + hk * group + r % group) * D; };
+
+      // Gather the rows' queries, scaled, transposed; padding rows are zero and see no key.
+      std::fill(t.qt.begin(), t.qt.end(), 0.0f);
+      for (int64_t rr = 0; rr < n_rows; ++rr) {
+        const float* qr = q + q_row(r0 + rr);
+        for (int64_t d = 0; d < D; ++d) t.qt[d * kRows + rr] = qr[d] * scale;
+      }
+      int64_t n_keys = 0;  // keys 0 .. n_keys-1 are visible to some row of the item
+      for (int64_t rr = 0; rr < kRows; ++rr) {
+        t.lim[rr] = rr < n_rows ? std::min(Tk - 1, q_offset + (r0 + rr) / group) : -1;
+        n_keys = std::max(n_keys, t.lim[rr] + 1);
+        t.m[rr] = kNegInf;
+        t.l[rr] = 0.0f;
+      }
+      const int64_t all_see = t.lim[0];  // every real row sees keys 0 .. all_see
+      std::fill(t.o.begin(), t.o.end(), 0.0f);
+
+      for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
+        const int64_t len = std::min(kKeyBlock, n_keys - j0);
+        // Scores s(jj, r) = q_r . k_j, four keys at a time to hide the FMA latency (masked keys
+        // are scored too and overwritten below: simpler than compacting the block).
+        int64_t jj = 0;
+        for (; jj + 4 <= len; jj += 4) {
+          const float* k0 = kb + (j0 + jj) * kv_stride;
+          const float *k1 = k0 + kv_stride, *k2 = k1 + kv_stride, *k3 = k2 + kv_stride;
+          v16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+          for (int64_t d = 0; d < D; ++d) {
+            const v16 qd = load16(&t.qt[d * kRows]);
+            a0 += k0[d] * qd;
+            a1 += k1[d] * qd;
+            a2 += k2[d] * qd;
+            a3 += k3[d] * qd;
+          }
+          store16(&t.s[(jj + 0) * kRows], a0);
+          store16(&t.s[(jj + 1) * kRows], a1);
+          store16(&t.s[(jj + 2) * kRows], a2);
+          store16(&t.s[(jj + 3) * kRows], a3);
+        }
+        for (; jj < len; ++jj) {
+          const float* kj = kb + (j0 + jj) * kv_stride;
+          v16 a = {};
+          for (int64_t d = 0; d < D; ++d) a += kj[d] * load16(&t.qt[d * kRows]);
+          store16(&t.s[jj * kRows], a);
+        }
+        // Hide masked keys and, past all_see, the keys after each row's causal limit.
+        for (jj = 0; jj < len; ++jj) {
+          const int64_t j = j0 + jj;
+          float* sj = &t.s[jj * kRows];
+          if (mask && mask[j] == 0) {
+            std::fill(sj, sj + kRows, kNegInf);
+          } else if (j > all_see) {
+            for (int64_t rr = 0; rr < kRows; ++rr)
+              if (j > t.lim[rr]) sj[rr] = kNegInf;
+          }
+        }
+        // Online softmax, all rows at once.
+        float block_max[kRows], shift[kRows], correction[kRows], block_sum[kRows];
+        for (int64_t rr = 0; rr < kRows; ++rr) block_max[rr] = kNegInf;
+        for (jj = 0; jj < len; ++jj) {
+#pragma omp simd
+          for (int64_t rr = 0; rr < kRows; ++rr)
+            block_max[rr] = std::max(block_max[rr], t.s[jj * kRows + rr]);
+        }
+#pragma omp simd
+        for (int64_t rr = 0; rr < kRows; ++rr) {
+          const float m_new = std::max(t.m[rr], block_max[rr]);
+          shift[rr] = m_new == kNegInf ? 0.0f : m_new;  // a row with no key yet: exp(-inf) = 0
+          correction[rr] = exp_f32(t.m[rr] - shift[rr]);
+          t.m[rr] = m_new;
+          block_sum[rr] = 0.0f;
+        }
+        for (jj = 0; jj < len; ++jj) {
+          float* sj = &t.s[jj * kRows];
+#pragma omp simd
+          for (int64_t rr = 0; rr < kRows; ++rr) {
+            sj[rr] = exp_f32(sj[rr] - shift[rr]);
+            block_sum[rr] += sj[rr];
+          }
+        }
+        for (int64_t rr = 0; rr < kRows; ++rr) t.l[rr] = t.l[rr] * correction[rr] + block_sum[rr];
+        // o(d, r) = o(d, r) * correction_r + sum_j v_j[d] p(j, r), four d at a time. Masked keys
+        // are skipped, not multiplied by 0, so garbage in a padding slot's v cannot leak in.
+        const v16 corr = load16(correction);
+        int64_t d = 0;
+        for (; d + 4 <= D; d += 4) {
+          v16 a0 = load16(&t.o[(d + 0) * kRows]) * corr, a1 = load16(&t.o[(d + 1) * kRows]) * corr;
+          v16 a2 = load16(&t.o[(d + 2) * kRows]) * corr, a3 = load16(&t.o[(d + 3) * kRows]) * corr;
+          for (jj = 0; jj < len; ++jj) {
+            if (mask && mask[j0 + jj] == 0) continue;
+            const v16 p = load16(&t.s[jj * kRows]);
+            const float* vj = vb + (j0 + jj) * kv_stride + d;
+            a0 += vj[0] * p;
+            a1 += vj[1] * p;
+            a2 += vj[2] * p;
+            a3 += vj[3] * p;
+          }
+          store16(&t.o[(d + 0) * kRows], a0);
+          store16(&t.o[(d + 1) * kRows], a1);
+          store16(&t.o[(d + 2) * kRows], a2);
+          store16(&t.o[(d + 3) * kRows], a3);
+        }
+        for (; d < D; ++d) {
+          v16 a = load16(&t.o[d * kRows]) * corr;
+          for (jj = 0; jj < len; ++jj) {
+            if (mask && mask[j0 + jj] == 0) continue;
+            a += vb[(j0 + jj) * kv_stride + d] * load16(&t.s[jj * kRows]);
+          }
+          store16(&t.o[d * kRows], a);
+        }
+      }
+      for (int64_t rr = 0; rr < n_rows; ++rr) {
+        const float inv = t.l[rr] > 0.0f ? 1.0f / t.l[rr] : 0.0f;  // no visible key: zeros
+        float* dst = out + q_row(r0 + rr);
+        for (int64_t d = 0; d < D; ++d) dst[d] = t.o[d * kRows + rr] * inv;
+      }
+    }
+  }
+}
+
+}  // namespace zof::cpu

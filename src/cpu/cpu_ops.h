@@ -1,0 +1,56 @@
+// The CPU backend's ops, one function per Backend op under the same name in zof::cpu, each taking
+// the number of OpenMP threads to use. Every output element is computed by one thread in a fixed
+// order, so results do not depend on the thread count (matmul: see cpu_matmul.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+namespace zof::cpu {
+
+// oneDNN matmul y(M,N) = x(M,K) w(N,K)^T + bias(N), with primitives cached per shape.
+class Matmul {
+ public:
+  explicit Matmul(int threads);
+  ~Matmul();
+  void run(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+           int64_t K);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+              int threads);
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                int64_t dim, float eps, int threads);
+void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
+          float theta, int threads);
+void attention(const float* q, const float* k, const float* v, float* out,
+               const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int threads);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n, int threads);
+void gelu_tanh(float* x, int64_t n, int threads);
+void gelu_erf(float* x, int64_t n, int threads);
+void relu(float* x, int64_t n, int threads);
+void add(float* y, const float* x, int64_t n, int threads);
+void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+               bool accumulate, int threads);
+void cross_entropy(const float* logits, const int32_t* targets, float* nll, int64_t rows,
+                   int64_t vocab, int threads);
+
+// Below this many elements of work an op runs on the calling thread: an OpenMP fork/join costs
+// a few microseconds, more than the op itself.
+constexpr int64_t kMinParallelWork = 1 << 15;
+
+// Calls f(begin, end) on fixed blocks of [0, n) spread over threads. The blocks do not depend on
+// the thread count, so neither does which elements land in a vector body or a scalar tail.
+template <class F>
+void parallel_blocks(int64_t n, int threads, F f) {
+  constexpr int64_t kBlock = 8192;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n >= kMinParallelWork)
+  for (int64_t b = 0; b < blocks; ++b) f(b * kBlock, b + 1 < blocks ? (b + 1) * kBlock : n);
+}
+
+}  // namespace zof::cpu

@@ -1,0 +1,593 @@
+// Op conformance: every op of every compiled backend against the scalar reference backend on
+// random inputs of many shapes (fp32: error under kTol of the output's largest magnitude, never a
+// NaN), the reference itself against hand-computed values, aliasing, and thread-count
+// independence of the CPU backend. A new backend adds one line to fast_backends().
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common.h"
+#include "zof/backend.h"
+
+namespace {
+
+using zof::Backend;
+
+// fp32 ops against the double-accumulating reference. The measured worst case is 1.3e-6 (layer_norm
+// of rows with mean 30; matmul with K=1000 8e-7); 1e-5 leaves room for other compilers and CPUs.
+constexpr double kTol = 1e-5;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct BackendCase {
+  std::string label;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+
+// Every compiled backend that is tested against the reference.
+std::vector<BackendCase> fast_backends() {
+  return {
+      {"cpu(1 thread)", [] { return zof::make_cpu_backend(1); }},
+      {"cpu(2 threads)", [] { return zof::make_cpu_backend(2); }},
+  };
+}
+
+// The reference, then every fast backend: the hand-computed cases run on all of them.
+std::vector<BackendCase> all_backends() {
+  std::vector<BackendCase> all{{"reference", [] { return zof::make_reference_backend(); }}};
+  for (auto& c : fast_backends()) all.push_back(c);
+  return all;
+}
+
+// Device buffers of one backend, freed together; inputs are uploaded from host vectors and
+// outputs start as NaN, so an element an op forgets to write fails the NaN check.
+class Device {
+ public:
+  explicit Device(Backend& be) : be_(be) {}
+  ~Device() {
+    for (void* p : ptrs_) be_.free(p);
+  }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  template <class T>
+  T* put(const std::vector<T>& host) {  // empty: nullptr (an absent optional argument)
+    if (host.empty()) return nullptr;
+    void* d = be_.alloc(host.size() * sizeof(T));
+    ptrs_.push_back(d);
+    be_.copy_to_device(d, host.data(), host.size() * sizeof(T), nullptr);
+    return static_cast<T*>(d);
+  }
+  float* output(size_t n) { return put(std::vector<float>(n, kNaN)); }
+  template <class T>
+  std::vector<T> get(const T* d, size_t n) {
+    std::vector<T> host(n);
+    be_.copy_to_host(host.data(), d, n * sizeof(T), nullptr);
+    be_.synchronize(nullptr);
+    return host;
+  }
+
+ private:
+  Backend& be_;
+  std::vector<void*> ptrs_;
+};
+
+std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// max |got - want| / max |want| under tol, with no NaN or inf on either side.
+::testing::AssertionResult close(const std::vector<float>& want, const std::vector<float>& got,
+                                 double tol) {
+  if (want.size() != got.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  double scale = 0.0, err = 0.0;
+  size_t worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(want[i])) return ::testing::AssertionFailure() << "reference[" << i << "] = " << want[i];
+    if (!std::isfinite(got[i])) return ::testing::AssertionFailure() << "out[" << i << "] = " << got[i];
+    scale = std::max(scale, std::fabs(double(want[i])));
+    double e = std::fabs(double(got[i]) - double(want[i]));
+    if (e > err) err = e, worst = i;
+  }
+  double rel = err / std::max(scale, 1e-30);
+  if (rel <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << rel << " > " << tol << " at [" << worst
+                                       << "]: " << got[worst] << " vs " << want[worst]
+                                       << " (scale " << scale << ")";
+}
+
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- one function per op: host inputs in, host output back --------------------------------------
+
+std::vector<float> run_matmul(Backend& be, const std::vector<float>& x, const std::vector<float>& w,
+                              const std::vector<float>& bias, int64_t M, int64_t N, int64_t K) {
+  Device dev(be);
+  float* y = dev.output(size_t(M * N));
+  be.matmul(dev.put(x), dev.put(w), dev.put(bias), y, M, N, K);
+  return dev.get(y, size_t(M * N));
+}
+
+std::vector<float> run_rms_norm(Backend& be, const std::vector<float>& x,
+                                const std::vector<float>& w, int64_t rows, int64_t dim, float eps) {
+  Device dev(be);
+  float* y = dev.output(x.size());
+  be.rms_norm(dev.put(x), dev.put(w), y, rows, dim, eps);
+  return dev.get(y, x.size());
+}
+
+std::vector<float> run_layer_norm(Backend& be, const std::vector<float>& x,
+                                  const std::vector<float>& w, const std::vector<float>& b,
+                                  int64_t rows, int64_t dim, float eps) {
+  Device dev(be);
+  float* y = dev.output(x.size());
+  be.layer_norm(dev.put(x), dev.put(w), dev.put(b), y, rows, dim, eps);
+  return dev.get(y, x.size());
+}
+
+std::vector<float> run_rope(Backend& be, const std::vector<float>& x,
+                            const std::vector<int32_t>& pos, int64_t rows, int64_t heads,
+                            int64_t head_dim, float theta) {
+  Device dev(be);
+  float* d = dev.put(x);
+  be.rope(d, dev.put(pos), rows, heads, head_dim, theta);
+  return dev.get(d, x.size());
+}
+
+struct AttnShape {
+  int64_t B, Tq, Tk, H, Hkv, D, q_offset;
+};
+
+std::vector<float> run_attention(Backend& be, const std::vector<float>& q,
+                                 const std::vector<float>& k, const std::vector<float>& v,
+                                 const std::vector<uint8_t>& mask, const AttnShape& s) {
+  Device dev(be);
+  const size_t n = size_t(s.B * s.Tq * s.H * s.D);
+  float* out = dev.output(n);
+  be.attention(dev.put(q), dev.put(k), dev.put(v), out, dev.put(mask), s.B, s.Tq, s.Tk, s.H, s.Hkv,
+               s.D, s.q_offset, 1.0f / std::sqrt(float(s.D)));
+  return dev.get(out, n);
+}
+
+std::vector<float> run_silu_mul(Backend& be, const std::vector<float>& gate,
+                                const std::vector<float>& up) {
+  Device dev(be);
+  float* out = dev.output(gate.size());
+  be.silu_mul(dev.put(gate), dev.put(up), out, int64_t(gate.size()));
+  return dev.get(out, gate.size());
+}
+
+using InPlaceOp = void (Backend::*)(float*, int64_t, zof::Stream*);
+std::vector<float> run_in_place(Backend& be, InPlaceOp op, const std::vector<float>& x) {
+  Device dev(be);
+  float* d = dev.put(x);
+  (be.*op)(d, int64_t(x.size()), nullptr);
+  return dev.get(d, x.size());
+}
+
+std::vector<float> run_add(Backend& be, const std::vector<float>& y, const std::vector<float>& x) {
+  Device dev(be);
+  float* d = dev.put(y);
+  be.add(d, dev.put(x), int64_t(y.size()));
+  return dev.get(d, y.size());
+}
+
+std::vector<float> run_embedding(Backend& be, const std::vector<int32_t>& ids,
+                                 const std::vector<float>& table, const std::vector<float>& out0,
+                                 int64_t dim, bool accumulate) {
+  Device dev(be);
+  float* out = accumulate ? dev.put(out0) : dev.output(ids.size() * size_t(dim));
+  be.embedding(dev.put(ids), dev.put(table), out, int64_t(ids.size()), dim, accumulate);
+  return dev.get(out, ids.size() * size_t(dim));
+}
+
+std::vector<float> run_cross_entropy(Backend& be, const std::vector<float>& logits,
+                                     const std::vector<int32_t>& targets, int64_t vocab) {
+  Device dev(be);
+  float* nll = dev.output(targets.size());
+  be.cross_entropy(dev.put(logits), dev.put(targets), nll, int64_t(targets.size()), vocab);
+  return dev.get(nll, targets.size());
+}
+
+// Runs `run` on the reference and on every fast backend and compares.
+void conform(const std::string& what, const std::function<std::vector<float>(Backend&)>& run,
+             double tol = kTol) {
+  auto ref = zof::make_reference_backend();
+  std::vector<float> want = run(*ref);
+  for (auto& c : fast_backends()) {
+    auto be = c.make();
+    EXPECT_TRUE(close(want, run(*be), tol)) << c.label << ": " << what;
+  }
+}
+
+// ---- memory and streams ---------------------------------------------------------------------------
+
+TEST(Ops, MemoryAndStreams) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    EXPECT_FALSE(be->name().empty());
+    EXPECT_GT(be->free_memory(), size_t(0));
+    for (size_t bytes : {size_t(0), size_t(1), size_t(63), size_t(100000)}) {
+      void* d = be->alloc(bytes);
+      void* h = be->alloc_host_pinned(bytes);
+      ASSERT_NE(d, nullptr);
+      ASSERT_NE(h, nullptr);
+      be->free(d);
+      be->free_host_pinned(h);
+    }
+    zof::Stream* s = be->create_stream();
+    EXPECT_NE(s, be->default_stream());
+    zof::Event* e = be->create_event();
+    std::vector<float> src = uniform(1000, -1, 1, 1), back(1000);
+    float* h = static_cast<float*>(be->alloc_host_pinned(4000));
+    float* d1 = static_cast<float*>(be->alloc(4000));
+    float* d2 = static_cast<float*>(be->alloc(4000));
+    std::memcpy(h, src.data(), 4000);
+    be->copy_to_device(d1, h, 4000, s);
+    be->copy_device(d2, d1, 4000, s);
+    be->record(e, s);
+    be->wait(be->default_stream(), e);
+    be->copy_to_host(back.data(), d2, 4000, be->default_stream());
+    be->synchronize(be->default_stream());
+    EXPECT_TRUE(bit_identical(src, back));
+    be->free(d1);
+    be->free(d2);
+    be->free_host_pinned(h);
+  }
+}
+
+// ---- hand-computed values, on every backend including the reference -----------------------------
+
+TEST(OpsHand, Matmul2x2) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    // x = [[1,2],[3,4]], w = [[5,6],[7,8]] (rows are outputs), bias = [0.5, -1]
+    auto y = run_matmul(*be, {1, 2, 3, 4}, {5, 6, 7, 8}, {0.5f, -1.0f}, 2, 2, 2);
+    EXPECT_EQ(y, (std::vector<float>{17.5f, 22.0f, 39.5f, 52.0f}));
+    y = run_matmul(*be, {1, 2, 3, 4}, {5, 6, 7, 8}, {}, 2, 2, 2);
+    EXPECT_EQ(y, (std::vector<float>{17.0f, 23.0f, 39.0f, 53.0f}));
+  }
+}
+
+TEST(OpsHand, Norms) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    // rms([3,4]) = sqrt(12.5)
+    auto y = run_rms_norm(*be, {3, 4}, {1, 2}, 1, 2, 0.0f);
+    EXPECT_TRUE(close({float(3 / std::sqrt(12.5)), float(8 / std::sqrt(12.5))}, y, 1e-6));
+    // mean 2, biased variance 1
+    y = run_layer_norm(*be, {1, 3}, {1, 1}, {0, 10}, 1, 2, 0.0f);
+    EXPECT_TRUE(close({-1.0f, 11.0f}, y, 1e-6));
+  }
+}
+
+TEST(OpsHand, Rope) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    const std::vector<float> x = {1, 2, 3, 4, -1, 0.5f, 2, -3};  // (rows 2, heads 1, head_dim 4)
+    // Position 0 is the identity.
+    EXPECT_EQ(run_rope(*be, x, {0, 0}, 2, 1, 4, 100.0f), x);
+    // Position 1 rotates the pairs (0,2) and (1,3) by inv_freq = 100^(-2i/4) = 1 and 0.1 rad.
+    auto y = run_rope(*be, x, {1, 1}, 2, 1, 4, 100.0f);
+    std::vector<float> want(8);
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        double a = x[r * 4 + i], b = x[r * 4 + i + 2], t = i == 0 ? 1.0 : 0.1;
+        want[r * 4 + i] = float(a * std::cos(t) - b * std::sin(t));
+        want[r * 4 + i + 2] = float(b * std::cos(t) + a * std::sin(t));
+      }
+    }
+    EXPECT_TRUE(close(want, y, 1e-6));
+  }
+}
+
+TEST(OpsHand, Attention) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    // One key: the output is its value, whatever the query.
+    AttnShape one{1, 1, 1, 1, 1, 3, 0};
+    EXPECT_EQ(run_attention(*be, {5, -2, 1}, {0.3f, 7, -1}, {1, 2, 3}, {}, one),
+              (std::vector<float>{1, 2, 3}));
+    // A known softmax row: q=1, D=1, scale 1/sqrt(1), keys [0, ln2, ln3] give weights 1/6, 2/6, 3/6.
+    AttnShape row{1, 1, 3, 1, 1, 1, 2};
+    auto y = run_attention(*be, {1}, {0, float(std::log(2.0)), float(std::log(3.0))}, {6, 12, 18},
+                           {}, row);
+    EXPECT_TRUE(close({14.0f}, y, 1e-6));  // (6 + 24 + 54) / 6
+    // Causality and the mask: key 0 is padding, so query 0 (sees key 0 only) gets zeros and
+    // query 1 sees key 1 alone.
+    AttnShape causal{1, 2, 2, 1, 1, 2, 0};
+    y = run_attention(*be, {1, 1, 1, 1}, {1, 1, 1, 1}, {10, 20, 30, 40}, {0, 1}, causal);
+    EXPECT_EQ(y, (std::vector<float>{0, 0, 30, 40}));
+    // Without the mask query 0 reads key 0 only (causal).
+    y = run_attention(*be, {1, 1, 1, 1}, {1, 1, 1, 1}, {10, 20, 30, 40}, {}, causal);
+    EXPECT_TRUE(close({10, 20, 20, 30}, y, 1e-6));
+  }
+}
+
+TEST(OpsHand, Pointwise) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    auto y = run_silu_mul(*be, {0, 1, -1}, {3, 2, 2});
+    EXPECT_TRUE(close({0.0f, float(2 / (1 + std::exp(-1.0))), float(-2 / (1 + std::exp(1.0)))}, y, 1e-6));
+    // gelu(1): 0.5 (1 + tanh(sqrt(2/pi) 1.044715)) and 0.5 (1 + erf(1/sqrt2)); gelu(0) = 0
+    y = run_in_place(*be, &Backend::gelu_tanh, {0, 1});
+    EXPECT_TRUE(close({0.0f, 0.8411919906f}, y, 1e-6));
+    y = run_in_place(*be, &Backend::gelu_erf, {0, 1});
+    EXPECT_TRUE(close({0.0f, 0.8413447461f}, y, 1e-6));
+    EXPECT_EQ(run_in_place(*be, &Backend::relu, {-1, 2, 0}), (std::vector<float>{0, 2, 0}));
+    EXPECT_EQ(run_add(*be, {1, 2}, {10, 20}), (std::vector<float>{11, 22}));
+    // table rows 0..2 of dim 2
+    const std::vector<float> table = {0, 1, 10, 11, 20, 21};
+    EXPECT_EQ(run_embedding(*be, {2, 0, 2}, table, {}, 2, false),
+              (std::vector<float>{20, 21, 0, 1, 20, 21}));
+    EXPECT_EQ(run_embedding(*be, {1}, table, {5, 6}, 2, true), (std::vector<float>{15, 17}));
+  }
+}
+
+TEST(OpsHand, CrossEntropy) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    const int64_t V = 1000;
+    // Uniform logits give log(V) for any target; an ignored target (< 0) gives 0.
+    auto nll = run_cross_entropy(*be, std::vector<float>(3 * V, 2.5f), {0, -100, int32_t(V - 1)}, V);
+    EXPECT_TRUE(close({float(std::log(double(V))), 0.0f, float(std::log(double(V)))}, nll, 1e-6));
+    EXPECT_EQ(nll[1], 0.0f);
+    // logits [0, ln2, ln3], target 2: log(6) - log(3) = log(2); huge logits stay finite.
+    nll = run_cross_entropy(*be, {0, float(std::log(2.0)), float(std::log(3.0)), 1000, -1000, 0},
+                            {2, 1}, 3);
+    EXPECT_TRUE(close({float(std::log(2.0)), 2000.0f}, nll, 1e-6));
+  }
+}
+
+// ---- random inputs against the reference -----------------------------------------------------------
+
+TEST(OpsConform, Matmul) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{1, 17, 33}, Shape{2, 3, 5}, Shape{7, 5, 3}, Shape{16, 16, 16},
+                  Shape{33, 65, 127}, Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{100, 130, 70},
+                  Shape{3, 7, 0}}) {
+    for (bool has_bias : {false, true}) {
+      auto x = uniform(size_t(s.M * s.K), -1, 1, 1);
+      auto w = uniform(size_t(s.N * s.K), -1, 1, 2);
+      auto bias = has_bias ? uniform(size_t(s.N), -1, 1, 3) : std::vector<float>{};
+      conform("matmul M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                  " K=" + std::to_string(s.K) + (has_bias ? " +bias" : ""),
+              [&](Backend& be) { return run_matmul(be, x, w, bias, s.M, s.N, s.K); });
+    }
+  }
+}
+
+TEST(OpsConform, Norms) {
+  for (int64_t rows : {1, 3, 17}) {
+    for (int64_t dim : {1, 7, 64, 768, 1001}) {
+      const std::string what = " rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+      auto x = uniform(size_t(rows * dim), -2, 2, 4);
+      auto shifted = x;
+      for (auto& a : shifted) a += 30.0f;  // a large mean: the variance must not cancel
+      auto w = uniform(size_t(dim), 0.5f, 1.5f, 5), b = uniform(size_t(dim), -1, 1, 6);
+      conform("rms_norm" + what, [&](Backend& be) { return run_rms_norm(be, x, w, rows, dim, 1e-6f); });
+      conform("layer_norm" + what,
+              [&](Backend& be) { return run_layer_norm(be, x, w, b, rows, dim, 1e-5f); });
+      conform("layer_norm shifted" + what,
+              [&](Backend& be) { return run_layer_norm(be, shifted, w, b, rows, dim, 1e-5f); });
+    }
+  }
+}
+
+TEST(OpsConform, Rope) {
+  std::mt19937 rng(7);
+  for (int64_t rows : {1, 5, 40}) {
+    for (int64_t heads : {1, 3}) {
+      for (int64_t head_dim : {2, 8, 64, 80, 128, 300}) {
+        for (float theta : {10000.0f, 500000.0f}) {
+          auto x = uniform(size_t(rows * heads * head_dim), -1, 1, 8);
+          std::vector<int32_t> pos(static_cast<size_t>(rows));
+          for (auto& p : pos) p = int32_t(rng() % 4096);
+          pos[0] = 0;
+          conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
+                      " head_dim=" + std::to_string(head_dim) + " theta=" + std::to_string(theta),
+                  [&](Backend& be) { return run_rope(be, x, pos, rows, heads, head_dim, theta); });
+        }
+      }
+    }
+  }
+}
+
+TEST(OpsConform, Attention) {
+  enum Mask { kNone, kRightPad, kLeftPad, kRandom };
+  struct Case {
+    AttnShape s;
+    Mask mask;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {{1, 1, 1, 1, 1, 8, 0}, kNone, "T=1"},
+      {{2, 7, 7, 4, 4, 16, 0}, kNone, "MHA"},
+      {{2, 13, 13, 4, 2, 64, 0}, kNone, "GQA H/Hkv=2"},
+      {{1, 33, 33, 8, 2, 32, 0}, kNone, "GQA H/Hkv=4"},
+      {{2, 3, 20, 4, 2, 16, 17}, kNone, "KV cache Tq<Tk q_offset>0"},
+      {{2, 1, 9, 4, 1, 64, 8}, kRightPad, "decode one token, MQA, right padding"},
+      {{3, 4, 10, 2, 1, 24, 2}, kRandom, "Tq<Tk, queries see part of the cache"},
+      {{2, 21, 21, 2, 2, 5, 0}, kLeftPad, "left padding (queries that see no key), odd D"},
+      {{2, 130, 130, 2, 1, 64, 0}, kRandom, "several key and query blocks"},
+      {{1, 70, 200, 4, 4, 80, 130}, kLeftPad, "long cache, left padding, D=80"},
+  };
+  for (const Case& c : cases) {
+    const AttnShape& s = c.s;
+    auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 9);
+    auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 10);
+    auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 11);
+    std::vector<uint8_t> mask;
+    if (c.mask != kNone) {
+      mask.assign(size_t(s.B * s.Tk), 1);
+      std::mt19937 rng(12);
+      for (int64_t b = 0; b < s.B; ++b) {
+        const int64_t pad = b % 2 == 1 ? s.Tk / 3 + 1 : 0;  // odd sequences are padded
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          if (c.mask == kRightPad && j >= s.Tk - pad) mask[b * s.Tk + j] = 0;
+          if (c.mask == kLeftPad && j < pad) mask[b * s.Tk + j] = 0;
+          if (c.mask == kRandom && rng() % 4 == 0) mask[b * s.Tk + j] = 0;
+        }
+      }
+    }
+    conform(std::string("attention ") + c.what,
+            [&](Backend& be) { return run_attention(be, q, k, v, mask, s); });
+  }
+}
+
+TEST(OpsConform, Pointwise) {
+  for (int64_t n : {1, 15, 1000, 4097, 70001}) {
+    const std::string what = " n=" + std::to_string(n);
+    auto x = uniform(size_t(n), -8, 8, 13), y = uniform(size_t(n), -3, 3, 14);
+    // The tails: exp overflow and underflow inside silu and gelu must not make NaN.
+    auto wide = uniform(size_t(n), -200, 200, 15);
+    conform("silu_mul" + what, [&](Backend& be) { return run_silu_mul(be, x, y); });
+    conform("silu_mul wide" + what, [&](Backend& be) { return run_silu_mul(be, wide, y); });
+    for (auto [op, name] : {std::pair{&Backend::gelu_tanh, "gelu_tanh"},
+                            std::pair{&Backend::gelu_erf, "gelu_erf"}, std::pair{&Backend::relu, "relu"}}) {
+      conform(name + what, [&](Backend& be) { return run_in_place(be, op, x); });
+      conform(name + std::string(" wide") + what, [&](Backend& be) { return run_in_place(be, op, wide); });
+    }
+    conform("add" + what, [&](Backend& be) { return run_add(be, y, x); });
+  }
+}
+
+TEST(OpsConform, Embedding) {
+  const int64_t vocab = 50;
+  for (int64_t n : {1, 9, 100}) {
+    for (int64_t dim : {1, 33, 768}) {
+      auto table = uniform(size_t(vocab * dim), -1, 1, 16);
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      std::mt19937 rng(17);
+      for (auto& i : ids) i = int32_t(rng() % vocab);
+      auto out0 = uniform(size_t(n * dim), -1, 1, 18);
+      for (bool acc : {false, true})
+        conform("embedding n=" + std::to_string(n) + " dim=" + std::to_string(dim),
+                [&](Backend& be) { return run_embedding(be, ids, table, out0, dim, acc); });
+    }
+  }
+}
+
+TEST(OpsConform, CrossEntropy) {
+  for (int64_t rows : {1, 4, 9}) {
+    for (int64_t vocab : {1, 2, 17, 1000, 50257}) {
+      auto logits = uniform(size_t(rows * vocab), -10, 10, 19);
+      std::vector<int32_t> targets(static_cast<size_t>(rows));
+      std::mt19937 rng(20);
+      for (auto& t : targets) t = int32_t(rng() % vocab);
+      if (rows > 1) targets[1] = -100;  // ignored
+      conform("cross_entropy rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab),
+              [&](Backend& be) { return run_cross_entropy(be, logits, targets, vocab); });
+    }
+  }
+}
+
+// ---- aliasing: y == x for norms, out == gate or up for silu_mul --------------------------------
+
+TEST(Ops, Aliasing) {
+  const int64_t rows = 5, dim = 300;
+  auto x = uniform(size_t(rows * dim), -2, 2, 21), w = uniform(size_t(dim), 0.5f, 1.5f, 22);
+  auto b = uniform(size_t(dim), -1, 1, 23), up = uniform(size_t(rows * dim), -2, 2, 24);
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    {
+      Device dev(*be);
+      float* d = dev.put(x);
+      be->rms_norm(d, dev.put(w), d, rows, dim, 1e-6f);
+      EXPECT_TRUE(bit_identical(dev.get(d, x.size()), run_rms_norm(*be, x, w, rows, dim, 1e-6f)));
+    }
+    {
+      Device dev(*be);
+      float* d = dev.put(x);
+      be->layer_norm(d, dev.put(w), dev.put(b), d, rows, dim, 1e-5f);
+      EXPECT_TRUE(bit_identical(dev.get(d, x.size()), run_layer_norm(*be, x, w, b, rows, dim, 1e-5f)));
+    }
+    const auto want = run_silu_mul(*be, x, up);
+    {
+      Device dev(*be);
+      float* g = dev.put(x);
+      be->silu_mul(g, dev.put(up), g, int64_t(x.size()));
+      EXPECT_TRUE(bit_identical(dev.get(g, x.size()), want)) << "out == gate";
+    }
+    {
+      Device dev(*be);
+      float* u = dev.put(up);
+      be->silu_mul(dev.put(x), u, u, int64_t(x.size()));
+      EXPECT_TRUE(bit_identical(dev.get(u, x.size()), want)) << "out == up";
+    }
+  }
+}
+
+// ---- the CPU backend's results do not depend on its thread count -------------------------------
+
+TEST(Ops, CpuThreadCountIndependence) {
+  auto one = zof::make_cpu_backend(1), two = zof::make_cpu_backend(2);
+  auto same = [&](const std::string& what, const std::function<std::vector<float>(Backend&)>& run) {
+    EXPECT_TRUE(bit_identical(run(*one), run(*two))) << what;
+  };
+  // Sizes above the backend's serial threshold, so the two-thread backend really splits them.
+  const int64_t n = 100003, rows = 64, dim = 1000;
+  auto x = uniform(size_t(n), -8, 8, 25), y = uniform(size_t(n), -2, 2, 26);
+  auto w = uniform(size_t(dim), 0.5f, 1.5f, 27), b = uniform(size_t(dim), -1, 1, 28);
+  auto xr = uniform(size_t(rows * dim), -2, 2, 29);
+  same("silu_mul", [&](Backend& be) { return run_silu_mul(be, x, y); });
+  same("gelu_tanh", [&](Backend& be) { return run_in_place(be, &Backend::gelu_tanh, x); });
+  same("gelu_erf", [&](Backend& be) { return run_in_place(be, &Backend::gelu_erf, x); });
+  same("relu", [&](Backend& be) { return run_in_place(be, &Backend::relu, x); });
+  same("add", [&](Backend& be) { return run_add(be, y, x); });
+  same("rms_norm", [&](Backend& be) { return run_rms_norm(be, xr, w, rows, dim, 1e-6f); });
+  same("layer_norm", [&](Backend& be) { return run_layer_norm(be, xr, w, b, rows, dim, 1e-5f); });
+  std::vector<int32_t> pos(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) pos[r] = int32_t(r * 37);
+  same("rope", [&](Backend& be) { return run_rope(be, xr, pos, rows, 10, 100, 10000.0f); });
+  AttnShape s{2, 100, 100, 4, 2, 64, 0};
+  auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 30);
+  auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 31);
+  auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 32);
+  same("attention", [&](Backend& be) { return run_attention(be, q, k, v, {}, s); });
+  std::vector<int32_t> ids(200), targets(16);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % 50);
+  auto table = uniform(50 * 768, -1, 1, 33);
+  same("embedding", [&](Backend& be) { return run_embedding(be, ids, table, {}, 768, false); });
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = int32_t(i * 997 % 5000);
+  auto logits = uniform(16 * 5000, -10, 10, 34);
+  same("cross_entropy", [&](Backend& be) { return run_cross_entropy(be, logits, targets, 5000); });
+  // oneDNN partitions a matmul over M and N blocks and keeps each dot product in one thread for
+  // these shapes, so the results are bit-identical too; oneDNN does not promise this in general
+  // (a split over K would change the summation order), and if a future version breaks it this
+  // check should become close(..., kTol).
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (Shape sh : {Shape{128, 256, 512}, Shape{1, 2048, 4096}, Shape{7, 33, 1000}}) {
+    auto a = uniform(size_t(sh.M * sh.K), -1, 1, 35), wm = uniform(size_t(sh.N * sh.K), -1, 1, 36);
+    auto bias = uniform(size_t(sh.N), -1, 1, 37);
+    same("matmul M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K),
+         [&](Backend& be) { return run_matmul(be, a, wm, bias, sh.M, sh.N, sh.K); });
+  }
+}
+
+}  // namespace
