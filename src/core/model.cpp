@@ -1,0 +1,403 @@
+// Model: the parameter layout of each architecture family (names and shapes as Hugging Face
+// defines them), loading from safetensors with full validation, saving back, random init.
+#include "zof/model.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <unordered_map>
+
+#include "zof/error.h"
+#include "zof/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace zof {
+namespace {
+
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool decay;
+  bool transposed;
+};
+
+// Tensors of one block, in the order Hugging Face writes them.
+using BlockSpec = std::pair<std::string, std::vector<Spec>>;
+
+std::vector<BlockSpec> layout_llama(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t Hq = c.num_heads * c.head_dim, Hk = c.num_kv_heads * c.head_dim;
+  std::vector<BlockSpec> out;
+  out.push_back({"embed", {{"model.embed_tokens.weight", {V, C}, true, false}}});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    std::vector<Spec> s;
+    s.push_back({p + "input_layernorm.weight", {C}, false, false});
+    s.push_back({p + "self_attn.q_proj.weight", {Hq, C}, true, false});
+    if (c.qkv_bias) s.push_back({p + "self_attn.q_proj.bias", {Hq}, false, false});
+    s.push_back({p + "self_attn.k_proj.weight", {Hk, C}, true, false});
+    if (c.qkv_bias) s.push_back({p + "self_attn.k_proj.bias", {Hk}, false, false});
+    s.push_back({p + "self_attn.v_proj.weight", {Hk, C}, true, false});
+    if (c.qkv_bias) s.push_back({p + "self_attn.v_proj.bias", {Hk}, false, false});
+    s.push_back({p + "self_attn.o_proj.weight", {C, Hq}, true, false});
+    if (c.o_bias) s.push_back({p + "self_attn.o_proj.bias", {C}, false, false});
+    s.push_back({p + "post_attention_layernorm.weight", {C}, false, false});
+    s.push_back({p + "mlp.gate_proj.weight", {I, C}, true, false});
+    if (c.mlp_bias) s.push_back({p + "mlp.gate_proj.bias", {I}, false, false});
+    s.push_back({p + "mlp.up_proj.weight", {I, C}, true, false});
+    if (c.mlp_bias) s.push_back({p + "mlp.up_proj.bias", {I}, false, false});
+    s.push_back({p + "mlp.down_proj.weight", {C, I}, true, false});
+    if (c.mlp_bias) s.push_back({p + "mlp.down_proj.bias", {C}, false, false});
+    out.push_back({"layers." + std::to_string(i), s});
+  }
+  std::vector<Spec> head{{"model.norm.weight", {C}, false, false}};
+  if (!c.tie_embeddings) head.push_back({"lm_head.weight", {V, C}, true, false});
+  out.push_back({"head", head});
+  return out;
+}
+
+std::vector<BlockSpec> layout_opt(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.intermediate_size;
+  const int64_t E = c.word_embed_proj_dim;
+  const bool b = c.qkv_bias;
+  std::vector<BlockSpec> out;
+  std::vector<Spec> embed{{"model.decoder.embed_tokens.weight", {V, E}, true, false},
+                          {"model.decoder.embed_positions.weight", {c.max_position + 2, C}, true,
+                           false}};
+  if (E != C) embed.push_back({"model.decoder.project_in.weight", {C, E}, true, false});
+  out.push_back({"embed", embed});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.decoder.layers." + std::to_string(i) + ".";
+    std::vector<Spec> s;
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+      s.push_back({p + "self_attn." + proj + ".weight", {C, C}, true, false});
+      if (b) s.push_back({p + "self_attn." + proj + ".bias", {C}, false, false});
+    }
+    s.push_back({p + "self_attn_layer_norm.weight", {C}, false, false});
+    s.push_back({p + "self_attn_layer_norm.bias", {C}, false, false});
+    s.push_back({p + "fc1.weight", {F, C}, true, false});
+    if (b) s.push_back({p + "fc1.bias", {F}, false, false});
+    s.push_back({p + "fc2.weight", {C, F}, true, false});
+    if (b) s.push_back({p + "fc2.bias", {C}, false, false});
+    s.push_back({p + "final_layer_norm.weight", {C}, false, false});
+    s.push_back({p + "final_layer_norm.bias", {C}, false, false});
+    out.push_back({"layers." + std::to_string(i), s});
+  }
+  std::vector<Spec> head;
+  if (c.do_layer_norm_before) {
+    head.push_back({"model.decoder.final_layer_norm.weight", {C}, false, false});
+    head.push_back({"model.decoder.final_layer_norm.bias", {C}, false, false});
+  }
+  if (E != C) head.push_back({"model.decoder.project_out.weight", {E, C}, true, false});
+  if (!c.tie_embeddings) head.push_back({"lm_head.weight", {V, E}, true, false});
+  out.push_back({"head", head});
+  return out;
+}
+
+std::vector<BlockSpec> layout_gpt2(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.intermediate_size;
+  std::vector<BlockSpec> out;
+  out.push_back({"embed",
+                 {{"transformer.wte.weight", {V, C}, true, false},
+                  {"transformer.wpe.weight", {c.max_position, C}, true, false}}});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "transformer.h." + std::to_string(i) + ".";
+    out.push_back({"layers." + std::to_string(i),
+                   {{p + "ln_1.weight", {C}, false, false},
+                    {p + "ln_1.bias", {C}, false, false},
+                    {p + "attn.c_attn.weight", {3 * C, C}, true, true},
+                    {p + "attn.c_attn.bias", {3 * C}, false, false},
+                    {p + "attn.c_proj.weight", {C, C}, true, true},
+                    {p + "attn.c_proj.bias", {C}, false, false},
+                    {p + "ln_2.weight", {C}, false, false},
+                    {p + "ln_2.bias", {C}, false, false},
+                    {p + "mlp.c_fc.weight", {F, C}, true, true},
+                    {p + "mlp.c_fc.bias", {F}, false, false},
+                    {p + "mlp.c_proj.weight", {C, F}, true, true},
+                    {p + "mlp.c_proj.bias", {C}, false, false}}});
+  }
+  std::vector<Spec> head{{"transformer.ln_f.weight", {C}, false, false},
+                         {"transformer.ln_f.bias", {C}, false, false}};
+  if (!c.tie_embeddings) head.push_back({"lm_head.weight", {V, C}, true, false});
+  out.push_back({"head", head});
+  return out;
+}
+
+std::vector<BlockSpec> layout(const ModelConfig& c) {
+  switch (c.arch) {
+    case Arch::Llama: return layout_llama(c);
+    case Arch::OPT: return layout_opt(c);
+    case Arch::GPT2: return layout_gpt2(c);
+  }
+  ZOF_ABORT("unknown arch");
+}
+
+// Copies a stored tensor into dst as fp32, transposing a 2-D (in, out) file tensor to (out, in).
+void load_tensor(const safetensors::TensorInfo& t, const Param& p, float* dst) {
+  if (!p.transposed) {
+    safetensors::to_f32(t, dst);
+    return;
+  }
+  const int64_t rows = t.shape[0], cols = t.shape[1];  // file (in, out)
+  std::vector<float> tmp(rows * cols);
+  safetensors::to_f32(t, tmp.data());
+#pragma omp parallel for
+  for (int64_t o = 0; o < cols; ++o)
+    for (int64_t i = 0; i < rows; ++i) dst[o * rows + i] = tmp[i * cols + o];
+}
+
+}  // namespace
+
+void Model::build_layout() {
+  params_.clear();
+  blocks_.clear();
+  int64_t offset = 0;
+  std::vector<int64_t> offsets;
+  for (auto& [bname, specs] : layout(cfg_)) {
+    Block blk{bname, {}, 0};
+    for (auto& s : specs) {
+      Param p;
+      p.name = s.name;
+      p.shape = s.shape;
+      p.decay = s.decay;
+      p.transposed = s.transposed;
+      p.numel = 1;
+      for (auto d : s.shape) p.numel *= d;
+      blk.params.push_back((int)params_.size());
+      blk.numel += p.numel;
+      offsets.push_back(offset);
+      // Keep every tensor 16-float (64-byte) aligned relative to the storage start.
+      offset += (p.numel + 15) / 16 * 16;
+      params_.push_back(std::move(p));
+    }
+    blocks_.push_back(std::move(blk));
+  }
+  storage_.assign(offset, 0.f);
+  by_name_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].data = storage_.data() + offsets[i];
+    by_name_[params_[i].name] = (int)i;
+  }
+  int64_t end = 0;
+  for (auto& b : blocks_) {
+    if (b.params.empty()) {  // e.g. an OPT head with neither final norm nor projections
+      b.offset = end;
+      b.span = 0;
+      continue;
+    }
+    b.offset = offsets[b.params.front()];
+    const auto& last = params_[b.params.back()];
+    b.span = offsets[b.params.back()] + last.numel - b.offset;
+    end = b.offset + b.span;
+  }
+}
+
+int64_t Model::num_params() const {
+  int64_t n = 0;
+  for (auto& p : params_) n += p.numel;
+  return n;
+}
+
+int Model::index(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+const float* Model::ptr(const std::string& name, const float* base, int block) const {
+  int i = index(name);
+  if (i < 0) return nullptr;
+  return base + (params_[i].data - storage_.data()) - blocks_[block].offset;
+}
+
+Model Model::load(const std::string& dir) {
+  ZOF_CHECK(fs::is_directory(dir),
+            "model directory " + dir + " does not exist (give a Hugging Face model directory "
+            "holding config.json and model.safetensors)");
+  Model m;
+  m.source_ = dir;
+  m.cfg_ = ModelConfig::load((fs::path(dir) / "config.json").string());
+  m.build_layout();
+  auto archive = safetensors::Archive::open_dir(dir);
+  bool any_bf16 = false, any_f16 = false;
+  for (auto& p : m.params_) {
+    std::vector<int64_t> file_shape = p.shape;
+    if (p.transposed) std::swap(file_shape[0], file_shape[1]);
+    std::string name = p.name;
+    // The original GPT-2 checkpoints name tensors without the "transformer." prefix.
+    if (m.cfg_.arch == Arch::GPT2 && !archive.find(name) &&
+        archive.find(name.substr(std::string("transformer.").size())))
+      name = name.substr(std::string("transformer.").size());
+    const auto& t = archive.require(name, file_shape);
+    any_bf16 |= t.dtype == DType::BF16;
+    any_f16 |= t.dtype == DType::F16;
+    load_tensor(t, p, p.data);
+  }
+  m.stored_dtype_ = any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
+  return m;
+}
+
+Model Model::random(const ModelConfig& cfg, uint64_t seed) {
+  Model m;
+  m.cfg_ = cfg;
+  m.source_ = "random";
+  m.build_layout();
+  for (size_t i = 0; i < m.params_.size(); ++i) {
+    auto& p = m.params_[i];
+    std::mt19937_64 rng(seed * 1000003u + i);
+    std::normal_distribution<float> nd(0.f, 0.02f);
+    const bool is_norm = !p.decay && p.shape.size() == 1 && p.name.find("bias") == std::string::npos;
+    for (int64_t j = 0; j < p.numel; ++j) p.data[j] = p.decay ? nd(rng) : (is_norm ? 1.f : 0.f);
+  }
+  return m;
+}
+
+void Model::save(const std::string& out_dir, DType dtype) const {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  ZOF_CHECK(!ec, "cannot create output directory " + out_dir + ": " + ec.message());
+  std::vector<std::vector<float>> transposed;  // keeps transposed copies alive until written
+  std::vector<safetensors::TensorOut> out;
+  for (auto& p : params_) {
+    safetensors::TensorOut t{p.name, dtype, p.shape, p.data};
+    if (p.transposed) {
+      const int64_t rows = p.shape[0], cols = p.shape[1];  // (out, in) -> file (in, out)
+      transposed.emplace_back(p.numel);
+      auto& buf = transposed.back();
+      for (int64_t i = 0; i < cols; ++i)
+        for (int64_t o = 0; o < rows; ++o) buf[i * rows + o] = p.data[o * cols + i];
+      t.shape = {cols, rows};
+      t.data = buf.data();
+    }
+    out.push_back(std::move(t));
+  }
+  safetensors::write((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+  nlohmann::json cfg = cfg_.raw;
+  if (cfg.contains("dtype")) cfg["dtype"] = dtype_torch_name(dtype);
+  cfg["torch_dtype"] = dtype_torch_name(dtype);
+  const auto path = fs::path(out_dir) / "config.json";
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp);
+    ZOF_CHECK(f.good(), "cannot write " + tmp);
+    f << cfg.dump(2) << "\n";
+    ZOF_CHECK(f.good(), "cannot write " + tmp);
+  }
+  fs::rename(tmp, path, ec);
+  ZOF_CHECK(!ec, "cannot rename " + tmp + " to " + path.string() + ": " + ec.message());
+}
+
+EmbedWeights Model::embed() const { return embed(storage_.data() + blocks_.front().offset); }
+
+EmbedWeights Model::embed(const float* base) const {
+  auto ptr = [&](const std::string& n, const float* b) { return this->ptr(n, b, 0); };
+  const float* b = base;
+  EmbedWeights w;
+  switch (cfg_.arch) {
+    case Arch::Llama: w.tokens = ptr("model.embed_tokens.weight", b); break;
+    case Arch::OPT:
+      w.tokens = ptr("model.decoder.embed_tokens.weight", b);
+      w.positions = ptr("model.decoder.embed_positions.weight", b);
+      w.project_in = ptr("model.decoder.project_in.weight", b);
+      break;
+    case Arch::GPT2:
+      w.tokens = ptr("transformer.wte.weight", b);
+      w.positions = ptr("transformer.wpe.weight", b);
+      break;
+  }
+  return w;
+}
+
+LayerWeights Model::layer(int i) const { return layer(i, storage_.data() + blocks_[i + 1].offset); }
+
+LayerWeights Model::layer(int i, const float* b) const {
+  auto ptr = [&](const std::string& n, const float* base) { return this->ptr(n, base, i + 1); };
+  LayerWeights w;
+  const std::string n = std::to_string(i);
+  switch (cfg_.arch) {
+    case Arch::Llama: {
+      const std::string p = "model.layers." + n + ".";
+      w.ln1_w = ptr(p + "input_layernorm.weight", b);
+      w.q_w = ptr(p + "self_attn.q_proj.weight", b);
+      w.q_b = ptr(p + "self_attn.q_proj.bias", b);
+      w.k_w = ptr(p + "self_attn.k_proj.weight", b);
+      w.k_b = ptr(p + "self_attn.k_proj.bias", b);
+      w.v_w = ptr(p + "self_attn.v_proj.weight", b);
+      w.v_b = ptr(p + "self_attn.v_proj.bias", b);
+      w.o_w = ptr(p + "self_attn.o_proj.weight", b);
+      w.o_b = ptr(p + "self_attn.o_proj.bias", b);
+      w.ln2_w = ptr(p + "post_attention_layernorm.weight", b);
+      w.fc1_w = ptr(p + "mlp.gate_proj.weight", b);
+      w.fc1_b = ptr(p + "mlp.gate_proj.bias", b);
+      w.up_w = ptr(p + "mlp.up_proj.weight", b);
+      w.up_b = ptr(p + "mlp.up_proj.bias", b);
+      w.fc2_w = ptr(p + "mlp.down_proj.weight", b);
+      w.fc2_b = ptr(p + "mlp.down_proj.bias", b);
+      break;
+    }
+    case Arch::OPT: {
+      const std::string p = "model.decoder.layers." + n + ".";
+      w.ln1_w = ptr(p + "self_attn_layer_norm.weight", b);
+      w.ln1_b = ptr(p + "self_attn_layer_norm.bias", b);
+      w.q_w = ptr(p + "self_attn.q_proj.weight", b);
+      w.q_b = ptr(p + "self_attn.q_proj.bias", b);
+      w.k_w = ptr(p + "self_attn.k_proj.weight", b);
+      w.k_b = ptr(p + "self_attn.k_proj.bias", b);
+      w.v_w = ptr(p + "self_attn.v_proj.weight", b);
+      w.v_b = ptr(p + "self_attn.v_proj.bias", b);
+      w.o_w = ptr(p + "self_attn.out_proj.weight", b);
+      w.o_b = ptr(p + "self_attn.out_proj.bias", b);
+      w.ln2_w = ptr(p + "final_layer_norm.weight", b);
+      w.ln2_b = ptr(p + "final_layer_norm.bias", b);
+      w.fc1_w = ptr(p + "fc1.weight", b);
+      w.fc1_b = ptr(p + "fc1.bias", b);
+      w.fc2_w = ptr(p + "fc2.weight", b);
+      w.fc2_b = ptr(p + "fc2.bias", b);
+      break;
+    }
+    case Arch::GPT2: {
+      const std::string p = "transformer.h." + n + ".";
+      w.ln1_w = ptr(p + "ln_1.weight", b);
+      w.ln1_b = ptr(p + "ln_1.bias", b);
+      w.qkv_w = ptr(p + "attn.c_attn.weight", b);
+      w.qkv_b = ptr(p + "attn.c_attn.bias", b);
+      w.o_w = ptr(p + "attn.c_proj.weight", b);
+      w.o_b = ptr(p + "attn.c_proj.bias", b);
+      w.ln2_w = ptr(p + "ln_2.weight", b);
+      w.ln2_b = ptr(p + "ln_2.bias", b);
+      w.fc1_w = ptr(p + "mlp.c_fc.weight", b);
+      w.fc1_b = ptr(p + "mlp.c_fc.bias", b);
+      w.fc2_w = ptr(p + "mlp.c_proj.weight", b);
+      w.fc2_b = ptr(p + "mlp.c_proj.bias", b);
+      break;
+    }
+  }
+  return w;
+}
+
+HeadWeights Model::head() const {
+  return head(storage_.data() + blocks_.back().offset, embed().tokens);
+}
+
+HeadWeights Model::head(const float* b, const float* tied_tokens) const {
+  const int blk = (int)blocks_.size() - 1;
+  auto ptr = [&](const std::string& n, const float* base) { return this->ptr(n, base, blk); };
+  HeadWeights w;
+  switch (cfg_.arch) {
+    case Arch::Llama: w.norm_w = ptr("model.norm.weight", b); break;
+    case Arch::OPT:
+      w.norm_w = ptr("model.decoder.final_layer_norm.weight", b);
+      w.norm_b = ptr("model.decoder.final_layer_norm.bias", b);
+      w.project_out = ptr("model.decoder.project_out.weight", b);
+      break;
+    case Arch::GPT2:
+      w.norm_w = ptr("transformer.ln_f.weight", b);
+      w.norm_b = ptr("transformer.ln_f.bias", b);
+      break;
+  }
+  w.lm_head = cfg_.tie_embeddings ? tied_tokens : ptr("lm_head.weight", b);
+  return w;
+}
+
+}  // namespace zof

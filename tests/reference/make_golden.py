@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Generate the golden reference data zof's C++ forward pass is checked against.
+
+Usage (from the repository root):
+
+    python3 tests/reference/make_golden.py [--out tests/golden] [--assets ../shared/assets]
+
+For every model it writes <out>/<name>/ holding
+  config.json, model.safetensors  (random-weight models only; written by save_pretrained)
+  golden.json                     (inputs, metadata, scalar results)
+  golden.safetensors              ("logits", "logits_f64", "nll"; all F32)
+The output is deterministic: rerunning with the same torch/transformers gives identical bytes.
+Everything runs on the CPU.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import warnings
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig,
+                          MistralConfig, OPTConfig, Qwen2Config)
+
+FORMAT = 1
+B = 3          # batch rows
+T = 12         # padded sequence length of the random-input models
+LENGTHS = [T, T - 5, T - 9]
+PAD_ID = 0
+SEED = 1234
+
+# Shared tiny shapes.
+H = 64
+V = 320
+V_ODD = 301    # GPT-2's vocabulary (50257) is odd too: catches SIMD/tiling tail bugs
+POS = 128
+
+
+def tiny_models():
+    """name -> (config, stored dtype). Every config is explicit; nothing relies on defaults
+    that could drift between transformers versions more than necessary."""
+    common_llama = dict(vocab_size=V, hidden_size=H, intermediate_size=80, num_hidden_layers=2,
+                        max_position_embeddings=POS, hidden_act="silu", bos_token_id=1,
+                        eos_token_id=2, pad_token_id=None, initializer_range=0.02)
+    return {
+        "llama_gqa": (LlamaConfig(**common_llama, num_attention_heads=8, num_key_value_heads=2,
+                                  head_dim=8, rope_theta=50000.0, rms_norm_eps=1e-6,
+                                  tie_word_embeddings=False), torch.float32),
+        "qwen2_bias": (Qwen2Config(vocab_size=V, hidden_size=H, intermediate_size=80,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=POS,
+                                   rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
+                                   tie_word_embeddings=True, use_sliding_window=False,
+                                   bos_token_id=None, eos_token_id=2),
+                       torch.float32),
+        "mistral": (MistralConfig(vocab_size=V, hidden_size=H, intermediate_size=80,
+                                  num_hidden_layers=2, num_attention_heads=8,
+                                  num_key_value_heads=4, head_dim=8, max_position_embeddings=POS,
+                                  rope_theta=10000.0, rms_norm_eps=1e-5, hidden_act="silu",
+                                  sliding_window=None, tie_word_embeddings=True,
+                                  bos_token_id=1, eos_token_id=2),
+                    torch.float32),
+        "opt": (OPTConfig(vocab_size=V, hidden_size=H, ffn_dim=96, num_hidden_layers=2,
+                          num_attention_heads=4, max_position_embeddings=POS,
+                          word_embed_proj_dim=H, do_layer_norm_before=True,
+                          activation_function="relu", enable_bias=True,
+                          layer_norm_elementwise_affine=True, tie_word_embeddings=True,
+                          bos_token_id=2, eos_token_id=2, pad_token_id=1),
+                torch.float32),
+        "opt350_shape": (OPTConfig(vocab_size=V, hidden_size=H, ffn_dim=96, num_hidden_layers=2,
+                                   num_attention_heads=4, max_position_embeddings=POS,
+                                   word_embed_proj_dim=32, do_layer_norm_before=False,
+                                   activation_function="relu", enable_bias=True,
+                                   layer_norm_elementwise_affine=True, tie_word_embeddings=True,
+                                   bos_token_id=2, eos_token_id=2, pad_token_id=1),
+                         torch.float32),
+        "gpt2": (GPT2Config(vocab_size=V_ODD, n_embd=H, n_layer=2, n_head=4, n_positions=POS,
+                            n_inner=None, activation_function="gelu_new",
+                            layer_norm_epsilon=1e-5, tie_word_embeddings=True,
+                            bos_token_id=V_ODD - 1, eos_token_id=V_ODD - 1),
+                 torch.float32),
+        "llama_bf16": (LlamaConfig(**common_llama, num_attention_heads=4, num_key_value_heads=4,
+                                   rope_theta=10000.0, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=True), torch.bfloat16),
+    }
+
+
+STORIES_TEXTS = [
+    "Once upon a time, there was a little girl named Lily.",
+    "The cat sat on the mat.",
+    "Tom was happy.",
+]
+
+
+def fmt(x, digits=8):
+    """Round a float for JSON so reruns give identical text."""
+    return float(f"{float(x):.{digits}g}")
+
+
+def randomize_(model, gen):
+    """Large-ish random weights so the logits depend visibly on every parameter."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():   # tied parameters are yielded once
+            if p.ndim >= 2:
+                std = 0.15
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
+            else:  # norm scales
+                p.copy_(1.0 + torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
+
+
+def random_inputs(cfg, seed):
+    g = torch.Generator().manual_seed(seed)
+    # Random ids avoid the first three ids and the last one (special tokens in these configs).
+    ids = torch.randint(3, cfg.vocab_size - 1, (B, T), generator=g)
+    bos = getattr(cfg, "bos_token_id", None)
+    if bos is not None:
+        ids[:, 0] = bos
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(LENGTHS):
+        mask[b, :n] = 1
+    ids[mask == 0] = PAD_ID
+    return ids, mask
+
+
+def forward(model, ids, mask, model_type):
+    kw = dict(input_ids=ids, attention_mask=mask, use_cache=False)
+    if model_type != "opt":
+        # zof: positions are 0..len-1 per row (right padding). OPT derives the same from
+        # cumsum(attention_mask).
+        kw["position_ids"] = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+    with torch.no_grad():
+        return model(**kw).logits
+
+
+def nll_from_logits(logits, ids, mask):
+    """Per-token next-token NLL (B, T-1), computed in float64 from the given logits;
+    0 where the target is padding."""
+    lp = torch.log_softmax(logits.double(), dim=-1)[:, :-1]
+    tgt = ids[:, 1:]
+    nll = -lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    valid = mask[:, 1:].bool()
+    nll = torch.where(valid, nll, torch.zeros_like(nll))
+    return nll, valid
+
+
+def greedy(model, prefix, n_new, model_type):
+    """Greedy decoding with the KV cache, no EOS stopping; also checked against recomputing
+    the whole sequence without a cache at every step. Returns (new ids, min top1-top2 margin)."""
+    ids = prefix.clone()
+    out, margins = [], []
+    with torch.no_grad():
+        res = model(input_ids=ids, use_cache=True)
+        past = res.past_key_values
+        logits = res.logits[:, -1]
+        for step in range(n_new):
+            full = model(input_ids=ids, use_cache=False).logits[:, -1]
+            if full.argmax(-1).item() != logits.argmax(-1).item():
+                raise RuntimeError("greedy: cached and uncached argmax differ")
+            top2 = torch.topk(logits[0].double(), 2).values
+            margins.append((top2[0] - top2[1]).item())
+            nxt = logits.argmax(-1, keepdim=True)
+            out.append(nxt.item())
+            ids = torch.cat([ids, nxt], dim=1)
+            if step + 1 < n_new:
+                res = model(input_ids=nxt, past_key_values=past, use_cache=True)
+                past = res.past_key_values
+                logits = res.logits[:, -1]
+    return out, min(margins)
+
+
+def load(model_dir, dtype):
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
+    m.eval()
+    return m
+
+
+def golden_for(model_dir, ids, mask, model_type):
+    """fp32 and fp64 forwards of the stored weights; returns tensors and scalar results."""
+    m32 = load(model_dir, torch.float32)
+    m64 = load(model_dir, torch.float64)
+    l32 = forward(m32, ids, mask, model_type)
+    l64 = forward(m64, ids, mask, model_type)
+    valid = mask.bool()
+    l32 = torch.where(valid.unsqueeze(-1), l32, torch.zeros_like(l32))
+    l64 = torch.where(valid.unsqueeze(-1), l64, torch.zeros_like(l64))
+    diff = (l32.double() - l64).abs()
+    # Per position: max |l32 - l64| over the vocabulary divided by max |l64| over the vocabulary.
+    row_rel = diff.amax(-1) / l64.abs().amax(-1).clamp_min(1e-30)
+    nll, nvalid = nll_from_logits(l32, ids, mask)
+    nll64, _ = nll_from_logits(l64, ids, mask)
+    info = {
+        "nll_mean": fmt(nll[nvalid].mean()),
+        "nll_mean_f64": fmt(nll64[nvalid].mean()),
+        "fp64_vs_fp32_max_abs": fmt(diff[valid].max(), 4),
+        "fp64_vs_fp32_max_rel": fmt(row_rel[valid].max(), 4),
+        "logits_max_abs": fmt(l64[valid].abs().max(), 6),
+        "logits_std": fmt(l64[valid].std(), 6),
+    }
+    tensors = {
+        "logits": l32.float().contiguous(),
+        "logits_f64": l64.float().contiguous(),
+        "nll": nll.float().contiguous(),
+    }
+    return m32, tensors, info
+
+
+def grad_golden(out_dir, ids, mask, model_type):
+    """float64 gradient of the mean next-token NLL over valid positions, for the ZO tests
+    (g of SPSA must approach grad . z as eps shrinks). Written as grad.safetensors (F32,
+    Hugging Face names, tied weights once)."""
+    m64 = load(out_dir, torch.float64)
+    kw = dict(input_ids=ids, attention_mask=mask, use_cache=False)
+    if model_type != "opt":
+        kw["position_ids"] = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+    logits = m64(**kw).logits
+    nll, valid = nll_from_logits(logits, ids, mask)
+    loss = nll[valid].mean()
+    loss.backward()
+    grads = {n: p.grad.float().contiguous() for n, p in m64.named_parameters()}
+    save_file(grads, os.path.join(out_dir, "grad.safetensors"), metadata={"format": "pt"})
+    return fmt(loss, 12)
+
+
+def write_golden(out_dir, meta, tensors):
+    with open(os.path.join(out_dir, "golden.json"), "w") as f:
+        json.dump(meta, f, sort_keys=True, indent=1)
+        f.write("\n")
+    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata={"format": "pt"})
+
+
+def base_meta(name, model_dir_rel, cfg, ids, mask, stored, info):
+    meta = {
+        "format": FORMAT,
+        "model": name,
+        "model_dir": model_dir_rel,
+        "model_type": cfg.model_type,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "dtype_stored": stored,
+        "compute_dtype": "float32",
+        "input_ids": ids.tolist(),
+        "attention_mask": mask.tolist(),
+        "lengths": [int(x) for x in mask.sum(1).tolist()],
+        "pad_id": PAD_ID,
+        "vocab_size": int(cfg.vocab_size),
+        "seed": SEED,
+    }
+    meta.update(info)
+    return meta
+
+
+def make_tiny(name, cfg, dtype, out_root, index):
+    out_dir = os.path.join(out_root, name)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    torch.manual_seed(SEED + index)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    randomize_(model, torch.Generator().manual_seed(SEED + 100 + index))
+    model.eval()
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    model.save_pretrained(out_dir)
+    gc = os.path.join(out_dir, "generation_config.json")
+    if os.path.exists(gc):
+        os.remove(gc)
+    # Check the round trip: reloading in float32 must give exactly the (rounded) weights.
+    ref = {k: v.float() for k, v in model.state_dict().items()}
+    m32 = load(out_dir, torch.float32)
+    for k, v in m32.state_dict().items():
+        if k in ref and not torch.equal(ref[k], v):
+            raise RuntimeError(f"{name}: weight {k} changed in the save/load round trip")
+
+    ids, mask = random_inputs(cfg, SEED + 200 + index)
+    m32, tensors, info = golden_for(out_dir, ids, mask, cfg.model_type)
+    stored = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+    meta = base_meta(name, name, cfg, ids, mask, stored, info)
+    meta["n_params"] = int(sum(p.numel() for p in m32.parameters()))
+    if name == "llama_gqa":
+        prefix = ids[:1, :5]
+        toks, margin = greedy(m32, prefix, 10, cfg.model_type)
+        meta["greedy_prefix"] = prefix[0].tolist()
+        meta["greedy_from_prefix"] = toks
+        meta["greedy_min_margin"] = fmt(margin, 4)
+    if name in ("llama_gqa", "gpt2"):
+        meta["grad_loss_f64"] = grad_golden(out_dir, ids, mask, cfg.model_type)
+    write_golden(out_dir, meta, tensors)
+    return meta
+
+
+def make_stories(out_root, assets):
+    name = "stories260K"
+    src = os.path.join(assets, "models", "stories260K")
+    out_dir = os.path.join(out_root, name)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    tok = AutoTokenizer.from_pretrained(src)
+    enc = [tok(t)["input_ids"] for t in STORIES_TEXTS]
+    for e in enc:
+        if e[0] != 1:
+            raise RuntimeError("stories260K tokenizer did not add BOS")
+    tmax = max(len(e) for e in enc)
+    ids = torch.full((len(enc), tmax), PAD_ID, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, e in enumerate(enc):
+        ids[b, :len(e)] = torch.tensor(e)
+        mask[b, :len(e)] = 1
+    cfg = transformers.AutoConfig.from_pretrained(src)
+    m32, tensors, info = golden_for(src, ids, mask, cfg.model_type)
+    meta = base_meta(name, "assets:models/stories260K", cfg, ids, mask, "float32", info)
+    meta["texts"] = STORIES_TEXTS
+    meta["n_params"] = int(sum(p.numel() for p in m32.parameters()))
+    toks, margin = greedy(m32, torch.tensor([[1]]), 40, cfg.model_type)
+    meta["greedy_from_bos"] = toks
+    meta["greedy_from_bos_text"] = tok.decode([1] + toks, skip_special_tokens=True)
+    meta["greedy_min_margin"] = fmt(margin, 4)
+    write_golden(out_dir, meta, tensors)
+    return meta
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", default="tests/golden")
+    ap.add_argument("--assets", default="../shared/assets")
+    args = ap.parse_args()
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    os.makedirs(args.out, exist_ok=True)
+
+    metas = []
+    for i, (name, (cfg, dtype)) in enumerate(tiny_models().items()):
+        metas.append(make_tiny(name, cfg, dtype, args.out, i))
+    metas.append(make_stories(args.out, args.assets))
+    for m in metas:
+        print(f"{m['model']:14s} params={m['n_params']:7d} nll_mean={m['nll_mean']:.6f} "
+              f"fp64_vs_fp32 max_rel={m['fp64_vs_fp32_max_rel']:.3g} "
+              f"max_abs={m['fp64_vs_fp32_max_abs']:.3g} |logits|max={m['logits_max_abs']:.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
