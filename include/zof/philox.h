@@ -1,0 +1,169 @@
+// One random stream everywhere: Philox4x32-10 (Salmon et al., SC'11) and the standard normals z
+// of ZO perturbations, a pure function of (seed, step, query, tensor, element). The same source
+// compiles for the host and for CUDA (__host__ __device__), and every floating-point step is an
+// IEEE-exact operation (+, *, /, sqrt) or an explicit fmaf, so CPU and GPU produce the same z bit
+// for bit, at any thread count, block layout or rank.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <math.h>
+
+#if defined(__CUDACC__)
+#define ZOF_HD __host__ __device__ __forceinline__
+#else
+#define ZOF_HD inline
+#endif
+
+namespace zof {
+
+struct Philox4x32 {
+  uint32_t v[4];
+};
+
+ZOF_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t p = (uint64_t)a * (uint64_t)b;
+  hi = (uint32_t)(p >> 32);
+  lo = (uint32_t)p;
+}
+
+// Philox4x32 with 10 rounds: counter c, key k (Random123's philox4x32_R(10, c, k)).
+ZOF_HD Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                uint32_t k1) {
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi0, lo0, hi1, lo1;
+    philox_mulhilo(0xD2511F53u, c0, hi0, lo0);
+    philox_mulhilo(0xCD9E8D57u, c2, hi1, lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// ---- deterministic float math (explicit fmaf; no library calls) ------------------------------
+
+ZOF_HD uint32_t zof_float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+ZOF_HD float zof_bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// Natural log of u in (0, 1], to about 1 ulp: u = m * 2^e with m in [sqrt(1/2), sqrt(2)),
+// log m = 2 atanh(f), f = (m - 1) / (m + 1), |f| <= 0.1716.
+ZOF_HD float zof_log_unit(float u) {
+  uint32_t bits = zof_float_bits(u);
+  int e = (int)((bits >> 23) & 0xff) - 127;
+  float m = zof_bits_float((bits & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+  if (m > 1.41421356f) {
+    m = m * 0.5f;
+    e += 1;
+  }
+  const float f = (m - 1.f) / (m + 1.f);
+  const float f2 = f * f;
+  // 2 atanh(f) = 2 f (1 + f^2/3 + f^4/5 + f^6/7 + f^8/9 + f^10/11)
+  float p = fmaf(f2, 1.f / 11.f, 1.f / 9.f);
+  p = fmaf(f2, p, 1.f / 7.f);
+  p = fmaf(f2, p, 1.f / 5.f);
+  p = fmaf(f2, p, 1.f / 3.f);
+  p = p * f2;
+  const float two_f = f + f;
+  const float logm = fmaf(two_f, p, two_f);
+  // e * ln2 in two parts (ln2_hi has trailing zeros so e * ln2_hi is exact).
+  const float fe = (float)e;
+  return fmaf(fe, 6.9313812256e-01f, fmaf(fe, 9.0580006145e-06f, logm));
+}
+
+// sin and cos of 2*pi*x for x in [0, 1) that is a multiple of 2^-24: exact reduction to
+// r = x - k/4 in [-1/8, 1/8], then odd/even polynomials in t = 2*pi*r (|t| <= pi/4).
+ZOF_HD void zof_sincos_2pi(float x, float& s, float& c) {
+  const float k = (float)(int)(x * 4.f + 0.5f);  // x*4 exact; nearest quarter turn
+  const float r = fmaf(k, -0.25f, x);            // exact
+  const float t = r * 6.28318531f;
+  const float t2 = t * t;
+  // sin t = t (1 - t^2/6 + t^4/120 - t^6/5040 + t^8/362880 - t^10/39916800)
+  float ps = fmaf(t2, -2.50521084e-08f, 2.75573192e-06f);
+  ps = fmaf(t2, ps, -1.98412698e-04f);
+  ps = fmaf(t2, ps, 8.33333333e-03f);
+  ps = fmaf(t2, ps, -1.66666667e-01f);
+  ps = ps * t2;
+  const float sn = fmaf(t, ps, t);
+  // cos t = 1 - t^2/2 + t^4/24 - t^6/720 + t^8/40320 - t^10/3628800 + t^12/479001600
+  float pc = fmaf(t2, 2.08767570e-09f, -2.75573192e-07f);
+  pc = fmaf(t2, pc, 2.48015873e-05f);
+  pc = fmaf(t2, pc, -1.38888889e-03f);
+  pc = fmaf(t2, pc, 4.16666667e-02f);
+  pc = fmaf(t2, pc, -0.5f);
+  const float cs = fmaf(t2, pc, 1.f);
+  switch (((int)k) & 3) {
+    case 0: s = sn; c = cs; break;
+    case 1: s = cs; c = -sn; break;
+    case 2: s = -sn; c = -cs; break;
+    default: s = -cs; c = sn; break;
+  }
+}
+
+// u32 -> uniform in (0, 1]: multiples of 2^-24, never 0, so the log is finite.
+ZOF_HD float zof_unit_open0(uint32_t x) { return (float)((x >> 8) + 1u) * 5.9604644775390625e-08f; }
+// u32 -> uniform in [0, 1): multiples of 2^-24.
+ZOF_HD float zof_unit_closed0(uint32_t x) { return (float)(x >> 8) * 5.9604644775390625e-08f; }
+
+// Four standard normals from one Philox block (Box-Muller on two pairs).
+ZOF_HD void zof_box_muller4(const Philox4x32& b, float out[4]) {
+  for (int p = 0; p < 2; ++p) {
+    const float u1 = zof_unit_open0(b.v[2 * p]);
+    const float u2 = zof_unit_closed0(b.v[2 * p + 1]);
+    const float rad = sqrtf(-2.f * zof_log_unit(u1));
+    float s, c;
+    zof_sincos_2pi(u2, s, c);
+    out[2 * p] = rad * c;
+    out[2 * p + 1] = rad * s;
+  }
+}
+
+// The key of one perturbation direction: z for (seed, step, query) over all tensors.
+struct ZKey {
+  uint64_t seed = 0;
+  uint32_t step = 0;
+  uint32_t query = 0;
+};
+
+// Elements 4g..4g+3 of tensor `tensor` under key: counter (g, tensor, step, query), key = seed.
+ZOF_HD void z_group(const ZKey& key, uint32_t tensor, uint32_t group, float out[4]) {
+  const Philox4x32 b = philox4x32_10(group, tensor, key.step, key.query, (uint32_t)key.seed,
+                                     (uint32_t)(key.seed >> 32));
+  zof_box_muller4(b, out);
+}
+
+// z of one element (slow path: tests and scalar references).
+ZOF_HD float z_element(const ZKey& key, uint32_t tensor, uint64_t element) {
+  float g[4];
+  z_group(key, tensor, (uint32_t)(element >> 2), g);
+  return g[element & 3];
+}
+
+// Per-element arithmetic of the ZO kernels, shared by every backend.
+// Perturbed weight: theta + scale * z.
+ZOF_HD float zo_perturbed(float theta, float z, float scale) { return fmaf(scale, z, theta); }
+// SGD update: theta - (coef * z + lr_wd * theta), coef = lr * g, lr_wd = lr * weight_decay.
+ZOF_HD float zo_updated(float theta, float z, float coef, float lr_wd) {
+  return theta - fmaf(coef, z, lr_wd * theta);
+}
+
+}  // namespace zof

@@ -1,0 +1,97 @@
+// The zeroth-order step (two-point SPSA, as MeZO) written as one walk over blocks that carries
+// both perturbed hidden states (+eps and -eps, for each of q directions) through each block
+// while its weights are at hand (ZO2's "dual forward"). The previous step's update is applied
+// to a block as the walk reaches it, fused with the next perturbation in one memory pass; z is
+// regenerated from (seed, step, query, tensor, element), never stored. Streaming, pipelining
+// and the GPU are schedules of this same walk.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "zof/backend.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+
+namespace zof {
+
+// A batch with the positions that count: targets (B*T), the token to predict at each position
+// (-1: not scored). The loss is the mean NLL over scored positions.
+struct LossBatch {
+  Batch batch;
+  std::vector<int32_t> targets;
+  int64_t scored() const;
+  // Next-token targets over every real token of the batch (language modelling).
+  static LossBatch next_token(Batch b);
+};
+
+// Sums over micro-batches, kept as sums so that data-parallel ranks can add them.
+struct QueryLosses {
+  std::vector<double> sum_plus, sum_minus;  // (q) summed NLL at theta +/- eps z_j
+  double count = 0;                         // scored tokens
+};
+
+struct ZOStepOptions {
+  float eps = 1e-3f;
+  float weight_decay = 0.f;
+  int queries = 1;
+  uint64_t seed = 0;
+};
+
+// The update waiting to be applied: theta -= sum_j coef_j z_j + lr_wd theta (decayed tensors).
+struct PendingUpdate {
+  std::vector<ZOUpdateTerm> terms;
+  float lr_wd = 0.f;
+  bool empty() const { return terms.empty(); }
+};
+
+class ZOEngine {
+ public:
+  ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptions opt);
+  ~ZOEngine();
+
+  // Losses at theta + eps z_j and theta - eps z_j for the q directions of `step`, summed over
+  // the micro-batches. The pending update (if any) is applied to each block as the first
+  // micro-batch's walk reaches it; theta is otherwise unchanged.
+  QueryLosses perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro);
+
+  // Projected gradients g_j = (L+_j - L-_j) / 2 eps from (possibly all-reduced) sums.
+  std::vector<double> projected_gradients(const QueryLosses& l) const;
+
+  // Schedules theta <- theta - lr (mean_j g_j z_j + wd theta); applied lazily by the next walk
+  // or by flush().
+  void schedule_update(uint32_t step, float lr, const std::vector<double>& g);
+  // Applies a pending update now (before evaluation, saving and at the end of a run).
+  void flush();
+  const PendingUpdate& pending() const { return pending_; }
+  void set_pending(PendingUpdate p) { pending_ = std::move(p); }
+
+  // Mean loss at the current (flushed) weights.
+  double loss(const std::vector<LossBatch>& micro);
+
+  Forward& forward() { return fwd_; }
+  const ZOStepOptions& options() const { return opt_; }
+
+  // The update terms of one step (for replay): coef_j = lr g_j / q.
+  static PendingUpdate make_update(const ZOStepOptions& opt, uint32_t step, float lr,
+                                   const std::vector<double>& g);
+  // Applies an update to every tensor of the model (flush; replay).
+  static void apply_update(Model& model, Backend& backend, const PendingUpdate& u);
+
+ private:
+  // One block's pass: pending update (when apply_update) and the perturbations of query j into
+  // plus/minus (block-span buffers).
+  void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
+
+  Model& model_;
+  Backend& be_;
+  Forward fwd_;
+  ZOStepOptions opt_;
+  PendingUpdate pending_;
+  int64_t max_rows_;
+  // Perturbed copies: the embedding block lives through the walk (the tied LM head reads it);
+  // one pair per query for it, one shared pair for the current layer or head block.
+  std::vector<float*> embed_plus_, embed_minus_;
+  float *blk_plus_ = nullptr, *blk_minus_ = nullptr;
+};
+
+}  // namespace zof
