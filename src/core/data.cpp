@@ -1,0 +1,328 @@
+// From examples to forward passes: tokenising prompt + answer with the loss on the answer only,
+// text windows, the resumable batch sampler, and MeZO's evaluation by candidate scoring.
+#include "zof/data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "zof/error.h"
+
+namespace zof {
+
+namespace {
+
+constexpr uint32_t kStreamEpoch = 4;
+
+// MeZO's .strip(' '): spaces only, so the newline that ends RTE/CB prompts stays.
+std::string strip_spaces(const std::string& s) {
+  const size_t b = s.find_first_not_of(' ');
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(' ') - b + 1);
+}
+
+// One (example, candidate) sequence to score.
+struct Scored {
+  int64_t example, candidate;
+  TokenizedExample t;
+};
+
+// Sums of log-likelihoods of each sequence's candidate tokens: out_sum[i], out_count[i].
+// Packs sequences longest first into forwards of at most batch_rows tokens (B * T).
+void score_sequences(Forward& fwd, const std::vector<Scored>& seqs, int64_t batch_rows,
+                     std::vector<double>& out_sum, std::vector<int64_t>& out_count) {
+  out_sum.assign(seqs.size(), 0.0);
+  out_count.assign(seqs.size(), 0);
+  std::vector<int64_t> order(seqs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return seqs[a].t.ids.size() > seqs[b].t.ids.size();
+  });
+  std::vector<float> nll;
+  size_t i0 = 0;
+  while (i0 < order.size()) {
+    const int64_t T = (int64_t)seqs[order[i0]].t.ids.size();  // the longest of this forward
+    ZOF_CHECK(T <= batch_rows, "a sequence of " + std::to_string(T) +
+                                   " tokens does not fit the evaluation batch of " +
+                                   std::to_string(batch_rows) + " tokens; raise the batch");
+    const size_t B = std::min<size_t>(order.size() - i0, (size_t)(batch_rows / T));
+    const std::vector<int64_t> idx(order.begin() + i0, order.begin() + i0 + B);
+    std::vector<TokenizedExample> part;
+    std::vector<int64_t> rows;
+    for (int64_t k : idx) {
+      rows.push_back((int64_t)part.size());
+      part.push_back(seqs[k].t);
+    }
+    const LossBatch lb = make_loss_batch(part, rows);
+    nll.resize(lb.batch.B * lb.batch.T);
+    fwd.nll(lb.batch, lb.targets.data(), nll.data());
+    for (size_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < lb.batch.T; ++t)
+        if (lb.targets[r * lb.batch.T + t] >= 0) {
+          out_sum[idx[r]] -= (double)nll[r * lb.batch.T + t];
+          ++out_count[idx[r]];
+        }
+    i0 += B;
+  }
+}
+
+}  // namespace
+
+// ---- tokenisation -----------------------------------------------------------------------------
+
+TokenizedExample tokenize_example(const Tokenizer& tok, const std::string& prompt,
+                                  const std::string& candidate, int64_t max_len, int64_t index) {
+  ZOF_CHECK(max_len >= 2, "--max-len must be at least 2");
+  TokenizedExample e;
+  e.ids = tok.encode(strip_spaces(prompt + candidate), true);
+  const std::vector<int32_t> p = tok.encode(strip_spaces(prompt), true);
+  size_t lcp = 0;
+  while (lcp < p.size() && lcp < e.ids.size() && p[lcp] == e.ids[lcp]) ++lcp;
+  e.cand_start = (int64_t)lcp;
+  const int64_t n = (int64_t)e.ids.size(), n_cand = n - e.cand_start;
+  ZOF_CHECK(n_cand >= 1, "example " + std::to_string(index) + ": the answer \"" + candidate +
+                             "\" has no tokens of its own after the prompt; give it some text");
+  ZOF_CHECK(n_cand < max_len, "example " + std::to_string(index) + ": the answer alone is " +
+                                  std::to_string(n_cand) + " tokens, which leaves no room for " +
+                                  "the prompt in --max-len " + std::to_string(max_len) +
+                                  "; raise --max-len or shorten the answer");
+  if (n > max_len) {
+    // Cut the prompt on the left, keeping BOS, as MeZO does (demonstrations matter least).
+    const bool bos = tok.bos_id() >= 0 && e.ids[0] == tok.bos_id();
+    std::vector<int32_t> ids;
+    if (bos) ids.push_back(e.ids[0]);
+    ids.insert(ids.end(), e.ids.end() - (max_len - (bos ? 1 : 0)), e.ids.end());
+    e.cand_start -= n - max_len;
+    e.ids = std::move(ids);
+    e.truncated = true;
+  }
+  return e;
+}
+
+std::vector<TokenizedExample> tokenize_examples(const Tokenizer& tok,
+                                                const std::vector<Example>& examples,
+                                                int64_t max_len, int64_t* truncated) {
+  std::vector<TokenizedExample> out;
+  out.reserve(examples.size());
+  int64_t cut = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const Example& ex = examples[i];
+    ZOF_CHECK(ex.label >= 0 && ex.label < (int)ex.candidates.size(),
+              "example " + std::to_string(i) + " has no valid label (" + std::to_string(ex.label) +
+                  ") to train on");
+    out.push_back(tokenize_example(tok, ex.prompt, ex.candidates[ex.label], max_len, (int64_t)i));
+    cut += out.back().truncated;
+  }
+  if (truncated) *truncated = cut;
+  return out;
+}
+
+LossBatch make_loss_batch(const std::vector<TokenizedExample>& examples,
+                          const std::vector<int64_t>& indices, int32_t pad_id) {
+  std::vector<std::vector<int32_t>> seqs;
+  seqs.reserve(indices.size());
+  for (int64_t i : indices) {
+    ZOF_ASSERT(i >= 0 && i < (int64_t)examples.size());
+    seqs.push_back(examples[i].ids);
+  }
+  LossBatch lb;
+  lb.batch = Batch::from_sequences(seqs, pad_id);
+  const int64_t T = lb.batch.T;
+  lb.targets.assign(lb.batch.B * T, -1);
+  for (size_t r = 0; r < indices.size(); ++r) {
+    const TokenizedExample& e = examples[indices[r]];
+    for (int64_t t = std::max<int64_t>(e.cand_start, 1); t < (int64_t)e.ids.size(); ++t)
+      lb.targets[r * T + t - 1] = e.ids[t];
+  }
+  return lb;
+}
+
+// ---- text ---------------------------------------------------------------------------------------
+
+TextData load_text(const std::string& path, const Tokenizer& tok, int64_t seq_len,
+                   double eval_fraction) {
+  ZOF_CHECK(seq_len >= 2, "--seq-len must be at least 2");
+  ZOF_CHECK(std::filesystem::is_regular_file(path),
+            path + ": no such file (--task text expects --data to be one plain-text file)");
+  std::ifstream f(path, std::ios::binary);
+  ZOF_CHECK(f.good(), path + ": cannot open for reading");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::vector<int32_t> tokens = tok.encode(ss.str(), false);
+  const int32_t bos = tok.bos_id();
+  const int64_t body = seq_len - (bos >= 0 ? 1 : 0);
+  std::vector<std::vector<int32_t>> windows;
+  for (size_t i = 0; i < tokens.size(); i += body) {
+    std::vector<int32_t> w;
+    if (bos >= 0) w.push_back(bos);
+    w.insert(w.end(), tokens.begin() + i, tokens.begin() + std::min(tokens.size(), i + body));
+    if (w.size() >= 2) windows.push_back(std::move(w));
+  }
+  ZOF_CHECK(windows.size() >= 2, path + ": " + std::to_string(tokens.size()) + " tokens make " +
+                                     std::to_string(windows.size()) + " window(s) of --seq-len " +
+                                     std::to_string(seq_len) +
+                                     "; --task text needs at least 2 (one held out), so " +
+                                     "use a longer text or a shorter --seq-len");
+  ZOF_CHECK(eval_fraction > 0 && eval_fraction < 1, "the eval fraction must be between 0 and 1");
+  const int64_t nw = (int64_t)windows.size();
+  const int64_t n_eval = std::clamp<int64_t>((int64_t)std::llround(nw * eval_fraction), 1, nw - 1);
+  TextData d;
+  d.tokens = (int64_t)tokens.size();
+  d.train.assign(windows.begin(), windows.end() - n_eval);
+  d.eval.assign(windows.end() - n_eval, windows.end());
+  return d;
+}
+
+LossBatch make_text_batch(const std::vector<std::vector<int32_t>>& windows,
+                          const std::vector<int64_t>& indices, int32_t pad_id) {
+  std::vector<std::vector<int32_t>> seqs;
+  for (int64_t i : indices) {
+    ZOF_ASSERT(i >= 0 && i < (int64_t)windows.size());
+    seqs.push_back(windows[i]);
+  }
+  return LossBatch::next_token(Batch::from_sequences(seqs, pad_id));
+}
+
+// ---- the sampler ------------------------------------------------------------------------------
+
+BatchSampler::BatchSampler(int64_t n, int64_t batch_size, uint64_t seed)
+    : n_(n), B_(batch_size), seed_(seed) {
+  ZOF_CHECK(n >= 1, "no training examples to sample batches from");
+  ZOF_CHECK(batch_size >= 1, "--batch-size must be at least 1");
+}
+
+const std::vector<int64_t>& BatchSampler::perm(int64_t epoch) {
+  if (epoch != cached_epoch_) {
+    cached_ = sample_indices(n_, n_, seed_, kStreamEpoch, (uint64_t)epoch);
+    cached_epoch_ = epoch;
+  }
+  return cached_;
+}
+
+std::vector<int64_t> BatchSampler::batch(int64_t step) {
+  ZOF_ASSERT(step >= 0);
+  std::vector<int64_t> out;
+  out.reserve(B_);
+  for (int64_t p = step * B_; p < (step + 1) * B_; ++p) out.push_back(perm(p / n_)[p % n_]);
+  return out;
+}
+
+int64_t BatchSampler::epoch_of(int64_t step) const { return step * B_ / n_; }
+
+std::vector<int64_t> BatchSampler::rank_slice(const std::vector<int64_t>& batch, int rank,
+                                              int ranks) {
+  ZOF_ASSERT(ranks >= 1 && rank >= 0 && rank < ranks);
+  const int64_t B = (int64_t)batch.size();
+  return std::vector<int64_t>(batch.begin() + rank * B / ranks,
+                              batch.begin() + (rank + 1) * B / ranks);
+}
+
+// ---- evaluation ---------------------------------------------------------------------------------
+
+std::vector<std::vector<double>> candidate_scores(Forward& fwd, const Tokenizer& tok,
+                                                  const std::vector<Example>& examples,
+                                                  int64_t max_len, int64_t batch_rows) {
+  ZOF_CHECK(batch_rows >= max_len, "the evaluation batch (" + std::to_string(batch_rows) +
+                                       " tokens) must hold one sequence of --max-len " +
+                                       std::to_string(max_len));
+  std::vector<Scored> seqs;
+  for (size_t i = 0; i < examples.size(); ++i)
+    for (size_t c = 0; c < examples[i].candidates.size(); ++c)
+      seqs.push_back({(int64_t)i, (int64_t)c,
+                      tokenize_example(tok, examples[i].prompt, examples[i].candidates[c], max_len,
+                                       (int64_t)i)});
+  std::vector<double> sum;
+  std::vector<int64_t> count;
+  score_sequences(fwd, seqs, batch_rows, sum, count);
+  std::vector<std::vector<double>> scores(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) scores[i].resize(examples[i].candidates.size());
+  for (size_t k = 0; k < seqs.size(); ++k)
+    scores[seqs[k].example][seqs[k].candidate] = count[k] ? sum[k] / (double)count[k] : -INFINITY;
+  return scores;
+}
+
+double candidate_accuracy(Forward& fwd, const Tokenizer& tok, const std::vector<Example>& examples,
+                          int64_t max_len, int64_t batch_rows, std::vector<int>* predictions) {
+  ZOF_CHECK(!examples.empty(), "no evaluation examples");
+  for (size_t i = 0; i < examples.size(); ++i)
+    ZOF_CHECK(examples[i].label >= 0 && examples[i].label < (int)examples[i].candidates.size(),
+              "evaluation example " + std::to_string(i) + " has no valid label");
+  const auto scores = candidate_scores(fwd, tok, examples, max_len, batch_rows);
+  int64_t correct = 0;
+  if (predictions) predictions->assign(examples.size(), -1);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const auto& s = scores[i];
+    const int pred = (int)(std::max_element(s.begin(), s.end()) - s.begin());  // first on ties
+    correct += pred == examples[i].label;
+    if (predictions) (*predictions)[i] = pred;
+  }
+  return (double)correct / (double)examples.size();
+}
+
+PerplexityResult completion_nll(Forward& fwd, const Tokenizer& tok,
+                                const std::vector<Example>& examples, int64_t max_len,
+                                int64_t batch_rows) {
+  ZOF_CHECK(!examples.empty(), "no evaluation examples");
+  ZOF_CHECK(batch_rows >= max_len, "the evaluation batch (" + std::to_string(batch_rows) +
+                                       " tokens) must hold one sequence of --max-len " +
+                                       std::to_string(max_len));
+  const auto tokenized = tokenize_examples(tok, examples, max_len);
+  std::vector<Scored> seqs;
+  for (size_t i = 0; i < tokenized.size(); ++i)
+    seqs.push_back({(int64_t)i, examples[i].label, tokenized[i]});
+  std::vector<double> sum;
+  std::vector<int64_t> count;
+  score_sequences(fwd, seqs, batch_rows, sum, count);
+  PerplexityResult r;
+  double total = 0;
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    total -= sum[k];
+    r.tokens += count[k];
+  }
+  ZOF_CHECK(r.tokens > 0, "the evaluation completions have no scored tokens");
+  r.windows = (int64_t)examples.size();
+  r.nll = total / (double)r.tokens;
+  r.ppl = std::exp(r.nll);
+  return r;
+}
+
+PerplexityResult windows_nll(Forward& fwd, const std::vector<std::vector<int32_t>>& windows,
+                             int64_t batch_rows) {
+  ZOF_CHECK(!windows.empty(), "no evaluation windows");
+  PerplexityResult r;
+  double total = 0;
+  std::vector<float> nll;
+  size_t w0 = 0;
+  while (w0 < windows.size()) {
+    int64_t T = 0;
+    size_t w1 = w0;
+    // Greedy packing in order; windows share one length except possibly the last.
+    while (w1 < windows.size()) {
+      const int64_t T1 = std::max<int64_t>(T, (int64_t)windows[w1].size());
+      if (T1 * (int64_t)(w1 - w0 + 1) > batch_rows && w1 > w0) break;
+      T = T1;
+      ++w1;
+    }
+    ZOF_CHECK(T <= batch_rows, "a window of " + std::to_string(T) +
+                                   " tokens does not fit the evaluation batch of " +
+                                   std::to_string(batch_rows) + " tokens");
+    std::vector<std::vector<int32_t>> part(windows.begin() + w0, windows.begin() + w1);
+    const Batch b = Batch::from_sequences(part);
+    fwd.next_token_nll(b, nll);
+    for (int64_t i = 0; i < b.B; ++i)
+      for (int64_t t = 0; t + 1 < b.lengths[i]; ++t) {
+        total += nll[i * b.T + t];
+        ++r.tokens;
+      }
+    w0 = w1;
+  }
+  r.windows = (int64_t)windows.size();
+  r.nll = total / (double)r.tokens;
+  r.ppl = std::exp(r.nll);
+  return r;
+}
+
+}  // namespace zof

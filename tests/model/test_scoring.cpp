@@ -1,0 +1,159 @@
+// MeZO's evaluation on the real stories260K model: candidate scores checked against an independent
+// per-sequence computation, the model's obvious favourites predicted, and training targets that
+// score exactly the answer's tokens.
+#include <cmath>
+
+#include "common.h"
+#include "zof/backend.h"
+#include "zof/data.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+#include "zof/perplexity.h"
+#include "zof/tokenizer.h"
+
+namespace {
+
+std::string model_dir() { return zof::test::assets_dir() + "/models/stories260K"; }
+
+// The average log-likelihood of candidate's tokens given prompt, computed the long way: the full
+// sequence alone through next_token_nll, then the candidate positions averaged by hand.
+double score_by_hand(zof::Forward& fwd, const zof::Tokenizer& tok, const std::string& prompt,
+                     const std::string& candidate) {
+  const std::vector<int32_t> full = tok.encode(prompt + candidate, true);
+  const std::vector<int32_t> p = tok.encode(prompt, true);
+  // These hand-made examples are chosen so that the prompt's tokens are a prefix of the full
+  // text's (stories260K: every candidate starts a new word).
+  EXPECT_TRUE(p.size() < full.size() && std::equal(p.begin(), p.end(), full.begin()))
+      << prompt << candidate;
+  const zof::Batch b = zof::Batch::from_sequences({full});
+  std::vector<float> nll;
+  fwd.next_token_nll(b, nll);
+  double sum = 0;
+  int n = 0;
+  for (size_t t = p.size(); t < full.size(); ++t) {  // token t is predicted at position t - 1
+    sum -= nll[t - 1];
+    ++n;
+  }
+  return sum / n;
+}
+
+std::vector<zof::Example> copa_style() {
+  return {
+      {"Lily was hungry so ", {"she ate an apple.", "the sky had a dog."}, 0},
+      {"The dog was tired because ", {"it ran all day.", "green is a tree."}, 0},
+      {"Tom fell down so ", {"he cried.", "the moon was happy and sang."}, 1},  // labelled "wrong"
+      {"Once upon a", {" time", " banana"}, 0},
+      {"The sun was hot so ", {"they went to the park to play.", "a car."}, 0},
+  };
+}
+
+}  // namespace
+
+TEST(Scoring, CandidateScoresMatchAHandComputation) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  const zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  auto be = zof::make_cpu_backend(1);
+  const int64_t max_len = 32, batch_rows = 48;  // small: several padded forwards
+  zof::Forward fwd(model, *be, std::max<int64_t>(batch_rows, 64));
+  const auto ex = copa_style();
+
+  std::vector<int> want_pred;
+  int64_t want_correct = 0;
+  std::vector<std::vector<double>> want(ex.size());
+  for (size_t i = 0; i < ex.size(); ++i) {
+    for (const auto& c : ex[i].candidates)
+      want[i].push_back(score_by_hand(fwd, tok, ex[i].prompt, c));
+    int best = 0;
+    for (int c = 1; c < (int)want[i].size(); ++c)
+      if (want[i][c] > want[i][best]) best = c;
+    want_pred.push_back(best);
+    want_correct += best == ex[i].label;
+  }
+
+  const auto got = zof::candidate_scores(fwd, tok, ex, max_len, batch_rows);
+  for (size_t i = 0; i < ex.size(); ++i)
+    for (size_t c = 0; c < ex[i].candidates.size(); ++c)
+      EXPECT_NEAR(got[i][c], want[i][c], 1e-4 * std::max(1.0, std::fabs(want[i][c])))
+          << "example " << i << " candidate " << c;
+  std::vector<int> pred;
+  const double acc = zof::candidate_accuracy(fwd, tok, ex, max_len, batch_rows, &pred);
+  EXPECT_EQ(pred, want_pred);
+  EXPECT_DOUBLE_EQ(acc, (double)want_correct / (double)ex.size());
+  // The model prefers the sensible endings (its favourites are the labelled answers, and the
+  // deliberately mislabelled third example counts as wrong).
+  EXPECT_EQ(pred, (std::vector<int>{0, 0, 0, 0, 0}));
+  EXPECT_DOUBLE_EQ(acc, 0.8);
+}
+
+TEST(Scoring, ModelsFavouriteIsPredicted) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  const zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  auto be = zof::make_cpu_backend(1);
+  zof::Forward fwd(model, *be, 256);
+  const std::vector<zof::Example> ex = {
+      {"Once upon a", {" banana", " time"}, 1},
+      {"Once upon a", {" time", " banana"}, 0},
+      {"Once upon a time, there was a little", {" spaceship", " girl"}, 1},
+  };
+  std::vector<int> pred;
+  EXPECT_DOUBLE_EQ(zof::candidate_accuracy(fwd, tok, ex, 64, 256, &pred), 1.0);
+  EXPECT_EQ(pred, (std::vector<int>{1, 0, 1}));
+}
+
+TEST(Scoring, TrainingTargetsScoreExactlyTheAnswer) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  const zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  auto be = zof::make_cpu_backend(1);
+  zof::Forward fwd(model, *be, 256);
+  const auto ex = copa_style();
+  const auto t = zof::tokenize_examples(tok, ex, 32);
+  const std::vector<int64_t> rows = {0, 1, 2, 3, 4};
+  const zof::LossBatch lb = zof::make_loss_batch(t, rows);
+  std::vector<float> nll(lb.batch.B * lb.batch.T);
+  fwd.nll(lb.batch, lb.targets.data(), nll.data());
+  for (size_t i = 0; i < ex.size(); ++i) {
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t p = 0; p < lb.batch.T; ++p)
+      if (lb.targets[i * lb.batch.T + p] >= 0) {
+        sum += nll[i * lb.batch.T + p];
+        ++n;
+      }
+    // The loss of a training row is minus the score of its correct candidate.
+    const std::string& ans = ex[i].candidates[ex[i].label];
+    EXPECT_EQ(n, (int64_t)(t[i].ids.size() - t[i].cand_start));
+    EXPECT_NEAR(-sum / n, score_by_hand(fwd, tok, ex[i].prompt, ans), 1e-4) << "example " << i;
+  }
+  // The completion metric is the same loss, averaged over all answer tokens.
+  double total = 0;
+  for (size_t k = 0; k < nll.size(); ++k)
+    if (lb.targets[k] >= 0) total += nll[k];
+  const auto r = zof::completion_nll(fwd, tok, ex, 32, 64);
+  EXPECT_EQ(r.tokens, lb.scored());
+  EXPECT_NEAR(r.nll, total / (double)lb.scored(), 1e-5);
+}
+
+TEST(Scoring, HeldOutWindowsMatchPerplexity) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  const std::string text_path =
+      zof::test::assets_dir() + "/data/tinystories/tinystories_sample_cs336.txt";
+  ZOF_REQUIRE_PATH(text_path);
+  const zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  auto be = zof::make_cpu_backend(1);
+  zof::Forward fwd(model, *be, 4 * 64);
+  const auto td = zof::load_text(text_path, tok, 64, 0.1);
+  std::vector<int32_t> held;  // the held-out windows' text tokens, re-windowed by perplexity()
+  for (const auto& w : td.eval) held.insert(held.end(), w.begin() + 1, w.end());
+  const auto want = zof::perplexity(fwd, held, tok.bos_id(), 64, 4);
+  const auto got = zof::windows_nll(fwd, td.eval, 4 * 64);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.windows, want.windows);
+  EXPECT_NEAR(got.nll, want.nll, 1e-5);
+  // A trained model on its own kind of text (about 3.5 on plain TinyStories; this sample's
+  // "<|endoftext|>" markers are spelled out in bytes), far below the 512-token vocabulary.
+  EXPECT_LT(got.ppl, 30.0);
+}
