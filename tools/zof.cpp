@@ -1,3 +1,279 @@
-// zof command line: placeholder main until the commands land.
+// zof command line: generate, eval (and later finetune). Every user-caused problem ends as one
+// line "zof: error: ..." and a non-zero exit; --json makes the last line one JSON object.
+#include <chrono>
 #include <cstdio>
-int main() { std::puts("zof"); return 0; }
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <new>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "zof/backend.h"
+#include "zof/error.h"
+#include "zof/forward.h"
+#include "zof/generate.h"
+#include "zof/model.h"
+#include "zof/perplexity.h"
+#include "zof/tokenizer.h"
+#include "zof/trainer.h"
+#include "zof/version.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string read_text_file(const std::string& path, const std::string& flag) {
+  ZOF_CHECK(fs::is_regular_file(path), flag + " " + path + ": no such file");
+  std::ifstream f(path, std::ios::binary);
+  ZOF_CHECK(f.good(), flag + " " + path + ": cannot be read (check its permissions)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct GenerateArgs {
+  std::string model, prompt;
+  int64_t max_new_tokens = 128;
+  float temperature = 0.f, top_p = 1.f;
+  uint64_t seed = 0;
+  int threads = 0;
+  bool json = false;
+};
+
+int run_generate(const GenerateArgs& a) {
+  auto backend = zof::make_cpu_backend(a.threads);
+  zof::Model model = zof::Model::load(a.model);
+  zof::Tokenizer tok = zof::Tokenizer::load(a.model);
+  std::vector<int32_t> prompt = tok.encode(a.prompt, true);
+  if (prompt.empty()) {
+    const int32_t start = tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id();
+    ZOF_CHECK(start >= 0, "the prompt is empty and the tokenizer in " + a.model +
+                              " has neither a BOS nor an EOS token to start from; give --prompt");
+    prompt.push_back(start);
+  }
+  zof::SampleOptions opt;
+  opt.max_new_tokens = a.max_new_tokens;
+  opt.temperature = a.temperature;
+  opt.top_p = a.top_p;
+  opt.seed = a.seed;
+  opt.eos_id = tok.eos_id();
+  zof::Forward fwd(model, *backend, std::max<int64_t>((int64_t)prompt.size(), 1));
+  std::vector<int32_t> all = prompt;
+  std::string printed = tok.decode(prompt, true);
+  if (!a.json) std::cout << printed << std::flush;
+  const double t0 = now_s();
+  auto out = zof::generate(fwd, prompt, opt, [&](int32_t t) {
+    all.push_back(t);
+    if (a.json) return;
+    // Decode the whole text each time so multi-token characters print once complete.
+    std::string text = tok.decode(all, true);
+    if (text.size() >= printed.size() && text.compare(0, printed.size(), printed) == 0) {
+      std::cout << text.substr(printed.size()) << std::flush;
+      printed = text;
+    }
+  });
+  const double dt = now_s() - t0;
+  const std::string completion = tok.decode(out, true);
+  if (a.json) {
+    json j{{"prompt", a.prompt},           {"completion", completion},
+           {"text", tok.decode(all, true)}, {"new_tokens", out.size()},
+           {"ids", out},                   {"tokens_per_s", out.size() / std::max(dt, 1e-9)}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << "\n";
+    std::fprintf(stderr, "zof: %zu tokens in %.2f s (%.1f tokens/s)\n", out.size(), dt,
+                 out.size() / std::max(dt, 1e-9));
+  }
+  return 0;
+}
+
+struct EvalArgs {
+  std::string model, text;
+  int64_t seq_len = 0, batch = 8, max_windows = 0;
+  int threads = 0;
+  bool json = false;
+};
+
+int run_eval(const EvalArgs& a) {
+  auto backend = zof::make_cpu_backend(a.threads);
+  zof::Model model = zof::Model::load(a.model);
+  zof::Tokenizer tok = zof::Tokenizer::load(a.model);
+  const std::string text = read_text_file(a.text, "--text");
+  ZOF_CHECK(!text.empty(), "--text " + a.text + " is empty");
+  const double t0 = now_s();
+  // "<|endoftext|>" separates documents (TinyStories, GPT-2 style corpora): each is encoded
+  // alone and scored from its own BOS, as the model saw documents in training.
+  std::vector<std::vector<int32_t>> docs;
+  const std::string sep = "<|endoftext|>";
+  for (size_t pos = 0; pos <= text.size();) {
+    size_t end = text.find(sep, pos);
+    if (end == std::string::npos) end = text.size();
+    std::string doc = text.substr(pos, end - pos);
+    if (doc.find_first_not_of(" \t\r\n") != std::string::npos) {
+      const size_t a = doc.find_first_not_of(" \t\r\n"), b = doc.find_last_not_of(" \t\r\n");
+      docs.push_back(tok.encode(doc.substr(a, b - a + 1), false));
+    }
+    pos = end + sep.size();
+  }
+  ZOF_CHECK(!docs.empty(), "--text " + a.text + " holds no text");
+  const double t_tok = now_s() - t0;
+  const int64_t ctx = model.config().max_position;
+  const int64_t seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(ctx, 512);
+  ZOF_CHECK(seq_len <= ctx, "--seq-len " + std::to_string(seq_len) +
+                                " exceeds the model's context of " + std::to_string(ctx) +
+                                " tokens; use --seq-len " + std::to_string(ctx) + " or less");
+  ZOF_CHECK(a.batch >= 1, "--batch must be at least 1");
+  zof::Forward fwd(model, *backend, seq_len * a.batch);
+  const double t1 = now_s();
+  auto r = zof::perplexity(fwd, docs, tok.bos_id(), seq_len, a.batch, a.max_windows);
+  const double dt = now_s() - t1;
+  json j{{"nll", r.nll},
+         {"ppl", r.ppl},
+         {"tokens", r.tokens},
+         {"windows", r.windows},
+         {"seq_len", seq_len},
+         {"tokenize_s", t_tok},
+         {"eval_s", dt},
+         {"tokens_per_s", r.tokens / std::max(dt, 1e-9)}};
+  if (a.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf("%s: nll %.4f  perplexity %.3f  over %lld tokens in %lld windows of %lld (%.2f s)\n",
+                a.text.c_str(), r.nll, r.ppl, (long long)r.tokens, (long long)r.windows,
+                (long long)seq_len, dt);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zof: fine-tune Hugging Face causal LMs with forward passes only"};
+  app.set_version_flag("--version", std::string("zof ") + zof::version());
+  app.require_subcommand(1);
+
+  GenerateArgs g;
+  auto* gen = app.add_subcommand("generate", "Generate text from a prompt");
+  gen->add_option("--model", g.model, "Hugging Face model directory")->required();
+  gen->add_option("--prompt", g.prompt, "Prompt text (default: empty, start from BOS)");
+  gen->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  gen->add_option("--temperature", g.temperature, "Sampling temperature; 0 is greedy")
+      ->capture_default_str()->check(CLI::Range(0.f, 100.f));
+  gen->add_option("--top-p", g.top_p, "Nucleus sampling probability mass")
+      ->capture_default_str()->check(CLI::Range(1e-6f, 1.f));
+  gen->add_option("--seed", g.seed, "Sampling seed")->capture_default_str();
+  gen->add_option("--threads", g.threads, "CPU threads (0: all cores)")->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  gen->add_flag("--json", g.json, "Print one JSON object as the last line");
+
+  EvalArgs e;
+  auto* ev = app.add_subcommand("eval", "Perplexity of a model on a text file: mean next-token NLL over windows of --seq-len tokens, "
+      "each from BOS; '<|endoftext|>' separates documents, and windows never cross one");
+  ev->add_option("--model", e.model, "Hugging Face model directory")->required();
+  ev->add_option("--text", e.text, "Plain-text file")->required();
+  ev->add_option("--seq-len", e.seq_len, "Window length in tokens (default: context, at most 512)")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 20));
+  ev->add_option("--batch", e.batch, "Windows per forward pass")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  ev->add_option("--max-windows", e.max_windows, "Evaluate at most this many windows (0: all)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  ev->add_option("--threads", e.threads, "CPU threads (0: all cores)")->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  ev->add_flag("--json", e.json, "Print one JSON object as the last line");
+
+  zof::TrainOptions t;
+  auto* ft = app.add_subcommand("finetune", "Fine-tune every parameter with forward passes only (MeZO)");
+  ft->set_config("--config", "", "Read options from a TOML/INI file (key = value, flag names "
+                 "without dashes); command-line flags override it");
+  ft->add_option("--model", t.model, "Hugging Face model directory");
+  ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")->capture_default_str();
+  ft->add_option("--data", t.data, "Data file or directory of the task");
+  ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the fine-tuned model");
+  ft->add_option("--resume", t.resume, "Continue the run in this directory");
+  ft->add_option("--steps", t.steps, "ZO steps")->capture_default_str()->check(CLI::PositiveNumber);
+  ft->add_option("--lr", t.lr, "Learning rate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  ft->add_option("--eps", t.eps, "Perturbation scale epsilon")->capture_default_str()->check(CLI::PositiveNumber);
+  ft->add_option("--weight-decay", t.weight_decay, "Weight decay (not on norms and biases)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  ft->add_option("--batch", t.batch, "Examples (or text windows) per step")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  ft->add_option("--micro-batches", t.micro_batches, "Split each batch into this many forward passes "
+                 "(gradient accumulation)")->capture_default_str()->check(CLI::PositiveNumber);
+  ft->add_option("--queries", t.queries, "Random directions averaged per step")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  ft->add_option("--seed", t.seed, "Seed of perturbations and data sampling")->capture_default_str();
+  ft->add_option("--schedule", t.schedule, "constant | linear | cosine")->capture_default_str()
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  ft->add_option("--warmup", t.warmup, "Linear warm-up steps")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  ft->add_option("--eval-every", t.eval_every, "Evaluate every N steps (0: before and after only)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  ft->add_option("--save-every", t.save_every, "Checkpoint every N steps (0: at the end only)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  ft->add_option("--train-examples", t.train_examples, "Training examples sampled (MeZO: 1000)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  ft->add_option("--eval-examples", t.eval_examples, "Evaluation examples sampled")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  ft->add_option("--seq-len", t.seq_len, "Text window length; longest task sequence")
+      ->capture_default_str()->check(CLI::Range(int64_t(2), int64_t(1) << 20));
+  ft->add_option("--max-bad-steps", t.max_bad_steps, "Stop after this many non-finite steps in a row")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  ft->add_option("--threads", t.threads, "CPU threads (0: all cores)")->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  ft->add_flag("--json", t.json, "Print one JSON object as the last line");
+
+  std::string rp_model, rp_log, rp_out;
+  int rp_threads = 0;
+  bool rp_json = false;
+  auto* rp = app.add_subcommand("replay", "Rebuild fine-tuned weights from a base model and a run's step log");
+  rp->add_option("--model", rp_model, "The base model the run started from")->required();
+  rp->add_option("--log", rp_log, "The run directory (its zo_log.jsonl)")->required();
+  rp->add_option("--out", rp_out, "Directory for the rebuilt model")->required();
+  rp->add_option("--threads", rp_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
+  rp->add_flag("--json", rp_json, "Print one JSON object as the last line");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    return app.exit(err);
+  }
+  try {
+    if (gen->parsed()) return run_generate(g);
+    if (ev->parsed()) return run_eval(e);
+    if (ft->parsed()) {
+      if (t.resume.empty()) {
+        ZOF_CHECK(!t.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
+        ZOF_CHECK(!t.out.empty(), "finetune needs --out DIR, the run directory to write");
+        ZOF_CHECK(!t.data.empty(), "finetune needs --data PATH, the task's data file or directory");
+      }
+      auto summary = zof::finetune(t);
+      std::cout << summary.dump() << "\n";  // the run's result: always one JSON line
+      return summary.value("interrupted", false) ? 130 : 0;
+    }
+    if (rp->parsed()) {
+      auto summary = zof::replay(rp_model, rp_log, rp_out, rp_threads);
+      std::cout << (rp_json ? summary.dump() : summary.dump(1)) << "\n";
+      return 0;
+    }
+  } catch (const zof::Error& err) {
+    std::fprintf(stderr, "zof: error: %s\n", err.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "zof: error: out of memory (try a smaller --batch or --seq-len)\n");
+    return 1;
+  } catch (const std::exception& err) {
+    std::fprintf(stderr, "zof: error: %s\n", err.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,69 @@
+// `zof finetune`: the training loop around ZOEngine: schedules, evaluation, metrics, progress,
+// atomic checkpoints and exact resume, the (seed, g) step log, and replay from that log.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zof/forward.h"
+#include "zof/zo.h"
+
+namespace zof {
+
+class Tokenizer;
+
+struct TrainOptions {
+  std::string model, task = "text", data, out;
+  int64_t steps = 1000;
+  float lr = 1e-6f, eps = 1e-3f, weight_decay = 0.f;
+  int64_t batch = 16;        // examples (or text windows) per step
+  int64_t micro_batches = 1; // gradient accumulation: the batch is split into this many
+  int queries = 1;
+  uint64_t seed = 0;
+  std::string schedule = "constant";  // constant | linear | cosine
+  int64_t warmup = 0;                 // steps of linear warm-up
+  int64_t eval_every = 0;             // 0: only before and after
+  int64_t save_every = 0;             // 0: only at the end (and on SIGINT/SIGTERM)
+  int64_t train_examples = 1000, eval_examples = 500;
+  int64_t seq_len = 128;              // text windows; max sequence length for tasks
+  int64_t max_bad_steps = 10;         // consecutive non-finite losses before giving up
+  int threads = 0;
+  bool json = false;
+  std::string resume;  // run directory to continue
+
+  nlohmann::json to_json() const;
+  static TrainOptions from_json(const nlohmann::json& j);
+};
+
+// What a task supplies to the loop: deterministic batches per step and an evaluation.
+class TrainData {
+ public:
+  virtual ~TrainData() = default;
+  // The step's batch split into micro-batches: a pure function of (seed, step).
+  virtual std::vector<LossBatch> batch(uint64_t step) = 0;
+  // The held-out metric at the model's current weights.
+  struct Metric {
+    std::string name;  // "ppl", "accuracy", "nll"
+    double value = 0;
+  };
+  virtual Metric evaluate(Forward& fwd) = 0;
+  virtual int64_t max_rows() const = 0;  // most tokens in one micro-batch or eval forward
+  virtual std::string describe() const = 0;
+};
+std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
+                                           int64_t context);
+
+// Learning rate at step (0-based) under the options' schedule and warm-up.
+float learning_rate(const TrainOptions& opt, int64_t step);
+
+// Runs (or resumes) a fine-tuning run; returns the final JSON summary. Throws zof::Error.
+nlohmann::json finetune(TrainOptions opt);
+
+// Rebuilds fine-tuned weights from a base model and a run's step log; writes a model directory.
+nlohmann::json replay(const std::string& base_model, const std::string& run_dir,
+                      const std::string& out_dir, int threads);
+
+}  // namespace zof

@@ -1,0 +1,507 @@
+// The fine-tuning loop: ZO steps over deterministic batches, learning-rate schedule, guard
+// against non-finite losses, evaluation, metrics (JSONL), progress, atomic checkpoints with
+// exact resume, the (seed, g) step log, and replay of that log onto the base model.
+#include "zof/trainer.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "zof/backend.h"
+#include "zof/error.h"
+#include "zof/model.h"
+#include "zof/tokenizer.h"
+#include "zof/version.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace zof {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Writes text to path atomically: temporary file, fsync, rename, fsync of the directory.
+void write_file_atomic(const fs::path& path, const std::string& text) {
+  const std::string tmp = path.string() + ".tmp." + std::to_string(getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ZOF_CHECK(fd >= 0, "cannot write " + tmp + ": " + std::strerror(errno));
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t w = ::write(fd, text.data() + off, text.size() - off);
+    if (w < 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error("cannot write " + tmp + ": " + std::strerror(e));
+    }
+    off += (size_t)w;
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error("cannot rename " + tmp + " to " + path.string() + ": " + std::strerror(e));
+  }
+  int dfd = ::open(path.parent_path().empty() ? "." : path.parent_path().c_str(), O_RDONLY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  ZOF_CHECK(f.good(), "cannot read " + p.string());
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    throw Error(p.string() + " is not valid JSON (" + e.what() + "); the run directory is damaged");
+  }
+}
+
+// An append-only JSONL file whose size at each checkpoint is recorded, so that a resumed run
+// truncates it back to exactly what the checkpoint saw.
+class JsonlLog {
+ public:
+  void open(const fs::path& p, int64_t truncate_to) {
+    path_ = p;
+    if (truncate_to >= 0 && fs::exists(p)) fs::resize_file(p, (uintmax_t)truncate_to);
+    f_ = std::fopen(p.c_str(), truncate_to == 0 ? "w" : "a");
+    ZOF_CHECK(f_, "cannot write " + p.string() + ": " + std::strerror(errno));
+  }
+  ~JsonlLog() {
+    if (f_) std::fclose(f_);
+  }
+  void write(const json& j) {
+    const std::string s = j.dump() + "\n";
+    ZOF_CHECK(std::fwrite(s.data(), 1, s.size(), f_) == s.size(),
+              "cannot write " + path_.string() + " (disk full?)");
+    std::fflush(f_);
+  }
+  int64_t sync() {  // durable size
+    std::fflush(f_);
+    ::fsync(fileno(f_));
+    return (int64_t)fs::file_size(path_);
+  }
+
+ private:
+  fs::path path_;
+  std::FILE* f_ = nullptr;
+};
+
+void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                           "generation_config.json"}) {
+    if (!fs::exists(from / name)) continue;
+    std::ifstream f(from / name, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    write_file_atomic(to / name, ss.str());
+  }
+}
+
+std::string fmt_eta(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char b[32];
+  if (s >= 3600)
+    std::snprintf(b, sizeof b, "%dh%02dm", (int)(s / 3600), (int)std::fmod(s / 60, 60));
+  else
+    std::snprintf(b, sizeof b, "%dm%02ds", (int)(s / 60), (int)std::fmod(s, 60));
+  return b;
+}
+
+// The latest complete checkpoint of a run directory, or empty.
+fs::path latest_checkpoint(const fs::path& run) {
+  const fs::path latest = run / "latest";
+  if (!fs::exists(latest)) return {};
+  std::ifstream f(latest);
+  std::string name;
+  std::getline(f, name);
+  const fs::path dir = run / name;
+  ZOF_CHECK(!name.empty() && fs::exists(dir / "state.json") && fs::exists(dir / "model.safetensors"),
+            "the run directory " + run.string() + " names checkpoint '" + name +
+                "' in its 'latest' file, but that checkpoint is incomplete; the run cannot resume");
+  return dir;
+}
+
+}  // namespace
+
+json TrainOptions::to_json() const {
+  return nlohmann::json{{"model", model},
+              {"task", task},
+              {"data", data},
+              {"out", out},
+              {"steps", steps},
+              {"lr", lr},
+              {"eps", eps},
+              {"weight_decay", weight_decay},
+              {"batch", batch},
+              {"micro_batches", micro_batches},
+              {"queries", queries},
+              {"seed", seed},
+              {"schedule", schedule},
+              {"warmup", warmup},
+              {"eval_every", eval_every},
+              {"save_every", save_every},
+              {"train_examples", train_examples},
+              {"eval_examples", eval_examples},
+              {"seq_len", seq_len},
+              {"max_bad_steps", max_bad_steps}};
+}
+
+TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
+  TrainOptions o;
+  auto get = [&](const char* k, auto& v) {
+    if (j.contains(k)) j.at(k).get_to(v);
+  };
+  get("model", o.model);
+  get("task", o.task);
+  get("data", o.data);
+  get("out", o.out);
+  get("steps", o.steps);
+  get("lr", o.lr);
+  get("eps", o.eps);
+  get("weight_decay", o.weight_decay);
+  get("batch", o.batch);
+  get("micro_batches", o.micro_batches);
+  get("queries", o.queries);
+  get("seed", o.seed);
+  get("schedule", o.schedule);
+  get("warmup", o.warmup);
+  get("eval_every", o.eval_every);
+  get("save_every", o.save_every);
+  get("train_examples", o.train_examples);
+  get("eval_examples", o.eval_examples);
+  get("seq_len", o.seq_len);
+  get("max_bad_steps", o.max_bad_steps);
+  return o;
+}
+
+float learning_rate(const TrainOptions& o, int64_t step) {
+  if (o.warmup > 0 && step < o.warmup) return o.lr * (float)(step + 1) / (float)o.warmup;
+  const int64_t decay_steps = std::max<int64_t>(1, o.steps - o.warmup);
+  const double t = std::min(1.0, (double)(step - o.warmup) / (double)decay_steps);
+  if (o.schedule == "linear") return (float)(o.lr * (1.0 - t));
+  if (o.schedule == "cosine") return (float)(o.lr * 0.5 * (1.0 + std::cos(M_PI * t)));
+  return o.lr;
+}
+
+json finetune(TrainOptions opt) {
+  // ---- options, run directory, resume -------------------------------------------------------
+  const bool resuming = !opt.resume.empty();
+  fs::path run;
+  json state;
+  fs::path ckpt;
+  if (resuming) {
+    run = opt.resume;
+    ZOF_CHECK(fs::exists(run / "run.json"),
+              "--resume " + run.string() + ": not a zof run directory (no run.json)");
+    const json saved = read_json(run / "run.json");
+    TrainOptions s = TrainOptions::from_json(saved.at("options"));
+    ZOF_CHECK(opt.model.empty() || fs::weakly_canonical(opt.model) == fs::weakly_canonical(s.model),
+              "--resume " + run.string() + " was started from model " + s.model +
+                  ", not --model " + opt.model + "; resume with the same model or start a new run");
+    s.threads = opt.threads;
+    s.json = opt.json;
+    s.resume = opt.resume;
+    s.out = run.string();
+    opt = s;
+    ckpt = latest_checkpoint(run);
+    if (!ckpt.empty()) state = read_json(ckpt / "state.json");
+  } else {
+    ZOF_CHECK(!opt.out.empty(), "--out is required: the run directory to write");
+    run = opt.out;
+    ZOF_CHECK(!fs::exists(run / "run.json"),
+              "--out " + run.string() + " already holds a run; continue it with --resume " +
+                  run.string() + " or choose another --out");
+    std::error_code ec;
+    fs::create_directories(run, ec);
+    ZOF_CHECK(!ec, "--out " + run.string() + ": cannot create the directory (" + ec.message() + ")");
+    ZOF_CHECK(::access(run.c_str(), W_OK) == 0,
+              "--out " + run.string() + " is not writable; choose a directory you can write");
+  }
+  ZOF_CHECK(opt.steps >= 1, "--steps must be at least 1");
+  ZOF_CHECK(opt.batch >= 1, "--batch must be at least 1");
+  ZOF_CHECK(opt.micro_batches >= 1 && opt.micro_batches <= opt.batch,
+            "--micro-batches must be between 1 and --batch");
+  ZOF_CHECK(opt.lr >= 0 && std::isfinite(opt.lr), "--lr must be a non-negative number");
+  ZOF_CHECK(opt.schedule == "constant" || opt.schedule == "linear" || opt.schedule == "cosine",
+            "--schedule must be constant, linear or cosine, not '" + opt.schedule + "'");
+
+  auto backend = make_cpu_backend(opt.threads);
+  Model model = Model::load(opt.model);
+  Tokenizer tok = Tokenizer::load(opt.model);
+  const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
+  if (resuming) {
+    const json saved = read_json(run / "run.json");
+    ZOF_CHECK(saved.at("model_id") == model_id,
+              "--resume " + run.string() + ": the model in " + opt.model +
+                  " is not the one this run started from (config or size differ)");
+  }
+  auto data = make_train_data(opt, tok, model.config().max_position);
+  ZOStepOptions zo{opt.eps, opt.weight_decay, opt.queries, opt.seed};
+  ZOEngine engine(model, *backend, data->max_rows(), zo);
+
+  int64_t start = 0, bad_run = 0;
+  json eval_before;
+  double tokens_done = 0, time_done = 0;
+  int64_t metrics_size = 0, log_size = 0;
+  if (!ckpt.empty()) {
+    Model saved = Model::load(ckpt.string());
+    ZOF_CHECK(saved.storage_size() == model.storage_size(),
+              "checkpoint " + ckpt.string() + " does not match the model's layout");
+    std::copy(saved.storage(), saved.storage() + saved.storage_size(), model.storage());
+    start = state.at("step");
+    bad_run = state.value("bad_run", 0);
+    eval_before = state.value("eval_before", json());
+    tokens_done = state.value("tokens", 0.0);
+    time_done = state.value("train_s", 0.0);
+    metrics_size = state.at("metrics_bytes");
+    log_size = state.at("log_bytes");
+  }
+  if (!resuming)
+    write_file_atomic(run / "run.json",
+                      json{{"options", opt.to_json()},
+                           {"model_id", model_id},
+                           {"zof_version", version()}}
+                          .dump(1));
+  JsonlLog metrics, zlog;
+  metrics.open(run / "metrics.jsonl", resuming ? metrics_size : 0);
+  zlog.open(run / "zo_log.jsonl", resuming ? log_size : 0);
+
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto say = [&](const std::string& s) {
+    std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", s.c_str());
+  };
+  say("zof finetune: " + std::to_string(model.num_params()) + " parameters, " + data->describe() +
+      (resuming ? ", resuming at step " + std::to_string(start) : ""));
+
+  auto evaluate = [&](int64_t step, const char* when) {
+    engine.flush();
+    const double t0 = now_s();
+    auto m = data->evaluate(engine.forward());
+    json j{{"type", "eval"}, {"step", step}, {"metric", m.name}, {"value", m.value},
+           {"when", when}, {"eval_s", now_s() - t0}};
+    metrics.write(j);
+    char b[160];
+    std::snprintf(b, sizeof b, "eval @ step %lld: %s %.4f", (long long)step, m.name.c_str(), m.value);
+    say(b);
+    return j;
+  };
+
+  auto save_checkpoint = [&](int64_t step) {
+    engine.flush();
+    const std::string name = "checkpoint-" + std::to_string(step);
+    const fs::path tmp = run / (name + ".tmp");
+    const fs::path dst = run / name;
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    model.save(tmp.string(), DType::F32);  // fp32 master weights: exact resume
+    json st{{"step", step},         {"bad_run", bad_run},          {"eval_before", eval_before},
+            {"tokens", tokens_done}, {"train_s", time_done},
+            {"metrics_bytes", metrics.sync()}, {"log_bytes", zlog.sync()}};
+    write_file_atomic(tmp / "state.json", st.dump(1));
+    fsync_path(tmp);
+    fs::remove_all(dst);
+    fs::rename(tmp, dst);
+    fsync_path(run);
+    write_file_atomic(run / "latest", name + "\n");
+    // Older checkpoints are now redundant.
+    for (auto& e : fs::directory_iterator(run)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("checkpoint-", 0) == 0 && n != name) fs::remove_all(e.path());
+    }
+  };
+
+  if (eval_before.is_null()) eval_before = evaluate(start, "before");
+
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<double> recent;  // (l+ + l-)/2 of recent steps
+  json last_eval = eval_before;
+  double t_step0 = now_s();
+  int64_t step = start;
+  bool interrupted = false;
+  const int64_t print_every = std::max<int64_t>(1, opt.steps / 50);
+  for (; step < opt.steps; ++step) {
+    const double t0 = now_s();
+    const float lr = learning_rate(opt, step);
+    std::vector<LossBatch> micro = data->batch((uint64_t)step);
+    double real_tokens = 0;
+    for (auto& mb : micro)
+      for (auto l : mb.batch.lengths) real_tokens += l;
+    QueryLosses ql = engine.perturbed_losses((uint32_t)step, micro);
+    bool finite = ql.count > 0;
+    double lp = 0, lm = 0;
+    for (int j = 0; j < opt.queries; ++j) {
+      lp += ql.sum_plus[j] / ql.count / opt.queries;
+      lm += ql.sum_minus[j] / ql.count / opt.queries;
+      finite = finite && std::isfinite(ql.sum_plus[j]) && std::isfinite(ql.sum_minus[j]);
+    }
+    std::vector<double> g;
+    if (finite) {
+      g = engine.projected_gradients(ql);
+      engine.schedule_update((uint32_t)step, lr, g);
+      bad_run = 0;
+    } else {
+      ++bad_run;
+      say("step " + std::to_string(step) + ": loss is not finite (+eps " + std::to_string(lp) +
+          ", -eps " + std::to_string(lm) + "); update skipped");
+    }
+    const double dt = now_s() - t0;
+    tokens_done += real_tokens;
+    time_done += dt;
+    zlog.write(json{{"step", step}, {"seed", opt.seed}, {"lr", lr}, {"g", g},
+                    {"wd", opt.weight_decay}, {"skipped", !finite}});
+    const double loss = 0.5 * (lp + lm);
+    metrics.write(json{{"type", "step"}, {"step", step}, {"loss", finite ? json(loss) : json()},
+                       {"loss_plus", finite ? json(lp) : json()},
+                       {"loss_minus", finite ? json(lm) : json()}, {"g", g}, {"lr", lr},
+                       {"tokens", real_tokens}, {"step_s", dt},
+                       {"tokens_per_s", real_tokens / std::max(dt, 1e-9)}});
+    if (finite) {
+      recent.push_back(loss);
+      if (recent.size() > 50) recent.erase(recent.begin());
+    }
+    if (bad_run >= opt.max_bad_steps) {
+      save_checkpoint(step + 1);
+      throw Error("the loss was not finite for " + std::to_string(bad_run) +
+                  " steps in a row (step " + std::to_string(step) +
+                  "); lower --lr or --eps. The last good weights are saved in " + run.string());
+    }
+    const bool do_eval = opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 && step + 1 < opt.steps;
+    if (do_eval) last_eval = evaluate(step + 1, "during");
+    // Progress.
+    if (tty || (step + 1) % print_every == 0 || step + 1 == opt.steps || do_eval) {
+      double avg = 0;
+      for (double x : recent) avg += x;
+      avg = recent.empty() ? NAN : avg / recent.size();
+      const double elapsed = now_s() - t_step0;
+      const double per_step = elapsed / (double)(step + 1 - start);
+      char b[256];
+      std::snprintf(b, sizeof b, "step %lld/%lld  loss %.4f  %s %.4f  %.0f tok/s  ETA %s",
+                    (long long)(step + 1), (long long)opt.steps, avg,
+                    last_eval["metric"].get<std::string>().c_str(),
+                    last_eval["value"].get<double>(), tokens_done / std::max(time_done, 1e-9),
+                    fmt_eta(per_step * (double)(opt.steps - step - 1)).c_str());
+      if (tty)
+        std::fprintf(stderr, "\r\033[K%s", b);
+      else
+        std::fprintf(stderr, "%s\n", b);
+    }
+    if (g_stop_signal) {
+      interrupted = true;
+      ++step;
+      break;
+    }
+    if (opt.save_every > 0 && (step + 1) % opt.save_every == 0 && step + 1 < opt.steps)
+      save_checkpoint(step + 1);
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  if (tty) std::fprintf(stderr, "\n");
+  if (interrupted) {
+    save_checkpoint(step);
+    say("interrupted by signal " + std::to_string((int)g_stop_signal) + " at step " +
+        std::to_string(step) + "; checkpoint saved, continue with: zof finetune --resume " +
+        run.string());
+    return json{{"steps", step}, {"interrupted", true}, {"run", run.string()}};
+  }
+  save_checkpoint(step);
+  const json after = evaluate(step, "after");
+  model.save(run.string(), model.stored_dtype());
+  copy_tokenizer_files(opt.model, run);
+  double avg = 0;
+  for (double x : recent) avg += x;
+  avg = recent.empty() ? NAN : avg / recent.size();
+  return json{{"steps", step},
+              {"train_loss", avg},
+              {"eval",
+               {{"metric", after["metric"]},
+                {"before", eval_before["value"]},
+                {"after", after["value"]}}},
+              {"tokens_per_s", tokens_done / std::max(time_done, 1e-9)},
+              {"train_s", time_done},
+              {"out", run.string()}};
+}
+
+json replay(const std::string& base_model, const std::string& run_dir, const std::string& out_dir,
+            int threads) {
+  const fs::path run = run_dir;
+  ZOF_CHECK(fs::exists(run / "run.json") && fs::exists(run / "zo_log.jsonl"),
+            "--log " + run_dir + ": not a zof run directory (needs run.json and zo_log.jsonl)");
+  const json saved = read_json(run / "run.json");
+  auto backend = make_cpu_backend(threads);
+  Model model = Model::load(base_model);
+  const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
+  ZOF_CHECK(saved.at("model_id") == model_id,
+            "--model " + base_model + " is not the base model of the run in " + run_dir);
+  const TrainOptions o = TrainOptions::from_json(saved.at("options"));
+  ZOStepOptions zo{o.eps, o.weight_decay, o.queries, o.seed};
+  std::ifstream f(run / "zo_log.jsonl");
+  std::string line;
+  int64_t n = 0, lineno = 0, expect_step = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception&) {
+      throw Error((run / "zo_log.jsonl").string() + " line " + std::to_string(lineno) +
+                  " is not valid JSON; the log is damaged");
+    }
+    const int64_t step = j.at("step");
+    ZOF_CHECK(step == expect_step, (run / "zo_log.jsonl").string() + " line " +
+                                       std::to_string(lineno) + ": expected step " +
+                                       std::to_string(expect_step) + ", found " +
+                                       std::to_string(step));
+    ++expect_step;
+    if (j.at("skipped").get<bool>()) continue;
+    zo.seed = j.at("seed");
+    zo.weight_decay = j.at("wd");
+    const float lr = j.at("lr");
+    const std::vector<double> g = j.at("g");
+    ZOEngine::apply_update(model, *backend, ZOEngine::make_update(zo, (uint32_t)step, lr, g));
+    ++n;
+  }
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  ZOF_CHECK(!ec, "--out " + out_dir + ": cannot create the directory (" + ec.message() + ")");
+  model.save(out_dir, model.stored_dtype());
+  copy_tokenizer_files(base_model, out_dir);
+  return json{{"steps", expect_step}, {"updates", n}, {"out", out_dir}};
+}
+
+}  // namespace zof
