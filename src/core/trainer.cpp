@@ -322,6 +322,9 @@ json finetune(TrainOptions opt) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
     model.save(tmp.string(), DType::F32);  // fp32 master weights: exact resume
+    // Fault injection for the crash tests: die mid-write, before the checkpoint is complete.
+    if (const char* f = std::getenv("ZOF_FAULT_KILL_IN_CHECKPOINT"); f && std::atoll(f) == step)
+      ::raise(SIGKILL);
     json st{{"step", step},         {"bad_run", bad_run},          {"eval_before", eval_before},
             {"tokens", tokens_done}, {"train_s", time_done},
             {"metrics_bytes", metrics.sync()}, {"log_bytes", zlog.sync()}};

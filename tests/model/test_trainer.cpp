@@ -1,0 +1,194 @@
+// zof finetune end to end through the real binary: exact resume after SIGKILL (mid-training and
+// mid-checkpoint-write), replay from the step log, thread-count independence, bad input.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using zof::test::run_command;
+
+namespace {
+
+std::string stories() { return zof::test::assets_dir() + "/models/stories260K"; }
+
+class Finetune : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZOF_REQUIRE_PATH(stories());
+    ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
+    dir_ = fs::temp_directory_path() /
+           ("zof_ft_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // 20 KB of Tiny Shakespeare keeps each run to a second or two.
+    std::string text = zof::test::read_file(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
+    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string args(const std::string& out, int steps = 24, int threads = 0) const {
+    return "finetune --model " + stories() + " --task text --data " + (dir_ / "text.txt").string() +
+           " --out " + out + " --steps " + std::to_string(steps) +
+           " --batch 4 --seq-len 32 --lr 1e-4 --eps 1e-3 --seed 7 --save-every 5 "
+           "--eval-examples 8 --threads " + std::to_string(threads);
+  }
+  // The step records of a run's metrics.jsonl.
+  static std::vector<json> steps_of(const fs::path& run) {
+    std::vector<json> out;
+    std::ifstream f(run / "metrics.jsonl");
+    std::string line;
+    while (std::getline(f, line)) {
+      json j = json::parse(line);
+      if (j["type"] == "step") {
+        j.erase("step_s");
+        j.erase("tokens_per_s");
+        out.push_back(j);
+      }
+    }
+    return out;
+  }
+  static std::string weights(const fs::path& dir) {
+    return zof::test::read_file((dir / "model.safetensors").string());
+  }
+  fs::path dir_;
+};
+
+TEST_F(Finetune, RunWritesAHuggingFaceModelAndSummary) {
+  auto r = run_command(zof::test::zof_binary() + " " + args((dir_ / "run").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The last line is one JSON object with the run's result.
+  const std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
+  json s = json::parse(last);
+  EXPECT_EQ(s["steps"], 24);
+  EXPECT_TRUE(s["train_loss"].is_number());
+  EXPECT_EQ(s["eval"]["metric"], "ppl");
+  EXPECT_GT(s["tokens_per_s"].get<double>(), 0);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                        "metrics.jsonl", "zo_log.jsonl", "run.json"})
+    EXPECT_TRUE(fs::exists(dir_ / "run" / f)) << f;
+  EXPECT_EQ(steps_of(dir_ / "run").size(), 24u);
+  // The output is a model zof itself loads.
+  auto e = run_command(zof::test::zof_binary() + " eval --model " + (dir_ / "run").string() +
+                       " --text " + (dir_ / "text.txt").string() + " --seq-len 32 --json");
+  EXPECT_EQ(e.code, 0) << e.err;
+}
+
+TEST_F(Finetune, ResumeAfterSigkillIsBitIdentical) {
+  const fs::path a = dir_ / "a", b = dir_ / "b", c = dir_ / "c";
+  auto ra = run_command(zof::test::zof_binary() + " " + args(a.string()));
+  ASSERT_EQ(ra.code, 0) << ra.err;
+
+  // b: killed with SIGKILL once it has logged 13 steps (after the checkpoint at step 10).
+  pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + zof::test::zof_binary() + " " + args(b.string()) + " >/dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  bool killed = false;
+  for (int i = 0; i < 6000 && !killed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (steps_of(b).size() >= 13) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+    }
+    int st;
+    if (!killed && waitpid(pid, &st, WNOHANG) == pid) break;
+  }
+  ASSERT_TRUE(killed) << "the run ended before it could be killed";
+  waitpid(pid, nullptr, 0);
+  ASSERT_FALSE(fs::exists(b / "model.safetensors")) << "killed run must not have a final model";
+  auto rb = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
+  ASSERT_EQ(rb.code, 0) << rb.err;
+  EXPECT_NE(rb.err.find("resuming at step 10"), std::string::npos) << rb.err;
+
+  // c: killed inside the checkpoint write at step 15 (fault injection), then resumed.
+  auto rc = run_command("ZOF_FAULT_KILL_IN_CHECKPOINT=15 " + zof::test::zof_binary() + " " +
+                        args(c.string()));
+  EXPECT_EQ(rc.code, 128 + SIGKILL);
+  EXPECT_EQ(zof::test::read_file((c / "latest").string()), "checkpoint-10\n");
+  auto rc2 = run_command(zof::test::zof_binary() + " finetune --resume " + c.string());
+  ASSERT_EQ(rc2.code, 0) << rc2.err;
+
+  EXPECT_EQ(steps_of(a), steps_of(b));
+  EXPECT_EQ(steps_of(a), steps_of(c));
+  EXPECT_TRUE(weights(a) == weights(b)) << "resumed weights differ";
+  EXPECT_TRUE(weights(a) == weights(c)) << "weights resumed after a torn checkpoint differ";
+  for (auto& e : fs::directory_iterator(c))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST_F(Finetune, ReplayRebuildsTheWeightsBitForBit) {
+  const fs::path a = dir_ / "a", r = dir_ / "replayed";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(a.string())).code, 0);
+  auto rr = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +
+                        a.string() + " --out " + r.string() + " --json");
+  ASSERT_EQ(rr.code, 0) << rr.err;
+  EXPECT_TRUE(weights(a) == weights(r));
+  EXPECT_NE(weights(a), zof::test::read_file(stories() + "/model.safetensors"));
+  // The log is small: (seed, g) per step, not weights.
+  EXPECT_LT(fs::file_size(a / "zo_log.jsonl"), 24u * 200);
+}
+
+TEST_F(Finetune, SameSeedSameLossesAtAnyThreadCount) {
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args((dir_ / "t1").string(), 8, 1)).code, 0);
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args((dir_ / "t2").string(), 8, 2)).code, 0);
+  EXPECT_EQ(steps_of(dir_ / "t1"), steps_of(dir_ / "t2"));
+  EXPECT_TRUE(weights(dir_ / "t1") == weights(dir_ / "t2"));
+}
+
+TEST_F(Finetune, BadInputIsAClearErrorAndOverwritesNothing) {
+  const std::string zof = zof::test::zof_binary();
+  auto expect_error = [&](const std::string& cmd, const std::string& needle) {
+    auto r = run_command(zof + " " + cmd);
+    EXPECT_NE(r.code, 0) << cmd;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << cmd << "\n" << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  };
+  // A malformed line in a task file names the file and the line.
+  std::ofstream(dir_ / "bad.jsonl") << "{\"premise\": \"a\", \"hypothesis\": \"b\", \"label\": \"entailment\"}\n"
+                                    << "{\"premise\": \"a\", \n";
+  expect_error("finetune --model " + stories() + " --task rte --data " + (dir_ / "bad.jsonl").string() +
+                   " --out " + (dir_ / "o1").string(),
+               "bad.jsonl:2");
+  // A label outside the task's set.
+  std::ofstream(dir_ / "label.jsonl")
+      << "{\"premise\": \"a\", \"hypothesis\": \"b\", \"label\": \"maybe\"}\n";
+  expect_error("finetune --model " + stories() + " --task cb --data " + (dir_ / "label.jsonl").string() +
+                   " --out " + (dir_ / "o2").string(),
+               "maybe");
+  // An empty dataset.
+  std::ofstream(dir_ / "empty.jsonl") << "";
+  expect_error("finetune --model " + stories() + " --task jsonl --data " + (dir_ / "empty.jsonl").string() +
+                   " --out " + (dir_ / "o3").string(),
+               "empty.jsonl");
+  // An --out that cannot be created.
+  expect_error(args((dir_ / "text.txt" / "sub").string()), "--out");
+  // Unknown task, bad flag values.
+  expect_error("finetune --model " + stories() + " --task nope --data x --out " + (dir_ / "o4").string(), "nope");
+  expect_error(args((dir_ / "o5").string()) + " --schedule wobbly", "schedule");
+  // Resuming a run with another model: refused, the run left as it was.
+  const fs::path run = dir_ / "run";
+  ASSERT_EQ(run_command(zof + " " + args(run.string(), 6)).code, 0);
+  const std::string before = weights(run);
+  expect_error("finetune --resume " + run.string() + " --model " +
+                   (zof::test::source_dir() + "/tests/golden/llama_gqa"),
+               "started from model");
+  EXPECT_EQ(weights(run), before);
+  // A second run into the same --out is refused rather than overwriting it.
+  expect_error(args(run.string(), 6), "already holds a run");
+  EXPECT_EQ(weights(run), before);
+}
+
+}  // namespace
