@@ -154,6 +154,54 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
+// `zof finetune --config FILE ...`: the file's `key = value` lines become flags placed before
+// the command line's, so that flags given on the command line win (options take the last value).
+std::vector<std::string> expand_config(int argc, char** argv) {
+  std::vector<std::string> in(argv, argv + argc), out;
+  size_t sub = 0;
+  while (sub < in.size() && in[sub] != "finetune") ++sub;
+  if (sub == in.size()) return in;
+  std::string path;
+  for (size_t i = sub + 1; i < in.size(); ++i) {
+    if (in[i] == "--config" && i + 1 < in.size()) path = in[i + 1];
+    if (in[i].rfind("--config=", 0) == 0) path = in[i].substr(9);
+  }
+  out.assign(in.begin(), in.begin() + sub + 1);
+  if (!path.empty()) {
+    std::ifstream f(path);
+    ZOF_CHECK(f.good(), "--config " + path + ": cannot read the file");
+    std::string line;
+    int lineno = 0;
+    while (std::getline(f, line)) {
+      ++lineno;
+      auto trim = [](std::string x) {
+        const size_t a = x.find_first_not_of(" \t\r"), b = x.find_last_not_of(" \t\r");
+        return a == std::string::npos ? std::string() : x.substr(a, b - a + 1);
+      };
+      const size_t hash = line.find('#');
+      line = trim(hash == std::string::npos ? line : line.substr(0, hash));
+      if (line.empty() || line[0] == '[') continue;  // blank, comment, or a TOML section header
+      const size_t eq = line.find('=');
+      ZOF_CHECK(eq != std::string::npos, "--config " + path + " line " + std::to_string(lineno) +
+                                             ": expected `key = value`, found `" + line + "`");
+      std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+      for (auto& c : key) c = c == '_' ? '-' : c;
+      if (value.size() >= 2 && (value[0] == '"' || value[0] == '\'') && value.back() == value[0])
+        value = value.substr(1, value.size() - 2);
+      ZOF_CHECK(!key.empty() && key != "config", "--config " + path + " line " +
+                                                     std::to_string(lineno) + ": bad key `" + key + "`");
+      if (key == "json") {
+        if (value == "true") out.push_back("--json");
+        continue;
+      }
+      out.push_back("--" + key);
+      out.push_back(value);
+    }
+  }
+  out.insert(out.end(), in.begin() + sub + 1, in.end());
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,8 +241,10 @@ int main(int argc, char** argv) {
 
   zof::TrainOptions t;
   auto* ft = app.add_subcommand("finetune", "Fine-tune every parameter with forward passes only (MeZO)");
-  ft->set_config("--config", "", "Read options from a TOML/INI file (key = value, flag names "
-                 "without dashes); command-line flags override it");
+  std::string config_file;  // applied by expand_config() before parsing
+  ft->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  ft->add_option("--config", config_file, "Read options from a file of `key = value` lines (flag "
+                 "names without dashes, # comments); command-line flags override it");
   ft->add_option("--model", t.model, "Hugging Face model directory");
   ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")->capture_default_str();
   ft->add_option("--data", t.data, "Data file or directory of the task");
@@ -242,8 +292,16 @@ int main(int argc, char** argv) {
   rp->add_option("--threads", rp_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
   rp->add_flag("--json", rp_json, "Print one JSON object as the last line");
 
+  std::vector<std::string> args;
   try {
-    app.parse(argc, argv);
+    args = expand_config(argc, argv);
+  } catch (const zof::Error& err) {
+    std::fprintf(stderr, "zof: error: %s\n", err.what());
+    return 1;
+  }
+  try {
+    std::vector<std::string> rev(args.rbegin(), args.rend() - 1);  // CLI11 wants them reversed
+    app.parse(rev);
   } catch (const CLI::ParseError& err) {
     return app.exit(err);
   }

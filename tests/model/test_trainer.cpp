@@ -148,6 +148,25 @@ TEST_F(Finetune, SameSeedSameLossesAtAnyThreadCount) {
   EXPECT_TRUE(weights(dir_ / "t1") == weights(dir_ / "t2"));
 }
 
+TEST_F(Finetune, ConfigFileWithCommandLineOverrides) {
+  std::ofstream(dir_ / "run.toml") << "# a run\nsteps = 9\nbatch = 3\nseq_len = 24\nlr = 2e-5\n"
+                                   << "task = \"text\"\n";
+  const fs::path out = dir_ / "cfg";
+  auto r = run_command(zof::test::zof_binary() + " finetune --config " + (dir_ / "run.toml").string() +
+                       " --model " + stories() + " --data " + (dir_ / "text.txt").string() +
+                       " --out " + out.string() + " --steps 3 --eval-examples 4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  json opt = json::parse(zof::test::read_file((out / "run.json").string()))["options"];
+  EXPECT_EQ(opt["steps"], 3);  // the command line wins
+  EXPECT_EQ(opt["batch"], 3);
+  EXPECT_EQ(opt["seq_len"], 24);
+  EXPECT_FLOAT_EQ(opt["lr"].get<float>(), 2e-5f);
+  std::ofstream(dir_ / "bad.toml") << "steps 9\n";
+  auto b = run_command(zof::test::zof_binary() + " finetune --config " + (dir_ / "bad.toml").string());
+  EXPECT_NE(b.code, 0);
+  EXPECT_NE(b.err.find("bad.toml line 1"), std::string::npos) << b.err;
+}
+
 TEST_F(Finetune, BadInputIsAClearErrorAndOverwritesNothing) {
   const std::string zof = zof::test::zof_binary();
   auto expect_error = [&](const std::string& cmd, const std::string& needle) {
