@@ -1,0 +1,156 @@
+// The zof binary as a user meets it: the known greedy story, perplexity of stories260K on
+// TinyStories and Tiny Shakespeare, --json, --help, and one-line errors for bad input.
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using zof::test::run_command;
+
+namespace {
+
+std::string stories() { return zof::test::assets_dir() + "/models/stories260K"; }
+
+json last_json(const std::string& out) {
+  const size_t end = out.find_last_not_of('\n');
+  const size_t start = out.rfind('\n', end);
+  return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+TEST(Cli, GreedyStoryFromBos) {
+  ZOF_REQUIRE_PATH(stories());
+  auto r = run_command(zof::test::zof_binary() + " generate --model " + stories() +
+                       " --prompt \"\" --temperature 0 --max-new-tokens 60");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily. She loved to play "
+                        "outside in the park. One day, she saw a big, red ball.", 0),
+            0u)
+      << r.out;
+  auto j = run_command(zof::test::zof_binary() + " generate --model " + stories() +
+                       " --prompt \"Once upon a time\" --max-new-tokens 20 --temperature 0.8 "
+                       "--top-p 0.9 --seed 3 --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  json g = last_json(j.out);
+  EXPECT_EQ(g["new_tokens"], 20);
+  EXPECT_EQ(g["text"].get<std::string>().rfind("Once upon a time", 0), 0u);
+  // The same seed samples the same text.
+  auto j2 = run_command(zof::test::zof_binary() + " generate --model " + stories() +
+                        " --prompt \"Once upon a time\" --max-new-tokens 20 --temperature 0.8 "
+                        "--top-p 0.9 --seed 3 --json");
+  EXPECT_EQ(last_json(j2.out)["ids"], g["ids"]);
+}
+
+TEST(Cli, PerplexityOfStories260K) {
+  ZOF_REQUIRE_PATH(stories());
+  const std::string ts = zof::test::assets_dir() + "/data/tinystories/tinystories_sample_cs336.txt";
+  const std::string sh = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
+  ZOF_REQUIRE_PATH(ts);
+  ZOF_REQUIRE_PATH(sh);
+  auto a = run_command(zof::test::zof_binary() + " eval --model " + stories() + " --text " + ts + " --json");
+  ASSERT_EQ(a.code, 0) << a.err;
+  json ja = last_json(a.out);
+  // transformers on the same documents and windows: nll 1.266441, ppl 3.548202.
+  EXPECT_NEAR(ja["nll"].get<double>(), 1.266441, 1e-4);
+  EXPECT_NEAR(ja["ppl"].get<double>(), 3.5482, 1e-3);
+  EXPECT_GT(ja["tokens"].get<int64_t>(), 1000);
+  auto b = run_command(zof::test::zof_binary() + " eval --model " + stories() + " --text " + sh +
+                       " --seq-len 256 --max-windows 40 --json");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_GT(last_json(b.out)["ppl"].get<double>(), 10 * ja["ppl"].get<double>());
+}
+
+TEST(Cli, EveryCommandHasHelp) {
+  for (const char* cmd : {"", " generate", " eval", " finetune", " replay"}) {
+    auto r = run_command(zof::test::zof_binary() + cmd + " --help");
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_NE(r.out.find("--"), std::string::npos) << cmd;
+  }
+}
+
+class CliBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZOF_REQUIRE_PATH(stories());
+    dir_ = fs::temp_directory_path() / ("zof_cli_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+      fs::copy_file(fs::path(stories()) / f, dir_ / f);
+    fs::permissions(dir_ / "model.safetensors", fs::perms::owner_write, fs::perm_options::add);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // Runs generate on the damaged copy; expects a one-line error naming `file` and `what`.
+  void expect_error(const std::string& file, const std::string& what) {
+    auto r = run_command(zof::test::zof_binary() + " generate --model " + dir_.string() +
+                         " --max-new-tokens 2");
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("zof: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+  }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary | std::ios::trunc) << text;
+  }
+  fs::path dir_;
+};
+
+TEST_F(CliBadInput, TruncatedWeights) {
+  fs::resize_file(dir_ / "model.safetensors", 100000);
+  expect_error("model.safetensors", "truncated");
+}
+
+TEST_F(CliBadInput, HeaderLengthPastEndOfFile) {
+  std::string f = zof::test::read_file((dir_ / "model.safetensors").string());
+  f[5] = 0x7f;  // header length far beyond the file
+  write("model.safetensors", f);
+  expect_error("model.safetensors", "header");
+}
+
+TEST_F(CliBadInput, WrongShape) {
+  std::string cfg = zof::test::read_file((dir_ / "config.json").string());
+  cfg.replace(cfg.find("\"intermediate_size\": 172"), 24, "\"intermediate_size\": 170");
+  write("config.json", cfg);
+  expect_error("model.safetensors", "[170, 64]");
+}
+
+TEST_F(CliBadInput, MalformedConfig) {
+  write("config.json", "{\"model_type\": \"llama\",");
+  expect_error("config.json", "JSON");
+}
+
+TEST_F(CliBadInput, UnknownArchitecture) {
+  write("config.json", "{\"model_type\": \"bert\", \"vocab_size\": 10}");
+  expect_error("config.json", "bert");
+}
+
+TEST_F(CliBadInput, UnsupportedTokenizer) {
+  std::string t = zof::test::read_file((dir_ / "tokenizer.json").string());
+  t.replace(t.find("\"type\": \"BPE\""), 13, "\"type\": \"WordPiece\"");
+  write("tokenizer.json", t);
+  expect_error("tokenizer.json", "WordPiece");
+}
+
+TEST_F(CliBadInput, MissingWeights) {
+  fs::remove(dir_ / "model.safetensors");
+  expect_error(dir_.string(), "model.safetensors");
+}
+
+TEST(Cli, BadFlags) {
+  auto r = run_command(zof::test::zof_binary() + " generate --model x --temperature -1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+  auto e = run_command(zof::test::zof_binary() + " eval --model " + stories() + " --text /nonexistent/file");
+  EXPECT_EQ(e.code, 1);
+  EXPECT_NE(e.err.find("/nonexistent/file"), std::string::npos) << e.err;
+  auto s = run_command(zof::test::zof_binary() + " eval --model " + stories() + " --text " +
+                       zof::test::assets_dir() + "/data/tinystories/tinystories_sample_cs336.txt --seq-len 4096");
+  EXPECT_EQ(s.code, 1);
+  EXPECT_NE(s.err.find("--seq-len"), std::string::npos) << s.err;
+}
+
+}  // namespace
