@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -253,6 +255,7 @@ json finetune(TrainOptions opt) {
   ZOF_CHECK(opt.schedule == "constant" || opt.schedule == "linear" || opt.schedule == "cosine",
             "--schedule must be constant, linear or cosine, not '" + opt.schedule + "'");
 
+  if (opt.threads > 0) omp_set_num_threads(opt.threads);  // host passes outside the backend too
   auto backend = make_cpu_backend(opt.threads);
   Model model = Model::load(opt.model);
   Tokenizer tok = Tokenizer::load(opt.model);
@@ -465,6 +468,7 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   ZOF_CHECK(fs::exists(run / "run.json") && fs::exists(run / "zo_log.jsonl"),
             "--log " + run_dir + ": not a zof run directory (needs run.json and zo_log.jsonl)");
   const json saved = read_json(run / "run.json");
+  if (threads > 0) omp_set_num_threads(threads);
   auto backend = make_cpu_backend(threads);
   Model model = Model::load(base_model);
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};

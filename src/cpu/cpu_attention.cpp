@@ -1,7 +1,7 @@
-// The CPU backend's causal grouped-query attention, flash-attention style: a work item is 16
-// "rows" (query position, query head) that share one kv head, and it walks their visible keys in
-// blocks of kKeyBlock with an online softmax. Scores are a small GEMM vectorized across the 16
-// rows; the only buffers are per-thread tiles (16 x D and 16 x kKeyBlock), never T x T.
+// The CPU backend's causal grouped-query attention, flash-attention style: a work item is up to
+// 16 rows (query position, query head) that share one kv head; it walks their visible keys in
+// blocks with an online softmax, scoring a block as a small GEMM vectorized across the rows.
+// Items of a few rows (decoding) go one row at a time instead. Buffers: per-thread tiles, no T x T.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +18,7 @@ namespace {
 
 constexpr int64_t kRows = 16;      // rows per work item, one SIMD vector across them
 constexpr int64_t kKeyBlock = 64;  // keys scored at once
+constexpr int64_t kFewRows = 4;    // items of at most this many rows go one row at a time
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // 16 floats as one GCC/Clang vector (a zmm with AVX-512, split into halves or quarters without).
@@ -37,6 +38,54 @@ struct Tiles {
   std::vector<int64_t> lim;  // (kRows): the last key each row sees (causal), -1: none
   float m[kRows], l[kRows];  // running max and sum of exp per row
 };
+
+// One row (query position i of head h) at a time, vectorized along D: for items with few rows
+// (decoding one token), where a 16-row tile would be mostly padding. acc holds D floats.
+void attend_row(const float* qi, const float* kb, const float* vb, const uint8_t* mask,
+                int64_t kv_stride, int64_t n_keys, int64_t D, float scale, float* acc, float* oi) {
+  float p[kKeyBlock];
+  float m = kNegInf, l = 0.0f;
+  for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
+    const int64_t len = std::min(kKeyBlock, n_keys - j0);
+    float block_max = kNegInf;
+    for (int64_t jj = 0; jj < len; ++jj) {
+      p[jj] = kNegInf;
+      if (mask && mask[j0 + jj] == 0) continue;
+      const float* kj = kb + (j0 + jj) * kv_stride;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
+      p[jj] = dot * scale;
+      block_max = std::max(block_max, p[jj]);
+    }
+    if (block_max == kNegInf) continue;  // the whole block is masked
+    if (block_max > m) {
+      const float correction = exp_f32(m - block_max);  // 0 on the first visible block
+      l *= correction;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
+      m = block_max;
+    }
+    float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
+    for (int64_t jj = 0; jj < len; ++jj) {
+      p[jj] = exp_f32(p[jj] - m);
+      block_sum += p[jj];
+    }
+    l += block_sum;
+    for (int64_t jj = 0; jj < len; ++jj) {
+      if (mask && mask[j0 + jj] == 0) continue;
+      const float pj = p[jj];
+      const float* vj = vb + (j0 + jj) * kv_stride;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] += pj * vj[d];
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // a query that sees no key gets zeros
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] * inv;
+}
 
 }  // namespace
 
@@ -70,6 +119,14 @@ void attention(const float* q, const float* k, const float* v, float* out,
       const float* vb = v + (b * Tk * Hkv + hk) * D;
       const uint8_t* mask = key_mask ? key_mask + b * Tk : nullptr;
       auto q_row = [&](int64_t r) { return ((b * Tq + r / group) * H + hk * group + r % group) * D; };
+      if (n_rows <= kFewRows) {
+        for (int64_t r = r0; r < r0 + n_rows; ++r) {
+          const int64_t n_keys = std::min(Tk, q_offset + r / group + 1);
+          attend_row(q + q_row(r), kb, vb, mask, kv_stride, n_keys, D, scale, t.o.data(),
+                     out + q_row(r));
+        }
+        continue;
+      }
 
       // Gather the rows' queries, scaled, transposed; padding rows are zero and see no key.
       std::fill(t.qt.begin(), t.qt.end(), 0.0f);

@@ -27,7 +27,7 @@ void cross_entropy(const float* logits, const int32_t* targets, float* nll, int6
     // digits (log(1 + s) rounds s to fp32 ulps of 1).
     float rest = 0.0f;
     int64_t at_max = 0;
-#pragma omp simd reduction(+ : rest, at_max)
+#pragma omp simd simdlen(16) reduction(+ : rest, at_max)
     for (int64_t j = 0; j < vocab; ++j) {
       const bool below = lr[j] < mx;
       const float e = exp_f32(lr[j] - mx);

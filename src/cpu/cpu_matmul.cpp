@@ -1,10 +1,9 @@
 // cpu::Matmul: y = x w^T + bias through oneDNN's matmul primitive in strict fp32. The nn.Linear
 // weight (N,K) row-major is described to oneDNN as a (K,N) matrix with strides (1,K), so it is
-// read in place; primitives are cached per (M,N,K,bias) because creating one costs ~100 us.
+// read in place; primitives are cached per (M,N,K,bias) since creating one JIT-compiles kernels.
 #include <omp.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -51,6 +50,8 @@ dnnl::memory::desc w_desc(int64_t N, int64_t K) { return matrix(K, N, 1, K); }  
 dnnl::memory::desc y_desc(int64_t M, int64_t N) { return matrix(M, N, N, 1); }
 dnnl::memory::desc bias_desc(int64_t N) { return matrix(1, N, N, 1); }
 
+constexpr size_t kMaxCached = 256;
+
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
@@ -81,6 +82,9 @@ struct Matmul::Impl {
     Key key{M, N, K, has_bias};
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
+    // Training sees a handful of shapes; prompts of every length during generation would grow
+    // the cache without end, so it starts over past a bound.
+    if (cache.size() >= kMaxCached) cache.clear();
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     // Never let ONEDNN_DEFAULT_FPMATH_MODE trade fp32 for bf16 behind the tests' back.
