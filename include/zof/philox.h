@@ -71,10 +71,10 @@ ZOF_HD float zof_log_unit(float u) {
   uint32_t bits = zof_float_bits(u);
   int e = (int)((bits >> 23) & 0xff) - 127;
   float m = zof_bits_float((bits & 0x007fffffu) | 0x3f800000u);  // [1, 2)
-  if (m > 1.41421356f) {
-    m = m * 0.5f;
-    e += 1;
-  }
+  // Branch-free (selects), so that loops over lanes vectorize.
+  const bool big = m > 1.41421356f;
+  m = big ? m * 0.5f : m;
+  e = big ? e + 1 : e;
   const float f = (m - 1.f) / (m + 1.f);
   const float f2 = f * f;
   // 2 atanh(f) = 2 f (1 + f^2/3 + f^4/5 + f^6/7 + f^8/9 + f^10/11)
@@ -111,12 +111,11 @@ ZOF_HD void zof_sincos_2pi(float x, float& s, float& c) {
   pc = fmaf(t2, pc, 4.16666667e-02f);
   pc = fmaf(t2, pc, -0.5f);
   const float cs = fmaf(t2, pc, 1.f);
-  switch (((int)k) & 3) {
-    case 0: s = sn; c = cs; break;
-    case 1: s = cs; c = -sn; break;
-    case 2: s = -sn; c = -cs; break;
-    default: s = -cs; c = sn; break;
-  }
+  // Quarter turns: q=0 (sn, cs), 1 (cs, -sn), 2 (-sn, -cs), 3 (-cs, sn); written as selects.
+  const int q = ((int)k) & 3;
+  const float s0 = (q & 1) ? cs : sn, c0 = (q & 1) ? sn : cs;
+  s = (q & 2) ? -s0 : s0;
+  c = (q == 1 || q == 2) ? -c0 : c0;
 }
 
 // u32 -> uniform in (0, 1]: multiples of 2^-24, never 0, so the log is finite.
@@ -149,6 +148,58 @@ ZOF_HD void z_group(const ZKey& key, uint32_t tensor, uint32_t group, float out[
   const Philox4x32 b = philox4x32_10(group, tensor, key.step, key.query, (uint32_t)key.seed,
                                      (uint32_t)(key.seed >> 32));
   zof_box_muller4(b, out);
+}
+
+// 16 consecutive groups (64 elements from 4*g0) at once, written lane by lane so that the
+// compiler vectorizes it: the same operations as z_group, so the same bits. Split in two so a
+// backend can swap in its own integer Philox (e.g. AVX-512 intrinsics) and keep the float math.
+// out[4*l + j] is element 4*(g0 + l) + j.
+ZOF_HD void philox16(const ZKey& key, uint32_t tensor, uint32_t g0, uint32_t* c0, uint32_t* c1,
+                     uint32_t* c2, uint32_t* c3) {
+  constexpr int L = 16;
+  for (int l = 0; l < L; ++l) {
+    c0[l] = g0 + (uint32_t)l;
+    c1[l] = tensor;
+    c2[l] = key.step;
+    c3[l] = key.query;
+  }
+  uint32_t k0 = (uint32_t)key.seed, k1 = (uint32_t)(key.seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    for (int l = 0; l < L; ++l) {
+      const uint64_t p0 = (uint64_t)0xD2511F53u * c0[l], p1 = (uint64_t)0xCD9E8D57u * c2[l];
+      const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
+      c1[l] = (uint32_t)p1;
+      c3[l] = (uint32_t)p0;
+      c0[l] = n0;
+      c2[l] = n2;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+}
+
+ZOF_HD void box_muller16(const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
+                         const uint32_t* c3, float* out) {
+  constexpr int L = 16;
+  float r0[L], r1[L], s0[L], co0[L], s1[L], co1[L];
+  for (int l = 0; l < L; ++l) {
+    r0[l] = sqrtf(-2.f * zof_log_unit(zof_unit_open0(c0[l])));
+    r1[l] = sqrtf(-2.f * zof_log_unit(zof_unit_open0(c2[l])));
+    zof_sincos_2pi(zof_unit_closed0(c1[l]), s0[l], co0[l]);
+    zof_sincos_2pi(zof_unit_closed0(c3[l]), s1[l], co1[l]);
+  }
+  for (int l = 0; l < L; ++l) {
+    out[4 * l + 0] = r0[l] * co0[l];
+    out[4 * l + 1] = r0[l] * s0[l];
+    out[4 * l + 2] = r1[l] * co1[l];
+    out[4 * l + 3] = r1[l] * s1[l];
+  }
+}
+
+ZOF_HD void z_groups16(const ZKey& key, uint32_t tensor, uint32_t g0, float* out) {
+  uint32_t c0[16], c1[16], c2[16], c3[16];
+  philox16(key, tensor, g0, c0, c1, c2, c3);
+  box_muller16(c0, c1, c2, c3, out);
 }
 
 // z of one element (slow path: tests and scalar references).

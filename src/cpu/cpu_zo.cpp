@@ -1,37 +1,111 @@
 // Zeroth-order parameter passes on host memory: the pending update and the next perturbation in
-// one read of theta, with z regenerated from Philox (never stored).
+// one read of theta, with z regenerated from Philox (never stored). Chunks of 64 elements use
+// the lane-parallel z_groups16 (vectorized), the tail the scalar z_group: the same bits.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 
 #include "zof/backend.h"
 
+// Box-Muller's float math vectorizes across 16 lanes; let GCC use full 512-bit vectors here.
+#pragma GCC target("prefer-vector-width=512")
+
 namespace zof {
+namespace {
+
+#if defined(__AVX512F__)
+// (hi, lo) of a * m for 16 u32 lanes: vpmuludq on even and odd lanes, then blend.
+inline void mulhilo16(__m512i a, __m512i m, __m512i& hi, __m512i& lo) {
+  const __m512i even = _mm512_mul_epu32(a, m);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+  lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+}
+
+// philox16 of philox.h with AVX-512 integer ops: the same bits.
+inline void philox16_avx512(const ZKey& key, uint32_t tensor, uint32_t g0, uint32_t* o0,
+                            uint32_t* o1, uint32_t* o2, uint32_t* o3) {
+  __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32((int)g0),
+                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  __m512i c1 = _mm512_set1_epi32((int)tensor), c2 = _mm512_set1_epi32((int)key.step),
+          c3 = _mm512_set1_epi32((int)key.query);
+  const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
+  uint32_t k0 = (uint32_t)key.seed, k1 = (uint32_t)(key.seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    __m512i hi0, lo0, hi1, lo1;
+    mulhilo16(c0, m0, hi0, lo0);
+    mulhilo16(c2, m1, hi1, lo1);
+    c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32((int)k0));
+    c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32((int)k1));
+    c1 = lo1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  _mm512_storeu_si512(o0, c0);
+  _mm512_storeu_si512(o1, c1);
+  _mm512_storeu_si512(o2, c2);
+  _mm512_storeu_si512(o3, c3);
+}
+#endif
+
+inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out) {
+#if defined(__AVX512F__)
+  alignas(64) uint32_t c0[16], c1[16], c2[16], c3[16];
+  philox16_avx512(key, tensor, g0, c0, c1, c2, c3);
+  box_muller16(c0, c1, c2, c3, out);
+#else
+  z_groups16(key, tensor, g0, out);
+#endif
+}
+
+constexpr int64_t kChunk = 64;  // elements per z_groups16 call
+
+// Elements [i0, i0 + m) of the tensor, m <= kChunk, starting at a multiple of 4.
+inline void zo_chunk(float* theta, int64_t i0, int64_t m, uint32_t tensor,
+                     const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
+                     float eps, float* plus, float* minus) {
+  alignas(64) float th[kChunk], z[kChunk];
+  auto gen = [&](const ZKey& key) {
+    const uint32_t g0 = (uint32_t)(i0 / 4);
+    if (m == kChunk) {
+      z_chunk64(key, tensor, g0, z);
+    } else {
+      for (int64_t g = 0; g * 4 < m; ++g) z_group(key, tensor, g0 + (uint32_t)g, z + 4 * g);
+    }
+  };
+  for (int64_t l = 0; l < m; ++l) th[l] = theta[i0 + l];
+  if (n_update > 0) {
+    alignas(64) float acc[kChunk];
+    for (int64_t l = 0; l < m; ++l) acc[l] = lr_wd * th[l];
+    for (int j = 0; j < n_update; ++j) {
+      gen(upd[j].key);
+      const float c = upd[j].coef;
+      for (int64_t l = 0; l < m; ++l) acc[l] = fmaf(c, z[l], acc[l]);
+    }
+    for (int64_t l = 0; l < m; ++l) theta[i0 + l] = th[l] = th[l] - acc[l];
+  }
+  if (cur) {
+    gen(*cur);
+    if (plus)
+      for (int64_t l = 0; l < m; ++l) plus[i0 + l] = zo_perturbed(th[l], z[l], eps);
+    if (minus)
+      for (int64_t l = 0; l < m; ++l) minus[i0 + l] = zo_perturbed(th[l], z[l], -eps);
+  }
+}
+
+}  // namespace
 
 void zo_pass_host(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
                   float lr_wd, const ZKey* cur, float eps, float* plus, float* minus) {
-  const int64_t groups = (n + 3) / 4;
-#pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t i0 = g * 4, m = std::min<int64_t>(4, n - i0);
-    float th[4];
-    for (int64_t l = 0; l < m; ++l) th[l] = theta[i0 + l];
-    if (n_update > 0) {
-      float acc[4];
-      for (int64_t l = 0; l < m; ++l) acc[l] = lr_wd * th[l];
-      for (int j = 0; j < n_update; ++j) {
-        float z[4];
-        z_group(upd[j].key, tensor, (uint32_t)g, z);
-        for (int64_t l = 0; l < m; ++l) acc[l] = fmaf(upd[j].coef, z[l], acc[l]);
-      }
-      for (int64_t l = 0; l < m; ++l) theta[i0 + l] = th[l] = th[l] - acc[l];
-    }
-    if (cur) {
-      float z[4];
-      z_group(*cur, tensor, (uint32_t)g, z);
-      for (int64_t l = 0; l < m; ++l) {
-        if (plus) plus[i0 + l] = zo_perturbed(th[l], z[l], eps);
-        if (minus) minus[i0 + l] = zo_perturbed(th[l], z[l], -eps);
-      }
-    }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 64)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kChunk;
+    zo_chunk(theta, i0, std::min(kChunk, n - i0), tensor, upd, n_update, lr_wd, cur, eps, plus,
+             minus);
   }
 }
 

@@ -1,5 +1,6 @@
 // Philox4x32-10 against Random123's published known-answer vectors, and the normals built on it.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -97,6 +98,31 @@ TEST(Philox, GroupAndElementAgree) {
   float g[4];
   zof::z_group(key, 5, 10, g);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(g[i], zof::z_element(key, 5, 40 + i));
+}
+
+}  // namespace
+
+#include "zof/backend.h"
+
+namespace {
+
+// The vectorized host pass (64-element chunks through z_groups16 / AVX-512, scalar tails)
+// regenerates exactly the scalar z: with theta = 0 and eps = 1, plus = z.
+TEST(Philox, VectorizedPassEqualsScalarZ) {
+  for (int64_t n : {1, 3, 4, 63, 64, 65, 1000, 4099}) {
+    std::vector<float> theta(n, 0.f), plus(n), minus(n);
+    const zof::ZKey key{0xabcdef12345ull, 17, 2};
+    zof::zo_pass_host(theta.data(), n, 9, nullptr, 0, 0.f, &key, 1.f, plus.data(), minus.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float z = zof::z_element(key, 9, (uint64_t)i);
+      ASSERT_EQ(plus[i], z) << "n=" << n << " i=" << i;
+      ASSERT_EQ(minus[i], -z) << "n=" << n << " i=" << i;
+    }
+  }
+  float a[64], b[64];
+  zof::z_groups16(zof::ZKey{5, 6, 7}, 8, 1000, a);
+  for (int g = 0; g < 16; ++g) zof::z_group(zof::ZKey{5, 6, 7}, 8, 1000 + g, b + 4 * g);
+  EXPECT_EQ(0, std::memcmp(a, b, sizeof a));
 }
 
 }  // namespace
