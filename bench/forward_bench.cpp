@@ -1,0 +1,392 @@
+// Forward-pass throughput of a model with random weights: tokens/s and achieved GFLOP/s of
+// Forward::next_token_nll (the full forward: layers, LM head, loss) and of Forward::logits, beside
+// the backend's matmul at one GEMM shape (M=1024, K=768, N=3072) timed in the same run as the
+// machine's practical peak. bench/forward_peer.py times the same forward in PyTorch;
+// bench/run_forward.sh runs both and prints the comparison.
+//
+// FLOPs are counted analytically, the same way in forward_peer.py:
+//   2 * (matmul parameters of the layers) * tokens
+//   + attention, causal half: QK^T and PV each cost 2 * B * H * D * T(T+1)/2 per layer
+//   + LM head 2 * V * C * tokens (all B*T positions, though next_token_nll skips the last of each
+//     row: 1 row in T, under 1% at T=128).
+// Norms, biases, activations, softmax and the loss are not counted.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "zof/backend.h"
+#include "zof/config.h"
+#include "zof/error.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+
+using json = nlohmann::json;
+
+namespace {
+
+// GPT-2 small (124M) as Hugging Face's gpt2/config.json defines it.
+const char* kGpt2_124m = R"({
+  "model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+  "n_layer": 12, "n_head": 12, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+  "tie_word_embeddings": true, "bos_token_id": 50256, "eos_token_id": 50256
+})";
+// A LLaMA-style ~125M model: GQA (12 query heads, 4 kv heads), SwiGLU, untied LM head.
+const char* kLlama_125m = R"({
+  "model_type": "llama", "vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048,
+  "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64,
+  "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+  "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
+})";
+
+zof::ModelConfig config_named(const std::string& name) {
+  if (name == "gpt2-124m") return zof::ModelConfig::from_json(json::parse(kGpt2_124m), name);
+  if (name == "llama-125m") return zof::ModelConfig::from_json(json::parse(kLlama_125m), name);
+  ZOF_CHECK(std::filesystem::is_regular_file(name),
+            "--model-config " + name + ": neither a built-in name (gpt2-124m, llama-125m) nor a "
+            "config.json file");
+  return zof::ModelConfig::load(name);
+}
+
+// Parameters of the matrix products inside the transformer layers (no embeddings, no LM head).
+int64_t layer_matmul_params(const zof::ModelConfig& c) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  int64_t per_layer = 0;
+  switch (c.arch) {
+    case zof::Arch::Llama: per_layer = C * q + 2 * C * kv + q * C + 3 * C * I; break;
+    case zof::Arch::OPT:
+    case zof::Arch::GPT2: per_layer = 4 * C * C + 2 * C * I; break;
+  }
+  return c.num_layers * per_layer;
+}
+
+struct Flops {
+  double layers = 0, attention = 0, head = 0;
+  double total() const { return layers + attention + head; }
+};
+
+Flops count_flops(const zof::ModelConfig& c, int64_t B, int64_t T) {
+  const double tokens = double(B) * T;
+  const int64_t E = c.word_embed_proj_dim > 0 ? c.word_embed_proj_dim : c.hidden_size;
+  Flops f;
+  f.layers = 2.0 * layer_matmul_params(c) * tokens;
+  f.attention = c.num_layers * 2.0 * 2.0 * B * c.num_heads * c.head_dim * (T * (T + 1) / 2.0);
+  f.head = 2.0 * c.vocab_size * E * tokens;
+  return f;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  const size_t n = t.size();
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+// Median wall time of fn over iters runs, after warmup runs; after each timed run, between (not
+// timed) runs.
+double median_seconds(int warmup, int iters, const std::function<void()>& fn,
+                      const std::function<void()>& between = {}) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+    if (between) between();
+  }
+  return median(t);
+}
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A Backend that forwards every call to another and adds up the wall time of each op, matmuls
+// keyed by shape: where a forward's time goes, without a profiler that cannot see into oneDNN's
+// JIT code. The CPU backend runs ops inline, so a call's wall time is its op's time.
+class TimingBackend : public zof::Backend {
+ public:
+  struct Entry {
+    double seconds = 0, flop = 0;
+    int64_t calls = 0;
+  };
+  explicit TimingBackend(zof::Backend& inner) : in_(inner) {}
+  std::map<std::string, Entry> entries;
+  void reset() { entries.clear(); }
+
+  std::string name() const override { return in_.name(); }
+  void* alloc(size_t b) override { return in_.alloc(b); }
+  void free(void* p) override { in_.free(p); }
+  void* alloc_host_pinned(size_t b) override { return in_.alloc_host_pinned(b); }
+  void free_host_pinned(void* p) override { in_.free_host_pinned(p); }
+  size_t free_memory() const override { return in_.free_memory(); }
+  zof::Stream* default_stream() override { return in_.default_stream(); }
+  zof::Stream* create_stream() override { return in_.create_stream(); }
+  void copy_to_device(void* d, const void* s, size_t b, zof::Stream* st) override {
+    timed("copy", 0, [&] { in_.copy_to_device(d, s, b, st); });
+  }
+  void copy_to_host(void* d, const void* s, size_t b, zof::Stream* st) override {
+    timed("copy", 0, [&] { in_.copy_to_host(d, s, b, st); });
+  }
+  void copy_device(void* d, const void* s, size_t b, zof::Stream* st) override {
+    timed("copy", 0, [&] { in_.copy_device(d, s, b, st); });
+  }
+  zof::Event* create_event() override { return in_.create_event(); }
+  void record(zof::Event* e, zof::Stream* s) override { in_.record(e, s); }
+  void wait(zof::Stream* s, zof::Event* e) override { in_.wait(s, e); }
+  void synchronize(zof::Stream* s) override { in_.synchronize(s); }
+
+  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+              int64_t K, zof::Stream* s) override {
+    char key[96];
+    std::snprintf(key, sizeof key, "matmul M=%ld N=%ld K=%ld", long(M), long(N), long(K));
+    timed(key, 2.0 * M * N * K, [&] { in_.matmul(x, w, bias, y, M, N, K, s); });
+  }
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                zof::Stream* s) override {
+    timed("rms_norm", 0, [&] { in_.rms_norm(x, w, y, rows, dim, eps, s); });
+  }
+  void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                  int64_t dim, float eps, zof::Stream* s) override {
+    timed("layer_norm", 0, [&] { in_.layer_norm(x, w, b, y, rows, dim, eps, s); });
+  }
+  void rope(float* x, const int32_t* pos, int64_t rows, int64_t nh, int64_t hd, float theta,
+            zof::Stream* s) override {
+    timed("rope", 0, [&] { in_.rope(x, pos, rows, nh, hd, theta, s); });
+  }
+  void attention(const float* q, const float* k, const float* v, float* out, const uint8_t* mask,
+                 int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                 int64_t q_offset, float scale, zof::Stream* s) override {
+    const double flop = 4.0 * B * H * D * (Tq * (Tq + 1) / 2.0 + Tq * q_offset);
+    timed("attention", flop,
+          [&] { in_.attention(q, k, v, out, mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, s); });
+  }
+  void silu_mul(const float* g, const float* u, float* o, int64_t n, zof::Stream* s) override {
+    timed("silu_mul", 0, [&] { in_.silu_mul(g, u, o, n, s); });
+  }
+  void gelu_tanh(float* x, int64_t n, zof::Stream* s) override {
+    timed("gelu_tanh", 0, [&] { in_.gelu_tanh(x, n, s); });
+  }
+  void gelu_erf(float* x, int64_t n, zof::Stream* s) override {
+    timed("gelu_erf", 0, [&] { in_.gelu_erf(x, n, s); });
+  }
+  void relu(float* x, int64_t n, zof::Stream* s) override {
+    timed("relu", 0, [&] { in_.relu(x, n, s); });
+  }
+  void add(float* y, const float* x, int64_t n, zof::Stream* s) override {
+    timed("add", 0, [&] { in_.add(y, x, n, s); });
+  }
+  void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+                 bool acc, zof::Stream* s) override {
+    timed("embedding", 0, [&] { in_.embedding(ids, table, out, n, dim, acc, s); });
+  }
+  void cross_entropy(const float* logits, const int32_t* t, float* nll, int64_t rows,
+                     int64_t vocab, zof::Stream* s) override {
+    timed("cross_entropy", 0, [&] { in_.cross_entropy(logits, t, nll, rows, vocab, s); });
+  }
+
+ private:
+  template <class F>
+  void timed(const std::string& key, double flop, F&& f) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    Entry& e = entries[key];
+    e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    e.flop += flop;
+    ++e.calls;
+  }
+  zof::Backend& in_;
+};
+
+// Per-op share of iters forwards run through a TimingBackend.
+void print_profile(const zof::Model& model, zof::Backend& inner, const zof::Batch& batch,
+                   bool logits, int iters) {
+  TimingBackend tb(inner);
+  zof::Forward fwd(model, tb, batch.B * batch.T);
+  std::vector<float> out;
+  auto run = [&] {
+    if (logits) fwd.logits(batch, out);
+    else fwd.next_token_nll(batch, out);
+  };
+  run();  // warm-up: oneDNN primitives, page faults
+  tb.reset();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) run();
+  const double total = seconds_since(t0) / iters;
+  std::vector<std::pair<std::string, TimingBackend::Entry>> v(tb.entries.begin(), tb.entries.end());
+  std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.seconds > b.second.seconds; });
+  std::printf("\nper-op time of %s (%d forwards, %.1f ms each):\n", logits ? "logits" : "next_token_nll",
+              iters, total * 1e3);
+  std::printf("  %-34s %8s %10s %7s %9s\n", "op", "calls", "ms/fwd", "share", "GFLOP/s");
+  double in_ops = 0;
+  for (auto& [k, e] : v) {
+    const double s = e.seconds / iters;
+    in_ops += s;
+    std::printf("  %-34s %8ld %10.1f %6.1f%% ", k.c_str(), long(e.calls / iters), s * 1e3,
+                100 * s / total);
+    if (e.flop > 0) std::printf("%9.1f", e.flop / e.seconds * 1e-9);
+    std::printf("\n");
+  }
+  std::printf("  %-34s %8s %10.1f %6.1f%%\n", "(outside backend ops)", "", (total - in_ops) * 1e3,
+              100 * (total - in_ops) / total);
+}
+
+struct Args {
+  std::string model_config = "gpt2-124m";
+  int64_t batch = 8, seq = 128;
+  int threads = 0;
+  int warmup = 2, iters = 5;
+  bool skip_logits = false, json = false, profile = false;
+  uint64_t seed = 0;
+};
+
+int run(const Args& a) {
+  ZOF_CHECK(a.batch > 0 && a.seq > 0, "--batch and --seq must be positive");
+  ZOF_CHECK(a.iters > 0 && a.warmup >= 0, "--iters must be positive and --warmup non-negative");
+  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  const zof::ModelConfig cfg = config_named(a.model_config);
+  ZOF_CHECK(a.seq <= cfg.max_position, "--seq " + std::to_string(a.seq) +
+                                           " exceeds the model's context of " +
+                                           std::to_string(cfg.max_position));
+  auto backend = zof::make_cpu_backend(threads);
+
+  // The machine's practical fp32 GEMM rate through the same backend: the MLP up-projection of a
+  // 768-wide model at 1024 tokens. Timed (best of 5) after every timed forward and reported as
+  // the median of those, so that peak and forward see the same stretch of a shared machine's load.
+  const int64_t gM = 1024, gN = 3072, gK = 768;
+  auto gx = random_floats(gM * gK, 1), gw = random_floats(gN * gK, 2);
+  std::vector<float> gy(gM * gN);
+  std::vector<double> gemm_s;
+  auto time_gemm = [&] {
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      backend->matmul(gx.data(), gw.data(), nullptr, gy.data(), gM, gN, gK);
+      best = std::min(best, seconds_since(t0));
+    }
+    gemm_s.push_back(best);
+  };
+  time_gemm();  // warm-up: primitive creation
+
+  zof::Model model = zof::Model::random(cfg, a.seed);
+  const int64_t B = a.batch, T = a.seq, rows = B * T;
+  zof::Forward fwd(model, *backend, rows);
+  zof::Batch batch;
+  batch.B = B;
+  batch.T = T;
+  batch.lengths.assign(B, int32_t(T));
+  {
+    std::mt19937_64 rng(a.seed + 1);
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
+    batch.ids.resize(rows);
+    for (auto& id : batch.ids) id = tok(rng);
+  }
+
+  std::vector<float> nll, logits;
+  gemm_s.clear();
+  const double s_nll = median_seconds(a.warmup, a.iters, [&] { fwd.next_token_nll(batch, nll); },
+                                      time_gemm);
+  double s_logits = 0;
+  if (!a.skip_logits)
+    s_logits = median_seconds(a.warmup, a.iters, [&] { fwd.logits(batch, logits); }, time_gemm);
+  const double gemm_gflops = 2.0 * gM * gN * gK / median(gemm_s) * 1e-9;
+  double mean_nll = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) mean_nll += nll[b * T + t];
+  mean_nll /= double(B * (T - 1));
+
+  const Flops f = count_flops(cfg, B, T);
+  const double gflops = f.total() / s_nll * 1e-9;
+  const double gflops_logits = s_logits > 0 ? f.total() / s_logits * 1e-9 : 0;
+
+  std::printf("%-12s %7s %9s %16s %12s %10s %10s %8s\n", "model", "threads", "B x T", "op",
+              "ms/forward", "tokens/s", "GFLOP/s", "of GEMM");
+  auto row = [&](const char* op, double s) {
+    std::printf("%-12s %7d %4ld x %-4ld %16s %12.1f %10.0f %10.1f %7.0f%%\n",
+                a.model_config.c_str(), threads, long(B), long(T), op, s * 1e3, rows / s,
+                f.total() / s * 1e-9, 100.0 * f.total() / s * 1e-9 / gemm_gflops);
+  };
+  row("next_token_nll", s_nll);
+  if (s_logits > 0) row("logits", s_logits);
+  std::printf("GEMM %ldx%ldx%ld (M,N,K) through the backend: %.1f GFLOP/s\n", long(gM), long(gN),
+              long(gK), gemm_gflops);
+  std::printf("GFLOP per forward: %.1f (layers %.1f, attention %.1f, LM head %.1f); mean nll %.4f"
+              " (ln V = %.4f)\n",
+              f.total() * 1e-9, f.layers * 1e-9, f.attention * 1e-9, f.head * 1e-9, mean_nll,
+              std::log(double(cfg.vocab_size)));
+  if (a.profile) {
+    print_profile(model, *backend, batch, false, a.iters);
+    if (!a.skip_logits) print_profile(model, *backend, batch, true, a.iters);
+  }
+  if (a.json) {
+    json j = {{"impl", "zof"},
+              {"model", a.model_config},
+              {"threads", threads},
+              {"batch", B},
+              {"seq", T},
+              {"params", model.num_params()},
+              {"gflop_per_forward", f.total() * 1e-9},
+              {"nll_ms", s_nll * 1e3},
+              {"nll_tokens_per_s", rows / s_nll},
+              {"nll_gflops", gflops},
+              {"logits_ms", s_logits * 1e3},
+              {"logits_tokens_per_s", s_logits > 0 ? rows / s_logits : 0.0},
+              {"logits_gflops", gflops_logits},
+              {"gemm_gflops", gemm_gflops},
+              {"fraction_of_gemm", gflops / gemm_gflops},
+              {"mean_nll", mean_nll}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"forward_bench: forward tokens/s and GFLOP/s of a random-weight model (CPU)"};
+  Args a;
+  app.add_option("--model-config", a.model_config,
+                 "gpt2-124m, llama-125m, or a path to a config.json")
+      ->capture_default_str();
+  app.add_option("--batch", a.batch, "sequences per batch")->capture_default_str();
+  app.add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads (0: OpenMP's default)")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed forwards first")->capture_default_str();
+  app.add_option("--iters", a.iters, "timed forwards (the median is reported)")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of the weights and tokens")->capture_default_str();
+  app.add_flag("--skip-logits", a.skip_logits, "time only next_token_nll, not Forward::logits");
+  app.add_flag("--profile", a.profile,
+               "also print the time of each backend op (matmuls by shape) over the forward");
+  app.add_flag("--json", a.json, "end with one JSON line of the results");
+  try {
+    app.parse(argc, argv);
+    return run(a);
+  } catch (const CLI::ParseError& err) {
+    return app.exit(err);
+  } catch (const zof::Error& err) {
+    std::fprintf(stderr, "forward_bench: error: %s\n", err.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "forward_bench: error: out of memory\n");
+  }
+  return 1;
+}
