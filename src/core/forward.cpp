@@ -12,7 +12,7 @@
 namespace zof {
 namespace {
 enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, NBUF };
-constexpr int64_t kHeadChunk = 64;  // rows of logits formed at once
+constexpr int64_t kHeadChunk = 256;  // rows of logits formed at once (M of the LM-head GEMM)
 }  // namespace
 
 Batch Batch::from_sequences(const std::vector<std::vector<int32_t>>& seqs, int32_t pad_id) {
