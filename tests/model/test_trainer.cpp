@@ -142,6 +142,46 @@ TEST_F(Finetune, ResumeAfterSigkillIsBitIdentical) {
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
+// SIGTERM (and SIGINT) end the run at a step boundary with a checkpoint; resuming finishes it
+// exactly as an uninterrupted run.
+TEST_F(Finetune, SigtermSavesACheckpointAndResumes) {
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(a.string(), 12)).code, 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + zof::test::zof_binary() + " " + args(b.string(), 12) + " >/dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  for (int i = 0; i < 6000 && steps_of(b).size() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 0) GTEST_SKIP() << "the run finished before the signal arrived";
+  EXPECT_EQ(WEXITSTATUS(st), 130);
+  const std::string latest = zof::test::read_file((b / "latest").string());
+  EXPECT_EQ(latest.rfind("checkpoint-", 0), 0u) << latest;
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " finetune --resume " + b.string()).code, 0);
+  EXPECT_EQ(steps_of(a), steps_of(b));
+  EXPECT_TRUE(weights(a) == weights(b));
+}
+
+// A loss that is not finite skips the update; too many in a row stop the run with an error.
+TEST_F(Finetune, NonFiniteLossesStopTheRun) {
+  auto r = run_command(zof::test::zof_binary() + " " + args((dir_ / "nan").string(), 40) +
+                       " --lr 3e38 --max-bad-steps 3");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("not finite for 3 steps in a row"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("update skipped"), std::string::npos) << r.err;
+  int skipped = 0;
+  std::ifstream f(dir_ / "nan" / "zo_log.jsonl");
+  std::string line;
+  while (std::getline(f, line)) skipped += json::parse(line)["skipped"].get<bool>();
+  EXPECT_EQ(skipped, 3);
+}
+
 TEST_F(Finetune, ReplayRebuildsTheWeightsBitForBit) {
   const fs::path a = dir_ / "a", r = dir_ / "replayed";
   ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(a.string())).code, 0);
