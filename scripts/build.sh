@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Configures and builds zof into build/ (Release). Extra arguments go to cmake.
+# Configures and builds zof into build/ (Release). Arguments name targets (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build build -j "$(nproc)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+if (($#)); then
+  cmake --build build -j "$(nproc)" --target "$@"
+else
+  cmake --build build -j "$(nproc)"
+fi

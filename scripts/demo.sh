@@ -11,7 +11,7 @@ MODEL=${1:-$ASSETS/models/stories260K}
 DATA=${2:-$ASSETS/data/tinyshakespeare/input.txt}
 shift $(( $# > 2 ? 2 : $# ))
 bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/build.sh zof
 OUT=runs/demo-$(date +%Y%m%d-%H%M%S)
 echo "demo: fine-tuning $MODEL on $DATA into $OUT"
 ./build/zof finetune --model "$MODEL" --task text --data "$DATA" --out "$OUT" \
