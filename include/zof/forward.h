@@ -65,6 +65,8 @@ class Forward {
 
  private:
   float* buf(int i) { return bufs_[i]; }
+  // h (B*T, C): the batch through the embedding and every layer at the model's own weights.
+  void hidden(const Batch& batch, std::vector<float>& h);
   const Model& model_;
   const ModelConfig& cfg_;
   Backend& be_;

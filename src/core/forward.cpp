@@ -217,29 +217,29 @@ void batch_positions_and_mask(const Batch& b, std::vector<int32_t>& pos,
 }
 }  // namespace
 
-void Forward::logits(const Batch& batch, std::vector<float>& out) {
-  const int64_t rows = batch.B * batch.T, C = cfg_.hidden_size;
+void Forward::hidden(const Batch& batch, std::vector<float>& h) {
+  const int64_t rows = batch.B * batch.T;
   ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
                                    " tokens exceeds this forward's capacity");
   batch_positions_and_mask(batch, pos_, mask_);
-  std::vector<float> h(rows * C);
+  h.resize(rows * cfg_.hidden_size);
   embed(model_.embed(), batch.ids.data(), pos_.data(), rows, h.data());
   for (int i = 0; i < cfg_.num_layers; ++i)
     layer(i, model_.layer(i), h.data(), batch.B, batch.T, pos_.data(), mask_.data(), nullptr);
+}
+
+void Forward::logits(const Batch& batch, std::vector<float>& out) {
+  std::vector<float> h;
+  hidden(batch, h);
+  const int64_t rows = batch.B * batch.T;
   out.resize(rows * cfg_.vocab_size);
   head_logits(model_.head(), h.data(), rows, out.data());
 }
 
 void Forward::nll(const Batch& batch, const int32_t* targets, float* nll) {
-  const int64_t rows = batch.B * batch.T, C = cfg_.hidden_size;
-  ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
-                                   " tokens exceeds this forward's capacity");
-  batch_positions_and_mask(batch, pos_, mask_);
-  std::vector<float> h(rows * C);
-  embed(model_.embed(), batch.ids.data(), pos_.data(), rows, h.data());
-  for (int i = 0; i < cfg_.num_layers; ++i)
-    layer(i, model_.layer(i), h.data(), batch.B, batch.T, pos_.data(), mask_.data(), nullptr);
-  head_nll(model_.head(), h.data(), rows, targets, nll);
+  std::vector<float> h;
+  hidden(batch, h);
+  head_nll(model_.head(), h.data(), batch.B * batch.T, targets, nll);
 }
 
 void Forward::next_token_nll(const Batch& batch, std::vector<float>& out) {
