@@ -7,7 +7,8 @@
 
 namespace zof::cpu {
 
-// oneDNN matmul y(M,N) = x(M,K) w(N,K)^T + bias(N), with primitives cached per shape.
+// Matmul y(M,N) = x(M,K) w(N,K)^T + bias(N): oneDNN with primitives cached per shape
+// (cpu_matmul.cpp), or a blocked OpenMP GEMM where oneDNN is absent (cpu_matmul_blocked.cpp).
 class Matmul {
  public:
   explicit Matmul(int threads);

@@ -1,0 +1,14 @@
+// Token loss on the device: nll(rows) = logsumexp(logits[r]) - logits[r][targets[r]].
+#pragma once
+#include <cstdint>
+
+#include "cuda/cuda_common.cuh"
+
+namespace zof::cuda {
+
+// logits (rows, vocab), targets (rows) on the device; targets < 0 give 0, targets >= vocab NaN
+// (the caller checks ids on the host, as Forward does).
+void cross_entropy(const float* logits, const int32_t* targets, float* nll, int64_t rows,
+                   int64_t vocab, cudaStream_t s);
+
+}  // namespace zof::cuda

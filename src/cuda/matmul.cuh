@@ -1,0 +1,43 @@
+// cuda::Matmul: y(M,N) = x(M,K) w(N,K)^T + bias(N) through cuBLASLt, in strict fp32 (no TF32)
+// or bf16 in/out with fp32 accumulation; the bias is cuBLASLt's epilogue. Row-major y is the
+// column-major y^T = w x^T, so w (nn.Linear layout) is read in place with op T.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "cuda/cuda_common.cuh"
+
+namespace zof::cuda {
+
+enum class GemmType { F32, BF16 };  // x, w, bias and y all of this type; accumulation is fp32
+
+class Matmul {
+ public:
+  // The workspace each stream needs (cuBLASLt's recommendation for Hopper).
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+  Matmul();
+  ~Matmul();
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+
+  // Enqueues the product on stream s. workspace: kWorkspaceBytes of device memory that no other
+  // stream uses. bias may be null. K == 0 gives y = bias (or 0).
+  void run(GemmType t, const void* x, const void* w, const void* bias, void* y, int64_t M,
+           int64_t N, int64_t K, void* workspace, cudaStream_t s);
+
+ private:
+  struct Plan;
+  // type, M, N, K, has_bias, alignments of x, w, y, bias (they restrict the algorithms)
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, int, int>;
+  const Plan& plan(const Key& key, const void* bias);
+
+  cublasLtHandle_t handle_ = nullptr;
+  std::mutex mu_;  // the cache, and the bias pointer set on a cached descriptor before a call
+  std::map<Key, std::unique_ptr<Plan>> cache_;
+};
+
+}  // namespace zof::cuda

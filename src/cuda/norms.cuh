@@ -1,0 +1,19 @@
+// RMSNorm and LayerNorm over rows, on fp32 or bf16 activations (fp32 math, fp32 weights).
+// y may alias x: a row is read in full (and reduced) before any of it is written.
+#pragma once
+#include <cstdint>
+
+#include "cuda/cuda_common.cuh"
+
+namespace zof::cuda {
+
+// y(rows,dim) = x / sqrt(mean(x^2) + eps) * w
+template <class T>
+void rms_norm(const T* x, const float* w, T* y, int64_t rows, int64_t dim, float eps,
+              cudaStream_t s);
+// y(rows,dim) = (x - mean) / sqrt(var + eps) * w + b, mean and biased variance by Welford.
+template <class T>
+void layer_norm(const T* x, const float* w, const float* b, T* y, int64_t rows, int64_t dim,
+                float eps, cudaStream_t s);
+
+}  // namespace zof::cuda

@@ -1,0 +1,101 @@
+// Elementwise kernels: grid-stride loops, one element per thread per step, the arithmetic in
+// op_math.h so that the CPU unit tests check the same formulas.
+#include "cuda/op_math.h"
+#include "cuda/pointwise.cuh"
+
+namespace zof::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+#define ZOF_GRID_STRIDE(i, n)                                                          \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);            \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+template <class T>
+__global__ void silu_mul_kernel(const T* gate, const T* up, T* out, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) store_f32(out + i, opmath::silu_mul(load_f32(gate + i), load_f32(up + i)));
+}
+template <class T>
+__global__ void gelu_tanh_kernel(T* x, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) store_f32(x + i, opmath::gelu_tanh(load_f32(x + i)));
+}
+template <class T>
+__global__ void gelu_erf_kernel(T* x, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) store_f32(x + i, opmath::gelu_erf(load_f32(x + i)));
+}
+template <class T>
+__global__ void relu_kernel(T* x, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) store_f32(x + i, opmath::relu(load_f32(x + i)));
+}
+template <class T>
+__global__ void add_kernel(T* y, const T* x, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) store_f32(y + i, load_f32(y + i) + load_f32(x + i));
+}
+__global__ void embedding_kernel(const int32_t* ids, const float* table, float* out, int64_t n,
+                                 int64_t dim, bool accumulate) {
+  ZOF_GRID_STRIDE(e, n * dim) {
+    const int64_t i = e / dim, d = e % dim;
+    const float v = table[(int64_t)ids[i] * dim + d];
+    out[e] = accumulate ? out[e] + v : v;
+  }
+}
+__global__ void to_bf16_kernel(const float* x, bf16* y, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) y[i] = __float2bfloat16_rn(x[i]);
+}
+__global__ void to_f32_kernel(const bf16* x, float* y, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) y[i] = __bfloat162float(x[i]);
+}
+
+#undef ZOF_GRID_STRIDE
+
+}  // namespace
+
+#define ZOF_LAUNCH(kernel, n, ...)                                             \
+  do {                                                                         \
+    if ((n) <= 0) return;                                                      \
+    kernel<<<grid_for((n), kThreads), kThreads, 0, s>>>(__VA_ARGS__);          \
+    CUDA_CHECK(cudaGetLastError());                                            \
+  } while (0)
+
+template <class T>
+void silu_mul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(silu_mul_kernel<T>, n, gate, up, out, n);
+}
+template <class T>
+void gelu_tanh(T* x, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(gelu_tanh_kernel<T>, n, x, n);
+}
+template <class T>
+void gelu_erf(T* x, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(gelu_erf_kernel<T>, n, x, n);
+}
+template <class T>
+void relu(T* x, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(relu_kernel<T>, n, x, n);
+}
+template <class T>
+void add(T* y, const T* x, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(add_kernel<T>, n, y, x, n);
+}
+void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+               bool accumulate, cudaStream_t s) {
+  ZOF_LAUNCH(embedding_kernel, n * dim, ids, table, out, n, dim, accumulate);
+}
+void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s) { ZOF_LAUNCH(to_bf16_kernel, n, x, y, n); }
+void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s) { ZOF_LAUNCH(to_f32_kernel, n, x, y, n); }
+
+#undef ZOF_LAUNCH
+
+#define ZOF_INSTANTIATE(T)                                                      \
+  template void silu_mul<T>(const T*, const T*, T*, int64_t, cudaStream_t);     \
+  template void gelu_tanh<T>(T*, int64_t, cudaStream_t);                        \
+  template void gelu_erf<T>(T*, int64_t, cudaStream_t);                         \
+  template void relu<T>(T*, int64_t, cudaStream_t);                             \
+  template void add<T>(T*, const T*, int64_t, cudaStream_t);
+ZOF_INSTANTIATE(float)
+ZOF_INSTANTIATE(bf16)
+#undef ZOF_INSTANTIATE
+
+}  // namespace zof::cuda

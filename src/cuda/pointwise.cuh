@@ -1,0 +1,30 @@
+// Elementwise ops (SwiGLU gate, GELU, ReLU, residual add, dtype conversion) and the embedding
+// gather, on fp32 or bf16 activations with fp32 math.
+#pragma once
+#include <cstdint>
+
+#include "cuda/cuda_common.cuh"
+
+namespace zof::cuda {
+
+// out(n) = silu(gate) * up; out may alias gate or up.
+template <class T>
+void silu_mul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t s);
+// In place.
+template <class T>
+void gelu_tanh(T* x, int64_t n, cudaStream_t s);
+template <class T>
+void gelu_erf(T* x, int64_t n, cudaStream_t s);
+template <class T>
+void relu(T* x, int64_t n, cudaStream_t s);
+// y(n) += x(n)
+template <class T>
+void add(T* y, const T* x, int64_t n, cudaStream_t s);
+// out(n,dim) = table[ids[i]] (+= when accumulate); ids on the device, in range.
+void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+               bool accumulate, cudaStream_t s);
+// y(n) = x(n) converted (fp32 -> bf16 rounds to nearest even).
+void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s);
+void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);
+
+}  // namespace zof::cuda

@@ -1,0 +1,233 @@
+// Whole models on the GPU (the device walk of device_walk.h over the CUDA backend): logits of
+// every golden model against transformers' fp64 forward and against the CPU forward, twice with
+// identical bits; the ZO step (dual forward, fused update) against the CPU ZOEngine: losses to
+// fp32 accuracy, the updated weights bit for bit when both apply the same update.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "gpu/device_walk.h"
+#include "gpu/gpu_test.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+#include "zof/safetensors.h"
+#include "zof/zo.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct Golden {
+  json meta;
+  std::string model_dir;
+  zof::Batch batch;
+  std::vector<float> logits_f64, nll;
+};
+
+fs::path golden_dir(const std::string& name) {
+  return fs::path(zof::test::source_dir()) / "tests/golden" / name;
+}
+
+Golden load_golden(const std::string& name) {
+  Golden g;
+  std::ifstream f(golden_dir(name) / "golden.json");
+  g.meta = json::parse(f);
+  const std::string md = g.meta["model_dir"];
+  g.model_dir = md.rfind("assets:", 0) == 0 ? zof::test::assets_dir() + "/" + md.substr(7)
+                                            : golden_dir(name).string();
+  std::vector<std::vector<int32_t>> seqs;
+  for (size_t b = 0; b < g.meta["input_ids"].size(); ++b) {
+    std::vector<int32_t> s;
+    for (int t = 0; t < g.meta["lengths"][b].get<int>(); ++t) s.push_back(g.meta["input_ids"][b][t]);
+    seqs.push_back(s);
+  }
+  g.batch = zof::Batch::from_sequences(seqs);
+  auto a = zof::safetensors::Archive::open_file((golden_dir(name) / "golden.safetensors").string());
+  auto read = [&](const char* n, std::vector<float>& v) {
+    auto* t = a.find(n);
+    ZOF_ASSERT(t);
+    v.resize(t->numel());
+    zof::safetensors::to_f32(*t, v.data());
+  };
+  read("logits_f64", g.logits_f64);
+  read("nll", g.nll);
+  return g;
+}
+
+std::vector<std::string> golden_models() {
+  std::vector<std::string> out;
+  const fs::path root = fs::path(ZOF_SOURCE_DIR) / "tests/golden";
+  if (fs::exists(root))
+    for (auto& e : fs::directory_iterator(root))
+      if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  if (out.empty()) out.push_back("missing");
+  return out;
+}
+
+// The model's logits (B*T, V) on the GPU.
+std::vector<float> gpu_logits(zof::Backend& be, const zof::Model& model, const zof::Batch& batch) {
+  auto dm = zof::gpu::DeviceModel::upload(be, model);
+  const int64_t rows = batch.B * batch.T;
+  zof::gpu::DeviceForward fwd(model.config(), be, rows);
+  auto in = fwd.upload(batch);
+  zof::gpu::DeviceArray<float> h(be, rows * model.config().hidden_size);
+  zof::gpu::DeviceArray<float> logits(be, rows * model.config().vocab_size);
+  fwd.logits(dm, in, h.get(), logits.get());
+  return logits.download();
+}
+
+class GpuGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuGolden, LogitsMatchTransformersAndCpu) {
+  ZOF_REQUIRE_GPU();
+  const std::string name = GetParam();
+  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
+  Golden g = load_golden(name);
+  ZOF_REQUIRE_PATH(g.model_dir);
+  zof::Model model = zof::Model::load(g.model_dir);
+  const int64_t V = model.config().vocab_size, T_file = g.meta["input_ids"][0].size();
+  auto be = zof::make_cuda_backend(0);
+  const std::vector<float> logits = gpu_logits(*be, model, g.batch);
+  double max_rel = 0;
+  for (int64_t b = 0; b < g.batch.B; ++b)
+    for (int64_t t = 0; t < g.batch.lengths[b]; ++t) {
+      const float* ours = logits.data() + (b * g.batch.T + t) * V;
+      const float* ref = g.logits_f64.data() + (b * T_file + t) * V;
+      double scale = 1e-6;
+      for (int64_t v = 0; v < V; ++v) scale = std::max(scale, (double)std::fabs(ref[v]));
+      for (int64_t v = 0; v < V; ++v) {
+        ASSERT_TRUE(std::isfinite(ours[v]));
+        max_rel = std::max(max_rel, std::fabs(ours[v] - ref[v]) / scale);
+      }
+    }
+  RecordProperty("max_rel_vs_fp64", std::to_string(max_rel));
+  EXPECT_LT(max_rel, 2e-5) << name;
+
+  // Against the CPU forward over the valid positions.
+  auto cpu = zof::make_cpu_backend(0);
+  zof::Forward cpu_fwd(model, *cpu, g.batch.B * g.batch.T);
+  std::vector<float> cpu_logits;
+  cpu_fwd.logits(g.batch, cpu_logits);
+  std::vector<float> a, b;
+  for (int64_t r = 0; r < g.batch.B; ++r)
+    for (int64_t t = 0; t < g.batch.lengths[r]; ++t)
+      for (int64_t v = 0; v < V; ++v) {
+        a.push_back(cpu_logits[(r * g.batch.T + t) * V + v]);
+        b.push_back(logits[(r * g.batch.T + t) * V + v]);
+      }
+  EXPECT_TRUE(zof::gpu_test::close(a, b, 2e-5)) << name << ": GPU vs CPU";
+
+  // Per-token next-token NLL on the device against transformers.
+  auto lb = zof::LossBatch::next_token(g.batch);
+  auto dm = zof::gpu::DeviceModel::upload(*be, model);
+  const int64_t rows = g.batch.B * g.batch.T;
+  zof::gpu::DeviceForward fwd(model.config(), *be, rows, 7);  // 7: several head chunks
+  auto in = fwd.upload(lb.batch, &lb.targets);
+  zof::gpu::DeviceArray<float> h(*be, rows * model.config().hidden_size), nll(*be, rows);
+  fwd.embed(dm.embed(), in, h.get());
+  for (int64_t i = 0; i < dm.num_layers(); ++i) fwd.layer(dm.layer(int(i)), h.get(), in);
+  fwd.head_nll(dm.head(), h.get(), in, nll.get());
+  const auto got = nll.download();
+  for (int64_t r = 0; r < g.batch.B; ++r)
+    for (int64_t t = 0; t + 1 < g.batch.lengths[r]; ++t) {
+      const float ref = g.nll[r * (T_file - 1) + t];
+      EXPECT_NEAR(got[r * g.batch.T + t], ref, 1e-4 * std::max(1.f, std::fabs(ref)));
+    }
+}
+
+TEST_P(GpuGolden, Deterministic) {
+  ZOF_REQUIRE_GPU();
+  const std::string name = GetParam();
+  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
+  Golden g = load_golden(name);
+  ZOF_REQUIRE_PATH(g.model_dir);
+  zof::Model model = zof::Model::load(g.model_dir);
+  auto be = zof::make_cuda_backend(0);
+  const auto a = gpu_logits(*be, model, g.batch), b = gpu_logits(*be, model, g.batch);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuGolden, ::testing::ValuesIn(golden_models()),
+                         [](const auto& info) { return info.param; });
+
+// ---- the ZO step ------------------------------------------------------------------------------
+
+class GpuZOStep : public ::testing::TestWithParam<std::string> {};
+
+// Relative closeness of loss sums, and of g = (L+ - L-) / (2 eps count) through the same bound.
+void expect_losses_close(const zof::QueryLosses& cpu, const zof::QueryLosses& gpu, double eps) {
+  ASSERT_EQ(cpu.sum_plus.size(), gpu.sum_plus.size());
+  EXPECT_EQ(cpu.count, gpu.count);
+  for (size_t j = 0; j < cpu.sum_plus.size(); ++j) {
+    const double tol = 2e-5 * std::max(std::fabs(cpu.sum_plus[j]), std::fabs(cpu.sum_minus[j]));
+    EXPECT_NEAR(cpu.sum_plus[j], gpu.sum_plus[j], tol) << "query " << j;
+    EXPECT_NEAR(cpu.sum_minus[j], gpu.sum_minus[j], tol) << "query " << j;
+    const double g_cpu = (cpu.sum_plus[j] - cpu.sum_minus[j]) / cpu.count / (2 * eps);
+    const double g_gpu = (gpu.sum_plus[j] - gpu.sum_minus[j]) / gpu.count / (2 * eps);
+    EXPECT_NEAR(g_cpu, g_gpu, 2 * tol / cpu.count / (2 * eps)) << "projected gradient " << j;
+  }
+}
+
+TEST_P(GpuZOStep, MatchesCpuStep) {
+  ZOF_REQUIRE_GPU();
+  const std::string name = GetParam();
+  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
+  Golden g = load_golden(name);
+  ZOF_REQUIRE_PATH(g.model_dir);
+  const auto lb = zof::LossBatch::next_token(g.batch);
+  const std::vector<zof::LossBatch> micro = {lb, lb};  // two micro-batches: the update only in the first
+  zof::ZOStepOptions opt;
+  opt.eps = 1e-3f;
+  opt.queries = 2;
+  opt.seed = 20240601;
+  opt.weight_decay = 0.1f;
+  const int64_t rows = lb.batch.B * lb.batch.T;
+
+  zof::Model cpu_model = zof::Model::load(g.model_dir);
+  zof::Model gpu_twin = zof::Model::load(g.model_dir);  // layout and host copy of the GPU weights
+  auto cpu = zof::make_cpu_backend(0);
+  auto be = zof::make_cuda_backend(0);
+  zof::ZOEngine cpu_zo(cpu_model, *cpu, rows, opt);
+  auto dm = zof::gpu::DeviceModel::upload(*be, gpu_twin);
+  zof::gpu::DeviceZO gpu_zo(dm, *be, rows, opt, 5);
+
+  // Step 0: losses at theta +/- eps z_j.
+  const zof::QueryLosses c0 = cpu_zo.perturbed_losses(0, micro);
+  const zof::QueryLosses g0 = gpu_zo.perturbed_losses(0, micro);
+  expect_losses_close(c0, g0, opt.eps);
+
+  // Both schedule the CPU's update; step 1 applies it fused with the next perturbation.
+  const zof::PendingUpdate upd = zof::ZOEngine::make_update(opt, 0, 1e-3f, cpu_zo.projected_gradients(c0));
+  cpu_zo.set_pending(upd);
+  gpu_zo.set_pending(upd);
+  const zof::QueryLosses c1 = cpu_zo.perturbed_losses(1, micro);
+  const zof::QueryLosses g1 = gpu_zo.perturbed_losses(1, micro);
+  expect_losses_close(c1, g1, opt.eps);
+  dm.download(*be, gpu_twin);
+  EXPECT_EQ(0, std::memcmp(cpu_model.storage(), gpu_twin.storage(),
+                           size_t(cpu_model.storage_size()) * sizeof(float)))
+      << "weights after the fused update differ";
+
+  // A flushed update (no perturbation) is bit-identical too.
+  const zof::PendingUpdate upd1 = zof::ZOEngine::make_update(opt, 1, 1e-3f, cpu_zo.projected_gradients(c1));
+  cpu_zo.set_pending(upd1);
+  cpu_zo.flush();
+  gpu_zo.set_pending(upd1);
+  gpu_zo.flush();
+  dm.download(*be, gpu_twin);
+  EXPECT_EQ(0, std::memcmp(cpu_model.storage(), gpu_twin.storage(),
+                           size_t(cpu_model.storage_size()) * sizeof(float)))
+      << "weights after flush differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuZOStep, ::testing::Values("llama_gqa", "opt", "gpt2", "opt350_shape"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace

@@ -1,0 +1,603 @@
+// Op conformance on the GPU: every op of the CUDA backend against the scalar reference backend on
+// the shapes of tests/unit/test_ops.cpp (fp32: relative error under 1e-5, never a NaN), the
+// hand-computed cases, aliasing, run-to-run determinism, memory and streams; the bf16 entries
+// against the reference on bf16-rounded inputs (1e-2); z and the ZO update bit for bit against
+// the host implementation.
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <random>
+
+#include "gpu/gpu_test.h"
+#include "zof/backend.h"
+#include "zof/cuda.h"
+#include "zof/error.h"
+#include "zof/philox.h"
+
+namespace {
+
+using zof::Backend;
+using zof::gpu_test::close;
+using zof::gpu_test::uniform;
+
+constexpr double kTol = 1e-5;     // fp32 against the double reference
+constexpr double kTolBf16 = 1e-2;  // bf16 storage (8 bits of mantissa), fp32 math
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::unique_ptr<zof::CudaBackend> gpu() { return zof::make_cuda_backend(0); }
+
+// Device buffers of one backend, freed together; outputs start as NaN.
+class Device {
+ public:
+  explicit Device(Backend& be) : be_(be) {}
+  ~Device() {
+    be_.synchronize(nullptr);
+    for (void* p : ptrs_) be_.free(p);
+  }
+  template <class T>
+  T* put(const std::vector<T>& host) {
+    if (host.empty()) return nullptr;
+    void* d = be_.alloc(host.size() * sizeof(T));
+    ptrs_.push_back(d);
+    be_.copy_to_device(d, host.data(), host.size() * sizeof(T), nullptr);
+    return static_cast<T*>(d);
+  }
+  float* output(size_t n) { return put(std::vector<float>(n, kNaN)); }
+  uint16_t* output16(size_t n) { return put(std::vector<uint16_t>(n, 0x7fc0)); }  // bf16 NaN
+  template <class T>
+  std::vector<T> get(const T* d, size_t n) {
+    std::vector<T> host(n);
+    be_.copy_to_host(host.data(), d, n * sizeof(T), nullptr);
+    be_.synchronize(nullptr);
+    return host;
+  }
+
+ private:
+  Backend& be_;
+  std::vector<void*> ptrs_;
+};
+
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- fp32 runs: host in, host out -----------------------------------------------------------
+
+std::vector<float> run_matmul(Backend& be, const std::vector<float>& x, const std::vector<float>& w,
+                              const std::vector<float>& bias, int64_t M, int64_t N, int64_t K) {
+  Device dev(be);
+  float* y = dev.output(size_t(M * N));
+  be.matmul(dev.put(x), dev.put(w), dev.put(bias), y, M, N, K);
+  return dev.get(y, size_t(M * N));
+}
+std::vector<float> run_rms_norm(Backend& be, const std::vector<float>& x, const std::vector<float>& w,
+                                int64_t rows, int64_t dim, float eps) {
+  Device dev(be);
+  float* y = dev.output(x.size());
+  be.rms_norm(dev.put(x), dev.put(w), y, rows, dim, eps);
+  return dev.get(y, x.size());
+}
+std::vector<float> run_layer_norm(Backend& be, const std::vector<float>& x, const std::vector<float>& w,
+                                  const std::vector<float>& b, int64_t rows, int64_t dim, float eps) {
+  Device dev(be);
+  float* y = dev.output(x.size());
+  be.layer_norm(dev.put(x), dev.put(w), dev.put(b), y, rows, dim, eps);
+  return dev.get(y, x.size());
+}
+std::vector<float> run_rope(Backend& be, const std::vector<float>& x, const std::vector<int32_t>& pos,
+                            int64_t rows, int64_t heads, int64_t head_dim, float theta) {
+  Device dev(be);
+  float* d = dev.put(x);
+  be.rope(d, dev.put(pos), rows, heads, head_dim, theta);
+  return dev.get(d, x.size());
+}
+struct AttnShape {
+  int64_t B, Tq, Tk, H, Hkv, D, q_offset;
+};
+std::vector<float> run_attention(Backend& be, const std::vector<float>& q, const std::vector<float>& k,
+                                 const std::vector<float>& v, const std::vector<uint8_t>& mask,
+                                 const AttnShape& s) {
+  Device dev(be);
+  const size_t n = size_t(s.B * s.Tq * s.H * s.D);
+  float* out = dev.output(n);
+  be.attention(dev.put(q), dev.put(k), dev.put(v), out, dev.put(mask), s.B, s.Tq, s.Tk, s.H, s.Hkv,
+               s.D, s.q_offset, 1.0f / std::sqrt(float(s.D)));
+  return dev.get(out, n);
+}
+std::vector<float> run_silu_mul(Backend& be, const std::vector<float>& gate, const std::vector<float>& up) {
+  Device dev(be);
+  float* out = dev.output(gate.size());
+  be.silu_mul(dev.put(gate), dev.put(up), out, int64_t(gate.size()));
+  return dev.get(out, gate.size());
+}
+using InPlaceOp = void (Backend::*)(float*, int64_t, zof::Stream*);
+std::vector<float> run_in_place(Backend& be, InPlaceOp op, const std::vector<float>& x) {
+  Device dev(be);
+  float* d = dev.put(x);
+  (be.*op)(d, int64_t(x.size()), nullptr);
+  return dev.get(d, x.size());
+}
+std::vector<float> run_add(Backend& be, const std::vector<float>& y, const std::vector<float>& x) {
+  Device dev(be);
+  float* d = dev.put(y);
+  be.add(d, dev.put(x), int64_t(y.size()));
+  return dev.get(d, y.size());
+}
+std::vector<float> run_embedding(Backend& be, const std::vector<int32_t>& ids, const std::vector<float>& table,
+                                 const std::vector<float>& out0, int64_t dim, bool accumulate) {
+  Device dev(be);
+  float* out = accumulate ? dev.put(out0) : dev.output(ids.size() * size_t(dim));
+  be.embedding(dev.put(ids), dev.put(table), out, int64_t(ids.size()), dim, accumulate);
+  return dev.get(out, ids.size() * size_t(dim));
+}
+std::vector<float> run_cross_entropy(Backend& be, const std::vector<float>& logits,
+                                     const std::vector<int32_t>& targets, int64_t vocab) {
+  Device dev(be);
+  float* nll = dev.output(targets.size());
+  be.cross_entropy(dev.put(logits), dev.put(targets), nll, int64_t(targets.size()), vocab);
+  return dev.get(nll, targets.size());
+}
+
+// The reference against the GPU, and the GPU against itself (a second run is bit-identical).
+void conform(const std::string& what, const std::function<std::vector<float>(Backend&)>& run,
+             double tol = kTol) {
+  auto ref = zof::make_reference_backend();
+  auto be = gpu();
+  const std::vector<float> want = run(*ref), got = run(*be);
+  EXPECT_TRUE(close(want, got, tol)) << what;
+  EXPECT_TRUE(bit_identical(got, run(*be))) << what << ": two runs differ";
+}
+
+// ---- memory and streams --------------------------------------------------------------------------
+
+TEST(GpuOps, MemoryAndStreams) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  EXPECT_EQ(be->name(), "cuda:0");
+  EXPECT_GT(be->free_memory(), size_t(1) << 30);
+  for (size_t bytes : {size_t(0), size_t(1), size_t(63), size_t(100000)}) {
+    void* d = be->alloc(bytes);
+    void* h = be->alloc_host_pinned(bytes);
+    ASSERT_NE(d, nullptr);
+    ASSERT_NE(h, nullptr);
+    be->free(d);
+    be->free_host_pinned(h);
+  }
+  // Two streams ordered by an event: upload on one, copy and download on the other.
+  const size_t n = size_t(1) << 22;
+  zof::Stream* s1 = be->create_stream();
+  zof::Stream* s2 = be->create_stream();
+  zof::Event* e = be->create_event();
+  auto src = uniform(n, -1, 1, 1);
+  float* h_in = static_cast<float*>(be->alloc_host_pinned(n * 4));
+  float* h_out = static_cast<float*>(be->alloc_host_pinned(n * 4));
+  std::memcpy(h_in, src.data(), n * 4);
+  float* d1 = static_cast<float*>(be->alloc(n * 4));
+  float* d2 = static_cast<float*>(be->alloc(n * 4));
+  be->copy_to_device(d1, h_in, n * 4, s1);
+  be->record(e, s1);
+  be->wait(s2, e);
+  be->copy_device(d2, d1, n * 4, s2);
+  be->copy_to_host(h_out, d2, n * 4, s2);
+  be->synchronize(s2);
+  EXPECT_EQ(0, std::memcmp(h_out, src.data(), n * 4));
+  // Ops on a non-default stream.
+  std::vector<float> ones(n, 1.0f);
+  be->copy_to_device(d2, ones.data(), n * 4, s1);
+  be->add(d2, d1, int64_t(n), s1);
+  be->copy_to_host(h_out, d2, n * 4, s1);
+  be->synchronize(s1);
+  for (size_t i = 0; i < n; i += 4097) ASSERT_EQ(h_out[i], src[i] + 1.0f);
+  be->free(d1);
+  be->free(d2);
+  be->free_host_pinned(h_in);
+  be->free_host_pinned(h_out);
+}
+
+TEST(GpuOps, OutOfMemoryIsAnError) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  EXPECT_THROW(be->alloc(size_t(1) << 50), zof::Error);
+  void* p = be->alloc(1024);  // still usable afterwards
+  be->free(p);
+  EXPECT_THROW(zof::make_cuda_backend(zof::cuda_device_count()), zof::Error);
+  const zof::CudaDeviceInfo info = zof::cuda_device_info(0);
+  EXPECT_GE(info.cc_major, 8);
+  EXPECT_GT(info.bf16_dense_tflops, 0.0);
+}
+
+// ---- hand-computed values -------------------------------------------------------------------------
+
+TEST(GpuOpsHand, MatmulNormsRope) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  EXPECT_EQ(run_matmul(*be, {1, 2, 3, 4}, {5, 6, 7, 8}, {0.5f, -1.0f}, 2, 2, 2),
+            (std::vector<float>{17.5f, 22.0f, 39.5f, 52.0f}));
+  EXPECT_EQ(run_matmul(*be, {1, 2, 3, 4}, {5, 6, 7, 8}, {}, 2, 2, 2),
+            (std::vector<float>{17.0f, 23.0f, 39.0f, 53.0f}));
+  EXPECT_EQ(run_matmul(*be, {}, {}, {1.0f, 2.0f}, 2, 2, 0), (std::vector<float>{1, 2, 1, 2}));
+  EXPECT_TRUE(close({float(3 / std::sqrt(12.5)), float(8 / std::sqrt(12.5))},
+                    run_rms_norm(*be, {3, 4}, {1, 2}, 1, 2, 0.0f), 1e-6));
+  EXPECT_TRUE(close({-1.0f, 11.0f}, run_layer_norm(*be, {1, 3}, {1, 1}, {0, 10}, 1, 2, 0.0f), 1e-6));
+  const std::vector<float> x = {1, 2, 3, 4, -1, 0.5f, 2, -3};
+  EXPECT_EQ(run_rope(*be, x, {0, 0}, 2, 1, 4, 100.0f), x);
+}
+
+TEST(GpuOpsHand, Attention) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  AttnShape one{1, 1, 1, 1, 1, 3, 0};
+  EXPECT_EQ(run_attention(*be, {5, -2, 1}, {0.3f, 7, -1}, {1, 2, 3}, {}, one), (std::vector<float>{1, 2, 3}));
+  AttnShape row{1, 1, 3, 1, 1, 1, 2};
+  EXPECT_TRUE(close({14.0f}, run_attention(*be, {1}, {0, float(std::log(2.0)), float(std::log(3.0))},
+                                           {6, 12, 18}, {}, row), 1e-6));
+  AttnShape causal{1, 2, 2, 1, 1, 2, 0};
+  EXPECT_EQ(run_attention(*be, {1, 1, 1, 1}, {1, 1, 1, 1}, {10, 20, 30, 40}, {0, 1}, causal),
+            (std::vector<float>{0, 0, 30, 40}));
+  EXPECT_TRUE(close({10, 20, 20, 30}, run_attention(*be, {1, 1, 1, 1}, {1, 1, 1, 1}, {10, 20, 30, 40}, {}, causal), 1e-6));
+}
+
+TEST(GpuOpsHand, PointwiseAndLoss) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  EXPECT_EQ(run_in_place(*be, &Backend::relu, {-1, 2, 0}), (std::vector<float>{0, 2, 0}));
+  EXPECT_TRUE(std::isnan(run_in_place(*be, &Backend::relu, {kNaN})[0]));
+  EXPECT_EQ(run_add(*be, {1, 2}, {10, 20}), (std::vector<float>{11, 22}));
+  const std::vector<float> table = {0, 1, 10, 11, 20, 21};
+  EXPECT_EQ(run_embedding(*be, {2, 0, 2}, table, {}, 2, false), (std::vector<float>{20, 21, 0, 1, 20, 21}));
+  EXPECT_EQ(run_embedding(*be, {1}, table, {5, 6}, 2, true), (std::vector<float>{15, 17}));
+  const int64_t V = 1000;
+  auto nll = run_cross_entropy(*be, std::vector<float>(3 * V, 2.5f), {0, -100, int32_t(V - 1)}, V);
+  EXPECT_TRUE(close({float(std::log(double(V))), 0.0f, float(std::log(double(V)))}, nll, 1e-6));
+  EXPECT_EQ(nll[1], 0.0f);
+  nll = run_cross_entropy(*be, {0, float(std::log(2.0)), float(std::log(3.0)), 1000, -1000, 0}, {2, 1}, 3);
+  EXPECT_TRUE(close({float(std::log(2.0)), 2000.0f}, nll, 1e-6));
+}
+
+// ---- random inputs against the reference (the shapes of tests/unit/test_ops.cpp, and larger) -----
+
+TEST(GpuOpsConform, Matmul) {
+  ZOF_REQUIRE_GPU();
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{1, 17, 33}, Shape{2, 3, 5}, Shape{7, 5, 3}, Shape{16, 16, 16},
+                  Shape{33, 65, 127}, Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{100, 130, 70},
+                  Shape{3, 7, 0}, Shape{257, 1031, 2048}}) {
+    for (bool has_bias : {false, true}) {
+      auto x = uniform(size_t(s.M * s.K), -1, 1, 1), w = uniform(size_t(s.N * s.K), -1, 1, 2);
+      auto bias = has_bias ? uniform(size_t(s.N), -1, 1, 3) : std::vector<float>{};
+      conform("matmul M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" +
+                  std::to_string(s.K) + (has_bias ? " +bias" : ""),
+              [&](Backend& be) { return run_matmul(be, x, w, bias, s.M, s.N, s.K); });
+    }
+  }
+  // A weight slice at a 4-byte offset (GPT-2's fused qkv rows), which restricts cuBLASLt.
+  auto x = uniform(10 * 33, -1, 1, 4), w = uniform(3 * 33 * 33 + 1, -1, 1, 5);
+  std::vector<float> w_slice(w.begin() + 1, w.begin() + 1 + 33 * 33);
+  auto ref = zof::make_reference_backend();
+  auto want = run_matmul(*ref, x, w_slice, {}, 10, 33, 33);
+  auto be = gpu();
+  Device dev(*be);
+  float* y = dev.output(330);
+  be->matmul(dev.put(x), dev.put(w) + 1, nullptr, y, 10, 33, 33);
+  EXPECT_TRUE(close(want, dev.get(y, 330), kTol)) << "unaligned weight";
+}
+
+TEST(GpuOpsConform, Norms) {
+  ZOF_REQUIRE_GPU();
+  for (int64_t rows : {1, 3, 17, 300}) {
+    for (int64_t dim : {1, 7, 64, 768, 1001, 5120}) {
+      const std::string what = " rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+      auto x = uniform(size_t(rows * dim), -2, 2, 4);
+      auto shifted = x;
+      for (auto& a : shifted) a += 30.0f;
+      auto w = uniform(size_t(dim), 0.5f, 1.5f, 5), b = uniform(size_t(dim), -1, 1, 6);
+      conform("rms_norm" + what, [&](Backend& be) { return run_rms_norm(be, x, w, rows, dim, 1e-6f); });
+      conform("layer_norm" + what, [&](Backend& be) { return run_layer_norm(be, x, w, b, rows, dim, 1e-5f); });
+      conform("layer_norm shifted" + what,
+              [&](Backend& be) { return run_layer_norm(be, shifted, w, b, rows, dim, 1e-5f); });
+    }
+  }
+}
+
+TEST(GpuOpsConform, Rope) {
+  ZOF_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (int64_t rows : {1, 5, 40}) {
+    for (int64_t heads : {1, 3}) {
+      for (int64_t head_dim : {2, 8, 64, 80, 128, 300}) {
+        for (float theta : {10000.0f, 500000.0f}) {
+          auto x = uniform(size_t(rows * heads * head_dim), -1, 1, 8);
+          std::vector<int32_t> pos(static_cast<size_t>(rows));
+          for (auto& p : pos) p = int32_t(rng() % 4096);
+          pos[0] = 0;
+          conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
+                      " head_dim=" + std::to_string(head_dim),
+                  [&](Backend& be) { return run_rope(be, x, pos, rows, heads, head_dim, theta); });
+        }
+      }
+    }
+  }
+}
+
+enum Mask { kNone, kRightPad, kLeftPad, kRandom };
+struct AttnCase {
+  AttnShape s;
+  Mask mask;
+  const char* what;
+};
+const std::vector<AttnCase>& attention_cases() {
+  static const std::vector<AttnCase> cases = {
+      {{1, 1, 1, 1, 1, 8, 0}, kNone, "T=1"},
+      {{2, 7, 7, 4, 4, 16, 0}, kNone, "MHA"},
+      {{2, 13, 13, 4, 2, 64, 0}, kNone, "GQA H/Hkv=2"},
+      {{1, 33, 33, 8, 2, 32, 0}, kNone, "GQA H/Hkv=4"},
+      {{2, 3, 20, 4, 2, 16, 17}, kNone, "KV cache Tq<Tk q_offset>0"},
+      {{2, 1, 9, 4, 1, 64, 8}, kRightPad, "decode one token, MQA, right padding"},
+      {{3, 4, 10, 2, 1, 24, 2}, kRandom, "Tq<Tk, queries see part of the cache"},
+      {{2, 21, 21, 2, 2, 5, 0}, kLeftPad, "left padding (queries that see no key), odd D"},
+      {{2, 130, 130, 2, 1, 64, 0}, kRandom, "several key and query blocks"},
+      {{1, 70, 200, 4, 4, 80, 130}, kLeftPad, "long cache, left padding, D=80"},
+      {{1, 300, 300, 8, 2, 128, 0}, kRightPad, "D=128, GQA, 5 key blocks"},
+      {{1, 40, 40, 2, 1, 256, 0}, kNone, "D=256 (opt-in shared memory)"},
+  };
+  return cases;
+}
+void attention_inputs(const AttnCase& c, std::vector<float>& q, std::vector<float>& k,
+                      std::vector<float>& v, std::vector<uint8_t>& mask) {
+  const AttnShape& s = c.s;
+  q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 9);
+  k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 10);
+  v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 11);
+  mask.clear();
+  if (c.mask == kNone) return;
+  mask.assign(size_t(s.B * s.Tk), 1);
+  std::mt19937 rng(12);
+  for (int64_t b = 0; b < s.B; ++b) {
+    const int64_t pad = b % 2 == 1 ? s.Tk / 3 + 1 : 0;
+    for (int64_t j = 0; j < s.Tk; ++j) {
+      if (c.mask == kRightPad && j >= s.Tk - pad) mask[b * s.Tk + j] = 0;
+      if (c.mask == kLeftPad && j < pad) mask[b * s.Tk + j] = 0;
+      if (c.mask == kRandom && rng() % 4 == 0) mask[b * s.Tk + j] = 0;
+    }
+  }
+}
+
+TEST(GpuOpsConform, Attention) {
+  ZOF_REQUIRE_GPU();
+  for (const AttnCase& c : attention_cases()) {
+    std::vector<float> q, k, v;
+    std::vector<uint8_t> mask;
+    attention_inputs(c, q, k, v, mask);
+    conform(std::string("attention ") + c.what,
+            [&](Backend& be) { return run_attention(be, q, k, v, mask, c.s); });
+  }
+}
+
+TEST(GpuOpsConform, PointwiseEmbeddingLoss) {
+  ZOF_REQUIRE_GPU();
+  for (int64_t n : {1, 15, 1000, 4097, 70001, 1 << 22}) {
+    const std::string what = " n=" + std::to_string(n);
+    auto x = uniform(size_t(n), -8, 8, 13), y = uniform(size_t(n), -3, 3, 14);
+    auto wide = uniform(size_t(n), -200, 200, 15);
+    conform("silu_mul" + what, [&](Backend& be) { return run_silu_mul(be, x, y); });
+    conform("silu_mul wide" + what, [&](Backend& be) { return run_silu_mul(be, wide, y); });
+    for (auto [op, name] : {std::pair{&Backend::gelu_tanh, "gelu_tanh"},
+                            std::pair{&Backend::gelu_erf, "gelu_erf"}, std::pair{&Backend::relu, "relu"}}) {
+      conform(name + what, [&](Backend& be) { return run_in_place(be, op, x); });
+      conform(name + std::string(" wide") + what, [&](Backend& be) { return run_in_place(be, op, wide); });
+    }
+    conform("add" + what, [&](Backend& be) { return run_add(be, y, x); });
+  }
+  const int64_t vocab = 50;
+  for (int64_t n : {1, 9, 100}) {
+    for (int64_t dim : {1, 33, 768}) {
+      auto table = uniform(size_t(vocab * dim), -1, 1, 16);
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      std::mt19937 rng(17);
+      for (auto& i : ids) i = int32_t(rng() % vocab);
+      auto out0 = uniform(size_t(n * dim), -1, 1, 18);
+      for (bool acc : {false, true})
+        conform("embedding n=" + std::to_string(n) + " dim=" + std::to_string(dim),
+                [&](Backend& be) { return run_embedding(be, ids, table, out0, dim, acc); });
+    }
+  }
+  for (int64_t rows : {1, 4, 9}) {
+    for (int64_t V : {1, 2, 17, 1000, 50257, 152064}) {
+      auto logits = uniform(size_t(rows * V), -10, 10, 19);
+      std::vector<int32_t> targets(static_cast<size_t>(rows));
+      std::mt19937 rng(20);
+      for (auto& t : targets) t = int32_t(rng() % V);
+      if (rows > 1) targets[1] = -100;
+      conform("cross_entropy rows=" + std::to_string(rows) + " vocab=" + std::to_string(V),
+              [&](Backend& be) { return run_cross_entropy(be, logits, targets, V); });
+    }
+  }
+}
+
+TEST(GpuOps, Aliasing) {
+  ZOF_REQUIRE_GPU();
+  const int64_t rows = 5, dim = 300;
+  auto x = uniform(size_t(rows * dim), -2, 2, 21), w = uniform(size_t(dim), 0.5f, 1.5f, 22);
+  auto b = uniform(size_t(dim), -1, 1, 23), up = uniform(size_t(rows * dim), -2, 2, 24);
+  auto be = gpu();
+  {
+    Device dev(*be);
+    float* d = dev.put(x);
+    be->rms_norm(d, dev.put(w), d, rows, dim, 1e-6f);
+    EXPECT_TRUE(bit_identical(dev.get(d, x.size()), run_rms_norm(*be, x, w, rows, dim, 1e-6f)));
+  }
+  {
+    Device dev(*be);
+    float* d = dev.put(x);
+    be->layer_norm(d, dev.put(w), dev.put(b), d, rows, dim, 1e-5f);
+    EXPECT_TRUE(bit_identical(dev.get(d, x.size()), run_layer_norm(*be, x, w, b, rows, dim, 1e-5f)));
+  }
+  const auto want = run_silu_mul(*be, x, up);
+  {
+    Device dev(*be);
+    float* g = dev.put(x);
+    be->silu_mul(g, dev.put(up), g, int64_t(x.size()));
+    EXPECT_TRUE(bit_identical(dev.get(g, x.size()), want)) << "out == gate";
+  }
+  {
+    Device dev(*be);
+    float* u = dev.put(up);
+    be->silu_mul(dev.put(x), u, u, int64_t(x.size()));
+    EXPECT_TRUE(bit_identical(dev.get(u, x.size()), want)) << "out == up";
+  }
+}
+
+// ---- bf16 entries ------------------------------------------------------------------------------------
+
+using zof::gpu_test::bf16_round;
+using zof::gpu_test::from_bf16;
+using zof::gpu_test::to_bf16;
+
+TEST(GpuOpsBf16, Matmul) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto ref = zof::make_reference_backend();
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (Shape s : {Shape{1, 17, 33}, Shape{64, 48, 768}, Shape{257, 1031, 2048}}) {
+    for (bool has_bias : {false, true}) {
+      auto x = bf16_round(uniform(size_t(s.M * s.K), -1, 1, 1));
+      auto w = bf16_round(uniform(size_t(s.N * s.K), -1, 1, 2));
+      auto bias = has_bias ? bf16_round(uniform(size_t(s.N), -1, 1, 3)) : std::vector<float>{};
+      const auto want = run_matmul(*ref, x, w, bias, s.M, s.N, s.K);
+      Device dev(*be);
+      uint16_t* y = dev.output16(size_t(s.M * s.N));
+      be->matmul_bf16(dev.put(to_bf16(x)), dev.put(to_bf16(w)), has_bias ? dev.put(to_bf16(bias)) : nullptr,
+                      y, s.M, s.N, s.K);
+      EXPECT_TRUE(close(want, from_bf16(dev.get(y, size_t(s.M * s.N))), kTolBf16))
+          << "matmul_bf16 M=" << s.M << " N=" << s.N << " K=" << s.K;
+    }
+  }
+}
+
+TEST(GpuOpsBf16, AttentionTensorCoresAndGeneric) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto ref = zof::make_reference_backend();
+  std::vector<AttnCase> cases = attention_cases();
+  cases.push_back({{2, 200, 200, 8, 8, 128, 0}, kRandom, "D=128 MHA, masked"});
+  cases.push_back({{1, 1000, 1000, 4, 1, 64, 0}, kNone, "D=64 MQA, 16 key blocks"});
+  cases.push_back({{2, 5, 300, 4, 2, 128, 295}, kLeftPad, "D=128 q_offset"});
+  for (const AttnCase& c : cases) {
+    std::vector<float> q, k, v;
+    std::vector<uint8_t> mask;
+    attention_inputs(c, q, k, v, mask);
+    q = bf16_round(q), k = bf16_round(k), v = bf16_round(v);
+    const auto want = run_attention(*ref, q, k, v, mask, c.s);
+    const AttnShape& s = c.s;
+    const size_t n = size_t(s.B * s.Tq * s.H * s.D);
+    Device dev(*be);
+    uint16_t* out = dev.output16(n);
+    be->attention_bf16(dev.put(to_bf16(q)), dev.put(to_bf16(k)), dev.put(to_bf16(v)), out,
+                       dev.put(mask), s.B, s.Tq, s.Tk, s.H, s.Hkv, s.D, s.q_offset,
+                       1.0f / std::sqrt(float(s.D)));
+    EXPECT_TRUE(close(want, from_bf16(dev.get(out, n)), kTolBf16)) << "attention_bf16 " << c.what;
+  }
+}
+
+TEST(GpuOpsBf16, NormsRopePointwise) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto ref = zof::make_reference_backend();
+  const int64_t rows = 37, dim = 4096;
+  auto x = bf16_round(uniform(size_t(rows * dim), -2, 2, 30));
+  auto up = bf16_round(uniform(size_t(rows * dim), -2, 2, 31));
+  auto w = uniform(size_t(dim), 0.5f, 1.5f, 32), b = uniform(size_t(dim), -1, 1, 33);
+  Device dev(*be);
+  const size_t n = x.size();
+  uint16_t* dx = dev.put(to_bf16(x));
+  uint16_t* y = dev.output16(n);
+  be->rms_norm_bf16(dx, dev.put(w), y, rows, dim, 1e-6f);
+  EXPECT_TRUE(close(run_rms_norm(*ref, x, w, rows, dim, 1e-6f), from_bf16(dev.get(y, n)), kTolBf16));
+  be->layer_norm_bf16(dx, dev.put(w), dev.put(b), y, rows, dim, 1e-5f);
+  EXPECT_TRUE(close(run_layer_norm(*ref, x, w, b, rows, dim, 1e-5f), from_bf16(dev.get(y, n)), kTolBf16));
+  std::vector<int32_t> pos(rows);
+  for (int64_t r = 0; r < rows; ++r) pos[r] = int32_t(r * 97);
+  uint16_t* xr = dev.put(to_bf16(x));
+  be->rope_bf16(xr, dev.put(pos), rows, 32, 128, 10000.0f);
+  EXPECT_TRUE(close(run_rope(*ref, x, pos, rows, 32, 128, 10000.0f), from_bf16(dev.get(xr, n)), kTolBf16));
+  be->silu_mul_bf16(dx, dev.put(to_bf16(up)), y, int64_t(n));
+  EXPECT_TRUE(close(run_silu_mul(*ref, x, up), from_bf16(dev.get(y, n)), kTolBf16));
+  uint16_t* xa = dev.put(to_bf16(x));
+  be->add_bf16(xa, dev.put(to_bf16(up)), int64_t(n));
+  EXPECT_TRUE(close(run_add(*ref, x, up), from_bf16(dev.get(xa, n)), kTolBf16));
+  be->relu_bf16(xa, int64_t(n));
+  EXPECT_TRUE(close(run_in_place(*ref, &Backend::relu, run_add(*ref, x, up)), from_bf16(dev.get(xa, n)), kTolBf16));
+  // Conversions round to nearest even exactly as zof::f32_to_bf16 does.
+  auto raw = uniform(100003, -1e4f, 1e4f, 34);
+  float* draw = dev.put(raw);
+  uint16_t* d16 = dev.output16(raw.size());
+  be->to_bf16(draw, d16, int64_t(raw.size()));
+  EXPECT_EQ(dev.get(d16, raw.size()), to_bf16(raw));
+  float* back = dev.output(raw.size());
+  be->to_f32(d16, back, int64_t(raw.size()));
+  EXPECT_TRUE(bit_identical(dev.get(back, raw.size()), bf16_round(raw)));
+}
+
+// ---- zeroth-order passes: z and the update bit for bit -------------------------------------------------
+
+TEST(GpuZO, ZEqualsHostBitForBit) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  // theta = 0, eps = 1: plus = fmaf(1, z, 0) = z exactly, minus = -z.
+  for (int64_t n : {int64_t(1), int64_t(3), int64_t(4), int64_t(1001), int64_t(1) << 22, (int64_t(1) << 22) + 3}) {
+    for (uint32_t tensor : {0u, 7u, 123456u}) {
+      const zof::ZKey key{0x1234567890abcdefull, 42, 3};
+      Device dev(*be);
+      float* theta = dev.put(std::vector<float>(size_t(n), 0.0f));
+      float* plus = dev.output(size_t(n));
+      float* minus = dev.output(size_t(n));
+      be->zo_pass(theta, n, tensor, nullptr, 0, 0.0f, &key, 1.0f, plus, minus);
+      const auto zp = dev.get(plus, size_t(n)), zm = dev.get(minus, size_t(n));
+      std::vector<float> want(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) want[i] = zof::z_element(key, tensor, uint64_t(i));
+      EXPECT_TRUE(bit_identical(want, zp)) << "z n=" << n << " tensor=" << tensor;
+      for (auto& z : want) z = -z;
+      EXPECT_TRUE(bit_identical(want, zm)) << "-z n=" << n;
+    }
+  }
+}
+
+TEST(GpuZO, FusedUpdateAndPerturbationEqualHost) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  for (int64_t n : {int64_t(5), int64_t(1000003)}) {
+    for (int n_update : {0, 1, 3}) {
+      auto theta0 = uniform(size_t(n), -0.1f, 0.1f, 40);
+      std::vector<zof::ZOUpdateTerm> upd;
+      for (int j = 0; j < n_update; ++j)
+        upd.push_back({zof::ZKey{99, 5, uint32_t(j)}, 1e-4f * float(j + 1) * (j % 2 ? -1.f : 1.f)});
+      const zof::ZKey cur{99, 6, 1};
+      const float lr_wd = n_update ? 3e-6f : 0.0f, eps = 1e-3f;
+      auto th_host = theta0;
+      std::vector<float> plus_host(static_cast<size_t>(n)), minus_host(static_cast<size_t>(n));
+      zof::zo_pass_host(th_host.data(), n, 17, upd.data(), n_update, lr_wd, &cur, eps,
+                        plus_host.data(), minus_host.data());
+      Device dev(*be);
+      float* th = dev.put(theta0);
+      float* plus = dev.output(size_t(n));
+      float* minus = dev.output(size_t(n));
+      be->zo_pass(th, n, 17, upd.data(), n_update, lr_wd, &cur, eps, plus, minus);
+      EXPECT_TRUE(bit_identical(th_host, dev.get(th, size_t(n)))) << "theta n=" << n << " upd=" << n_update;
+      EXPECT_TRUE(bit_identical(plus_host, dev.get(plus, size_t(n)))) << "plus";
+      EXPECT_TRUE(bit_identical(minus_host, dev.get(minus, size_t(n)))) << "minus";
+      // Update only (flush): no perturbed copies.
+      auto th2_host = theta0;
+      zof::zo_pass_host(th2_host.data(), n, 17, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
+      float* th2 = dev.put(theta0);
+      be->zo_pass(th2, n, 17, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
+      EXPECT_TRUE(bit_identical(th2_host, dev.get(th2, size_t(n)))) << "update only";
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,376 @@
+// The CUDA kernels' per-element arithmetic (src/cuda/op_math.h) run on the CPU against the
+// reference backend: activations, RMSNorm and LayerNorm row math with Welford merged as the
+// kernel's warp butterfly merges it, RoPE angles and rotation, the online softmax of the
+// attention kernels replayed block by block, and the cross-entropy from (max, sum of exp).
+// CI has no GPU; this is where the math of the CUDA backend is checked there. Also the GPU
+// tests' device walk (tests/gpu/device_walk.h) run over the CPU backend against Forward and
+// ZOEngine, so that a GPU failure points at the backend, not at the driver.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda/op_math.h"
+#include "gpu/device_walk.h"
+#include "zof/backend.h"
+#include "zof/cuda.h"
+#include "zof/error.h"
+
+namespace {
+
+namespace om = zof::opmath;
+
+std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// max |got - want| / max |want| under tol, no NaN or inf on either side.
+::testing::AssertionResult close(const std::vector<float>& want, const std::vector<float>& got,
+                                 double tol) {
+  if (want.size() != got.size()) return ::testing::AssertionFailure() << "size mismatch";
+  double scale = 0, err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(want[i]) || !std::isfinite(got[i]))
+      return ::testing::AssertionFailure() << "non-finite at " << i << ": " << got[i] << " vs " << want[i];
+    scale = std::max(scale, std::fabs(double(want[i])));
+    const double e = std::fabs(double(got[i]) - double(want[i]));
+    if (e > err) err = e, worst = i;
+  }
+  const double rel = err / std::max(scale, 1e-30);
+  if (rel <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << rel << " > " << tol << " at " << worst
+                                       << ": " << got[worst] << " vs " << want[worst];
+}
+
+// The tolerance of the GPU conformance test (fp32); the formulas must meet it on the CPU too.
+constexpr double kTol = 1e-5;
+
+TEST(CudaMath, Activations) {
+  auto ref = zof::make_reference_backend();
+  for (auto [lo, hi] : {std::pair{-8.0f, 8.0f}, std::pair{-200.0f, 200.0f}}) {
+    const size_t n = 20001;
+    auto x = uniform(n, lo, hi, 1), up = uniform(n, -3, 3, 2);
+    std::vector<float> want(n), got(n);
+    ref->silu_mul(x.data(), up.data(), want.data(), int64_t(n));
+    for (size_t i = 0; i < n; ++i) got[i] = om::silu_mul(x[i], up[i]);
+    EXPECT_TRUE(close(want, got, 1e-6)) << "silu_mul " << lo;
+    for (auto [op, fn, name] :
+         {std::tuple{&zof::Backend::gelu_tanh, &om::gelu_tanh, "gelu_tanh"},
+          std::tuple{&zof::Backend::gelu_erf, &om::gelu_erf, "gelu_erf"},
+          std::tuple{&zof::Backend::relu, &om::relu, "relu"}}) {
+      want = x;
+      ((*ref).*op)(want.data(), int64_t(n), nullptr);
+      for (size_t i = 0; i < n; ++i) got[i] = fn(x[i]);
+      EXPECT_TRUE(close(want, got, 1e-6)) << name << " " << lo;
+    }
+  }
+  EXPECT_TRUE(std::isnan(om::relu(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(om::silu_mul(-1000.0f, 1.0f), 0.0f);
+  EXPECT_EQ(om::gelu_tanh(-1000.0f), 0.0f);
+  EXPECT_EQ(om::gelu_erf(1000.0f), 1000.0f);
+}
+
+// Welford states of 256 threads over strided slices, merged by the kernel's butterfly
+// (xor 16..1 within each warp, then the warp leaders the same way).
+om::Welford block_welford(const float* x, int64_t dim, int threads) {
+  std::vector<om::Welford> t(threads);
+  for (int th = 0; th < threads; ++th)
+    for (int64_t i = th; i < dim; i += threads) om::welford_push(t[th], x[i]);
+  auto butterfly = [](std::vector<om::Welford>& lanes) {
+    for (int o = 16; o > 0; o >>= 1) {
+      std::vector<om::Welford> next(lanes.size());
+      for (size_t l = 0; l < lanes.size(); ++l) next[l] = om::welford_merge(lanes[l], lanes[l ^ o]);
+      lanes = next;
+    }
+  };
+  std::vector<om::Welford> leaders(32);
+  for (int w = 0; w < threads / 32; ++w) {
+    std::vector<om::Welford> lanes(t.begin() + w * 32, t.begin() + w * 32 + 32);
+    butterfly(lanes);
+    leaders[w] = lanes[0];
+  }
+  butterfly(leaders);
+  return leaders[0];
+}
+
+TEST(CudaMath, Norms) {
+  auto ref = zof::make_reference_backend();
+  for (int64_t dim : {1, 7, 64, 768, 1001, 5120}) {
+    const int64_t rows = 3;
+    auto x = uniform(size_t(rows * dim), -2, 2, 4);
+    auto w = uniform(size_t(dim), 0.5f, 1.5f, 5), b = uniform(size_t(dim), -1, 1, 6);
+    for (float shift : {0.0f, 30.0f}) {  // a large mean: the variance must not cancel
+      auto xs = x;
+      for (auto& a : xs) a += shift;
+      std::vector<float> want(xs.size()), got(xs.size());
+      const int threads = dim >= 256 ? 256 : int((dim + 31) / 32 * 32);
+      ref->layer_norm(xs.data(), w.data(), b.data(), want.data(), rows, dim, 1e-5f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xs.data() + r * dim;
+        const om::Welford st = block_welford(xr, dim, threads);
+        EXPECT_EQ(st.n, float(dim));
+        const float inv = om::layer_norm_inv(st, 1e-5f);
+        for (int64_t i = 0; i < dim; ++i) got[r * dim + i] = (xr[i] - st.mean) * inv * w[i] + b[i];
+      }
+      EXPECT_TRUE(close(want, got, kTol)) << "layer_norm dim=" << dim << " shift=" << shift;
+      ref->rms_norm(xs.data(), w.data(), want.data(), rows, dim, 1e-6f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xs.data() + r * dim;
+        float ss = 0;
+        for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+        const float inv = om::rms_inv(ss, dim, 1e-6f);
+        for (int64_t i = 0; i < dim; ++i) got[r * dim + i] = xr[i] * inv * w[i];
+      }
+      EXPECT_TRUE(close(want, got, kTol)) << "rms_norm dim=" << dim << " shift=" << shift;
+    }
+  }
+}
+
+TEST(CudaMath, WelfordMergeEqualsOnePass) {
+  auto x = uniform(1000, 29, 31, 7);
+  om::Welford all, a, b;
+  for (size_t i = 0; i < x.size(); ++i) {
+    om::welford_push(all, x[i]);
+    om::welford_push(i < 300 ? a : b, x[i]);
+  }
+  const om::Welford m = om::welford_merge(a, b);
+  EXPECT_EQ(m.n, all.n);
+  EXPECT_NEAR(m.mean, all.mean, 1e-5);
+  EXPECT_NEAR(m.m2 / m.n, all.m2 / all.n, 1e-5);
+  const om::Welford empty;
+  EXPECT_EQ(om::welford_merge(empty, a).mean, a.mean);
+  EXPECT_EQ(om::welford_merge(a, empty).m2, a.m2);
+}
+
+TEST(CudaMath, Rope) {
+  auto ref = zof::make_reference_backend();
+  std::mt19937 rng(8);
+  for (int64_t head_dim : {2, 64, 80, 128}) {
+    for (float theta : {10000.0f, 500000.0f}) {
+      const int64_t rows = 40, heads = 3, half = head_dim / 2;
+      auto x = uniform(size_t(rows * heads * head_dim), -1, 1, 9);
+      std::vector<int32_t> pos(rows);
+      for (auto& p : pos) p = int32_t(rng() % 8192);
+      auto want = x, got = x;
+      ref->rope(want.data(), pos.data(), rows, heads, head_dim, theta);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < half; ++i) {
+          const float angle = om::rope_angle(pos[r], om::rope_inv_freq(i, head_dim, theta));
+          const float c = std::cos(angle), s = std::sin(angle);
+          for (int64_t h = 0; h < heads; ++h) {
+            float* lo = got.data() + (r * heads + h) * head_dim + i;
+            om::rope_rotate(lo[0], lo[half], c, s);
+          }
+        }
+      EXPECT_TRUE(close(want, got, kTol)) << "head_dim=" << head_dim << " theta=" << theta;
+    }
+  }
+}
+
+// The generic attention kernel's walk for one (batch, kv head): keys in blocks of 32, each
+// block's scores, its max, softmax_advance, the probabilities and the rescaled outputs.
+std::vector<float> attention_online(const std::vector<float>& q, const std::vector<float>& k,
+                                    const std::vector<float>& v, const std::vector<uint8_t>& mask,
+                                    int64_t Tq, int64_t Tk, int64_t D, int64_t q_offset,
+                                    float scale, int64_t block) {
+  std::vector<float> out(size_t(Tq * D));
+  for (int64_t i = 0; i < Tq; ++i) {
+    float m = -INFINITY, l = 0;
+    std::vector<float> o(D, 0.0f);
+    const int64_t lim = std::min(Tk - 1, q_offset + i);
+    for (int64_t j0 = 0; j0 <= lim; j0 += block) {
+      std::vector<float> s(block, -INFINITY);
+      float bmax = -INFINITY;
+      for (int64_t jj = 0; jj < block && j0 + jj <= lim; ++jj) {
+        const int64_t j = j0 + jj;
+        if (!mask.empty() && !mask[j]) continue;
+        float dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += q[i * D + d] * scale * k[j * D + d];
+        s[jj] = dot;
+        bmax = std::max(bmax, dot);
+      }
+      if (bmax == -INFINITY) continue;
+      const om::SoftmaxStep st = om::softmax_advance(m, bmax);
+      float sum = 0;
+      for (auto& x : s) sum += (x = std::exp(x - st.shift));
+      l = l * st.correction + sum;
+      for (int64_t d = 0; d < D; ++d) {
+        o[d] *= st.correction;
+        for (int64_t jj = 0; jj < block && j0 + jj <= lim; ++jj) o[d] += s[jj] * v[(j0 + jj) * D + d];
+      }
+    }
+    const float inv = om::softmax_inv_sum(l);
+    for (int64_t d = 0; d < D; ++d) out[i * D + d] = o[d] * inv;
+  }
+  return out;
+}
+
+TEST(CudaMath, OnlineSoftmaxAttention) {
+  auto ref = zof::make_reference_backend();
+  struct Case {
+    int64_t Tq, Tk, D, q_offset;
+    int mask;  // 0 none, 1 left padding (early queries see no key), 2 random
+  };
+  for (Case c : {Case{1, 1, 8, 0, 0}, Case{70, 70, 64, 0, 0}, Case{5, 100, 16, 95, 2},
+                 Case{40, 40, 5, 0, 1}, Case{3, 200, 128, 197, 1}}) {
+    auto q = uniform(size_t(c.Tq * c.D), -2, 2, 10), k = uniform(size_t(c.Tk * c.D), -2, 2, 11);
+    auto v = uniform(size_t(c.Tk * c.D), -1, 1, 12);
+    std::vector<uint8_t> mask;
+    if (c.mask) {
+      mask.assign(size_t(c.Tk), 1);
+      std::mt19937 rng(13);
+      for (int64_t j = 0; j < c.Tk; ++j)
+        mask[j] = c.mask == 1 ? j >= c.Tk / 3 : rng() % 4 != 0;
+    }
+    std::vector<float> want(q.size());
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    ref->attention(q.data(), k.data(), v.data(), want.data(), mask.empty() ? nullptr : mask.data(),
+                   1, c.Tq, c.Tk, 1, 1, c.D, c.q_offset, scale);
+    for (int64_t block : {32, 64}) {  // the generic and the tensor-core kernel's key blocks
+      auto got = attention_online(q, k, v, mask, c.Tq, c.Tk, c.D, c.q_offset, scale, block);
+      EXPECT_TRUE(close(want, got, kTol)) << "Tq=" << c.Tq << " Tk=" << c.Tk << " D=" << c.D
+                                          << " block=" << block;
+    }
+  }
+}
+
+TEST(CudaMath, SoftmaxMergeOfTwoHalves) {
+  auto s = uniform(300, -20, 20, 14);
+  auto state = [&](size_t b, size_t e) {
+    om::SoftmaxState st;
+    for (size_t i = b; i < e; ++i) st.m = std::max(st.m, s[i]);
+    for (size_t i = b; i < e; ++i) st.l += std::exp(s[i] - st.m);
+    return st;
+  };
+  float fa = 0, fb = 0;
+  const om::SoftmaxState all = state(0, 300), merged = om::softmax_merge(state(0, 123), state(123, 300), fa, fb);
+  EXPECT_EQ(merged.m, all.m);
+  EXPECT_NEAR(merged.l, all.l, 1e-5 * all.l);
+  const om::SoftmaxState empty;  // a split that saw only masked keys
+  const om::SoftmaxState with_empty = om::softmax_merge(empty, all, fa, fb);
+  EXPECT_EQ(fa, 0.0f);
+  EXPECT_EQ(with_empty.l, all.l);
+  const om::SoftmaxState none = om::softmax_merge(empty, empty, fa, fb);
+  EXPECT_EQ(none.l, 0.0f);
+  EXPECT_EQ(om::softmax_inv_sum(none.l), 0.0f);
+}
+
+TEST(CudaMath, CrossEntropy) {
+  auto ref = zof::make_reference_backend();
+  for (int64_t vocab : {1, 2, 17, 1000, 50257}) {
+    const int64_t rows = 4;
+    auto logits = uniform(size_t(rows * vocab), -10, 10, 15);
+    logits[0] = 1000.0f;  // row 0 confident in token 0: a tiny loss keeps its digits
+    std::vector<int32_t> targets = {0, int32_t(vocab - 1), -100, int32_t(vocab / 2)};
+    std::vector<float> want(rows), got(rows);
+    ref->cross_entropy(logits.data(), targets.data(), want.data(), rows, vocab);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* lr = logits.data() + r * vocab;
+      if (targets[r] < 0) {
+        got[r] = 0;
+        continue;
+      }
+      float mx = -INFINITY, rest = 0, at_max = 0;
+      for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, lr[j]);
+      for (int64_t j = 0; j < vocab; ++j) om::ce_accumulate(lr[j], mx, rest, at_max);
+      got[r] = om::ce_nll(mx, rest, at_max, lr[targets[r]]);
+    }
+    EXPECT_TRUE(close(want, got, kTol)) << "vocab=" << vocab;
+    EXPECT_EQ(got[2], 0.0f);
+  }
+}
+
+// Without a GPU (or a CUDA build) the query answers 0 and the factory says what to do.
+TEST(CudaMath, DeviceQueryNeverThrows) {
+  const int n = zof::cuda_device_count();
+  EXPECT_GE(n, 0);
+  if (n == 0) {
+    EXPECT_THROW(zof::make_cuda_backend(0), zof::Error);
+  }
+  EXPECT_THROW(zof::make_cuda_backend(n), zof::Error);
+}
+
+// ---- the device walk over the CPU backend -------------------------------------------------------
+
+zof::LossBatch golden_batch(const std::string& name) {
+  std::ifstream f(std::string(ZOF_SOURCE_DIR) + "/tests/golden/" + name + "/golden.json");
+  const auto g = nlohmann::json::parse(f);
+  std::vector<std::vector<int32_t>> seqs;
+  for (size_t b = 0; b < g["input_ids"].size(); ++b) {
+    std::vector<int32_t> s;
+    for (int t = 0; t < g["lengths"][b].get<int>(); ++t) s.push_back(g["input_ids"][b][t]);
+    seqs.push_back(s);
+  }
+  return zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
+}
+
+class DeviceWalk : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeviceWalk, EqualsForwardAndZOEngineOnCpu) {
+  const std::string dir = std::string(ZOF_SOURCE_DIR) + "/tests/golden/" + GetParam();
+  const zof::LossBatch lb = golden_batch(GetParam());
+  const int64_t rows = lb.batch.B * lb.batch.T;
+  auto cpu = zof::make_cpu_backend(1);
+  zof::Model model = zof::Model::load(dir);
+  const int64_t V = model.config().vocab_size;
+
+  zof::Forward fwd(model, *cpu, rows);
+  std::vector<float> want;
+  fwd.logits(lb.batch, want);
+  auto dm = zof::gpu::DeviceModel::upload(*cpu, model);
+  zof::gpu::DeviceForward dfwd(model.config(), *cpu, rows, 5);
+  auto in = dfwd.upload(lb.batch, &lb.targets);
+  zof::gpu::DeviceArray<float> h(*cpu, rows * model.config().hidden_size), logits(*cpu, rows * V);
+  dfwd.logits(dm, in, h.get(), logits.get());
+  std::vector<float> a, b;  // valid positions only (padding rows hold garbage in both)
+  const auto got = logits.download();
+  for (int64_t r = 0; r < lb.batch.B; ++r)
+    for (int64_t t = 0; t < lb.batch.lengths[r]; ++t)
+      for (int64_t v = 0; v < V; ++v) {
+        a.push_back(want[(r * lb.batch.T + t) * V + v]);
+        b.push_back(got[(r * lb.batch.T + t) * V + v]);
+      }
+  EXPECT_TRUE(close(a, b, 1e-6)) << "logits";
+
+  // The ZO step: two steps, the second with the first's update fused in; then a flush.
+  zof::ZOStepOptions opt;
+  opt.queries = 2;
+  opt.seed = 7;
+  opt.weight_decay = 0.1f;
+  zof::Model cpu_model = zof::Model::load(dir), twin = zof::Model::load(dir);
+  zof::ZOEngine zo(cpu_model, *cpu, rows, opt);
+  auto tm = zof::gpu::DeviceModel::upload(*cpu, twin);
+  zof::gpu::DeviceZO dzo(tm, *cpu, rows, opt, 5);
+  const std::vector<zof::LossBatch> micro = {lb, lb};
+  for (uint32_t step = 0; step < 2; ++step) {
+    const zof::QueryLosses lc = zo.perturbed_losses(step, micro), ld = dzo.perturbed_losses(step, micro);
+    for (int j = 0; j < opt.queries; ++j) {
+      EXPECT_NEAR(lc.sum_plus[j], ld.sum_plus[j], 1e-5 * std::fabs(lc.sum_plus[j])) << step;
+      EXPECT_NEAR(lc.sum_minus[j], ld.sum_minus[j], 1e-5 * std::fabs(lc.sum_minus[j])) << step;
+    }
+    const auto upd = zof::ZOEngine::make_update(opt, step, 1e-3f, zo.projected_gradients(lc));
+    zo.set_pending(upd);
+    dzo.set_pending(upd);
+  }
+  zo.flush();
+  dzo.flush();
+  tm.download(*cpu, twin);
+  EXPECT_EQ(0, std::memcmp(cpu_model.storage(), twin.storage(), size_t(cpu_model.storage_size()) * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeviceWalk,
+                         ::testing::Values("llama_gqa", "qwen2_bias", "opt", "opt350_shape", "gpt2"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
