@@ -281,6 +281,12 @@ int main(int argc, char** argv) {
   ft->add_option("--threads", t.threads, "CPU threads (0: all cores)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
   ft->add_flag("--json", t.json, "Print one JSON object as the last line");
+  ft->add_option("--pipeline-stages", t.pipeline_stages, "Under mpirun: split the blocks into this many "
+                 "pipeline stages on consecutive ranks (ranks = stages x data-parallel replicas)")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  ft->add_option("--dist-timeout", t.dist_timeout, "Under mpirun: seconds a rank may wait on the others "
+                 "before the whole job stops with an error (0: wait for ever)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
 
   std::string rp_model, rp_log, rp_out;
   int rp_threads = 0;
@@ -315,7 +321,8 @@ int main(int argc, char** argv) {
         ZOF_CHECK(!t.data.empty(), "finetune needs --data PATH, the task's data file or directory");
       }
       auto summary = zof::finetune(t);
-      std::cout << summary.dump() << "\n";  // the run's result: always one JSON line
+      // The run's result: always one JSON line, from rank 0 alone under mpirun.
+      if (!summary.contains("rank")) std::cout << summary.dump() << "\n";
       return summary.value("interrupted", false) ? 130 : 0;
     }
     if (rp->parsed()) {

@@ -33,6 +33,11 @@ struct TrainOptions {
   int threads = 0;
   bool json = false;
   std::string resume;  // run directory to continue
+  // How the job is laid out, not what it computes (not saved in run.json: a run may resume on
+  // another number of ranks or stages). Under mpirun, ranks = pipeline_stages x replicas; each
+  // step's batch is split across replicas (data parallel) and the blocks across stages.
+  int pipeline_stages = 1;
+  double dist_timeout = 600;  // seconds a rank may wait on the others before the job aborts
 
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);
@@ -42,8 +47,10 @@ struct TrainOptions {
 class TrainData {
  public:
   virtual ~TrainData() = default;
-  // The step's batch split into micro-batches: a pure function of (seed, step).
-  virtual std::vector<LossBatch> batch(uint64_t step) = 0;
+  // The step's batch split into micro-batches: a pure function of (seed, step). Data-parallel
+  // replica r of R takes its share BatchSampler::rank_slice(batch, r, R) of the step's examples
+  // and splits that into the micro-batches.
+  virtual std::vector<LossBatch> batch(uint64_t step, int replica = 0, int replicas = 1) = 0;
   // The held-out metric at the model's current weights.
   struct Metric {
     std::string name;  // "ppl", "accuracy", "nll"
@@ -60,6 +67,9 @@ std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokeni
 float learning_rate(const TrainOptions& opt, int64_t step);
 
 // Runs (or resumes) a fine-tuning run; returns the final JSON summary. Throws zof::Error.
+// Started by mpirun, the ranks of the job train one model together (see TrainOptions); rank 0
+// alone writes the run directory and returns the summary, the other ranks return
+// {"rank": r} only.
 nlohmann::json finetune(TrainOptions opt);
 
 // Rebuilds fine-tuned weights from a base model and a run's step log; writes a model directory.

@@ -6,6 +6,7 @@
 // and the GPU are schedules of this same walk.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "zof/backend.h"
@@ -44,6 +45,13 @@ struct PendingUpdate {
   bool empty() const { return terms.empty(); }
 };
 
+// Where a pipeline stage's hidden states come from and go to: stream 2j is query j's +eps
+// state, 2j+1 its -eps state, each (rows, C) for the current micro-batch, in walk order.
+struct StageIO {
+  std::function<void(int stream, float* h, int64_t n)> recv;        // from the previous stage
+  std::function<void(int stream, const float* h, int64_t n)> send;  // to the next stage
+};
+
 class ZOEngine {
  public:
   ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptions opt);
@@ -53,6 +61,17 @@ class ZOEngine {
   // the micro-batches. The pending update (if any) is applied to each block as the first
   // micro-batch's walk reaches it; theta is otherwise unchanged.
   QueryLosses perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro);
+
+  // Makes this engine one pipeline stage: it walks (perturbs, updates, runs) only blocks
+  // [first, last] of the walk (0 = embedding, L+1 = head), receives the hidden states before
+  // its first layer unless it has the embedding, and sends them after its last layer unless it
+  // has the head (only the head's stage returns losses; the others return zero sums). With tied
+  // embeddings the head's stage also keeps the embedding block: it applies the same updates to
+  // its own copy (z is regenerated from the seed), so the tied weights never cross ranks.
+  // Blocks outside the stage go stale; flush() leaves them alone.
+  void set_stage(int first, int last, StageIO io);
+  // Whether this engine keeps block b up to date.
+  bool owns_block(int b) const;
 
   // Projected gradients g_j = (L+_j - L-_j) / 2 eps from (possibly all-reduced) sums.
   std::vector<double> projected_gradients(const QueryLosses& l) const;
@@ -88,6 +107,8 @@ class ZOEngine {
   ZOStepOptions opt_;
   PendingUpdate pending_;
   int64_t max_rows_;
+  int first_block_ = 0, last_block_ = -1;  // the stage's blocks; -1: the last block
+  StageIO io_;
   // Perturbed copies: the embedding block lives through the walk (the tied LM head reads it);
   // one pair per query for it, one shared pair for the current layer or head block.
   std::vector<float*> embed_plus_, embed_minus_;

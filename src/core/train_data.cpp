@@ -11,14 +11,46 @@
 namespace zof {
 namespace {
 
-// Splits the step's indices into micro-batches of near-equal size.
-template <class Make>
-std::vector<LossBatch> split_micro(const std::vector<int64_t>& idx, int64_t micro, Make make) {
+// lb right-padded to T positions (ids pad, targets -1).
+LossBatch pad_to(LossBatch lb, int64_t T, int32_t pad) {
+  const int64_t B = lb.batch.B, T0 = lb.batch.T;
+  if (T0 == T) return lb;
+  ZOF_ASSERT(T0 < T);
+  LossBatch o;
+  o.batch.B = B;
+  o.batch.T = T;
+  o.batch.lengths = lb.batch.lengths;
+  o.batch.ids.assign(B * T, pad);
+  o.targets.assign(B * T, -1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T0; ++t) {
+      o.batch.ids[b * T + t] = lb.batch.ids[b * T0 + t];
+      o.targets[b * T + t] = lb.targets[b * T0 + t];
+    }
+  return o;
+}
+
+// The micro-batches of the step: its examples (replica r of R: its rank_slice of them) split
+// into `micro` parts of near-equal size; len(i) is example i's length in tokens. A data-parallel
+// replica pads its micro-batches to the longest sequence of the whole step, so that its rows
+// have the length one process would give them: each row is then computed exactly as in one
+// process (only the number of rows differs), and R replicas reproduce the single-process
+// losses and weights bit for bit (tests/mpi). One process keeps each micro-batch's own length.
+template <class Len, class Make>
+std::vector<LossBatch> step_micro_batches(BatchSampler& sampler, uint64_t step, int replica,
+                                          int replicas, int64_t micro, int32_t pad, Len len,
+                                          Make make) {
+  const std::vector<int64_t> all = sampler.batch((int64_t)step);
+  const std::vector<int64_t> idx =
+      replicas == 1 ? all : BatchSampler::rank_slice(all, replica, replicas);
+  int64_t T = 0;
+  for (int64_t i : all) T = std::max<int64_t>(T, len(i));
   std::vector<LossBatch> out;
   const int64_t B = (int64_t)idx.size();
   for (int64_t m = 0; m < micro; ++m) {
     const int64_t lo = B * m / micro, hi = B * (m + 1) / micro;
-    out.push_back(make(std::vector<int64_t>(idx.begin() + lo, idx.begin() + hi)));
+    LossBatch lb = make(std::vector<int64_t>(idx.begin() + lo, idx.begin() + hi));
+    out.push_back(replicas == 1 ? std::move(lb) : pad_to(std::move(lb), T, pad));
   }
   return out;
 }
@@ -38,9 +70,11 @@ class TextTask : public TrainData {
                                         std::to_string(context) + " tokens");
     if ((int64_t)data_.eval.size() > o.eval_examples) data_.eval.resize(o.eval_examples);
   }
-  std::vector<LossBatch> batch(uint64_t step) override {
-    return split_micro(sampler_.batch((int64_t)step), opt_.micro_batches,
-                       [&](const std::vector<int64_t>& i) { return make_text_batch(data_.train, i); });
+  std::vector<LossBatch> batch(uint64_t step, int replica, int replicas) override {
+    return step_micro_batches(
+        sampler_, step, replica, replicas, opt_.micro_batches, 0,
+        [&](int64_t i) { return (int64_t)data_.train[i].size(); },
+        [&](const std::vector<int64_t>& i) { return make_text_batch(data_.train, i); });
   }
   Metric evaluate(Forward& fwd) override {
     return {"ppl", windows_nll(fwd, data_.eval, max_rows()).ppl};
@@ -77,11 +111,12 @@ class ExampleTask : public TrainData {
                    (long long)cut, train_.size(), (long long)max_len_);
     for (auto& t : train_) longest_ = std::max<int64_t>(longest_, (int64_t)t.ids.size());
   }
-  std::vector<LossBatch> batch(uint64_t step) override {
-    return split_micro(sampler_.batch((int64_t)step), opt_.micro_batches,
-                       [&](const std::vector<int64_t>& i) {
-                         return make_loss_batch(train_, i, std::max(0, tok_.pad_id()));
-                       });
+  std::vector<LossBatch> batch(uint64_t step, int replica, int replicas) override {
+    const int32_t pad = std::max(0, tok_.pad_id());
+    return step_micro_batches(
+        sampler_, step, replica, replicas, opt_.micro_batches, pad,
+        [&](int64_t i) { return (int64_t)train_[i].ids.size(); },
+        [&](const std::vector<int64_t>& i) { return make_loss_batch(train_, i, pad); });
   }
   Metric evaluate(Forward& fwd) override {
     if (kind_ == TaskKind::Completion)

@@ -1,6 +1,10 @@
 // The fine-tuning loop: ZO steps over deterministic batches, learning-rate schedule, guard
 // against non-finite losses, evaluation, metrics (JSONL), progress, atomic checkpoints with
 // exact resume, the (seed, g) step log, and replay of that log onto the base model.
+// Under mpirun the same loop runs on every rank: data-parallel replicas each walk their share
+// of the step's batch, pipeline stages their share of the blocks, and one ordered reduction of
+// 2q + 3 doubles per step (the loss sums, the token counts, a stop flag) leaves every rank with
+// the same projected gradients, hence the same weights, without moving a gradient or a weight.
 #include "zof/trainer.h"
 
 #include <fcntl.h>
@@ -18,6 +22,7 @@
 #include <sstream>
 
 #include "zof/backend.h"
+#include "zof/dist.h"
 #include "zof/error.h"
 #include "zof/model.h"
 #include "zof/tokenizer.h"
@@ -151,6 +156,22 @@ fs::path latest_checkpoint(const fs::path& run) {
   return dir;
 }
 
+// Test hooks for the failure tests: ZOF_FAULT_KILL_AT_STEP / ZOF_FAULT_TERM_AT_STEP /
+// ZOF_FAULT_HANG_AT_STEP = step make rank ZOF_FAULT_RANK (every rank when unset) die by SIGKILL,
+// receive SIGTERM, or stop answering at the start of that step.
+void inject_step_fault(int rank, int64_t step) {
+  const char* r = std::getenv("ZOF_FAULT_RANK");
+  if (r && std::atoi(r) != rank) return;
+  if (const char* k = std::getenv("ZOF_FAULT_KILL_AT_STEP"); k && std::atoll(k) == step)
+    ::raise(SIGKILL);
+  if (const char* t = std::getenv("ZOF_FAULT_TERM_AT_STEP"); t && std::atoll(t) == step)
+    ::raise(SIGTERM);
+  if (const char* h = std::getenv("ZOF_FAULT_HANG_AT_STEP"); h && std::atoll(h) == step)
+    for (;;) ::pause();
+}
+
+constexpr int kWeightsTag = 30000;  // pipeline stages' blocks gathered to rank 0
+
 }  // namespace
 
 json TrainOptions::to_json() const {
@@ -214,6 +235,16 @@ float learning_rate(const TrainOptions& o, int64_t step) {
 }
 
 json finetune(TrainOptions opt) {
+  // ---- the job: ranks, stages, replicas ------------------------------------------------------
+  ZOF_CHECK(opt.dist_timeout >= 0 && std::isfinite(opt.dist_timeout),
+            "--dist-timeout must be a non-negative number of seconds (0: wait for ever)");
+  auto comm = dist::connect_world(opt.dist_timeout);
+  const int rank = comm->rank();
+  const bool root = rank == 0;
+  const dist::Layout layout = dist::Layout::make(comm->size(), opt.pipeline_stages);
+  const int stage = layout.stage(rank), replica = layout.replica(rank);
+  const bool last_stage = stage == layout.stages - 1;
+
   // ---- options, run directory, resume -------------------------------------------------------
   const bool resuming = !opt.resume.empty();
   fs::path run;
@@ -230,6 +261,8 @@ json finetune(TrainOptions opt) {
                   ", not --model " + opt.model + "; resume with the same model or start a new run");
     s.threads = opt.threads;
     s.json = opt.json;
+    s.pipeline_stages = opt.pipeline_stages;
+    s.dist_timeout = opt.dist_timeout;
     s.resume = opt.resume;
     s.out = run.string();
     opt = s;
@@ -251,10 +284,19 @@ json finetune(TrainOptions opt) {
   ZOF_CHECK(opt.batch >= 1, "--batch must be at least 1");
   ZOF_CHECK(opt.micro_batches >= 1 && opt.micro_batches <= opt.batch,
             "--micro-batches must be between 1 and --batch");
+  ZOF_CHECK(opt.batch >= (int64_t)layout.replicas * opt.micro_batches,
+            "--batch " + std::to_string(opt.batch) + " is split across " +
+                std::to_string(layout.replicas) + " data-parallel replicas (ranks / stages) and " +
+                std::to_string(opt.micro_batches) + " micro-batches each, so it needs at least " +
+                std::to_string((int64_t)layout.replicas * opt.micro_batches) +
+                " examples; raise --batch or use fewer ranks");
   ZOF_CHECK(opt.lr >= 0 && std::isfinite(opt.lr), "--lr must be a non-negative number");
   ZOF_CHECK(opt.schedule == "constant" || opt.schedule == "linear" || opt.schedule == "cosine",
             "--schedule must be constant, linear or cosine, not '" + opt.schedule + "'");
 
+  // Ranks sharing a node share its cores (results do not depend on the thread count).
+  if (opt.threads == 0 && comm->local_size() > 1)
+    opt.threads = std::max(1, omp_get_num_procs() / comm->local_size());
   if (opt.threads > 0) omp_set_num_threads(opt.threads);  // host passes outside the backend too
   auto backend = make_cpu_backend(opt.threads);
   Model model = Model::load(opt.model);
@@ -269,6 +311,31 @@ json finetune(TrainOptions opt) {
   auto data = make_train_data(opt, tok, model.config().max_position);
   ZOStepOptions zo{opt.eps, opt.weight_decay, opt.queries, opt.seed};
   ZOEngine engine(model, *backend, data->max_rows(), zo);
+  // Pipeline: this rank walks its stage's blocks; the hidden states of each micro-batch come
+  // from the previous stage's rank and go to the next one's (stream index as the tag).
+  const auto ranges = dist::stage_blocks((int)model.config().num_layers, layout.stages);
+  if (layout.stages > 1) {
+    StageIO io;
+    const int prev = rank - 1, next = rank + 1;
+    dist::Communicator* c = comm.get();
+    if (stage > 0) io.recv = [c, prev](int s, float* h, int64_t n) { c->recv(h, n, prev, s); };
+    if (!last_stage)
+      io.send = [c, next](int s, const float* h, int64_t n) { c->send(h, n, next, s); };
+    engine.set_stage(ranges[stage].first, ranges[stage].second, std::move(io));
+  }
+  // Brings rank 0's copy of every block up to date (before evaluating or saving): each stage of
+  // the first replica sends its own blocks once; the other replicas hold the same weights.
+  auto gather_weights = [&] {
+    engine.flush();
+    if (layout.stages == 1 || replica != 0) return;
+    const auto& blocks = model.blocks();
+    for (int s = 1; s < layout.stages; ++s) {
+      const Block &b0 = blocks[ranges[s].first], &b1 = blocks[ranges[s].second];
+      const int64_t n = b1.offset + b1.span - b0.offset;
+      if (rank == s) comm->send(model.storage() + b0.offset, n, 0, kWeightsTag);
+      if (root) comm->recv(model.storage() + b0.offset, n, s, kWeightsTag);
+    }
+  };
 
   int64_t start = 0, bad_run = 0;
   json eval_before;
@@ -287,25 +354,36 @@ json finetune(TrainOptions opt) {
     metrics_size = state.at("metrics_bytes");
     log_size = state.at("log_bytes");
   }
-  if (!resuming)
+  // Every rank has checked the run directory before rank 0 writes into it.
+  comm->barrier();
+  if (!resuming && root)
     write_file_atomic(run / "run.json",
                       json{{"options", opt.to_json()},
                            {"model_id", model_id},
                            {"zof_version", version()}}
                           .dump(1));
-  JsonlLog metrics, zlog;
-  metrics.open(run / "metrics.jsonl", resuming ? metrics_size : 0);
-  zlog.open(run / "zo_log.jsonl", resuming ? log_size : 0);
+  JsonlLog metrics, zlog;  // rank 0's
+  if (root) {
+    metrics.open(run / "metrics.jsonl", resuming ? metrics_size : 0);
+    zlog.open(run / "zo_log.jsonl", resuming ? log_size : 0);
+  }
 
-  const bool tty = ::isatty(STDERR_FILENO);
+  const bool tty = root && ::isatty(STDERR_FILENO);
   auto say = [&](const std::string& s) {
-    std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", s.c_str());
+    if (root) std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", s.c_str());
   };
+  std::string job;
+  if (comm->size() > 1)
+    job = "; " + comm->name() + ": " + std::to_string(layout.stages) + " pipeline stage(s) x " +
+          std::to_string(layout.replicas) + " data-parallel replica(s), " +
+          std::to_string(opt.threads) + " thread(s) each";
   say("zof finetune: " + std::to_string(model.num_params()) + " parameters, " + data->describe() +
-      (resuming ? ", resuming at step " + std::to_string(start) : ""));
+      job + (resuming ? ", resuming at step " + std::to_string(start) : ""));
 
+  // Rank 0 evaluates with the whole model; the others go on to the next step and wait for it.
   auto evaluate = [&](int64_t step, const char* when) {
-    engine.flush();
+    gather_weights();
+    if (!root) return json{{"metric", ""}, {"value", 0.0}};
     const double t0 = now_s();
     auto m = data->evaluate(engine.forward());
     json j{{"type", "eval"}, {"step", step}, {"metric", m.name}, {"value", m.value},
@@ -318,7 +396,8 @@ json finetune(TrainOptions opt) {
   };
 
   auto save_checkpoint = [&](int64_t step) {
-    engine.flush();
+    gather_weights();
+    if (!root) return;
     const std::string name = "checkpoint-" + std::to_string(step);
     const fs::path tmp = run / (name + ".tmp");
     const fs::path dst = run / name;
@@ -355,19 +434,46 @@ json finetune(TrainOptions opt) {
   sigaction(SIGTERM, &sa, &old_term);
 
   std::vector<double> recent;  // (l+ + l-)/2 of recent steps
+  uint64_t step_bytes = 0;     // bytes this rank sent during steps (activations, reduction)
   json last_eval = eval_before;
   double t_step0 = now_s();
   int64_t step = start;
-  bool interrupted = false;
+  bool interrupted = false, stop_requested = false;
   const int64_t print_every = std::max<int64_t>(1, opt.steps / 50);
   for (; step < opt.steps; ++step) {
+    inject_step_fault(rank, step);
     const double t0 = now_s();
+    const uint64_t bytes0 = comm->bytes_sent();
     const float lr = learning_rate(opt, step);
-    std::vector<LossBatch> micro = data->batch((uint64_t)step);
+    std::vector<LossBatch> micro = data->batch((uint64_t)step, replica, layout.replicas);
     double real_tokens = 0;
     for (auto& mb : micro)
       for (auto l : mb.batch.lengths) real_tokens += l;
     QueryLosses ql = engine.perturbed_losses((uint32_t)step, micro);
+    {
+      // The step's one reduction: loss sums and counts from each replica's last stage, the
+      // stop flag from every rank (so that all ranks leave after the same step).
+      const int q = opt.queries;
+      std::vector<double> red(2 * q + 3, 0.0);
+      if (last_stage) {
+        for (int j = 0; j < q; ++j) {
+          red[j] = ql.sum_plus[j];
+          red[q + j] = ql.sum_minus[j];
+        }
+        red[2 * q] = ql.count;
+        red[2 * q + 1] = real_tokens;
+      }
+      red[2 * q + 2] = g_stop_signal ? 1.0 : 0.0;
+      comm->allreduce_sum_ordered(red.data(), (int)red.size());
+      for (int j = 0; j < q; ++j) {
+        ql.sum_plus[j] = red[j];
+        ql.sum_minus[j] = red[q + j];
+      }
+      ql.count = red[2 * q];
+      real_tokens = red[2 * q + 1];
+      stop_requested = red[2 * q + 2] > 0;
+    }
+    step_bytes += comm->bytes_sent() - bytes0;
     bool finite = ql.count > 0;
     double lp = 0, lm = 0;
     for (int j = 0; j < opt.queries; ++j) {
@@ -388,10 +494,10 @@ json finetune(TrainOptions opt) {
     const double dt = now_s() - t0;
     tokens_done += real_tokens;
     time_done += dt;
-    zlog.write(json{{"step", step}, {"seed", opt.seed}, {"lr", lr}, {"g", g},
-                    {"wd", opt.weight_decay}, {"skipped", !finite}});
     const double loss = 0.5 * (lp + lm);
-    metrics.write(json{{"type", "step"}, {"step", step}, {"loss", finite ? json(loss) : json()},
+    if (root) zlog.write(json{{"step", step}, {"seed", opt.seed}, {"lr", lr}, {"g", g},
+                              {"wd", opt.weight_decay}, {"skipped", !finite}});
+    if (root) metrics.write(json{{"type", "step"}, {"step", step}, {"loss", finite ? json(loss) : json()},
                        {"loss_plus", finite ? json(lp) : json()},
                        {"loss_minus", finite ? json(lm) : json()}, {"g", g}, {"lr", lr},
                        {"tokens", real_tokens}, {"step_s", dt},
@@ -402,6 +508,7 @@ json finetune(TrainOptions opt) {
     }
     if (bad_run >= opt.max_bad_steps) {
       save_checkpoint(step + 1);
+      comm->barrier();
       throw Error("the loss was not finite for " + std::to_string(bad_run) +
                   " steps in a row (step " + std::to_string(step) +
                   "); lower --lr or --eps. The last good weights are saved in " + run.string());
@@ -409,7 +516,7 @@ json finetune(TrainOptions opt) {
     const bool do_eval = opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 && step + 1 < opt.steps;
     if (do_eval) last_eval = evaluate(step + 1, "during");
     // Progress.
-    if (tty || (step + 1) % print_every == 0 || step + 1 == opt.steps || do_eval) {
+    if (root && (tty || (step + 1) % print_every == 0 || step + 1 == opt.steps || do_eval)) {
       double avg = 0;
       for (double x : recent) avg += x;
       avg = recent.empty() ? NAN : avg / recent.size();
@@ -426,7 +533,7 @@ json finetune(TrainOptions opt) {
       else
         std::fprintf(stderr, "%s\n", b);
     }
-    if (g_stop_signal) {
+    if (stop_requested) {
       interrupted = true;
       ++step;
       break;
@@ -437,15 +544,27 @@ json finetune(TrainOptions opt) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   if (tty) std::fprintf(stderr, "\n");
+  // Bytes sent per step by all ranks together (the point of ZO data parallelism: scalars).
+  double dist_bytes = (double)step_bytes;
+  comm->allreduce_sum_ordered(&dist_bytes, 1);
+  const json dist_summary{{"ranks", comm->size()},
+                          {"pipeline_stages", layout.stages},
+                          {"replicas", layout.replicas},
+                          {"bytes_per_step", step > start ? dist_bytes / (double)(step - start) : 0.0}};
   if (interrupted) {
     save_checkpoint(step);
-    say("interrupted by signal " + std::to_string((int)g_stop_signal) + " at step " +
-        std::to_string(step) + "; checkpoint saved, continue with: zof finetune --resume " +
-        run.string());
+    comm->barrier();  // a rank that left early with a non-zero status would end the job mid-save
+    say("interrupted by " +
+        (g_stop_signal ? "signal " + std::to_string((int)g_stop_signal)
+                       : std::string("a signal to another rank")) +
+        " at step " + std::to_string(step) +
+        "; checkpoint saved, continue with: zof finetune --resume " + run.string());
+    if (!root) return json{{"rank", rank}, {"interrupted", true}};
     return json{{"steps", step}, {"interrupted", true}, {"run", run.string()}};
   }
   save_checkpoint(step);
   const json after = evaluate(step, "after");
+  if (!root) return json{{"rank", rank}};
   model.save(run.string(), model.stored_dtype());
   copy_tokenizer_files(opt.model, run);
   double avg = 0;
@@ -459,6 +578,7 @@ json finetune(TrainOptions opt) {
                 {"after", after["value"]}}},
               {"tokens_per_s", tokens_done / std::max(time_done, 1e-9)},
               {"train_s", time_done},
+              {"dist", dist_summary},
               {"out", run.string()}};
 }
 

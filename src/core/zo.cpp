@@ -1,6 +1,7 @@
 // The ZO step as a walk over blocks with both perturbed hidden states (see zo.h).
 #include "zof/zo.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "zof/error.h"
@@ -69,6 +70,10 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   out.sum_minus.assign(q, 0.0);
   std::vector<ZKey> keys(q);
   for (int j = 0; j < q; ++j) keys[j] = ZKey{opt_.seed, step, (uint32_t)j};
+  // The stage's share of the walk (the whole walk in one process).
+  const int first_blk = first_block_, last_blk = last_block_ < 0 ? nblocks - 1 : last_block_;
+  const bool has_embed = first_blk == 0, has_head = last_blk == nblocks - 1;
+  const int li_lo = std::max(0, first_blk - 1), li_hi = std::min<int>((int)cfg.num_layers, last_blk);
 
   for (size_t mb = 0; mb < micro.size(); ++mb) {
     const Batch& b = micro[mb].batch;
@@ -88,13 +93,20 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
         hm(q, std::vector<float>(rows * C));
     const bool first = mb == 0;
     // Block 0: the embedding. Its perturbed copies stay for the (tied) head.
-    for (int j = 0; j < q; ++j) {
-      block_pass(0, first && j == 0, &keys[j], embed_plus_[j], embed_minus_[j]);
-      fwd_.embed(model_.embed(embed_plus_[j]), b.ids.data(), pos.data(), rows, hp[j].data());
-      fwd_.embed(model_.embed(embed_minus_[j]), b.ids.data(), pos.data(), rows, hm[j].data());
+    if (has_embed) {
+      for (int j = 0; j < q; ++j) {
+        block_pass(0, first && j == 0, &keys[j], embed_plus_[j], embed_minus_[j]);
+        fwd_.embed(model_.embed(embed_plus_[j]), b.ids.data(), pos.data(), rows, hp[j].data());
+        fwd_.embed(model_.embed(embed_minus_[j]), b.ids.data(), pos.data(), rows, hm[j].data());
+      }
+    } else {
+      for (int j = 0; j < q; ++j) {
+        io_.recv(2 * j, hp[j].data(), rows * C);
+        io_.recv(2 * j + 1, hm[j].data(), rows * C);
+      }
     }
     // The transformer layers, each resident once for all 2q streams.
-    for (int li = 0; li < cfg.num_layers; ++li) {
+    for (int li = li_lo; li < li_hi; ++li) {
       for (int j = 0; j < q; ++j) {
         block_pass(li + 1, first && j == 0, &keys[j], blk_plus_, blk_minus_);
         fwd_.layer(li, model_.layer(li, blk_plus_), hp[j].data(), b.B, b.T, pos.data(),
@@ -103,6 +115,17 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
                    mask.data(), nullptr);
       }
     }
+    if (!has_head) {
+      for (int j = 0; j < q; ++j) {
+        io_.send(2 * j, hp[j].data(), rows * C);
+        io_.send(2 * j + 1, hm[j].data(), rows * C);
+      }
+      continue;
+    }
+    // A head stage without the embedding perturbs its own copy of the tied table.
+    if (!has_embed && cfg.tie_embeddings)
+      for (int j = 0; j < q; ++j)
+        block_pass(0, first && j == 0, &keys[j], embed_plus_[j], embed_minus_[j]);
     // The head: final norm, projections, LM head, NLL of the scored positions.
     std::vector<float> nll(rows);
     for (int j = 0; j < q; ++j) {
@@ -157,8 +180,31 @@ void ZOEngine::apply_update(Model& model, Backend& backend, const PendingUpdate&
   }
 }
 
+void ZOEngine::set_stage(int first, int last, StageIO io) {
+  const int nblocks = (int)model_.blocks().size();
+  ZOF_ASSERT(0 <= first && first <= last && last < nblocks);
+  ZOF_ASSERT(first == 0 || io.recv);
+  ZOF_ASSERT(last == nblocks - 1 || io.send);
+  first_block_ = first;
+  last_block_ = last;
+  io_ = std::move(io);
+}
+
+bool ZOEngine::owns_block(int b) const {
+  const int nblocks = (int)model_.blocks().size();
+  const int last = last_block_ < 0 ? nblocks - 1 : last_block_;
+  if (b >= first_block_ && b <= last) return true;
+  return b == 0 && last == nblocks - 1 && model_.config().tie_embeddings;
+}
+
 void ZOEngine::flush() {
-  apply_update(model_, be_, pending_);
+  if (first_block_ == 0 && last_block_ < 0) {
+    apply_update(model_, be_, pending_);
+  } else if (!pending_.empty()) {
+    const auto& blocks = model_.blocks();
+    for (int b = 0; b < (int)blocks.size(); ++b)
+      if (owns_block(b)) block_pass(b, true, nullptr, nullptr, nullptr);
+  }
   pending_ = PendingUpdate{};
 }
 

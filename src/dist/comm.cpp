@@ -1,0 +1,99 @@
+// The single-process communicator, the choice between it and MPI, and the rank layout of
+// pipeline stages and data-parallel replicas (see zof/dist.h).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "dist/mpi_comm.h"
+#include "zof/dist.h"
+#include "zof/error.h"
+
+namespace zof::dist {
+namespace {
+
+class SingleProcess : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_size() const override { return 1; }
+  std::string name() const override { return "single process"; }
+  void allreduce_sum_ordered(double*, int) override {}
+  void broadcast(void*, size_t, int root) override { ZOF_ASSERT(root == 0); }
+  void send(const float*, int64_t, int, int) override {
+    ZOF_ABORT("send in a single-process job: there is no other rank");
+  }
+  void recv(float*, int64_t, int, int) override {
+    ZOF_ABORT("recv in a single-process job: there is no other rank");
+  }
+  void barrier() override {}
+  [[noreturn]] void abort(int code, const std::string& why) override {
+    std::fprintf(stderr, "zof: error: %s\n", why.c_str());
+    std::_Exit(code);
+  }
+};
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_process() { return std::make_unique<SingleProcess>(); }
+
+bool launched_by_mpi(int* world_size) {
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+                        std::getenv("PMIX_RANK");
+  if (world_size) {
+    int n = env_int("OMPI_COMM_WORLD_SIZE");
+    if (n <= 0) n = env_int("PMI_SIZE");
+    *world_size = n > 0 ? n : 1;
+  }
+  return launched;
+}
+
+bool built_with_mpi() {
+#ifdef ZOF_WITH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> connect_world(double timeout_s) {
+  int n = 1;
+  const bool launched = launched_by_mpi(&n);
+#ifdef ZOF_WITH_MPI
+  if (launched) return make_mpi_world(timeout_s);
+#endif
+  ZOF_CHECK(!launched || n == 1,
+            "started by mpirun with " + std::to_string(n) +
+                " ranks, but this zof was built without MPI; install libopenmpi-dev "
+                "(scripts/setup.sh) and rebuild with -DZOF_MPI=ON, or run one process");
+  return make_single_process();
+}
+
+Layout Layout::make(int ranks, int stages) {
+  ZOF_CHECK(stages >= 1, "--pipeline-stages must be at least 1");
+  ZOF_CHECK(ranks % stages == 0,
+            "--pipeline-stages " + std::to_string(stages) + " does not divide the " +
+                std::to_string(ranks) +
+                " ranks of the job; ranks = stages x replicas, so start a multiple of " +
+                std::to_string(stages) + " ranks");
+  return Layout{ranks, stages, ranks / stages};
+}
+
+std::vector<std::pair<int, int>> stage_blocks(int num_layers, int stages) {
+  ZOF_CHECK(stages <= num_layers, "--pipeline-stages " + std::to_string(stages) +
+                                      " exceeds the model's " + std::to_string(num_layers) +
+                                      " layers; each stage needs at least one layer");
+  std::vector<std::pair<int, int>> out;
+  for (int s = 0; s < stages; ++s) {
+    const int lo = (int)((int64_t)s * num_layers / stages);
+    const int hi = (int)((int64_t)(s + 1) * num_layers / stages);  // layers [lo, hi)
+    out.push_back({s == 0 ? 0 : lo + 1, s == stages - 1 ? num_layers + 1 : hi});
+  }
+  return out;
+}
+
+}  // namespace zof::dist
