@@ -507,11 +507,14 @@ json finetune(TrainOptions opt) {
       if (recent.size() > 50) recent.erase(recent.begin());
     }
     if (bad_run >= opt.max_bad_steps) {
-      save_checkpoint(step + 1);
+      // No checkpoint now: the weights that gave these losses are the problem. The latest
+      // checkpoint (if any) still holds weights from before it, and --resume starts there.
       comm->barrier();
+      const fs::path last = latest_checkpoint(run);
       throw Error("the loss was not finite for " + std::to_string(bad_run) +
-                  " steps in a row (step " + std::to_string(step) +
-                  "); lower --lr or --eps. The last good weights are saved in " + run.string());
+                  " steps in a row (step " + std::to_string(step) + "); lower --lr or --eps." +
+                  (last.empty() ? std::string(" No checkpoint was saved before it.")
+                                : " The latest checkpoint before it is " + last.string()));
     }
     const bool do_eval = opt.eval_every > 0 && (step + 1) % opt.eval_every == 0 && step + 1 < opt.steps;
     if (do_eval) last_eval = evaluate(step + 1, "during");
