@@ -99,7 +99,7 @@ class Pool {
     float* p = get<float>(n);
     BENCH_CUDA(cudaMemsetAsync(p, 0, size_t(n) * 4, cudaStream_t(be_.native_stream(nullptr))));
     const zof::ZKey key{777, 0, 0};
-    be_.zo_pass(p, n, tensor, nullptr, 0, 0.f, &key, std, p, nullptr);
+    be_.zo_pass(p, n, tensor, 0, nullptr, 0, 0.f, &key, std, p, nullptr);
     return p;
   }
   uint16_t* normal_bf16(int64_t n, float std, uint32_t tensor) {

@@ -94,21 +94,32 @@ class Backend {
   virtual void cross_entropy(const float* logits, const int32_t* targets, float* nll,
                              int64_t rows, int64_t vocab, Stream* s = nullptr) = 0;
 
-  // ---- zeroth-order passes over one parameter tensor (id `tensor`, n elements) --------------
+  // ---- zeroth-order passes over one parameter tensor (id `tensor`) ---------------------------
+  // Elements [first, first + n) of the tensor; theta, plus and minus point at element `first`
+  // (a pass over a sub-range gives the same bits as the same range of a whole-tensor pass).
   // One memory pass that fuses what MeZO does in several:
   //  1. when n_update > 0: theta[i] <- theta[i] - (sum_j upd[j].coef * z(upd[j].key, tensor, i)
   //     + lr_wd * theta[i]), accumulated with fmaf in j order from lr_wd * theta[i];
   //  2. when cur: plus[i] = theta[i] + eps * z(cur, tensor, i), minus[i] = theta[i] - eps * z.
   // plus/minus may be null (update only). z is z_group() of philox.h, so every backend produces
   // the same bits. The default runs on host memory (CPU backends); device backends override.
-  virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd,
-                       int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
-                       float* minus, Stream* s = nullptr);
+  virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+                       const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
+                       float eps, float* plus, float* minus, Stream* s = nullptr);
+  // Online softmax over a vocabulary split into column chunks: folds logits (rows, n), columns
+  // [v0, v0 + n) of the full rows, into per-row running state (max, sum of exp(logit - max),
+  // logit of the target; targets < 0 are skipped). Start from max = -inf, sum = 0, target = 0;
+  // after the last chunk nll = max + log(sum) - target. Each row is folded in column order, so
+  // the result does not depend on threads. The default runs on host memory.
+  virtual void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows,
+                                   int64_t n, int64_t v0, float* max, float* sum, float* target,
+                                   Stream* s = nullptr);
 };
 
-// The host implementation of Backend::zo_pass (OpenMP over groups of 4 elements).
-void zo_pass_host(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
-                  float lr_wd, const ZKey* cur, float eps, float* plus, float* minus);
+// The host implementation of Backend::zo_pass (OpenMP over chunks of 64 elements).
+void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+                  int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
+                  float* minus);
 
 // The CPU backend (oneDNN matrix products, OpenMP elsewhere). threads <= 0: OpenMP's default.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

@@ -56,6 +56,10 @@ class Forward {
              const uint8_t* key_mask, KVCache* cache);
   // Final norm and projection: rows of h (rows, C) -> logits (rows, V).
   void head_logits(const HeadWeights& w, const float* h, int64_t rows, float* logits);
+  // Final norm and OPT's project_out without the LM head: h (rows, C) -> x (rows, E), E the
+  // LM head's input width; rows <= max_rows. x may not alias h.
+  void head_features(const HeadWeights& w, const float* h, int64_t rows, float* x);
+  int64_t head_width() const;  // E
   // Final norm and projection, then nll per row for targets (rows); chunked over rows.
   void head_nll(const HeadWeights& w, const float* h, int64_t rows, const int32_t* targets,
                 float* nll);

@@ -2,6 +2,7 @@
 // transformer layers, head), which are the unit of loading, streaming and perturbation.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -94,13 +95,23 @@ class Model {
   EmbedWeights embed(const float* base) const;
   LayerWeights layer(int i, const float* base) const;
   HeadWeights head(const float* base, const float* tied_tokens) const;
+  // The same views with every parameter wherever `at(param index)` says: for copies that do not
+  // mirror the block's layout (the ZO walk keeps only the rows of the token table a batch uses).
+  using ParamLocator = std::function<const float*(int)>;
+  EmbedWeights embed(const ParamLocator& at) const;
+  LayerWeights layer(int i, const ParamLocator& at) const;
+  HeadWeights head(const ParamLocator& at) const;  // tied: lm_head = at(the token table)
+  // Index of the token table, and of the LM head's matrix (the same when tied).
+  int token_table() const;
+  int lm_head() const;
 
  private:
   void build_layout();  // params_, blocks_ and storage_ from cfg_
   int index(const std::string& name) const;  // -1 when absent
-  // Pointer to the named parameter inside base, a copy of the block that holds it (null when
-  // the architecture has no such parameter).
-  const float* ptr(const std::string& name, const float* base, int block) const;
+  // at(index of the named parameter); null when the architecture has no such parameter.
+  const float* ptr(const std::string& name, const ParamLocator& at) const;
+  // A locator into base, a copy of block `block` laid out as in storage().
+  ParamLocator in_copy(const float* base, int block) const;
 
   ModelConfig cfg_;
   DType stored_dtype_ = DType::F32;

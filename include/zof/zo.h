@@ -36,6 +36,9 @@ struct ZOStepOptions {
   float weight_decay = 0.f;
   int queries = 1;
   uint64_t seed = 0;
+  // Rows of the LM head perturbed and multiplied at once (0: about 4 MB of them). Only the
+  // memory and the GEMM shape change; the losses agree to fp32 rounding.
+  int64_t vocab_chunk = 0;
 };
 
 // The update waiting to be applied: theta -= sum_j coef_j z_j + lr_wd theta (decayed tensors).
@@ -97,9 +100,19 @@ class ZOEngine {
   static void apply_update(Model& model, Backend& backend, const PendingUpdate& u);
 
  private:
-  // One block's pass: pending update (when apply_update) and the perturbations of query j into
-  // plus/minus (block-span buffers).
+  // One block's pass: the pending update (when apply_update) and the perturbations of `cur`
+  // into plus/minus at the block's copy layout. The token table and the LM head matrix get
+  // their update here but are never copied whole (see embed_rows and head_sums).
   void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
+  // The batch's rows of the perturbed token table: unique ids in order, their rows at
+  // theta +/- eps z into tok_plus_/tok_minus_; ids remapped to those rows.
+  int64_t embed_rows(const ZKey& key, const int32_t* ids, int64_t rows, std::vector<int32_t>& local);
+  // Summed NLL at theta +/- eps z(key) of the scored rows of hp/hm (hidden states after the
+  // last layer), with the head block's small parameters already in blk_plus_/blk_minus_: the
+  // LM head is perturbed and multiplied one vocabulary chunk at a time with an online softmax.
+  void head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
+                 const int32_t* targets, double& sum_plus, double& sum_minus);
+  Model::ParamLocator copy_locator(const float* base, const float* tokens) const;
 
   Model& model_;
   Backend& be_;
@@ -109,10 +122,17 @@ class ZOEngine {
   int64_t max_rows_;
   int first_block_ = 0, last_block_ = -1;  // the stage's blocks; -1: the last block
   StageIO io_;
-  // Perturbed copies: the embedding block lives through the walk (the tied LM head reads it);
-  // one pair per query for it, one shared pair for the current layer or head block.
-  std::vector<float*> embed_plus_, embed_minus_;
+  int tok_ = -1, lm_ = -1;           // parameter indices of the token table and LM head matrix
+  std::vector<int64_t> copy_off_;    // per parameter: offset in a block copy (-1: never copied)
+  // Buffers, allocated once: one perturbed pair of the current block's copied parameters, the
+  // batch's rows of the token table, a vocabulary chunk of the LM head and its logits, the 2q
+  // hidden-state streams, the head's input features and the online-softmax state.
   float *blk_plus_ = nullptr, *blk_minus_ = nullptr;
+  float *tok_plus_ = nullptr, *tok_minus_ = nullptr;
+  float *w_plus_ = nullptr, *w_minus_ = nullptr, *logit_plus_ = nullptr, *logit_minus_ = nullptr;
+  float *x_plus_ = nullptr, *x_minus_ = nullptr, *ce_state_ = nullptr;
+  std::vector<float*> h_plus_, h_minus_;
+  int64_t vocab_chunk_ = 0;
 };
 
 }  // namespace zof

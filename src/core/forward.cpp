@@ -177,6 +177,31 @@ void Forward::head_logits(const HeadWeights& w, const float* h, int64_t rows, fl
   }
 }
 
+int64_t Forward::head_width() const {
+  return cfg_.word_embed_proj_dim > 0 && cfg_.word_embed_proj_dim != cfg_.hidden_size
+             ? cfg_.word_embed_proj_dim
+             : cfg_.hidden_size;
+}
+
+void Forward::head_features(const HeadWeights& w, const float* h, int64_t rows, float* x) {
+  const int64_t C = cfg_.hidden_size;
+  ZOF_ASSERT(rows <= max_rows_ && x != h);
+  const float* in = h;
+  if (w.norm_w) {
+    float* y = w.project_out ? buf(XN) : x;
+    if (cfg_.arch == Arch::Llama)
+      be_.rms_norm(in, w.norm_w, y, rows, C, cfg_.norm_eps);
+    else
+      be_.layer_norm(in, w.norm_w, w.norm_b, y, rows, C, cfg_.norm_eps);
+    in = y;
+  }
+  if (w.project_out) {
+    be_.matmul(in, w.project_out, nullptr, x, rows, head_width(), C);
+  } else if (in != x) {
+    be_.copy_device(x, in, rows * C * sizeof(float), nullptr);
+  }
+}
+
 void Forward::head_nll(const HeadWeights& w, const float* h, int64_t rows, const int32_t* targets,
                        float* nll) {
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;

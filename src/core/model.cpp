@@ -205,11 +205,27 @@ int Model::index(const std::string& name) const {
   return it == by_name_.end() ? -1 : it->second;
 }
 
-const float* Model::ptr(const std::string& name, const float* base, int block) const {
-  int i = index(name);
-  if (i < 0) return nullptr;
-  return base + (params_[i].data - storage_.data()) - blocks_[block].offset;
+const float* Model::ptr(const std::string& name, const ParamLocator& at) const {
+  const int i = index(name);
+  return i < 0 ? nullptr : at(i);
 }
+
+Model::ParamLocator Model::in_copy(const float* base, int block) const {
+  return [this, base, block](int i) {
+    return base + (params_[i].data - storage_.data()) - blocks_[block].offset;
+  };
+}
+
+int Model::token_table() const {
+  switch (cfg_.arch) {
+    case Arch::Llama: return index("model.embed_tokens.weight");
+    case Arch::OPT: return index("model.decoder.embed_tokens.weight");
+    case Arch::GPT2: return index("transformer.wte.weight");
+  }
+  ZOF_ABORT("unknown architecture");
+}
+
+int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index("lm_head.weight"); }
 
 Model Model::load(const std::string& dir) {
   ZOF_CHECK(fs::is_directory(dir),
@@ -290,9 +306,10 @@ void Model::save(const std::string& out_dir, DType dtype) const {
 
 EmbedWeights Model::embed() const { return embed(storage_.data() + blocks_.front().offset); }
 
-EmbedWeights Model::embed(const float* base) const {
-  auto ptr = [&](const std::string& n, const float* b) { return this->ptr(n, b, 0); };
-  const float* b = base;
+EmbedWeights Model::embed(const float* base) const { return embed(in_copy(base, 0)); }
+
+EmbedWeights Model::embed(const ParamLocator& b) const {
+  auto ptr = [&](const std::string& n, const ParamLocator& at) { return this->ptr(n, at); };
   EmbedWeights w;
   switch (cfg_.arch) {
     case Arch::Llama: w.tokens = ptr("model.embed_tokens.weight", b); break;
@@ -311,8 +328,10 @@ EmbedWeights Model::embed(const float* base) const {
 
 LayerWeights Model::layer(int i) const { return layer(i, storage_.data() + blocks_[i + 1].offset); }
 
-LayerWeights Model::layer(int i, const float* b) const {
-  auto ptr = [&](const std::string& n, const float* base) { return this->ptr(n, base, i + 1); };
+LayerWeights Model::layer(int i, const float* base) const { return layer(i, in_copy(base, i + 1)); }
+
+LayerWeights Model::layer(int i, const ParamLocator& b) const {
+  auto ptr = [&](const std::string& n, const ParamLocator& at) { return this->ptr(n, at); };
   LayerWeights w;
   const std::string n = std::to_string(i);
   switch (cfg_.arch) {
@@ -380,9 +399,14 @@ HeadWeights Model::head() const {
   return head(storage_.data() + blocks_.back().offset, embed().tokens);
 }
 
-HeadWeights Model::head(const float* b, const float* tied_tokens) const {
-  const int blk = (int)blocks_.size() - 1;
-  auto ptr = [&](const std::string& n, const float* base) { return this->ptr(n, base, blk); };
+HeadWeights Model::head(const float* base, const float* tied_tokens) const {
+  const ParamLocator in_head = in_copy(base, (int)blocks_.size() - 1);
+  const int tok = token_table();
+  return head([&](int i) { return cfg_.tie_embeddings && i == tok ? tied_tokens : in_head(i); });
+}
+
+HeadWeights Model::head(const ParamLocator& b) const {
+  auto ptr = [&](const std::string& n, const ParamLocator& at) { return this->ptr(n, at); };
   HeadWeights w;
   switch (cfg_.arch) {
     case Arch::Llama: w.norm_w = ptr("model.norm.weight", b); break;
@@ -396,7 +420,7 @@ HeadWeights Model::head(const float* b, const float* tied_tokens) const {
       w.norm_b = ptr("transformer.ln_f.bias", b);
       break;
   }
-  w.lm_head = cfg_.tie_embeddings ? tied_tokens : ptr("lm_head.weight", b);
+  w.lm_head = b(lm_head());
   return w;
 }
 

@@ -11,6 +11,9 @@
 
 // Box-Muller's float math vectorizes across 16 lanes; let GCC use full 512-bit vectors here.
 #pragma GCC target("prefer-vector-width=512")
+// GCC 12 reports the _mm512_undefined_epi32() pass-through operands inside its own AVX-512
+// intrinsic headers as "maybe uninitialized" once these helpers are inlined: a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace zof {
 namespace {
@@ -63,56 +66,56 @@ inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out)
 
 constexpr int64_t kChunk = 64;  // elements per z_groups16 call
 
-// Elements [i0, i0 + m) of the tensor, m <= kChunk, starting at a multiple of 4.
-inline void zo_chunk(float* theta, int64_t i0, int64_t m, uint32_t tensor,
-                     const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                     float eps, float* plus, float* minus) {
+// Elements [c * kChunk + l0, c * kChunk + l1) of the tensor (absolute indices), 0 <= l0 < l1 <=
+// kChunk; theta/plus/minus point at element `first`. z is generated for the whole aligned chunk
+// (generating past the tensor's end is harmless: z is a pure function of the counter), so a pass
+// over any sub-range gives the same bits as a pass over the whole tensor.
+inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
+                     uint32_t tensor, const ZOUpdateTerm* upd, int n_update, float lr_wd,
+                     const ZKey* cur, float eps, float* plus, float* minus) {
   alignas(64) float th[kChunk], z[kChunk];
-  auto gen = [&](const ZKey& key) {
-    const uint32_t g0 = (uint32_t)(i0 / 4);
-    if (m == kChunk) {
-      z_chunk64(key, tensor, g0, z);
-    } else {
-      for (int64_t g = 0; g * 4 < m; ++g) z_group(key, tensor, g0 + (uint32_t)g, z + 4 * g);
-    }
-  };
-  for (int64_t l = 0; l < m; ++l) th[l] = theta[i0 + l];
+  const int64_t base = c * kChunk - first;  // theta[base + l] is the chunk's element l
+  auto gen = [&](const ZKey& key) { z_chunk64(key, tensor, (uint32_t)(c * (kChunk / 4)), z); };
+  for (int64_t l = l0; l < l1; ++l) th[l] = theta[base + l];
   if (n_update > 0) {
     alignas(64) float acc[kChunk];
-    for (int64_t l = 0; l < m; ++l) acc[l] = lr_wd * th[l];
+    for (int64_t l = l0; l < l1; ++l) acc[l] = lr_wd * th[l];
     for (int j = 0; j < n_update; ++j) {
       gen(upd[j].key);
-      const float c = upd[j].coef;
-      for (int64_t l = 0; l < m; ++l) acc[l] = fmaf(c, z[l], acc[l]);
+      const float k = upd[j].coef;
+      for (int64_t l = l0; l < l1; ++l) acc[l] = fmaf(k, z[l], acc[l]);
     }
-    for (int64_t l = 0; l < m; ++l) theta[i0 + l] = th[l] = th[l] - acc[l];
+    for (int64_t l = l0; l < l1; ++l) theta[base + l] = th[l] = th[l] - acc[l];
   }
   if (cur) {
     gen(*cur);
     if (plus)
-      for (int64_t l = 0; l < m; ++l) plus[i0 + l] = zo_perturbed(th[l], z[l], eps);
+      for (int64_t l = l0; l < l1; ++l) plus[base + l] = zo_perturbed(th[l], z[l], eps);
     if (minus)
-      for (int64_t l = 0; l < m; ++l) minus[i0 + l] = zo_perturbed(th[l], z[l], -eps);
+      for (int64_t l = l0; l < l1; ++l) minus[base + l] = zo_perturbed(th[l], z[l], -eps);
   }
 }
 
 }  // namespace
 
-void zo_pass_host(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
-                  float lr_wd, const ZKey* cur, float eps, float* plus, float* minus) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 64)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t i0 = c * kChunk;
-    zo_chunk(theta, i0, std::min(kChunk, n - i0), tensor, upd, n_update, lr_wd, cur, eps, plus,
-             minus);
+void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+                  int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
+                  float* minus) {
+  if (n <= 0 || (n_update <= 0 && !cur)) return;
+  const int64_t end = first + n;
+  const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (c_hi - c_lo > 64)
+  for (int64_t c = c_lo; c < c_hi; ++c) {
+    const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
+    const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
+    zo_chunk(theta, first, c, l0, l1, tensor, upd, n_update, lr_wd, cur, eps, plus, minus);
   }
 }
 
-void Backend::zo_pass(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd,
-                      int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
-                      float* minus, Stream*) {
-  zo_pass_host(theta, n, tensor, upd, n_update, lr_wd, cur, eps, plus, minus);
+void Backend::zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+                      const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
+                      float eps, float* plus, float* minus, Stream*) {
+  zo_pass_host(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus);
 }
 
 }  // namespace zof

@@ -11,4 +11,8 @@ namespace zof::cuda {
 void cross_entropy(const float* logits, const int32_t* targets, float* nll, int64_t rows,
                    int64_t vocab, cudaStream_t s);
 
+// As Backend::cross_entropy_chunk, on device buffers.
+void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
+                         int64_t v0, float* max, float* sum, float* target, cudaStream_t s);
+
 }  // namespace zof::cuda

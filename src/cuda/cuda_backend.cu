@@ -225,13 +225,20 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     cuda::cross_entropy(logits, targets, nll, rows, vocab, st(s));
   }
-  void zo_pass(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
-               float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
+  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+               int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
                Stream* s) override {
-    ZOF_ASSERT(n >= 0 && n_update >= 0 && (n_update == 0 || upd));
-    ZOF_ASSERT(n <= (int64_t(1) << 34));  // the Philox counter holds the group index in 32 bits
+    ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
+    // the Philox counter holds the group index in 32 bits
+    ZOF_ASSERT(first + n <= (int64_t(1) << 34));
     use();
-    cuda::zo_pass(theta, n, tensor, upd, n_update, lr_wd, cur, eps, plus, minus, st(s));
+    cuda::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, st(s));
+  }
+  void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
+                           int64_t v0, float* max, float* sum, float* target, Stream* s) override {
+    ZOF_ASSERT(rows >= 0 && n >= 0);
+    use();
+    cuda::cross_entropy_chunk(logits, targets, rows, n, v0, max, sum, target, st(s));
   }
 
   // ---- bf16 ops ----

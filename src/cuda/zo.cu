@@ -11,16 +11,19 @@ struct Terms {
   ZOUpdateTerm t[kMaxZOTerms];
 };
 
-__global__ void zo_pass_kernel(float* theta, int64_t n, uint32_t tensor, const Terms upd,
-                               int n_update, float lr_wd, ZKey cur, bool has_cur, float eps,
-                               float* plus, float* minus) {
-  const int64_t groups = (n + 3) / 4;
-  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < groups;
+// One thread per group of 4 elements, groups counted from the tensor's start; elements
+// [first, first + n) are touched, theta/plus/minus point at element first.
+__global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t tensor,
+                               const Terms upd, int n_update, float lr_wd, ZKey cur, bool has_cur,
+                               float eps, float* plus, float* minus) {
+  const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;
+  for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
        g += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t i0 = g * 4;
-    const int m = n - i0 < 4 ? int(n - i0) : 4;
+    const int64_t i0 = g * 4 - first;  // local index of the group's element 0 (may be < 0)
+    const int lo = i0 < 0 ? int(-i0) : 0;
+    const int hi = end - g * 4 < 4 ? int(end - g * 4) : 4;
     float th[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int l = 0; l < m; ++l) th[l] = theta[i0 + l];
+    for (int l = lo; l < hi; ++l) th[l] = theta[i0 + l];
     if (n_update > 0) {
       float acc[4];
       for (int l = 0; l < 4; ++l) acc[l] = lr_wd * th[l];
@@ -30,12 +33,12 @@ __global__ void zo_pass_kernel(float* theta, int64_t n, uint32_t tensor, const T
         for (int l = 0; l < 4; ++l) acc[l] = fmaf(upd.t[j].coef, z[l], acc[l]);
       }
       for (int l = 0; l < 4; ++l) th[l] = th[l] - acc[l];
-      for (int l = 0; l < m; ++l) theta[i0 + l] = th[l];
+      for (int l = lo; l < hi; ++l) theta[i0 + l] = th[l];
     }
     if (has_cur) {
       float z[4];
       z_group(cur, tensor, (uint32_t)g, z);
-      for (int l = 0; l < m; ++l) {
+      for (int l = lo; l < hi; ++l) {
         if (plus) plus[i0 + l] = zo_perturbed(th[l], z[l], eps);
         if (minus) minus[i0 + l] = zo_perturbed(th[l], z[l], -eps);
       }
@@ -45,8 +48,9 @@ __global__ void zo_pass_kernel(float* theta, int64_t n, uint32_t tensor, const T
 
 }  // namespace
 
-void zo_pass(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
-             float lr_wd, const ZKey* cur, float eps, float* plus, float* minus, cudaStream_t s) {
+void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+             int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
+             cudaStream_t s) {
   ZOF_CHECK(n_update <= kMaxZOTerms,
             "the CUDA backend applies at most " + std::to_string(kMaxZOTerms) +
                 " ZO directions per step (asked for " + std::to_string(n_update) +
@@ -54,10 +58,10 @@ void zo_pass(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, 
   if (n <= 0 || (n_update <= 0 && !cur)) return;
   Terms terms;
   for (int j = 0; j < n_update; ++j) terms.t[j] = upd[j];
-  const int64_t groups = (n + 3) / 4;
-  zo_pass_kernel<<<grid_for(groups, 256), 256, 0, s>>>(theta, n, tensor, terms, n_update, lr_wd,
-                                                       cur ? *cur : ZKey{}, cur != nullptr, eps,
-                                                       plus, minus);
+  const int64_t groups = (first + n + 3) / 4 - first / 4;
+  zo_pass_kernel<<<grid_for(groups, 256), 256, 0, s>>>(theta, first, n, tensor, terms, n_update,
+                                                       lr_wd, cur ? *cur : ZKey{}, cur != nullptr,
+                                                       eps, plus, minus);
   CUDA_CHECK(cudaGetLastError());
 }
 

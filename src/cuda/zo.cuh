@@ -14,7 +14,7 @@ constexpr int kMaxZOTerms = 128;
 
 // As Backend::zo_pass; upd is a host array of n_update <= kMaxZOTerms terms, copied into the
 // launch, so it may be freed as soon as this returns.
-void zo_pass(float* theta, int64_t n, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
-             float lr_wd, const ZKey* cur, float eps, float* plus, float* minus, cudaStream_t s);
+void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+             int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus, cudaStream_t s);
 
 }  // namespace zof::cuda

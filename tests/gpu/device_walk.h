@@ -406,7 +406,7 @@ class DeviceZO {
     if (pending_.empty()) return;
     for (const auto& b : m_.blocks)
       for (const auto& t : b.tensors)
-        be_.zo_pass(b.base + t.offset, t.numel, t.id, pending_.terms.data(),
+        be_.zo_pass(b.base + t.offset, t.numel, t.id, 0, pending_.terms.data(),
                     (int)pending_.terms.size(), t.decay ? pending_.lr_wd : 0.f, nullptr, 0.f,
                     nullptr, nullptr);
     pending_ = PendingUpdate{};
@@ -417,7 +417,7 @@ class DeviceZO {
     const auto& b = m_.blocks[block];
     const bool upd = apply_update && !pending_.empty();
     for (const auto& t : b.tensors)
-      be_.zo_pass(b.base + t.offset, t.numel, t.id, upd ? pending_.terms.data() : nullptr,
+      be_.zo_pass(b.base + t.offset, t.numel, t.id, 0, upd ? pending_.terms.data() : nullptr,
                   upd ? (int)pending_.terms.size() : 0, t.decay ? pending_.lr_wd : 0.f, cur,
                   opt_.eps, plus ? plus + t.offset : nullptr, minus ? minus + t.offset : nullptr);
   }

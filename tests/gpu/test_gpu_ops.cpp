@@ -556,7 +556,7 @@ TEST(GpuZO, ZEqualsHostBitForBit) {
       float* theta = dev.put(std::vector<float>(size_t(n), 0.0f));
       float* plus = dev.output(size_t(n));
       float* minus = dev.output(size_t(n));
-      be->zo_pass(theta, n, tensor, nullptr, 0, 0.0f, &key, 1.0f, plus, minus);
+      be->zo_pass(theta, n, tensor, 0, nullptr, 0, 0.0f, &key, 1.0f, plus, minus);
       const auto zp = dev.get(plus, size_t(n)), zm = dev.get(minus, size_t(n));
       std::vector<float> want(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) want[i] = zof::z_element(key, tensor, uint64_t(i));
@@ -580,21 +580,21 @@ TEST(GpuZO, FusedUpdateAndPerturbationEqualHost) {
       const float lr_wd = n_update ? 3e-6f : 0.0f, eps = 1e-3f;
       auto th_host = theta0;
       std::vector<float> plus_host(static_cast<size_t>(n)), minus_host(static_cast<size_t>(n));
-      zof::zo_pass_host(th_host.data(), n, 17, upd.data(), n_update, lr_wd, &cur, eps,
+      zof::zo_pass_host(th_host.data(), n, 17, 0, upd.data(), n_update, lr_wd, &cur, eps,
                         plus_host.data(), minus_host.data());
       Device dev(*be);
       float* th = dev.put(theta0);
       float* plus = dev.output(size_t(n));
       float* minus = dev.output(size_t(n));
-      be->zo_pass(th, n, 17, upd.data(), n_update, lr_wd, &cur, eps, plus, minus);
+      be->zo_pass(th, n, 17, 0, upd.data(), n_update, lr_wd, &cur, eps, plus, minus);
       EXPECT_TRUE(bit_identical(th_host, dev.get(th, size_t(n)))) << "theta n=" << n << " upd=" << n_update;
       EXPECT_TRUE(bit_identical(plus_host, dev.get(plus, size_t(n)))) << "plus";
       EXPECT_TRUE(bit_identical(minus_host, dev.get(minus, size_t(n)))) << "minus";
       // Update only (flush): no perturbed copies.
       auto th2_host = theta0;
-      zof::zo_pass_host(th2_host.data(), n, 17, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
+      zof::zo_pass_host(th2_host.data(), n, 17, 0, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
       float* th2 = dev.put(theta0);
-      be->zo_pass(th2, n, 17, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
+      be->zo_pass(th2, n, 17, 0, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
       EXPECT_TRUE(bit_identical(th2_host, dev.get(th2, size_t(n)))) << "update only";
     }
   }

@@ -91,6 +91,7 @@ struct StepCase {
   std::string model;
   int queries;
   float weight_decay;
+  int64_t vocab_chunk = 0;  // LM head rows per chunk (0: the engine's default, one chunk here)
 };
 
 class ZOStepVsReference : public ::testing::TestWithParam<StepCase> {};
@@ -99,7 +100,7 @@ TEST_P(ZOStepVsReference, LossesGradientAndWeightsAgree) {
   const StepCase c = GetParam();
   ZOF_REQUIRE_PATH(golden_dir(c.model) + "/model.safetensors");
   const zof::LossBatch lb = golden_batch(c.model);
-  zof::ZOStepOptions o{1e-2f, c.weight_decay, c.queries, 1234};
+  zof::ZOStepOptions o{1e-2f, c.weight_decay, c.queries, 1234, c.vocab_chunk};
   const uint32_t step = 7;
   const float lr = 1e-3f;
   zof::Model ref_model = zof::Model::load(golden_dir(c.model));
@@ -135,10 +136,17 @@ INSTANTIATE_TEST_SUITE_P(Models, ZOStepVsReference,
                                            StepCase{"llama_gqa", 2, 0.1f},
                                            StepCase{"gpt2", 1, 0.05f},
                                            StepCase{"opt350_shape", 3, 0.f},
-                                           StepCase{"qwen2_bias", 1, 0.f}),
+                                           StepCase{"qwen2_bias", 1, 0.f},
+                                           // the LM head in several vocabulary chunks
+                                           StepCase{"llama_gqa", 2, 0.1f, 64},
+                                           StepCase{"gpt2", 1, 0.05f, 64},
+                                           StepCase{"opt350_shape", 3, 0.f, 128}),
                          [](const auto& info) {
                            return info.param.model + "_q" + std::to_string(info.param.queries) +
-                                  (info.param.weight_decay > 0 ? "_wd" : "");
+                                  (info.param.weight_decay > 0 ? "_wd" : "") +
+                                  (info.param.vocab_chunk > 0
+                                       ? "_chunk" + std::to_string(info.param.vocab_chunk)
+                                       : "");
                          });
 
 // SPSA's g approaches grad . z (float64, PyTorch autograd in grad.safetensors) as eps shrinks,

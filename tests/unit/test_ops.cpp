@@ -3,6 +3,7 @@
 // NaN), the reference itself against hand-computed values, aliasing, and thread-count
 // independence of the CPU backend. A new backend adds one line to fast_backends().
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -500,6 +501,46 @@ TEST(OpsConform, CrossEntropy) {
       if (rows > 1) targets[1] = -100;  // ignored
       conform("cross_entropy rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab),
               [&](Backend& be) { return run_cross_entropy(be, logits, targets, vocab); });
+    }
+  }
+}
+
+// The online softmax over vocabulary chunks (the ZO walk's LM head) equals the one-shot loss.
+TEST(OpsConform, CrossEntropyChunked) {
+  auto ref = zof::make_reference_backend();
+  for (int64_t vocab : {1, 17, 1000, 50257}) {
+    const int64_t rows = 6;
+    auto logits = uniform(size_t(rows * vocab), -10, 10, 21);
+    std::vector<int32_t> targets(static_cast<size_t>(rows));
+    std::mt19937 rng(22);
+    for (auto& t : targets) t = int32_t(rng() % vocab);
+    targets[2] = -100;  // ignored
+    targets[3] = int32_t(vocab - 1);
+    const std::vector<float> want = run_cross_entropy(*ref, logits, targets, vocab);
+    for (int64_t chunk : {int64_t(1), int64_t(64), int64_t(1000), vocab}) {
+      std::vector<std::unique_ptr<Backend>> bes;
+      bes.push_back(zof::make_reference_backend());
+      for (auto& c : fast_backends()) bes.push_back(c.make());
+      for (auto& be : bes) {
+        Device dev(*be);
+        std::vector<float> init(3 * rows, 0.f);
+        for (int64_t r = 0; r < rows; ++r) init[r] = -std::numeric_limits<float>::infinity();
+        float* st = dev.put(init);
+        const int32_t* tg = dev.put(targets);
+        for (int64_t v0 = 0; v0 < vocab; v0 += chunk) {
+          const int64_t n = std::min(chunk, vocab - v0);
+          std::vector<float> part(size_t(rows * n));
+          for (int64_t r = 0; r < rows; ++r)
+            std::copy_n(logits.begin() + r * vocab + v0, n, part.begin() + r * n);
+          be->cross_entropy_chunk(dev.put(part), tg, rows, n, v0, st, st + rows, st + 2 * rows);
+        }
+        const std::vector<float> s = dev.get(st, 3 * size_t(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          const float nll = targets[r] < 0 ? 0.f : s[r] + std::log(s[rows + r]) - s[2 * rows + r];
+          EXPECT_NEAR(nll, want[r], 2e-5 * std::max(1.f, std::fabs(want[r])))
+              << be->name() << " vocab=" << vocab << " chunk=" << chunk << " row " << r;
+        }
+      }
     }
   }
 }

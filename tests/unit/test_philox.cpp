@@ -112,7 +112,7 @@ TEST(Philox, VectorizedPassEqualsScalarZ) {
   for (int64_t n : {1, 3, 4, 63, 64, 65, 1000, 4099}) {
     std::vector<float> theta(n, 0.f), plus(n), minus(n);
     const zof::ZKey key{0xabcdef12345ull, 17, 2};
-    zof::zo_pass_host(theta.data(), n, 9, nullptr, 0, 0.f, &key, 1.f, plus.data(), minus.data());
+    zof::zo_pass_host(theta.data(), n, 9, 0, nullptr, 0, 0.f, &key, 1.f, plus.data(), minus.data());
     for (int64_t i = 0; i < n; ++i) {
       const float z = zof::z_element(key, 9, (uint64_t)i);
       ASSERT_EQ(plus[i], z) << "n=" << n << " i=" << i;
@@ -123,6 +123,34 @@ TEST(Philox, VectorizedPassEqualsScalarZ) {
   zof::z_groups16(zof::ZKey{5, 6, 7}, 8, 1000, a);
   for (int g = 0; g < 16; ++g) zof::z_group(zof::ZKey{5, 6, 7}, 8, 1000 + g, b + 4 * g);
   EXPECT_EQ(0, std::memcmp(a, b, sizeof a));
+}
+
+}  // namespace
+
+namespace {
+
+// A pass over elements [first, first + n) of a tensor, at any alignment, gives the same bits as
+// that range of a whole-tensor pass: the update, the perturbations and the untouched rest.
+TEST(Philox, SubRangePassEqualsWholePass) {
+  const int64_t total = 1000;
+  const zof::ZKey cur{77, 3, 1};
+  const zof::ZOUpdateTerm upd[2] = {{zof::ZKey{77, 2, 0}, 0.25f}, {zof::ZKey{77, 2, 1}, -0.5f}};
+  std::vector<float> theta0(total);
+  for (int64_t i = 0; i < total; ++i) theta0[i] = 0.001f * (float)(i % 97) - 0.03f;
+  std::vector<float> whole = theta0, wp(total), wm(total);
+  zof::zo_pass_host(whole.data(), total, 5, 0, upd, 2, 0.01f, &cur, 0.1f, wp.data(), wm.data());
+  for (auto [first, n] : {std::pair<int64_t, int64_t>{0, 1000}, {1, 3}, {3, 70}, {63, 2},
+                          {64, 64}, {130, 517}, {999, 1}, {5, 0}}) {
+    std::vector<float> th = theta0, p(total, 7.f), m(total, 7.f);
+    zof::zo_pass_host(th.data() + first, n, 5, first, upd, 2, 0.01f, &cur, 0.1f, p.data() + first,
+                      m.data() + first);
+    for (int64_t i = 0; i < total; ++i) {
+      const bool in = i >= first && i < first + n;
+      ASSERT_EQ(th[i], in ? whole[i] : theta0[i]) << first << "+" << n << " at " << i;
+      ASSERT_EQ(p[i], in ? wp[i] : 7.f) << first << "+" << n << " at " << i;
+      ASSERT_EQ(m[i], in ? wm[i] : 7.f) << first << "+" << n << " at " << i;
+    }
+  }
 }
 
 }  // namespace
