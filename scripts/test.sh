@@ -12,8 +12,9 @@ EXTRA=()
 if [ "${ZOF_SANITIZE:-0}" = 1 ]; then BUILD=build-asan; EXTRA=(-DZOF_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOF_CUDA=OFF); fi
 # CI must run the mpi label: a missing MPI is a configure error there, not a silent skip.
 if [ "${CI:-}" = true ]; then EXTRA+=(-DZOF_MPI=ON); fi
-# CI must build the CUDA backend (nvcc is there, a GPU is not): a missing nvcc is an error there.
-if [ "${CI:-}" = true ] && [ "${ZOF_SANITIZE:-0}" != 1 ]; then EXTRA+=(-DZOF_CUDA=ON); fi
+# CI must build the CUDA backend and the NCCL communicator (nvcc and NCCL are there, a GPU is
+# not): a missing nvcc or NCCL is a configure error there.
+if [ "${CI:-}" = true ] && [ "${ZOF_SANITIZE:-0}" != 1 ]; then EXTRA+=(-DZOF_CUDA=ON -DZOF_NCCL=ON); fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${EXTRA[@]}" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)"
 export ZOF_PYTHON="$PWD/build/venv/bin/python"

@@ -71,6 +71,9 @@ timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/me
   echo "GPU tests (\`zof_gpu_tests\`, ZOF_EXPECT_GPU=1): ${TEST_LINE:-did not run (exit $trc)};" \
        "passed ${PASS_N:-0}, failed ${FAIL_N:-0}, skipped ${SKIP_N:-0} (log: gpu_tests.log)."
   echo
+  # The Nccl.* tests (one rank on the one GPU) run among them when CMake found NCCL.
+  echo "NCCL communicator: $(grep -o 'zof: NCCL communicator .*' "$RES/configure.log" | head -1 | cut -d' ' -f4-)."
+  echo
   echo "Forward of one block, random weights, one sequence (MFU: model FLOPs, causal attention"
   echo "counted as computed, over the dense bf16 peak):"
   echo

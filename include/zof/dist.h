@@ -1,6 +1,7 @@
 // The distributed layer's one small interface: a communicator over the ranks of a job (MPI when
-// the binary was started by mpirun and built with MPI, a single process otherwise), and the
-// layout of ranks into pipeline stages and data-parallel replicas. ZO needs little from it:
+// the binary was started by mpirun and built with MPI, a single process otherwise; NCCL over
+// either when the ranks drive GPUs), and the layout of ranks into pipeline stages and
+// data-parallel replicas. ZO needs little from it:
 // a few scalars per step (every rank regenerates z from the seed) and, for pipelines, the
 // hidden states that cross a stage boundary.
 #pragma once
@@ -29,9 +30,13 @@ class Communicator {
   // data (bytes) of rank root to every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Blocking point-to-point for pipeline activations and weight gathers; n floats. Messages
-  // between a pair of ranks with the same tag arrive in the order sent.
+  // between a pair of ranks with the same tag arrive in the order sent. buf is host memory,
+  // except on a communicator whose buffers_on_device() is true (NCCL: see make_nccl).
   virtual void send(const float* buf, int64_t n, int dest, int tag) = 0;
   virtual void recv(float* buf, int64_t n, int src, int tag) = 0;
+  // Whether send/recv take device memory on this rank's GPU (NCCL) rather than host memory
+  // (MPI, single process). allreduce_sum_ordered and broadcast take host memory everywhere.
+  virtual bool buffers_on_device() const { return false; }
   virtual void barrier() = 0;
   // Ends every rank of the job now with exit code `code`, after printing why on this rank.
   [[noreturn]] virtual void abort(int code, const std::string& why) = 0;
@@ -61,6 +66,48 @@ std::unique_ptr<Communicator> connect_world(double timeout_s);
 bool launched_by_mpi(int* world_size = nullptr);
 // Whether this binary has the MPI implementation.
 bool built_with_mpi();
+
+// ---- GPU ranks: NCCL ----
+// Whether this binary has the NCCL communicator (-DZOF_NCCL=AUTO|ON|OFF; needs the CUDA backend).
+bool built_with_nccl();
+
+// The communicator over NCCL between the ranks of `bootstrap` (MPI, or a single process), each
+// rank on CUDA device `device`, one rank per GPU. Every rank of bootstrap calls it; rank 0 makes
+// the ncclUniqueId and broadcasts it through bootstrap, which must outlive the result: abort()
+// and the failures below end the job through it (MPI_Abort under MPI). Unlike MPI:
+//  - send/recv take DEVICE memory on `device` (pipeline activations stay on the GPU; a host
+//    pointer aborts), written by work that has already finished (synchronize the stream that
+//    wrote it); recv returns with the data in buf. Tags are not carried (NCCL has none):
+//    messages between two ranks match in the order both issue them, as the pipeline walk does,
+//    with equal counts on both sides. A send/recv with the rank itself aborts (blocking, it
+//    would wait for ever), so a one-rank NCCL communicator has no point-to-point.
+//  - allreduce_sum_ordered and broadcast take HOST memory, as with MPI, staged through a device
+//    buffer. The reduction is an ncclAllGather of the n values, then every rank adds them in
+//    rank order on the host: the same bits as MPI and one process (ncclAllReduce adds in ring or
+//    tree order). bytes_sent counts as MPI's gather + broadcast does (not NCCL's ring traffic),
+//    so the per-step numbers do not depend on the transport. barrier is a one-value all-reduce.
+//  - timeout_s > 0: the NCCL communicator is non-blocking and every call polls it, so a call
+//    (creation and teardown included) that waits on its peers longer than that, or an error
+//    NCCL notices (a peer lost), prints which call and ends the job (exit 3 / 2). The
+//    ncclUniqueId broadcast runs under bootstrap's own timeout; errors between calls show at
+//    the next call; nothing is watched while this rank is not in a call.
+// zof::Error when this binary has no NCCL (the message names -DZOF_NCCL) or `device` is not a
+// visible CUDA device.
+std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device, double timeout_s = 0);
+// make_nccl over make_single_process(), which the result owns: one process, one GPU. Every
+// collective goes through NCCL (and is the identity); send/recv abort (there is no other rank).
+std::unique_ptr<Communicator> make_nccl_single(int device, double timeout_s = 0);
+
+// The communicator for a job whose ranks drive GPUs: NCCL over `world` (which the result then
+// owns) when this binary has NCCL, cuda_backend is true and the job has more than one rank,
+// each rank on CUDA device `device` (the caller's choice: its rank on the node, say); `world`
+// itself otherwise. buffers_on_device() says which memory send/recv then take.
+// Not used yet: the CUDA backend cannot run the trainer (the forward keeps activations in host
+// buffers), so the trainer calls connect_world. Once the forward runs on the device, the trainer
+// calls connect_devices(connect_world(timeout), true, local rank, timeout) and hands the
+// pipeline's send/recv device buffers.
+std::unique_ptr<Communicator> connect_devices(std::unique_ptr<Communicator> world,
+                                              bool cuda_backend, int device, double timeout_s);
 
 // Ranks = stages x replicas; rank r is stage r % stages of replica r / stages, so the stages of
 // one pipeline are consecutive ranks.

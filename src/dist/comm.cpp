@@ -1,10 +1,12 @@
-// The single-process communicator, the choice between it and MPI, and the rank layout of
+// The single-process communicator, the choice between it, MPI and NCCL, and the rank layout of
 // pipeline stages and data-parallel replicas (see zof/dist.h).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "dist/mpi_comm.h"
+#include "dist/nccl_comm.h"
+#include "zof/cuda.h"
 #include "zof/dist.h"
 #include "zof/error.h"
 
@@ -71,6 +73,62 @@ std::unique_ptr<Communicator> connect_world(double timeout_s) {
                 " ranks, but this zof was built without MPI; install libopenmpi-dev "
                 "(scripts/setup.sh) and rebuild with -DZOF_MPI=ON, or run one process");
   return make_single_process();
+}
+
+bool built_with_nccl() {
+#ifdef ZOF_WITH_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef ZOF_WITH_NCCL
+namespace {
+void check_nccl_device(int device) {
+  const int n = cuda_device_count();
+  ZOF_CHECK(device >= 0 && device < n,
+            "CUDA device " + std::to_string(device) + " for the NCCL communicator does not exist (" +
+                std::to_string(n) +
+                " visible); give each rank one of its node's GPUs, or check CUDA_VISIBLE_DEVICES "
+                "and the driver");
+}
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device, double timeout_s) {
+  check_nccl_device(device);
+  return make_nccl_comm(&bootstrap, nullptr, device, timeout_s);
+}
+
+std::unique_ptr<Communicator> make_nccl_single(int device, double timeout_s) {
+  check_nccl_device(device);
+  auto single = make_single_process();
+  Communicator* boot = single.get();
+  return make_nccl_comm(boot, std::move(single), device, timeout_s);
+}
+#else
+namespace {
+const char* kNoNccl =
+    "this zof was built without NCCL (-DZOF_NCCL=OFF, the CUDA backend off, or nccl.h and "
+    "libnccl not found when configuring); install NCCL (the CUDA toolkit's, libnccl-dev, or "
+    "the nvidia-nccl wheel PyTorch installs) and rebuild with -DZOF_CUDA=ON -DZOF_NCCL=ON";
+}
+
+std::unique_ptr<Communicator> make_nccl(Communicator&, int, double) { throw Error(kNoNccl); }
+std::unique_ptr<Communicator> make_nccl_single(int, double) { throw Error(kNoNccl); }
+#endif
+
+std::unique_ptr<Communicator> connect_devices(std::unique_ptr<Communicator> world,
+                                              bool cuda_backend, int device, double timeout_s) {
+  ZOF_ASSERT(world);
+  if (!cuda_backend || world->size() == 1 || !built_with_nccl()) return world;
+#ifdef ZOF_WITH_NCCL
+  check_nccl_device(device);
+  Communicator* boot = world.get();
+  return make_nccl_comm(boot, std::move(world), device, timeout_s);
+#else
+  return world;
+#endif
 }
 
 Layout Layout::make(int ranks, int stages) {
