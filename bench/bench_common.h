@@ -1,0 +1,246 @@
+// What the CPU benchmarks share: the built-in model configs, the analytic FLOP count, timing
+// helpers and a Backend wrapper that times every op.
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zof/backend.h"
+#include "zof/config.h"
+#include "zof/error.h"
+
+namespace zof_bench {
+
+using json = nlohmann::json;
+
+// GPT-2 small (124M) as Hugging Face's gpt2/config.json defines it.
+const char* kGpt2_124m = R"({
+  "model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+  "n_layer": 12, "n_head": 12, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+  "tie_word_embeddings": true, "bos_token_id": 50256, "eos_token_id": 50256
+})";
+// A LLaMA-style ~125M model: GQA (12 query heads, 4 kv heads), SwiGLU, untied LM head.
+const char* kLlama_125m = R"({
+  "model_type": "llama", "vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048,
+  "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64,
+  "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+  "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
+})";
+
+zof::ModelConfig config_named(const std::string& name) {
+  if (name == "gpt2-124m") return zof::ModelConfig::from_json(json::parse(kGpt2_124m), name);
+  if (name == "llama-125m") return zof::ModelConfig::from_json(json::parse(kLlama_125m), name);
+  ZOF_CHECK(std::filesystem::is_regular_file(name),
+            "--model-config " + name + ": neither a built-in name (gpt2-124m, llama-125m) nor a "
+            "config.json file");
+  return zof::ModelConfig::load(name);
+}
+
+// Parameters of the matrix products inside the transformer layers (no embeddings, no LM head).
+int64_t layer_matmul_params(const zof::ModelConfig& c) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  int64_t per_layer = 0;
+  switch (c.arch) {
+    case zof::Arch::Llama: per_layer = C * q + 2 * C * kv + q * C + 3 * C * I; break;
+    case zof::Arch::OPT:
+    case zof::Arch::GPT2: per_layer = 4 * C * C + 2 * C * I; break;
+  }
+  return c.num_layers * per_layer;
+}
+
+struct Flops {
+  double layers = 0, attention = 0, head = 0;
+  double total() const { return layers + attention + head; }
+};
+
+Flops count_flops(const zof::ModelConfig& c, int64_t B, int64_t T) {
+  const double tokens = double(B) * T;
+  const int64_t E = c.word_embed_proj_dim > 0 ? c.word_embed_proj_dim : c.hidden_size;
+  Flops f;
+  f.layers = 2.0 * layer_matmul_params(c) * tokens;
+  f.attention = c.num_layers * 2.0 * 2.0 * B * c.num_heads * c.head_dim * (T * (T + 1) / 2.0);
+  f.head = 2.0 * c.vocab_size * E * tokens;
+  return f;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  const size_t n = t.size();
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+// Median wall time of fn over iters runs, after warmup runs; after each timed run, between (not
+// timed) runs.
+double median_seconds(int warmup, int iters, const std::function<void()>& fn,
+                      const std::function<void()>& between = {}) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+    if (between) between();
+  }
+  return median(t);
+}
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A Backend that forwards every call to another and adds up the wall time of each op, matmuls
+// keyed by shape: where a forward's time goes, without a profiler that cannot see into oneDNN's
+// JIT code. The CPU backend runs ops inline, so a call's wall time is its op's time.
+class TimingBackend : public zof::Backend {
+ public:
+  struct Entry {
+    double seconds = 0, flop = 0;
+    int64_t calls = 0;
+  };
+  explicit TimingBackend(zof::Backend& inner) : in_(inner) {}
+  std::map<std::string, Entry> entries;
+  void reset() { entries.clear(); }
+
+  std::string name() const override { return in_.name(); }
+  // Device memory handed out through this wrapper: live now and at most.
+  size_t live_bytes = 0, peak_bytes = 0;
+  void* alloc(size_t b) override {
+    void* p = in_.alloc(b);
+    sizes_[p] = b;
+    live_bytes += b;
+    peak_bytes = std::max(peak_bytes, live_bytes);
+    return p;
+  }
+  void free(void* p) override {
+    if (auto it = sizes_.find(p); it != sizes_.end()) {
+      live_bytes -= it->second;
+      sizes_.erase(it);
+    }
+    in_.free(p);
+  }
+  void* alloc_host_pinned(size_t b) override { return in_.alloc_host_pinned(b); }
+  void free_host_pinned(void* p) override { in_.free_host_pinned(p); }
+  size_t free_memory() const override { return in_.free_memory(); }
+  zof::Stream* default_stream() override { return in_.default_stream(); }
+  zof::Stream* create_stream() override { return in_.create_stream(); }
+  void copy_to_device(void* d, const void* s, size_t b, zof::Stream* st) override {
+    timed("copy", 0, [&] { in_.copy_to_device(d, s, b, st); });
+  }
+  void copy_to_host(void* d, const void* s, size_t b, zof::Stream* st) override {
+    timed("copy", 0, [&] { in_.copy_to_host(d, s, b, st); });
+  }
+  void copy_device(void* d, const void* s, size_t b, zof::Stream* st) override {
+    timed("copy", 0, [&] { in_.copy_device(d, s, b, st); });
+  }
+  zof::Event* create_event() override { return in_.create_event(); }
+  void record(zof::Event* e, zof::Stream* s) override { in_.record(e, s); }
+  void wait(zof::Stream* s, zof::Event* e) override { in_.wait(s, e); }
+  void synchronize(zof::Stream* s) override { in_.synchronize(s); }
+
+  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+              int64_t K, zof::Stream* s) override {
+    char key[96];
+    std::snprintf(key, sizeof key, "matmul M=%ld N=%ld K=%ld", long(M), long(N), long(K));
+    timed(key, 2.0 * M * N * K, [&] { in_.matmul(x, w, bias, y, M, N, K, s); });
+  }
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                zof::Stream* s) override {
+    timed("rms_norm", 0, [&] { in_.rms_norm(x, w, y, rows, dim, eps, s); });
+  }
+  void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                  int64_t dim, float eps, zof::Stream* s) override {
+    timed("layer_norm", 0, [&] { in_.layer_norm(x, w, b, y, rows, dim, eps, s); });
+  }
+  void rope(float* x, const int32_t* pos, int64_t rows, int64_t nh, int64_t hd, float theta,
+            zof::Stream* s) override {
+    timed("rope", 0, [&] { in_.rope(x, pos, rows, nh, hd, theta, s); });
+  }
+  void attention(const float* q, const float* k, const float* v, float* out, const uint8_t* mask,
+                 int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                 int64_t q_offset, float scale, zof::Stream* s) override {
+    const double flop = 4.0 * B * H * D * (Tq * (Tq + 1) / 2.0 + Tq * q_offset);
+    timed("attention", flop,
+          [&] { in_.attention(q, k, v, out, mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, s); });
+  }
+  void silu_mul(const float* g, const float* u, float* o, int64_t n, zof::Stream* s) override {
+    timed("silu_mul", 0, [&] { in_.silu_mul(g, u, o, n, s); });
+  }
+  void gelu_tanh(float* x, int64_t n, zof::Stream* s) override {
+    timed("gelu_tanh", 0, [&] { in_.gelu_tanh(x, n, s); });
+  }
+  void gelu_erf(float* x, int64_t n, zof::Stream* s) override {
+    timed("gelu_erf", 0, [&] { in_.gelu_erf(x, n, s); });
+  }
+  void relu(float* x, int64_t n, zof::Stream* s) override {
+    timed("relu", 0, [&] { in_.relu(x, n, s); });
+  }
+  void add(float* y, const float* x, int64_t n, zof::Stream* s) override {
+    timed("add", 0, [&] { in_.add(y, x, n, s); });
+  }
+  void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+                 bool acc, zof::Stream* s) override {
+    timed("embedding", 0, [&] { in_.embedding(ids, table, out, n, dim, acc, s); });
+  }
+  void cross_entropy(const float* logits, const int32_t* t, float* nll, int64_t rows,
+                     int64_t vocab, zof::Stream* s) override {
+    timed("cross_entropy", 0, [&] { in_.cross_entropy(logits, t, nll, rows, vocab, s); });
+  }
+  void cross_entropy_chunk(const float* logits, const int32_t* t, int64_t rows, int64_t n,
+                           int64_t v0, float* mx, float* sum, float* tgt, zof::Stream* s) override {
+    timed("cross_entropy", 0,
+          [&] { in_.cross_entropy_chunk(logits, t, rows, n, v0, mx, sum, tgt, s); });
+  }
+  // Keyed "zo_pass" whatever the tensor: the passes over parameters (update, perturbation).
+  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+               const zof::ZOUpdateTerm* upd, int n_update, float lr_wd, const zof::ZKey* cur,
+               float eps, float* plus, float* minus, zof::Stream* s) override {
+    timed(kZOPass, 0, [&] {
+      in_.zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, s);
+    });
+  }
+  static constexpr const char* kZOPass = "zo_pass";
+
+ private:
+  template <class F>
+  void timed(const std::string& key, double flop, F&& f) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    Entry& e = entries[key];
+    e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    e.flop += flop;
+    ++e.calls;
+  }
+  zof::Backend& in_;
+  std::map<void*, size_t> sizes_;
+};
+
+// A field of /proc/self/status in bytes (VmRSS: resident now, VmHWM: peak resident); 0 where
+// /proc is missing.
+inline double proc_status_bytes(const std::string& field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) * 1024.0;
+  return 0;
+}
+
+}  // namespace zof_bench

@@ -1,0 +1,220 @@
+// The ZO step on the CPU, measured: ZOEngine::perturbed_losses + projected_gradients +
+// schedule_update (the pending update lands in the next walk) on a model with random weights (a
+// built-in config, a config.json, or a model directory), at batch B x T of random tokens.
+// Reports the step time split into the two forward passes (backend ops other than the parameter
+// passes), the passes over parameters (Backend::zo_pass: pending update + perturbation) and the
+// rest (bookkeeping in the walk); tokens/s; the forward's GFLOP/s against the backend's GEMM rate
+// measured in the same run; peak resident memory against the fp32 model plus one forward's
+// activations. bench/zo_peer.py times MeZO's step in PyTorch; bench/run_zo_step.sh runs both.
+//
+// FLOPs per step: 2 x the forward count of bench_common.h (two forwards per query).
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+
+#include "bench_common.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+#include "zof/zo.h"
+
+namespace {
+
+using namespace zof_bench;
+
+struct Args {
+  std::string model_config = "gpt2-124m", model_dir;
+  int64_t batch = 8, seq = 128, vocab_chunk = 0;
+  int threads = 0, queries = 1;
+  int warmup = 2, iters = 5;
+  bool json = false, profile = false;
+  uint64_t seed = 0;
+};
+
+int run(const Args& a) {
+  ZOF_CHECK(a.batch > 0 && a.seq > 0, "--batch and --seq must be positive");
+  ZOF_CHECK(a.iters > 0 && a.warmup >= 0, "--iters must be positive and --warmup non-negative");
+  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  auto backend = zof::make_cpu_backend(threads);
+
+  // The GEMM rate (M=1024 N=3072 K=768, best of 5), before and after the steps; its buffers are
+  // allocated before the memory baseline is read.
+  const int64_t gM = 1024, gN = 3072, gK = 768;
+  auto gx = random_floats(gM * gK, 1), gw = random_floats(gN * gK, 2);
+  std::vector<float> gy(gM * gN);
+  std::vector<double> gemm_s;
+  auto time_gemm = [&] {
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      backend->matmul(gx.data(), gw.data(), nullptr, gy.data(), gM, gN, gK);
+      best = std::min(best, seconds_since(t0));
+    }
+    gemm_s.push_back(best);
+  };
+  time_gemm();  // warm-up: primitive creation
+  gemm_s.clear();
+  time_gemm();
+
+  const double rss_base = proc_status_bytes("VmRSS");
+  zof::Model model = a.model_dir.empty() ? zof::Model::random(config_named(a.model_config), a.seed)
+                                         : zof::Model::load(a.model_dir);
+  const zof::ModelConfig& cfg = model.config();
+  const std::string name = a.model_dir.empty() ? a.model_config : a.model_dir;
+  ZOF_CHECK(a.seq <= cfg.max_position, "--seq " + std::to_string(a.seq) +
+                                           " exceeds the model's context of " +
+                                           std::to_string(cfg.max_position));
+  const int64_t B = a.batch, T = a.seq, rows = B * T;
+  const double model_bytes = 4.0 * (double)model.storage_size();
+  TimingBackend tb(*backend);
+  // One forward's activation buffers, as Forward allocates them for `rows` tokens.
+  double act_bytes = 0;
+  {
+    zof::Forward probe(model, tb, rows);
+    act_bytes = (double)tb.live_bytes;
+  }
+  zof::ZOStepOptions zo;
+  zo.eps = 1e-3f;
+  zo.queries = a.queries;
+  zo.seed = a.seed;
+  zo.vocab_chunk = a.vocab_chunk;
+  const size_t live0 = tb.live_bytes;
+  zof::ZOEngine engine(model, tb, rows, zo);
+  const double engine_bytes = (double)(tb.live_bytes - live0);
+
+  zof::Batch batch;
+  batch.B = B;
+  batch.T = T;
+  batch.lengths.assign(B, int32_t(T));
+  {
+    std::mt19937_64 rng(a.seed + 1);
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
+    batch.ids.resize(rows);
+    for (auto& id : batch.ids) id = tok(rng);
+  }
+  const std::vector<zof::LossBatch> micro{zof::LossBatch::next_token(batch)};
+
+  uint32_t step = 0;
+  double loss = 0;
+  auto zo_step = [&] {
+    const zof::QueryLosses ql = engine.perturbed_losses(step, micro);
+    const std::vector<double> g = engine.projected_gradients(ql);
+    loss = 0.5 * (ql.sum_plus[0] + ql.sum_minus[0]) / ql.count;
+    engine.schedule_update(step, 1e-6f, g);
+    ++step;
+  };
+  for (int i = 0; i < a.warmup; ++i) zo_step();
+  std::vector<double> t_step, t_pass, t_ops;
+  for (int i = 0; i < a.iters; ++i) {
+    tb.reset();
+    auto t0 = std::chrono::steady_clock::now();
+    zo_step();
+    t_step.push_back(seconds_since(t0));
+    double pass = 0, ops = 0;
+    for (auto& [k, e] : tb.entries) (k == TimingBackend::kZOPass ? pass : ops) += e.seconds;
+    t_pass.push_back(pass);
+    t_ops.push_back(ops);
+  }
+  time_gemm();
+  const double rss_peak = proc_status_bytes("VmHWM");
+  const double s = median(t_step), s_pass = median(t_pass), s_ops = median(t_ops);
+  const double gemm_gflops = 2.0 * gM * gN * gK / median(gemm_s) * 1e-9;
+  const Flops f = count_flops(cfg, B, T);
+  const double flop_step = 2.0 * a.queries * f.total();
+  const double net_peak = rss_peak - rss_base;
+  const double mem_ratio = net_peak / (model_bytes + act_bytes);
+
+  std::printf("%-14s %4ld x %-4ld q=%d threads=%d: %.1f ms/step (forwards %.1f ms = %.1f%%, "
+              "parameter passes %.1f ms = %.1f%%, rest %.1f ms)\n",
+              name.c_str(), long(B), long(T), a.queries, threads, s * 1e3, s_ops * 1e3,
+              100 * s_ops / s, s_pass * 1e3, 100 * s_pass / s, (s - s_ops - s_pass) * 1e3);
+  std::printf("  %.0f tokens/s (%ld tokens/step); %.1f GFLOP/s over the step, %.1f GFLOP/s in the "
+              "forwards = %.0f%% of the GEMM rate %.1f GFLOP/s\n",
+              rows / s, long(rows), flop_step / s * 1e-9, flop_step / s_ops * 1e-9,
+              100 * flop_step / s_ops * 1e-9 / gemm_gflops, gemm_gflops);
+  std::printf("  memory: peak RSS %.0f MB above a %.0f MB baseline; fp32 model %.0f MB + one "
+              "forward's activations %.0f MB = %.0f MB -> ratio %.2f (engine buffers %.0f MB)\n",
+              net_peak / 1e6, rss_base / 1e6, model_bytes / 1e6, act_bytes / 1e6,
+              (model_bytes + act_bytes) / 1e6, mem_ratio, engine_bytes / 1e6);
+  std::printf("  mean loss at theta +/- eps z: %.4f (ln V = %.4f)\n", loss,
+              std::log(double(cfg.vocab_size)));
+  if (a.profile) {
+    // One more step, op by op.
+    tb.reset();
+    auto t0 = std::chrono::steady_clock::now();
+    zo_step();
+    const double total = seconds_since(t0);
+    std::vector<std::pair<std::string, TimingBackend::Entry>> v(tb.entries.begin(),
+                                                                tb.entries.end());
+    std::sort(v.begin(), v.end(),
+              [](auto& x, auto& y) { return x.second.seconds > y.second.seconds; });
+    std::printf("\nper-op time of one step (%.1f ms):\n", total * 1e3);
+    std::printf("  %-34s %8s %10s %7s %9s\n", "op", "calls", "ms", "share", "GFLOP/s");
+    for (auto& [k, e] : v) {
+      std::printf("  %-34s %8ld %10.1f %6.1f%% ", k.c_str(), long(e.calls), e.seconds * 1e3,
+                  100 * e.seconds / total);
+      if (e.flop > 0) std::printf("%9.1f", e.flop / e.seconds * 1e-9);
+      std::printf("\n");
+    }
+  }
+  if (a.json) {
+    json j = {{"impl", "zof"},
+              {"model", name},
+              {"threads", threads},
+              {"batch", B},
+              {"seq", T},
+              {"queries", a.queries},
+              {"params", model.num_params()},
+              {"step_ms", s * 1e3},
+              {"forward_ms", s_ops * 1e3},
+              {"param_pass_ms", s_pass * 1e3},
+              {"rest_ms", (s - s_ops - s_pass) * 1e3},
+              {"tokens_per_s", rows / s},
+              {"gflop_per_step", flop_step * 1e-9},
+              {"step_gflops", flop_step / s * 1e-9},
+              {"forward_gflops", flop_step / s_ops * 1e-9},
+              {"gemm_gflops", gemm_gflops},
+              {"model_mb", model_bytes / 1e6},
+              {"activations_mb", act_bytes / 1e6},
+              {"engine_mb", engine_bytes / 1e6},
+              {"rss_base_mb", rss_base / 1e6},
+              {"rss_peak_mb", rss_peak / 1e6},
+              {"mem_ratio", mem_ratio},
+              {"loss", loss}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zo_step_bench: the CPU ZO step of a random-weight model, split and measured"};
+  Args a;
+  app.add_option("--model-config", a.model_config,
+                 "gpt2-124m, llama-125m, or a path to a config.json (random weights)")
+      ->capture_default_str();
+  app.add_option("--model", a.model_dir, "a Hugging Face model directory instead (its weights)");
+  app.add_option("--batch", a.batch, "sequences per step")->capture_default_str();
+  app.add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
+  app.add_option("--queries", a.queries, "SPSA directions per step")->capture_default_str();
+  app.add_option("--vocab-chunk", a.vocab_chunk, "LM head rows per chunk (0: the engine's)")
+      ->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads (0: OpenMP's default)")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--iters", a.iters, "timed steps (medians are reported)")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of the weights, tokens and perturbations")
+      ->capture_default_str();
+  app.add_flag("--profile", a.profile, "also print one step's time per backend op");
+  app.add_flag("--json", a.json, "end with one JSON line of the results");
+  try {
+    app.parse(argc, argv);
+    return run(a);
+  } catch (const CLI::ParseError& err) {
+    return app.exit(err);
+  } catch (const zof::Error& err) {
+    std::fprintf(stderr, "zo_step_bench: error: %s\n", err.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "zo_step_bench: error: out of memory\n");
+  }
+  return 1;
+}
