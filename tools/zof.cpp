@@ -264,6 +264,20 @@ int main(int argc, char** argv) {
   ft->add_option("--seed", t.seed, "Seed of perturbations and data sampling")->capture_default_str();
   ft->add_option("--schedule", t.schedule, "constant | linear | cosine")->capture_default_str()
       ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  // Checked by finetune() (a zof::Error naming the flag), not by CLI11.
+  ft->add_option("--estimator", t.estimator, "spsa (two-point MeZO) | jvp (forward gradient: "
+                 "exact directional derivatives by forward-mode AD, no --eps)")->capture_default_str();
+  ft->add_option("--z", t.z, "Perturbation directions: gaussian (MeZO) | rademacher (+-1)")
+      ->capture_default_str();
+  ft->add_flag("--one-sided", t.one_sided, "One-sided differences (L(theta+eps z) - L(theta)) / eps: "
+               "q + 1 forwards per step instead of 2q");
+  ft->add_option("--sparsity", t.sparsity, "Sparse MeZO: fraction of each weight matrix (largest "
+                 "|theta|) left unperturbed and unchanged; 0: dense")->capture_default_str();
+  ft->add_option("--optimizer", t.optimizer, "sgd (MeZO) | momentum (ZO-SGD with momentum) | adam "
+                 "(ZO-Adam; state in memory, saved with checkpoints)")->capture_default_str();
+  ft->add_option("--beta1", t.beta1, "Momentum / Adam first-moment decay")->capture_default_str();
+  ft->add_option("--beta2", t.beta2, "Adam second-moment decay")->capture_default_str();
+  ft->add_option("--adam-eps", t.adam_eps, "Adam's denominator epsilon")->capture_default_str();
   ft->add_option("--warmup", t.warmup, "Linear warm-up steps")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   ft->add_option("--eval-every", t.eval_every, "Evaluate every N steps (0: before and after only)")
@@ -287,6 +301,12 @@ int main(int argc, char** argv) {
   ft->add_option("--dist-timeout", t.dist_timeout, "Under mpirun: seconds a rank may wait on the others "
                  "before the whole job stops with an error (0: wait for ever)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  // Checked by finetune() (a zof::Error naming the flag), not by CLI11.
+  ft->add_option("--gpu-mem", t.gpu_mem, "Device memory budget for parameter streaming, e.g. 16GiB, "
+                 "512MiB or bytes (default: what the device has free): blocks that fit stay on the "
+                 "device, the rest stream through it each step");
+  ft->add_flag("--sim-device", t.sim_device, "Run on the simulated device (host memory with the "
+               "--gpu-mem budget, threads as copy streams): the streaming schedule without a GPU");
 
   std::string rp_model, rp_log, rp_out;
   int rp_threads = 0;

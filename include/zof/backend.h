@@ -20,6 +20,15 @@ struct ZOUpdateTerm {
   float coef = 0.f;  // lr * g_j / q
 };
 
+// A stateful ZO optimizer's constants for one update (ZO-SGD with momentum, ZO-Adam).
+struct ZOOptimizer {
+  enum Kind : int { Momentum = 1, Adam = 2 };
+  int kind = Momentum;
+  float lr = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float wd = 0.f;                // weight decay of this tensor (0 for norms and biases)
+  float bc1 = 1.f, bc2 = 1.f;    // Adam's bias corrections 1 / (1 - beta^t)
+};
+
 // Opaque handles owned by the backend that created them. No backend defines these types: each
 // keeps its own and casts (two definitions of zof::Stream in one library would break the ODR).
 struct Stream;
@@ -106,6 +115,17 @@ class Backend {
   virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
                        const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
                        float eps, float* plus, float* minus, Stream* s = nullptr);
+  // The pending update through optimizer state, elements [first, first + n) of the tensor
+  // (theta, m and v point at element first; v is unused by momentum):
+  //   gh = sum_j upd[j].coef * z(upd[j].key, tensor, i)   (coef = g_j / q; fmaf in j order from 0;
+  //        z masked as in zo_pass, by |theta| before the update)
+  //   momentum: m = beta1 m + (gh + wd theta);  theta -= lr m
+  //   adam:     m = beta1 m + (1 - beta1) gh;  v = beta2 v + (1 - beta2) gh^2;
+  //             theta -= lr (m bc1 / (sqrt(v bc2) + eps) + wd theta)
+  // The default runs on host memory.
+  virtual void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                               int64_t first, const ZOUpdateTerm* upd, int n_update,
+                               const ZOOptimizer& o, Stream* s = nullptr);
   // Online softmax over a vocabulary split into column chunks: folds logits (rows, n), columns
   // [v0, v0 + n) of the full rows, into per-row running state (max, sum of exp(logit - max),
   // logit of the target; targets < 0 are skipped). Start from max = -inf, sum = 0, target = 0;
@@ -120,6 +140,11 @@ class Backend {
 void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                   int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
                   float* minus);
+
+// The host implementation of Backend::zo_update_state.
+void zo_update_state_host(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                          int64_t first, const ZOUpdateTerm* upd, int n_update,
+                          const ZOOptimizer& o);
 
 // The CPU backend (oneDNN matrix products, OpenMP elsewhere). threads <= 0: OpenMP's default.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

@@ -137,16 +137,31 @@ ZOF_HD void zof_box_muller4(const Philox4x32& b, float out[4]) {
 }
 
 // The key of one perturbation direction: z for (seed, step, query) over all tensors.
+// dist: 0 standard normal (Box-Muller), 1 Rademacher (+-1 from each word's top bit; the same
+// Philox blocks). mask (Sparse MeZO): the ZO passes take z as 0 wherever |theta| > mask (theta
+// before the update, for update terms); infinity: dense. z_group itself ignores the mask.
 struct ZKey {
   uint64_t seed = 0;
   uint32_t step = 0;
   uint32_t query = 0;
+  uint32_t dist = 0;
+  float mask = __builtin_inff();
 };
+constexpr uint32_t kZGaussian = 0, kZRademacher = 1;
+
+// +-1 from the top bit of each of the 4 words.
+ZOF_HD void zof_rademacher4(const uint32_t w[4], float out[4]) {
+  for (int i = 0; i < 4; ++i) out[i] = (w[i] >> 31) ? -1.f : 1.f;
+}
 
 // Elements 4g..4g+3 of tensor `tensor` under key: counter (g, tensor, step, query), key = seed.
 ZOF_HD void z_group(const ZKey& key, uint32_t tensor, uint32_t group, float out[4]) {
   const Philox4x32 b = philox4x32_10(group, tensor, key.step, key.query, (uint32_t)key.seed,
                                      (uint32_t)(key.seed >> 32));
+  if (key.dist == kZRademacher) {
+    zof_rademacher4(b.v, out);
+    return;
+  }
   zof_box_muller4(b, out);
 }
 
@@ -196,10 +211,22 @@ ZOF_HD void box_muller16(const uint32_t* c0, const uint32_t* c1, const uint32_t*
   }
 }
 
+// Rademacher from the same 16 blocks: element 4l + i from word i of block l.
+ZOF_HD void rademacher16(const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
+                         const uint32_t* c3, float* out) {
+  for (int l = 0; l < 16; ++l) {
+    const uint32_t w[4] = {c0[l], c1[l], c2[l], c3[l]};
+    zof_rademacher4(w, out + 4 * l);
+  }
+}
+
 ZOF_HD void z_groups16(const ZKey& key, uint32_t tensor, uint32_t g0, float* out) {
   uint32_t c0[16], c1[16], c2[16], c3[16];
   philox16(key, tensor, g0, c0, c1, c2, c3);
-  box_muller16(c0, c1, c2, c3, out);
+  if (key.dist == kZRademacher)
+    rademacher16(c0, c1, c2, c3, out);
+  else
+    box_muller16(c0, c1, c2, c3, out);
 }
 
 // z of one element (slow path: tests and scalar references).

@@ -24,6 +24,13 @@ struct TrainOptions {
   int queries = 1;
   uint64_t seed = 0;
   std::string schedule = "constant";  // constant | linear | cosine
+  std::string estimator = "spsa";     // spsa (two-point MeZO) | jvp (forward gradient, jvp.h)
+  // The ZO estimator's direction and the optimizer (ZOStepOptions; zo.h).
+  std::string z = "gaussian";         // gaussian | rademacher
+  bool one_sided = false;             // (L(theta + eps z) - L(theta)) / eps
+  float sparsity = 0.f;               // Sparse MeZO: fraction of each matrix left unperturbed
+  std::string optimizer = "sgd";      // sgd | momentum | adam
+  float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
   int64_t warmup = 0;                 // steps of linear warm-up
   int64_t eval_every = 0;             // 0: only before and after
   int64_t save_every = 0;             // 0: only at the end (and on SIGINT/SIGTERM)
@@ -38,6 +45,11 @@ struct TrainOptions {
   // step's batch is split across replicas (data parallel) and the blocks across stages.
   int pipeline_stages = 1;
   double dist_timeout = 600;  // seconds a rank may wait on the others before the job aborts
+  // Parameter streaming (streaming.h), layout too: the device memory budget --gpu-mem ("16GiB",
+  // "512MiB", bytes; empty: what the device has free), and --sim-device: run on the simulated
+  // device (host memory with that budget, sim_device.h), the streaming schedule without a GPU.
+  std::string gpu_mem;
+  bool sim_device = false;
 
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);
@@ -62,6 +74,9 @@ class TrainData {
 };
 std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
                                            int64_t context);
+
+// The engine's options from the run's; bad values throw zof::Error naming the flag.
+ZOStepOptions zo_step_options(const TrainOptions& opt);
 
 // Learning rate at step (0-based) under the options' schedule and warm-up.
 float learning_rate(const TrainOptions& opt, int64_t step);

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "zof/backend.h"
@@ -39,12 +40,27 @@ struct ZOStepOptions {
   // Rows of the LM head perturbed and multiplied at once (0: about 4 MB of them). Only the
   // memory and the GEMM shape change; the losses agree to fp32 rounding.
   int64_t vocab_chunk = 0;
+  // The estimator: z Gaussian (kZGaussian) or Rademacher (kZRademacher); one-sided differences
+  // g_j = (L(theta + eps z_j) - L(theta)) / eps (q + 1 forwards) instead of two-point ones (2q).
+  uint32_t dist = kZGaussian;
+  bool one_sided = false;
+  // Sparse MeZO: in each weight matrix the fraction `sparsity` of entries with the largest
+  // |theta| (thresholds from the weights the engine starts from) is neither perturbed nor
+  // moved by z (weight decay still applies); 0: dense. Vectors (norms, biases) stay dense.
+  float sparsity = 0.f;
+  // The optimizer the pending update goes through: ZO-SGD (MeZO), ZO-SGD with momentum, ZO-Adam.
+  enum class Optimizer { SGD, Momentum, Adam } optimizer = Optimizer::SGD;
+  float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
 };
 
-// The update waiting to be applied: theta -= sum_j coef_j z_j + lr_wd theta (decayed tensors).
+// The update waiting to be applied. ZO-SGD: theta -= sum_j coef_j z_j + lr_wd theta (decayed
+// tensors), coef_j = lr g_j / q. Momentum and Adam: gh = sum_j coef_j z_j with coef_j = g_j / q
+// goes through the optimizer state with lr, wd and the update count t (Backend::zo_update_state).
 struct PendingUpdate {
   std::vector<ZOUpdateTerm> terms;
   float lr_wd = 0.f;
+  float lr = 0.f, wd = 0.f;  // stateful optimizers
+  uint32_t t = 0;            // stateful optimizers: this is update number t (1-based)
   bool empty() const { return terms.empty(); }
 };
 
@@ -54,6 +70,8 @@ struct StageIO {
   std::function<void(int stream, float* h, int64_t n)> recv;        // from the previous stage
   std::function<void(int stream, const float* h, int64_t n)> send;  // to the next stage
 };
+
+class BlockStreamer;  // streaming.h
 
 class ZOEngine {
  public:
@@ -93,11 +111,29 @@ class ZOEngine {
   Forward& forward() { return fwd_; }
   const ZOStepOptions& options() const { return opt_; }
 
-  // The update terms of one step (for replay): coef_j = lr g_j / q.
+  // Parameter streaming (streaming.h): the blocks pass through device memory within gpu_mem
+  // bytes for everything this engine keeps on the device, its own buffers included (0: what the
+  // device has free); the blocks that fit stay resident. Below the minimum (those buffers plus
+  // two slots of the largest block) it throws a zof::Error naming --gpu-mem. The Model's storage
+  // stays the master copy and is current after flush(). Not with pipeline stages. Enable it
+  // before the first walk, once the Model's storage holds the weights to start from.
+  void enable_streaming(size_t gpu_mem);
+  BlockStreamer* streamer() { return stream_.get(); }
+  // Device bytes of the engine's own buffers (how far free_memory() fell while allocating them).
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  // The least gpu_mem that enable_streaming() accepts.
+  size_t streaming_minimum() const;
+
+  // The update of one step (see PendingUpdate).
   static PendingUpdate make_update(const ZOStepOptions& opt, uint32_t step, float lr,
                                    const std::vector<double>& g);
-  // Applies an update to every tensor of the model (flush; replay).
-  static void apply_update(Model& model, Backend& backend, const PendingUpdate& u);
+
+  // Momentum/Adam state, laid out as Model::storage() (null for ZO-SGD; v null for momentum):
+  // saved with checkpoints, restored on resume.
+  float* state_m() { return m_; }
+  float* state_v() { return v_; }
+  // Sparse MeZO's threshold of each parameter (infinity: dense).
+  const std::vector<float>& masks() const { return mask_; }
 
  private:
   // One block's pass: the pending update (when apply_update) and the perturbations of `cur`
@@ -113,9 +149,20 @@ class ZOEngine {
   void head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
                  const int32_t* targets, double& sum_plus, double& sum_minus);
   Model::ParamLocator copy_locator(const float* base, const float* tokens) const;
+  // The key of query j at step with this engine's distribution, and a key's copy with tensor
+  // pi's Sparse MeZO mask.
+  ZKey key(uint32_t step, int j) const;
+  ZKey masked(const ZKey& k, int pi) const;
+  // Where the walk finds parameter pi's weights: the model's storage, or the device copy of its
+  // block while streaming (the block must be acquired). acquire/release: no-ops unless streaming.
+  float* theta(int pi) const;
+  void acquire(int block);
+  void release(int block, bool dirty);
+  std::vector<int> walk_order(size_t micro_batches) const;  // blocks in acquire order
 
   Model& model_;
   Backend& be_;
+  size_t free0_ = 0;  // be_.free_memory() before the buffers (declared before fwd_)
   Forward fwd_;
   ZOStepOptions opt_;
   PendingUpdate pending_;
@@ -133,6 +180,11 @@ class ZOEngine {
   float *x_plus_ = nullptr, *x_minus_ = nullptr, *ce_state_ = nullptr;
   std::vector<float*> h_plus_, h_minus_;
   int64_t vocab_chunk_ = 0;
+  std::vector<float> mask_;            // per parameter (Sparse MeZO)
+  float *m_ = nullptr, *v_ = nullptr;  // optimizer state (device memory, storage layout)
+  size_t buffer_bytes_ = 0;
+  int lm_block_ = -1;                     // the block holding the LM head matrix
+  std::unique_ptr<BlockStreamer> stream_;  // null: the walk works on the model's storage
 };
 
 }  // namespace zof

@@ -24,7 +24,11 @@
 #include "zof/backend.h"
 #include "zof/dist.h"
 #include "zof/error.h"
+#include "zof/jvp.h"
 #include "zof/model.h"
+#include "zof/safetensors.h"
+#include "zof/sim_device.h"
+#include "zof/streaming.h"
 #include "zof/tokenizer.h"
 #include "zof/version.h"
 
@@ -172,7 +176,70 @@ void inject_step_fault(int rank, int64_t step) {
 
 constexpr int kWeightsTag = 30000;  // pipeline stages' blocks gathered to rank 0
 
+// --estimator: checked before the job is laid out (and again for a resumed run's saved value).
+void check_estimator(const TrainOptions& o) {
+  ZOF_CHECK(o.estimator == "spsa" || o.estimator == "jvp",
+            "--estimator must be spsa or jvp, not '" + o.estimator + "'");
+  // The JVP walk has no stage split (its tangents would have to cross ranks too).
+  ZOF_CHECK(o.estimator != "jvp" || o.pipeline_stages == 1,
+            "--estimator jvp does not support --pipeline-stages > 1; use --pipeline-stages 1 "
+            "(data parallel only) or --estimator spsa");
+}
+
+// --gpu-mem / --sim-device: the device budget in bytes (0: none given), checked before any work.
+uint64_t check_streaming(const TrainOptions& o) {
+  const uint64_t bytes = o.gpu_mem.empty() ? 0 : parse_memory_size(o.gpu_mem, "--gpu-mem");
+  if (o.gpu_mem.empty() && !o.sim_device) return 0;
+  ZOF_CHECK(o.sim_device,
+            "--gpu-mem budgets device memory, and this build trains on the CPU, which has none; "
+            "add --sim-device to run the streaming schedule on the simulated device");
+  ZOF_CHECK(o.pipeline_stages == 1,
+            "--gpu-mem / --sim-device (parameter streaming) do not combine with --pipeline-stages "
+            "> 1; use --pipeline-stages 1 (data parallel only)");
+  ZOF_CHECK(o.estimator != "jvp",
+            "--estimator jvp does not stream parameters; drop --gpu-mem / --sim-device or use "
+            "--estimator spsa");
+  return bytes;
+}
+
 }  // namespace
+
+ZOStepOptions zo_step_options(const TrainOptions& o) {
+  ZOStepOptions zo;
+  zo.eps = o.eps;
+  zo.weight_decay = o.weight_decay;
+  zo.queries = o.queries;
+  zo.seed = o.seed;
+  ZOF_CHECK(o.z == "gaussian" || o.z == "rademacher",
+            "--z must be gaussian or rademacher, not '" + o.z + "'");
+  zo.dist = o.z == "rademacher" ? kZRademacher : kZGaussian;
+  zo.one_sided = o.one_sided;
+  ZOF_CHECK(o.sparsity >= 0.f && o.sparsity < 1.f,
+            "--sparsity must be in [0, 1) (the fraction of each weight matrix left unperturbed), "
+            "not " + std::to_string(o.sparsity));
+  zo.sparsity = o.sparsity;
+  if (o.optimizer == "sgd")
+    zo.optimizer = ZOStepOptions::Optimizer::SGD;
+  else if (o.optimizer == "momentum")
+    zo.optimizer = ZOStepOptions::Optimizer::Momentum;
+  else if (o.optimizer == "adam")
+    zo.optimizer = ZOStepOptions::Optimizer::Adam;
+  else
+    throw Error("--optimizer must be sgd, momentum or adam, not '" + o.optimizer + "'");
+  ZOF_CHECK(zo.optimizer == ZOStepOptions::Optimizer::SGD || o.pipeline_stages == 1,
+            "--optimizer " + o.optimizer + " keeps state per parameter, which --pipeline-stages "
+            "> 1 does not gather for checkpoints yet; use --optimizer sgd or one stage");
+  ZOF_CHECK(o.beta1 >= 0.f && o.beta1 < 1.f, "--beta1 must be in [0, 1)");
+  ZOF_CHECK(o.beta2 >= 0.f && o.beta2 < 1.f, "--beta2 must be in [0, 1)");
+  ZOF_CHECK(o.adam_eps > 0.f, "--adam-eps must be positive");
+  zo.beta1 = o.beta1;
+  zo.beta2 = o.beta2;
+  zo.adam_eps = o.adam_eps;
+  ZOF_CHECK(o.estimator != "jvp" || (o.z == "gaussian" && !o.one_sided && o.sparsity == 0.f),
+            "--estimator jvp takes Gaussian, dense directions: drop --z, --one-sided and "
+            "--sparsity, or use --estimator spsa");
+  return zo;
+}
 
 json TrainOptions::to_json() const {
   return nlohmann::json{{"model", model},
@@ -188,6 +255,14 @@ json TrainOptions::to_json() const {
               {"queries", queries},
               {"seed", seed},
               {"schedule", schedule},
+              {"estimator", estimator},
+              {"z", z},
+              {"one_sided", one_sided},
+              {"sparsity", sparsity},
+              {"optimizer", optimizer},
+              {"beta1", beta1},
+              {"beta2", beta2},
+              {"adam_eps", adam_eps},
               {"warmup", warmup},
               {"eval_every", eval_every},
               {"save_every", save_every},
@@ -215,6 +290,14 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   get("queries", o.queries);
   get("seed", o.seed);
   get("schedule", o.schedule);
+  get("estimator", o.estimator);  // absent in runs from before --estimator: spsa
+  get("z", o.z);                  // absent in older runs: the defaults (MeZO)
+  get("one_sided", o.one_sided);
+  get("sparsity", o.sparsity);
+  get("optimizer", o.optimizer);
+  get("beta1", o.beta1);
+  get("beta2", o.beta2);
+  get("adam_eps", o.adam_eps);
   get("warmup", o.warmup);
   get("eval_every", o.eval_every);
   get("save_every", o.save_every);
@@ -238,6 +321,9 @@ json finetune(TrainOptions opt) {
   // ---- the job: ranks, stages, replicas ------------------------------------------------------
   ZOF_CHECK(opt.dist_timeout >= 0 && std::isfinite(opt.dist_timeout),
             "--dist-timeout must be a non-negative number of seconds (0: wait for ever)");
+  check_estimator(opt);
+  (void)zo_step_options(opt);  // refuses bad estimator/optimizer flags before any work
+  (void)check_streaming(opt);
   auto comm = dist::connect_world(opt.dist_timeout);
   const int rank = comm->rank();
   const bool root = rank == 0;
@@ -262,6 +348,8 @@ json finetune(TrainOptions opt) {
     s.threads = opt.threads;
     s.json = opt.json;
     s.pipeline_stages = opt.pipeline_stages;
+    s.gpu_mem = opt.gpu_mem;
+    s.sim_device = opt.sim_device;
     s.dist_timeout = opt.dist_timeout;
     s.resume = opt.resume;
     s.out = run.string();
@@ -293,12 +381,23 @@ json finetune(TrainOptions opt) {
   ZOF_CHECK(opt.lr >= 0 && std::isfinite(opt.lr), "--lr must be a non-negative number");
   ZOF_CHECK(opt.schedule == "constant" || opt.schedule == "linear" || opt.schedule == "cosine",
             "--schedule must be constant, linear or cosine, not '" + opt.schedule + "'");
+  check_estimator(opt);
+  (void)zo_step_options(opt);  // refuses bad estimator/optimizer flags before any work
+  const uint64_t gpu_mem = check_streaming(opt);  // a resumed run's estimator is known now
 
   // Ranks sharing a node share its cores (results do not depend on the thread count).
   if (opt.threads == 0 && comm->local_size() > 1)
     opt.threads = std::max(1, omp_get_num_procs() / comm->local_size());
   if (opt.threads > 0) omp_set_num_threads(opt.threads);  // host passes outside the backend too
-  auto backend = make_cpu_backend(opt.threads);
+  std::unique_ptr<Backend> backend = make_cpu_backend(opt.threads);
+  SimDevice* sim = nullptr;  // --sim-device: the CPU backend behind the simulated device
+  if (opt.sim_device) {
+    SimDeviceOptions so;
+    so.budget = gpu_mem;  // 0: what the host has available
+    auto d = make_sim_device(std::move(backend), so);
+    sim = d.get();
+    backend = std::move(d);
+  }
   Model model = Model::load(opt.model);
   Tokenizer tok = Tokenizer::load(opt.model);
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
@@ -309,8 +408,12 @@ json finetune(TrainOptions opt) {
                   " is not the one this run started from (config or size differ)");
   }
   auto data = make_train_data(opt, tok, model.config().max_position);
-  ZOStepOptions zo{opt.eps, opt.weight_decay, opt.queries, opt.seed};
+  const ZOStepOptions zo = zo_step_options(opt);
   ZOEngine engine(model, *backend, data->max_rows(), zo);
+  // --estimator jvp: g_j from forward-mode AD instead of two perturbed losses; the engine still
+  // schedules and applies the updates, so the step log and replay are the same.
+  std::unique_ptr<JVPEstimator> jvp;
+  if (opt.estimator == "jvp") jvp = std::make_unique<JVPEstimator>(model, *backend, data->max_rows());
   // Pipeline: this rank walks its stage's blocks; the hidden states of each micro-batch come
   // from the previous stage's rank and go to the next one's (stream index as the tag).
   const auto ranges = dist::stage_blocks((int)model.config().num_layers, layout.stages);
@@ -346,6 +449,21 @@ json finetune(TrainOptions opt) {
     ZOF_CHECK(saved.storage_size() == model.storage_size(),
               "checkpoint " + ckpt.string() + " does not match the model's layout");
     std::copy(saved.storage(), saved.storage() + saved.storage_size(), model.storage());
+    if (engine.state_m()) {
+      const fs::path f = ckpt / "optimizer.safetensors";
+      ZOF_CHECK(fs::exists(f), "checkpoint " + ckpt.string() + " has no optimizer.safetensors: it "
+                "was not written by a --optimizer " + opt.optimizer + " run");
+      auto st = safetensors::Archive::open_file(f.string());
+      const int64_t n = model.storage_size();
+      std::vector<float> buf(n);
+      safetensors::to_f32(st.require("m", {n}), buf.data());
+      backend->copy_to_device(engine.state_m(), buf.data(), n * sizeof(float), nullptr);
+      if (engine.state_v()) {
+        safetensors::to_f32(st.require("v", {n}), buf.data());
+        backend->copy_to_device(engine.state_v(), buf.data(), n * sizeof(float), nullptr);
+      }
+      backend->synchronize(nullptr);
+    }
     start = state.at("step");
     bad_run = state.value("bad_run", 0);
     eval_before = state.value("eval_before", json());
@@ -354,6 +472,9 @@ json finetune(TrainOptions opt) {
     metrics_size = state.at("metrics_bytes");
     log_size = state.at("log_bytes");
   }
+  // Streaming starts from the weights the run starts (or resumes) with: the model's storage,
+  // which stays the master copy (current after every flush: evaluation, checkpoints, the end).
+  if (opt.sim_device) engine.enable_streaming(gpu_mem);
   // Every rank has checked the run directory before rank 0 writes into it.
   comm->barrier();
   if (!resuming && root)
@@ -379,6 +500,7 @@ json finetune(TrainOptions opt) {
           std::to_string(opt.threads) + " thread(s) each";
   say("zof finetune: " + std::to_string(model.num_params()) + " parameters, " + data->describe() +
       job + (resuming ? ", resuming at step " + std::to_string(start) : ""));
+  if (engine.streamer()) say("streaming on " + backend->name() + ": " + engine.streamer()->describe());
 
   // Rank 0 evaluates with the whole model; the others go on to the next step and wait for it.
   auto evaluate = [&](int64_t step, const char* when) {
@@ -404,6 +526,20 @@ json finetune(TrainOptions opt) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
     model.save(tmp.string(), DType::F32);  // fp32 master weights: exact resume
+    // Momentum/Adam state beside the weights (storage layout), for an exact resume.
+    if (engine.state_m()) {
+      const int64_t n = model.storage_size();
+      std::vector<float> m(n), v(engine.state_v() ? n : 0);
+      backend->copy_to_host(m.data(), engine.state_m(), n * sizeof(float), nullptr);
+      std::vector<safetensors::TensorOut> t{{"m", DType::F32, {n}, m.data()}};
+      if (engine.state_v()) {
+        backend->copy_to_host(v.data(), engine.state_v(), n * sizeof(float), nullptr);
+        t.push_back({"v", DType::F32, {n}, v.data()});
+      }
+      backend->synchronize(nullptr);
+      safetensors::write((tmp / "optimizer.safetensors").string(), t,
+                         {{"optimizer", opt.optimizer}});
+    }
     // Fault injection for the crash tests: die mid-write, before the checkpoint is complete.
     if (const char* f = std::getenv("ZOF_FAULT_KILL_IN_CHECKPOINT"); f && std::atoll(f) == step)
       ::raise(SIGKILL);
@@ -449,7 +585,20 @@ json finetune(TrainOptions opt) {
     double real_tokens = 0;
     for (auto& mb : micro)
       for (auto l : mb.batch.lengths) real_tokens += l;
-    QueryLosses ql = engine.perturbed_losses((uint32_t)step, micro);
+    QueryLosses ql;
+    if (jvp) {
+      engine.flush();  // the walk reads theta: the previous step's update goes in first
+      std::vector<ZKey> keys;
+      for (int j = 0; j < opt.queries; ++j) keys.push_back(ZKey{opt.seed, (uint32_t)step, (uint32_t)j});
+      const JVPSums js = jvp->directional_derivatives(keys, micro);
+      // The same reduction: the + slots carry the directional derivatives, the - slots the
+      // loss at theta (the same number in each).
+      ql.sum_plus = js.sum_dir;
+      ql.sum_minus.assign(opt.queries, js.sum_loss);
+      ql.count = js.count;
+    } else {
+      ql = engine.perturbed_losses((uint32_t)step, micro);
+    }
     {
       // The step's one reduction: loss sums and counts from each replica's last stage, the
       // stop flag from every rank (so that all ranks leave after the same step).
@@ -483,25 +632,34 @@ json finetune(TrainOptions opt) {
     }
     std::vector<double> g;
     if (finite) {
-      g = engine.projected_gradients(ql);
+      g = jvp ? JVPSums{ql.sum_minus[0], ql.sum_plus, ql.count}.gradients()
+              : engine.projected_gradients(ql);
       engine.schedule_update((uint32_t)step, lr, g);
       bad_run = 0;
     } else {
       ++bad_run;
-      say("step " + std::to_string(step) + ": loss is not finite (+eps " + std::to_string(lp) +
-          ", -eps " + std::to_string(lm) + "); update skipped");
+      say("step " + std::to_string(step) +
+          (jvp ? ": loss or directional derivative is not finite (loss " + std::to_string(lm) +
+                     ", mean derivative " + std::to_string(lp)
+               : ": loss is not finite (+eps " + std::to_string(lp) + ", -eps " + std::to_string(lm)) +
+          "); update skipped");
     }
     const double dt = now_s() - t0;
     tokens_done += real_tokens;
     time_done += dt;
-    const double loss = 0.5 * (lp + lm);
+    const double loss = jvp ? ql.sum_minus[0] / ql.count : 0.5 * (lp + lm);  // jvp: at theta
     if (root) zlog.write(json{{"step", step}, {"seed", opt.seed}, {"lr", lr}, {"g", g},
                               {"wd", opt.weight_decay}, {"skipped", !finite}});
-    if (root) metrics.write(json{{"type", "step"}, {"step", step}, {"loss", finite ? json(loss) : json()},
-                       {"loss_plus", finite ? json(lp) : json()},
-                       {"loss_minus", finite ? json(lm) : json()}, {"g", g}, {"lr", lr},
-                       {"tokens", real_tokens}, {"step_s", dt},
-                       {"tokens_per_s", real_tokens / std::max(dt, 1e-9)}});
+    json step_rec{{"type", "step"}, {"step", step}, {"loss", finite ? json(loss) : json()},
+                  {"loss_plus", finite ? json(lp) : json()},
+                  {"loss_minus", finite ? json(lm) : json()}, {"g", g}, {"lr", lr},
+                  {"tokens", real_tokens}, {"step_s", dt},
+                  {"tokens_per_s", real_tokens / std::max(dt, 1e-9)}};
+    if (jvp) {  // no perturbed losses: "loss" is the loss at theta
+      step_rec.erase("loss_plus");
+      step_rec.erase("loss_minus");
+    }
+    if (root) metrics.write(step_rec);
     if (finite) {
       recent.push_back(loss);
       if (recent.size() > 50) recent.erase(recent.begin());
@@ -573,7 +731,7 @@ json finetune(TrainOptions opt) {
   double avg = 0;
   for (double x : recent) avg += x;
   avg = recent.empty() ? NAN : avg / recent.size();
-  return json{{"steps", step},
+  json summary{{"steps", step},
               {"train_loss", avg},
               {"eval",
                {{"metric", after["metric"]},
@@ -583,6 +741,24 @@ json finetune(TrainOptions opt) {
               {"train_s", time_done},
               {"dist", dist_summary},
               {"out", run.string()}};
+  if (const BlockStreamer* st = engine.streamer()) {
+    int streamed = 0;
+    for (int b = 0; b < (int)model.blocks().size(); ++b) streamed += !st->resident(b);
+    json j{{"min_bytes", engine.streaming_minimum()}, {"device_bytes", st->device_bytes()},
+           {"streamed_blocks", streamed}, {"slots", st->num_slots()},
+           {"uploads", st->stats().uploads}, {"hits", st->stats().hits},
+           {"bytes_uploaded", st->stats().bytes_uploaded},
+           {"bytes_written_back", st->stats().bytes_written_back}};
+    if (sim) {
+      const SimDeviceStats ss = sim->stats();
+      j["budget_bytes"] = ss.budget;
+      j["peak_bytes"] = ss.peak;
+      j["hazards"] = ss.hazards;
+      j["compute_wait_s"] = ss.compute_wait_s;
+    }
+    summary["streaming"] = j;
+  }
+  return summary;
 }
 
 json replay(const std::string& base_model, const std::string& run_dir, const std::string& out_dir,
@@ -598,7 +774,10 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   ZOF_CHECK(saved.at("model_id") == model_id,
             "--model " + base_model + " is not the base model of the run in " + run_dir);
   const TrainOptions o = TrainOptions::from_json(saved.at("options"));
-  ZOStepOptions zo{o.eps, o.weight_decay, o.queries, o.seed};
+  ZOStepOptions zo = zo_step_options(o);
+  // The engine holds what an update needs besides (step, g): Sparse MeZO's thresholds (from the
+  // base weights, as in the run) and momentum/Adam state (rebuilt from zero, as in the run).
+  ZOEngine engine(model, *backend, 1, zo);
   std::ifstream f(run / "zo_log.jsonl");
   std::string line;
   int64_t n = 0, lineno = 0, expect_step = 0;
@@ -623,7 +802,8 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
     zo.weight_decay = j.at("wd");
     const float lr = j.at("lr");
     const std::vector<double> g = j.at("g");
-    ZOEngine::apply_update(model, *backend, ZOEngine::make_update(zo, (uint32_t)step, lr, g));
+    engine.set_pending(ZOEngine::make_update(zo, (uint32_t)step, lr, g));
+    engine.flush();
     ++n;
   }
   std::error_code ec;

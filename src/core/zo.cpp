@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "zof/error.h"
+#include "zof/streaming.h"
 
 namespace zof {
 
@@ -25,7 +26,12 @@ LossBatch LossBatch::next_token(Batch b) {
 }
 
 ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptions opt)
-    : model_(model), be_(backend), fwd_(model, backend, max_rows), opt_(opt), max_rows_(max_rows) {
+    : model_(model),
+      be_(backend),
+      free0_(backend.free_memory()),
+      fwd_(model, backend, max_rows),
+      opt_(opt),
+      max_rows_(max_rows) {
   ZOF_CHECK(opt.queries >= 1, "--queries must be at least 1");
   ZOF_CHECK(opt.eps > 0 && std::isfinite(opt.eps), "--eps must be a positive number");
   const auto& params = model_.params();
@@ -65,14 +71,70 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
     h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
   }
+  ZOF_CHECK(opt.sparsity >= 0.f && opt.sparsity < 1.f,
+            "--sparsity must be in [0, 1): the fraction of each weight matrix left unperturbed");
+  // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
+  // entries above it (the largest) are left alone.
+  mask_.assign(params.size(), std::numeric_limits<float>::infinity());
+  if (opt.sparsity > 0.f) {
+    std::vector<float> mag;
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      const Param& p = params[pi];
+      if (p.shape.size() < 2) continue;
+      mag.resize(p.numel);
+      for (int64_t i = 0; i < p.numel; ++i) mag[i] = std::fabs(p.data[i]);
+      const int64_t k = std::min<int64_t>(p.numel - 1, (int64_t)((1.0 - opt.sparsity) * p.numel));
+      std::nth_element(mag.begin(), mag.begin() + k, mag.end());
+      mask_[pi] = mag[k];
+    }
+  }
+  if (opt.optimizer != ZOStepOptions::Optimizer::SGD) {
+    const int64_t n = model_.storage_size();
+    auto zeroed = [&] {
+      float* p = alloc(n);
+      const std::vector<float> zeros(std::min<int64_t>(n, 1 << 20), 0.f);
+      for (int64_t i = 0; i < n; i += (int64_t)zeros.size())
+        be_.copy_to_device(p + i, zeros.data(),
+                           std::min<int64_t>((int64_t)zeros.size(), n - i) * sizeof(float), nullptr);
+      return p;
+    };
+    m_ = zeroed();
+    if (opt.optimizer == ZOStepOptions::Optimizer::Adam) v_ = zeroed();
+  }
+  const size_t free1 = be_.free_memory();
+  buffer_bytes_ = free0_ > free1 ? free0_ - free1 : 0;
+  for (int b = 0; b < (int)model_.blocks().size(); ++b)
+    for (int pi : model_.blocks()[b].params)
+      if (pi == lm_) lm_block_ = b;
 }
 
 ZOEngine::~ZOEngine() {
+  if (stream_) {
+    try {
+      stream_->sync_to_host();  // the weights the walks applied, as without streaming
+    } catch (...) {
+    }
+    stream_.reset();
+  }
   for (float* p : {blk_plus_, blk_minus_, tok_plus_, tok_minus_, w_plus_, w_minus_, logit_plus_,
                    logit_minus_, x_plus_, x_minus_, ce_state_})
     be_.free(p);
   for (float* p : h_plus_) be_.free(p);
   for (float* p : h_minus_) be_.free(p);
+  if (m_) be_.free(m_);
+  if (v_) be_.free(v_);
+}
+
+ZKey ZOEngine::key(uint32_t step, int j) const {
+  ZKey k{opt_.seed, step, (uint32_t)j};
+  k.dist = opt_.dist;
+  return k;
+}
+
+ZKey ZOEngine::masked(const ZKey& k, int pi) const {
+  ZKey m = k;
+  m.mask = mask_[pi];
+  return m;
 }
 
 Model::ParamLocator ZOEngine::copy_locator(const float* base, const float* tokens) const {
@@ -89,15 +151,42 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
   const Block& blk = model_.blocks()[block];
   auto& params = model_.params();
   const bool upd = apply_update && !pending_.empty();
+  const bool stateful = opt_.optimizer != ZOStepOptions::Optimizer::SGD;
+  std::vector<ZOUpdateTerm> terms;
   for (int pi : blk.params) {
     Param& p = params[pi];
     const int64_t off = copy_off_[pi];
     const bool copy = off >= 0 && cur;
     if (!copy && !upd) continue;
-    be_.zo_pass(p.data, p.numel, (uint32_t)pi, 0, upd ? pending_.terms.data() : nullptr,
-                upd ? (int)pending_.terms.size() : 0, p.decay ? pending_.lr_wd : 0.f,
-                copy ? cur : nullptr, opt_.eps, copy && plus ? plus + off : nullptr,
-                copy && minus ? minus + off : nullptr);
+    float* th = theta(pi);
+    if (upd) {
+      terms = pending_.terms;
+      for (auto& t : terms) t.key.mask = mask_[pi];
+    }
+    if (upd && stateful) {
+      ZOOptimizer o;
+      o.kind = opt_.optimizer == ZOStepOptions::Optimizer::Adam ? ZOOptimizer::Adam
+                                                                 : ZOOptimizer::Momentum;
+      o.lr = pending_.lr;
+      o.beta1 = opt_.beta1;
+      o.beta2 = opt_.beta2;
+      o.eps = opt_.adam_eps;
+      o.wd = p.decay ? pending_.wd : 0.f;
+      o.bc1 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta1, (double)pending_.t)));
+      o.bc2 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta2, (double)pending_.t)));
+      const int64_t so = p.data - model_.storage();
+      be_.zo_update_state(th, m_ + so, v_ ? v_ + so : nullptr, p.numel, (uint32_t)pi, 0,
+                          terms.data(), (int)terms.size(), o);
+    }
+    const bool fused = upd && !stateful;  // ZO-SGD's update rides along with the perturbation
+    const ZKey ck = cur ? masked(*cur, pi) : ZKey{};
+    // One-sided: the second stream runs at theta itself.
+    float* mo = copy && minus && !opt_.one_sided ? minus + off : nullptr;
+    be_.zo_pass(th, p.numel, (uint32_t)pi, 0, fused ? terms.data() : nullptr,
+                fused ? (int)terms.size() : 0, p.decay ? pending_.lr_wd : 0.f,
+                copy ? &ck : nullptr, opt_.eps, copy && plus ? plus + off : nullptr, mo);
+    if (copy && minus && opt_.one_sided)
+      be_.copy_device(minus + off, th, p.numel * sizeof(float), nullptr);
   }
 }
 
@@ -115,16 +204,21 @@ int64_t ZOEngine::embed_rows(const ZKey& key, const int32_t* ids, int64_t rows,
   local.resize(rows);
   for (int64_t i = 0; i < rows; ++i)
     local[i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.end(), ids[i]) - uniq.begin());
+  const ZKey mk = masked(key, tok_);
+  float* table = theta(tok_);
   for (size_t k = 0; k < uniq.size(); ++k) {
     const int64_t first = (int64_t)uniq[k] * E;
-    be_.zo_pass(t.data + first, E, (uint32_t)tok_, first, nullptr, 0, 0.f, &key, opt_.eps,
-                tok_plus_ + k * E, tok_minus_ + k * E);
+    be_.zo_pass(table + first, E, (uint32_t)tok_, first, nullptr, 0, 0.f, &mk, opt_.eps,
+                tok_plus_ + k * E, opt_.one_sided ? nullptr : tok_minus_ + k * E);
+    if (opt_.one_sided)
+      be_.copy_device(tok_minus_ + k * E, table + first, E * sizeof(float), nullptr);
   }
   return (int64_t)uniq.size();
 }
 
 void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
                          const int32_t* targets, double& sum_plus, double& sum_minus) {
+  const bool minus = hm != nullptr;  // one-sided, query > 0: the theta stream is query 0's
   const Param& lm = model_.params()[lm_];
   const int64_t V = lm.shape[0], E = lm.shape[1];
   std::vector<int64_t> sel;
@@ -140,7 +234,7 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
   const int64_t n = (int64_t)sel.size();
   if (n == 0) return;
   // Features of the scored rows only: the LM head's GEMMs are the head's cost.
-  for (int sign = 0; sign < 2; ++sign) {
+  for (int sign = 0; sign < (minus ? 2 : 1); ++sign) {
     float* x = sign == 0 ? x_plus_ : x_minus_;
     const HeadWeights w = model_.head(copy_locator(sign == 0 ? blk_plus_ : blk_minus_, nullptr));
     fwd_.head_features(w, sign == 0 ? hp : hm, rows, x);
@@ -154,18 +248,23 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
   std::fill(sm, sm + n, 0.f);
   std::fill(tp, tp + n, 0.f);
   std::fill(tm, tm + n, 0.f);
+  const ZKey mk = masked(key, lm_);
+  float* head = theta(lm_);
   for (int64_t v0 = 0; v0 < V; v0 += vocab_chunk_) {
     const int64_t nv = std::min(vocab_chunk_, V - v0);
-    be_.zo_pass(lm.data + v0 * E, nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &key, opt_.eps,
-                w_plus_, w_minus_);
+    // Two-point: both signs from one pass; one-sided: the second stream reads theta itself.
+    const bool two_point = minus && !opt_.one_sided;
+    be_.zo_pass(head + v0 * E, nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk, opt_.eps,
+                w_plus_, two_point ? w_minus_ : nullptr);
     be_.matmul(x_plus_, w_plus_, nullptr, logit_plus_, n, nv, E);
     be_.cross_entropy_chunk(logit_plus_, tg.data(), n, nv, v0, mp, sp, tp);
-    be_.matmul(x_minus_, w_minus_, nullptr, logit_minus_, n, nv, E);
+    if (!minus) continue;
+    be_.matmul(x_minus_, two_point ? w_minus_ : head + v0 * E, nullptr, logit_minus_, n, nv, E);
     be_.cross_entropy_chunk(logit_minus_, tg.data(), n, nv, v0, mm, sm, tm);
   }
   for (int64_t i = 0; i < n; ++i) {
     sum_plus += (double)(mp[i] + std::log(sp[i]) - tp[i]);
-    sum_minus += (double)(mm[i] + std::log(sm[i]) - tm[i]);
+    if (minus) sum_minus += (double)(mm[i] + std::log(sm[i]) - tm[i]);
   }
 }
 
@@ -179,13 +278,17 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   out.sum_plus.assign(q, 0.0);
   out.sum_minus.assign(q, 0.0);
   std::vector<ZKey> keys(q);
-  for (int j = 0; j < q; ++j) keys[j] = ZKey{opt_.seed, step, (uint32_t)j};
+  for (int j = 0; j < q; ++j) keys[j] = key(step, j);
+  // One-sided: query 0's second stream runs at theta and serves every query; the others have
+  // only their +eps stream.
+  auto has_minus = [&](int j) { return !opt_.one_sided || j == 0; };
   // The stage's share of the walk (the whole walk in one process).
   const int first_blk = first_block_, last_blk = last_block_ < 0 ? nblocks - 1 : last_block_;
   const bool has_embed = first_blk == 0, has_head = last_blk == nblocks - 1;
   const int li_lo = std::max(0, first_blk - 1), li_hi = std::min<int>((int)cfg.num_layers, last_blk);
   std::vector<int32_t> pos, local;
   std::vector<uint8_t> mask;
+  if (stream_) stream_->begin_walk(walk_order(micro.size()));
 
   for (size_t mb = 0; mb < micro.size(); ++mb) {
     const Batch& b = micro[mb].batch;
@@ -202,36 +305,44 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
         mask[i * b.T + t] = t < b.lengths[i];
       }
     const bool first = mb == 0;
+    const bool dirty = first && !pending_.empty();  // the walk applies the update to each block
     // Block 0: the embedding, with only the batch's rows of the token table perturbed.
     if (has_embed) {
+      acquire(0);
       for (int j = 0; j < q; ++j) {
-        block_pass(0, first && j == 0, &keys[j], blk_plus_, blk_minus_);
+        block_pass(0, first && j == 0, &keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
         embed_rows(keys[j], b.ids.data(), rows, local);
         fwd_.embed(model_.embed(copy_locator(blk_plus_, tok_plus_)), local.data(), pos.data(),
                    rows, h_plus_[j]);
-        fwd_.embed(model_.embed(copy_locator(blk_minus_, tok_minus_)), local.data(), pos.data(),
-                   rows, h_minus_[j]);
+        if (has_minus(j))
+          fwd_.embed(model_.embed(copy_locator(blk_minus_, tok_minus_)), local.data(),
+                     pos.data(), rows, h_minus_[j]);
       }
+      release(0, dirty);
     } else {
       for (int j = 0; j < q; ++j) {
         io_.recv(2 * j, h_plus_[j], rows * C);
-        io_.recv(2 * j + 1, h_minus_[j], rows * C);
+        if (has_minus(j)) io_.recv(2 * j + 1, h_minus_[j], rows * C);
       }
     }
     // The transformer layers, each resident once for all 2q streams.
     for (int li = li_lo; li < li_hi; ++li) {
+      acquire(li + 1);
       for (int j = 0; j < q; ++j) {
-        block_pass(li + 1, first && j == 0, &keys[j], blk_plus_, blk_minus_);
+        block_pass(li + 1, first && j == 0, &keys[j], blk_plus_,
+                   has_minus(j) ? blk_minus_ : nullptr);
         fwd_.layer(li, model_.layer(li, copy_locator(blk_plus_, nullptr)), h_plus_[j], b.B, b.T,
                    pos.data(), mask.data(), nullptr);
-        fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], b.B,
-                   b.T, pos.data(), mask.data(), nullptr);
+        if (has_minus(j))
+          fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], b.B,
+                     b.T, pos.data(), mask.data(), nullptr);
       }
+      release(li + 1, dirty);
     }
     if (!has_head) {
       for (int j = 0; j < q; ++j) {
         io_.send(2 * j, h_plus_[j], rows * C);
-        io_.send(2 * j + 1, h_minus_[j], rows * C);
+        if (has_minus(j)) io_.send(2 * j + 1, h_minus_[j], rows * C);
       }
       continue;
     }
@@ -239,15 +350,24 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
     // regenerated from the seed, so the tied weights never cross ranks).
     if (!has_embed && cfg.tie_embeddings && first) block_pass(0, true, nullptr, nullptr, nullptr);
     // The head: final norm, projections, LM head in vocabulary chunks, NLL of the scored rows.
+    // A tied LM head is the embedding block's token table.
+    acquire(nblocks - 1);
+    if (lm_block_ != nblocks - 1) acquire(lm_block_);
     for (int j = 0; j < q; ++j) {
-      block_pass(nblocks - 1, first && j == 0, &keys[j], blk_plus_, blk_minus_);
+      block_pass(nblocks - 1, first && j == 0, &keys[j], blk_plus_,
+                 has_minus(j) ? blk_minus_ : nullptr);
       double sp = 0, sm = 0;
-      head_sums(keys[j], h_plus_[j], h_minus_[j], rows, micro[mb].targets.data(), sp, sm);
+      head_sums(keys[j], h_plus_[j], has_minus(j) ? h_minus_[j] : nullptr, rows,
+                micro[mb].targets.data(), sp, sm);
       out.sum_plus[j] += sp;
-      out.sum_minus[j] += sm;
+      out.sum_minus[j] += has_minus(j) ? sm : 0.0;
     }
+    if (lm_block_ != nblocks - 1) release(lm_block_, false);
+    release(nblocks - 1, dirty);
     out.count += (double)micro[mb].scored();
   }
+  if (opt_.one_sided)
+    for (int j = 1; j < q; ++j) out.sum_minus[j] = out.sum_minus[0];  // L(theta), shared
   pending_ = PendingUpdate{};  // applied during the first walk
   return out;
 }
@@ -256,7 +376,7 @@ std::vector<double> ZOEngine::projected_gradients(const QueryLosses& l) const {
   ZOF_CHECK(l.count > 0, "the batch has no scored tokens (every target is masked)");
   std::vector<double> g(l.sum_plus.size());
   for (size_t j = 0; j < g.size(); ++j)
-    g[j] = (l.sum_plus[j] - l.sum_minus[j]) / l.count / (2.0 * opt_.eps);
+    g[j] = (l.sum_plus[j] - l.sum_minus[j]) / l.count / ((opt_.one_sided ? 1.0 : 2.0) * opt_.eps);
   return g;
 }
 
@@ -264,25 +384,25 @@ PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, flo
                                     const std::vector<double>& g) {
   PendingUpdate u;
   const double q = (double)g.size();
-  for (size_t j = 0; j < g.size(); ++j)
-    u.terms.push_back(ZOUpdateTerm{ZKey{opt.seed, step, (uint32_t)j}, (float)(lr * g[j] / q)});
-  u.lr_wd = lr * opt.weight_decay;
+  const bool sgd = opt.optimizer == ZOStepOptions::Optimizer::SGD;
+  for (size_t j = 0; j < g.size(); ++j) {
+    ZKey k{opt.seed, step, (uint32_t)j};
+    k.dist = opt.dist;
+    u.terms.push_back(ZOUpdateTerm{k, (float)((sgd ? lr : 1.0) * g[j] / q)});
+  }
+  if (sgd) {
+    u.lr_wd = lr * opt.weight_decay;
+  } else {
+    u.lr = lr;
+    u.wd = opt.weight_decay;
+    u.t = step + 1;
+  }
   return u;
 }
 
 void ZOEngine::schedule_update(uint32_t step, float lr, const std::vector<double>& g) {
   ZOF_ASSERT(pending_.empty());
   pending_ = make_update(opt_, step, lr, g);
-}
-
-void ZOEngine::apply_update(Model& model, Backend& backend, const PendingUpdate& u) {
-  if (u.empty()) return;
-  auto& params = model.params();
-  for (size_t pi = 0; pi < params.size(); ++pi) {
-    Param& p = params[pi];
-    backend.zo_pass(p.data, p.numel, (uint32_t)pi, 0, u.terms.data(), (int)u.terms.size(),
-                    p.decay ? u.lr_wd : 0.f, nullptr, 0.f, nullptr, nullptr);
-  }
 }
 
 void ZOEngine::set_stage(int first, int last, StageIO io) {
@@ -303,14 +423,68 @@ bool ZOEngine::owns_block(int b) const {
 }
 
 void ZOEngine::flush() {
-  if (first_block_ == 0 && last_block_ < 0) {
-    apply_update(model_, be_, pending_);
-  } else if (!pending_.empty()) {
+  if (!pending_.empty()) {
     const auto& blocks = model_.blocks();
+    if (stream_) stream_->begin_walk(walk_order(0));
     for (int b = 0; b < (int)blocks.size(); ++b)
-      if (owns_block(b)) block_pass(b, true, nullptr, nullptr, nullptr);
+      if (owns_block(b)) {
+        acquire(b);
+        block_pass(b, true, nullptr, nullptr, nullptr);
+        release(b, true);
+      }
   }
   pending_ = PendingUpdate{};
+  if (stream_) stream_->sync_to_host();
+}
+
+float* ZOEngine::theta(int pi) const {
+  return stream_ ? stream_->param(pi) : model_.params()[pi].data;
+}
+
+void ZOEngine::acquire(int block) {
+  if (stream_) stream_->acquire(block);
+}
+
+void ZOEngine::release(int block, bool dirty) {
+  if (stream_) stream_->release(block, dirty);
+}
+
+std::vector<int> ZOEngine::walk_order(size_t micro_batches) const {
+  const int nblocks = (int)model_.blocks().size();
+  std::vector<int> order;
+  for (int b = 0; b < nblocks; ++b) order.push_back(b);  // micro_batches 0: flush's walk
+  for (size_t mb = 1; mb < micro_batches; ++mb) {
+    if (lm_block_ != nblocks - 1) order.push_back(lm_block_);
+    for (int b = 0; b < nblocks; ++b) order.push_back(b);
+  }
+  if (micro_batches > 0 && lm_block_ != nblocks - 1) order.push_back(lm_block_);
+  return order;
+}
+
+size_t ZOEngine::streaming_minimum() const {
+  return buffer_bytes_ + BlockStreamer::min_bytes(model_);
+}
+
+void ZOEngine::enable_streaming(size_t gpu_mem) {
+  ZOF_CHECK(first_block_ == 0 && last_block_ < 0,
+            "--gpu-mem (parameter streaming) does not combine with pipeline stages; use "
+            "--pipeline-stages 1");
+  ZOF_ASSERT(!stream_);
+  const size_t free_now = be_.free_memory();
+  const size_t budget = gpu_mem > 0 ? gpu_mem : buffer_bytes_ + free_now;
+  const size_t need = streaming_minimum(), slots = BlockStreamer::min_bytes(model_);
+  ZOF_CHECK(budget >= need,
+            "--gpu-mem " + format_bytes(budget) + " is below this run's minimum of " +
+                std::to_string(need) + " bytes (" + format_bytes(need) + "): " +
+                format_bytes(buffer_bytes_) + " of activation and copy buffers plus two slots of " +
+                "the largest block (" + format_bytes(slots / 2) +
+                " each); raise --gpu-mem, or lower --batch or --seq-len");
+  const size_t weights = std::min(budget - buffer_bytes_, free_now);
+  ZOF_CHECK(weights >= slots, "the device has " + format_bytes(free_now) +
+                                  " free after the engine's buffers, less than the " +
+                                  format_bytes(slots) + " that streaming needs; lower --gpu-mem, " +
+                                  "--batch or --seq-len");
+  stream_ = std::make_unique<BlockStreamer>(model_, be_, weights);
 }
 
 double ZOEngine::loss(const std::vector<LossBatch>& micro) {

@@ -6,6 +6,8 @@
 #endif
 
 #include <algorithm>
+#include <cstdint>
+#include <cmath>
 
 #include "zof/backend.h"
 
@@ -58,13 +60,17 @@ inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out)
 #if defined(__AVX512F__)
   alignas(64) uint32_t c0[16], c1[16], c2[16], c3[16];
   philox16_avx512(key, tensor, g0, c0, c1, c2, c3);
-  box_muller16(c0, c1, c2, c3, out);
+  if (key.dist == kZRademacher)
+    rademacher16(c0, c1, c2, c3, out);
+  else
+    box_muller16(c0, c1, c2, c3, out);
 #else
   z_groups16(key, tensor, g0, out);
 #endif
 }
 
 constexpr int64_t kChunk = 64;  // elements per z_groups16 call
+constexpr int64_t kStreamingStoreMin = int64_t(1) << 21;  // elements (8 MB per copy)
 
 // Elements [c * kChunk + l0, c * kChunk + l1) of the tensor (absolute indices), 0 <= l0 < l1 <=
 // kChunk; theta/plus/minus point at element `first`. z is generated for the whole aligned chunk
@@ -72,10 +78,16 @@ constexpr int64_t kChunk = 64;  // elements per z_groups16 call
 // over any sub-range gives the same bits as a pass over the whole tensor.
 inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
                      uint32_t tensor, const ZOUpdateTerm* upd, int n_update, float lr_wd,
-                     const ZKey* cur, float eps, float* plus, float* minus) {
+                     const ZKey* cur, float eps, float* plus, float* minus, bool stream) {
   alignas(64) float th[kChunk], z[kChunk];
   const int64_t base = c * kChunk - first;  // theta[base + l] is the chunk's element l
-  auto gen = [&](const ZKey& key) { z_chunk64(key, tensor, (uint32_t)(c * (kChunk / 4)), z); };
+  // z of the chunk under key; Sparse MeZO zeroes it where |theta| (th before this pass's
+  // update) exceeds the key's mask.
+  auto gen = [&](const ZKey& key) {
+    z_chunk64(key, tensor, (uint32_t)(c * (kChunk / 4)), z);
+    if (key.mask < __builtin_inff())
+      for (int64_t l = l0; l < l1; ++l) z[l] = std::fabs(th[l]) > key.mask ? 0.f : z[l];
+  };
   for (int64_t l = l0; l < l1; ++l) th[l] = theta[base + l];
   if (n_update > 0) {
     alignas(64) float acc[kChunk];
@@ -89,6 +101,21 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
   }
   if (cur) {
     gen(*cur);
+#if defined(__AVX512F__)
+    // A whole, 64-byte aligned chunk: streaming stores. The perturbed copies are written once
+    // and read later by a GEMM, so fetching their old lines first (a normal store's
+    // read-for-ownership) would only add memory traffic. Same values as the loop below.
+    auto aligned = [](const float* p) { return ((uintptr_t)p & 63) == 0; };
+    if (stream && l0 == 0 && l1 == kChunk && (!plus || aligned(plus + base)) &&
+        (!minus || aligned(minus + base))) {
+      for (int64_t l = 0; l < kChunk; l += 16) {
+        const __m512 t = _mm512_load_ps(th + l), zz = _mm512_load_ps(z + l);
+        if (plus) _mm512_stream_ps(plus + base + l, _mm512_fmadd_ps(_mm512_set1_ps(eps), zz, t));
+        if (minus) _mm512_stream_ps(minus + base + l, _mm512_fmadd_ps(_mm512_set1_ps(-eps), zz, t));
+      }
+      return;
+    }
+#endif
     if (plus)
       for (int64_t l = l0; l < l1; ++l) plus[base + l] = zo_perturbed(th[l], z[l], eps);
     if (minus)
@@ -96,7 +123,60 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
   }
 }
 
+// Elements [l0, l1) of chunk c through optimizer state (Backend::zo_update_state).
+inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int64_t c, int64_t l0,
+                           int64_t l1, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
+                           const ZOOptimizer& o) {
+  alignas(64) float th[kChunk], z[kChunk], gh[kChunk];
+  const int64_t base = c * kChunk - first;
+  for (int64_t l = l0; l < l1; ++l) {
+    th[l] = theta[base + l];
+    gh[l] = 0.f;
+  }
+  for (int j = 0; j < n_update; ++j) {
+    z_chunk64(upd[j].key, tensor, (uint32_t)(c * (kChunk / 4)), z);
+    const float mk = upd[j].key.mask, k = upd[j].coef;
+    for (int64_t l = l0; l < l1; ++l) gh[l] = fmaf(k, std::fabs(th[l]) > mk ? 0.f : z[l], gh[l]);
+  }
+  if (o.kind == ZOOptimizer::Momentum) {
+    for (int64_t l = l0; l < l1; ++l) {
+      const float mm = fmaf(o.beta1, m[base + l], fmaf(o.wd, th[l], gh[l]));
+      m[base + l] = mm;
+      theta[base + l] = fmaf(-o.lr, mm, th[l]);
+    }
+  } else {
+    for (int64_t l = l0; l < l1; ++l) {
+      const float mm = fmaf(o.beta1, m[base + l], (1.f - o.beta1) * gh[l]);
+      const float vv = fmaf(o.beta2, v[base + l], (1.f - o.beta2) * gh[l] * gh[l]);
+      m[base + l] = mm;
+      v[base + l] = vv;
+      const float step = mm * o.bc1 / (std::sqrt(vv * o.bc2) + o.eps);
+      theta[base + l] = th[l] - o.lr * fmaf(o.wd, th[l], step);
+    }
+  }
+}
+
 }  // namespace
+
+void zo_update_state_host(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                          int64_t first, const ZOUpdateTerm* upd, int n_update,
+                          const ZOOptimizer& o) {
+  if (n <= 0 || n_update <= 0) return;
+  const int64_t end = first + n;
+  const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (c_hi - c_lo > 64)
+  for (int64_t c = c_lo; c < c_hi; ++c) {
+    const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
+    const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
+    zo_state_chunk(theta, m, v, first, c, l0, l1, tensor, upd, n_update, o);
+  }
+}
+
+void Backend::zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                              int64_t first, const ZOUpdateTerm* upd, int n_update,
+                              const ZOOptimizer& o, Stream*) {
+  zo_update_state_host(theta, m, v, n, tensor, first, upd, n_update, o);
+}
 
 void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                   int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
@@ -104,11 +184,21 @@ void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const
   if (n <= 0 || (n_update <= 0 && !cur)) return;
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (c_hi - c_lo > 64)
-  for (int64_t c = c_lo; c < c_hi; ++c) {
-    const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
-    const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
-    zo_chunk(theta, first, c, l0, l1, tensor, upd, n_update, lr_wd, cur, eps, plus, minus);
+  // Copies too big for the caches go out with streaming stores; smaller ones (an LM-head chunk
+  // read right away by its GEMM) stay in cache.
+  const bool stream = n >= kStreamingStoreMin;
+#pragma omp parallel if (c_hi - c_lo > 64)
+  {
+#pragma omp for schedule(static)
+    for (int64_t c = c_lo; c < c_hi; ++c) {
+      const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
+      const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
+      zo_chunk(theta, first, c, l0, l1, tensor, upd, n_update, lr_wd, cur, eps, plus, minus,
+               stream);
+    }
+#if defined(__AVX512F__)
+    _mm_sfence();  // each thread's streaming stores are visible before the copies are read
+#endif
   }
 }
 

@@ -234,6 +234,14 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     cuda::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, st(s));
   }
+  void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                       int64_t first, const ZOUpdateTerm* upd, int n_update,
+                       const ZOOptimizer& o, Stream* s) override {
+    ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
+    ZOF_ASSERT(first + n <= (int64_t(1) << 34));
+    use();
+    cuda::zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, st(s));
+  }
   void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
                            int64_t v0, float* max, float* sum, float* target, Stream* s) override {
     ZOF_ASSERT(rows >= 0 && n >= 0);

@@ -30,6 +30,8 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
       for (int j = 0; j < n_update; ++j) {
         float z[4];
         z_group(upd.t[j].key, tensor, (uint32_t)g, z);
+        const float mk = upd.t[j].key.mask;  // Sparse MeZO: as zo_pass_host
+        for (int l = 0; l < 4; ++l) z[l] = fabsf(th[l]) > mk ? 0.0f : z[l];
         for (int l = 0; l < 4; ++l) acc[l] = fmaf(upd.t[j].coef, z[l], acc[l]);
       }
       for (int l = 0; l < 4; ++l) th[l] = th[l] - acc[l];
@@ -38,6 +40,7 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
     if (has_cur) {
       float z[4];
       z_group(cur, tensor, (uint32_t)g, z);
+      for (int l = 0; l < 4; ++l) z[l] = fabsf(th[l]) > cur.mask ? 0.0f : z[l];
       for (int l = lo; l < hi; ++l) {
         if (plus) plus[i0 + l] = zo_perturbed(th[l], z[l], eps);
         if (minus) minus[i0 + l] = zo_perturbed(th[l], z[l], -eps);
@@ -46,7 +49,57 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
   }
 }
 
+// Backend::zo_update_state: one thread per group of 4, the arithmetic of zo_update_state_host.
+__global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first, int64_t n,
+                                uint32_t tensor, const Terms upd, int n_update, ZOOptimizer o) {
+  const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;
+  for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
+       g += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i0 = g * 4 - first;
+    const int lo = i0 < 0 ? int(-i0) : 0;
+    const int hi = end - g * 4 < 4 ? int(end - g * 4) : 4;
+    float th[4] = {0.0f, 0.0f, 0.0f, 0.0f}, gh[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int l = lo; l < hi; ++l) th[l] = theta[i0 + l];
+    for (int j = 0; j < n_update; ++j) {
+      float z[4];
+      z_group(upd.t[j].key, tensor, (uint32_t)g, z);
+      const float mk = upd.t[j].key.mask;
+      for (int l = 0; l < 4; ++l) gh[l] = fmaf(upd.t[j].coef, fabsf(th[l]) > mk ? 0.0f : z[l], gh[l]);
+    }
+    for (int l = lo; l < hi; ++l) {
+      if (o.kind == ZOOptimizer::Momentum) {
+        const float mm = fmaf(o.beta1, m[i0 + l], fmaf(o.wd, th[l], gh[l]));
+        m[i0 + l] = mm;
+        theta[i0 + l] = fmaf(-o.lr, mm, th[l]);
+      } else {
+        const float mm = fmaf(o.beta1, m[i0 + l], (1.0f - o.beta1) * gh[l]);
+        const float vv = fmaf(o.beta2, v[i0 + l], (1.0f - o.beta2) * gh[l] * gh[l]);
+        m[i0 + l] = mm;
+        v[i0 + l] = vv;
+        const float step = mm * o.bc1 / (sqrtf(vv * o.bc2) + o.eps);
+        theta[i0 + l] = th[l] - o.lr * fmaf(o.wd, th[l], step);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
+                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
+                     cudaStream_t s) {
+  ZOF_CHECK(n_update <= kMaxZOTerms,
+            "the CUDA backend applies at most " + std::to_string(kMaxZOTerms) +
+                " ZO directions per step (asked for " + std::to_string(n_update) +
+                "); use fewer --queries");
+  if (n <= 0 || n_update <= 0) return;
+  Terms terms;
+  for (int j = 0; j < n_update; ++j) terms.t[j] = upd[j];
+  const int64_t groups = (first + n + 3) / 4 - first / 4;
+  zo_state_kernel<<<grid_for(groups, 256), 256, 0, s>>>(theta, m, v, first, n, tensor, terms,
+                                                        n_update, o);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
              int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,

@@ -194,6 +194,51 @@ TEST_F(Finetune, ReplayRebuildsTheWeightsBitForBit) {
   EXPECT_LT(fs::file_size(a / "zo_log.jsonl"), 24u * 200);
 }
 
+// Every estimator/optimizer option resumes exactly after SIGKILL (Adam's and momentum's state is
+// in the checkpoint) and replays bit for bit from the step log.
+TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
+  const std::vector<std::string> variants = {"--optimizer adam --lr 1e-3",
+                                             "--optimizer momentum --beta1 0.8 --z rademacher",
+                                             "--sparsity 0.75 --one-sided --queries 2"};
+  for (size_t v = 0; v < variants.size(); ++v) {
+    SCOPED_TRACE(variants[v]);
+    const fs::path a = dir_ / ("a" + std::to_string(v)), b = dir_ / ("b" + std::to_string(v)),
+                   r = dir_ / ("r" + std::to_string(v));
+    const std::string extra = " " + variants[v];
+    auto ra = run_command(zof::test::zof_binary() + " " + args(a.string(), 14) + extra);
+    ASSERT_EQ(ra.code, 0) << ra.err;
+    auto rb = run_command("ZOF_FAULT_KILL_AT_STEP=12 " + zof::test::zof_binary() + " " +
+                          args(b.string(), 14) + extra);
+    ASSERT_EQ(rb.code, 128 + SIGKILL) << rb.err;
+    auto rb2 = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
+    ASSERT_EQ(rb2.code, 0) << rb2.err;
+    EXPECT_NE(rb2.err.find("resuming at step 10"), std::string::npos) << rb2.err;
+    EXPECT_EQ(steps_of(a), steps_of(b));
+    EXPECT_TRUE(weights(a) == weights(b)) << "resumed weights differ";
+    auto rr = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +
+                          a.string() + " --out " + r.string());
+    ASSERT_EQ(rr.code, 0) << rr.err;
+    EXPECT_TRUE(weights(a) == weights(r)) << "replayed weights differ";
+    EXPECT_NE(weights(a), zof::test::read_file(stories() + "/model.safetensors"));
+  }
+}
+
+TEST_F(Finetune, BadOptimizerFlagsAreClearErrors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--optimizer adagrad", "--optimizer must be sgd, momentum or adam"},
+      {"--z uniform", "--z must be gaussian or rademacher"},
+      {"--sparsity 1.5", "--sparsity must be in [0, 1)"},
+      {"--optimizer adam --beta2 1", "--beta2 must be in [0, 1)"},
+      {"--estimator jvp --one-sided", "--estimator jvp takes Gaussian, dense directions"}};
+  for (auto& [flags, msg] : cases) {
+    const fs::path out = dir_ / "bad";
+    auto r = run_command(zof::test::zof_binary() + " " + args(out.string(), 3) + " " + flags);
+    EXPECT_EQ(r.code, 1) << flags;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << flags << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out / "run.json")) << flags;
+  }
+}
+
 TEST_F(Finetune, SameSeedSameLossesAtAnyThreadCount) {
   ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args((dir_ / "t1").string(), 8, 1)).code, 0);
   ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args((dir_ / "t2").string(), 8, 2)).code, 0);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "golden_batch.h"
 #include "zof/backend.h"
 #include "zof/forward.h"
 #include "zof/model.h"
@@ -20,31 +21,9 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string golden_dir(const std::string& name) {
-  return zof::test::source_dir() + "/tests/golden/" + name;
-}
-
-// The golden batch of a model (right-padded rows), with next-token targets.
-zof::LossBatch golden_batch(const std::string& name) {
-  std::ifstream f(golden_dir(name) + "/golden.json");
-  json g = json::parse(f);
-  std::vector<std::vector<int32_t>> seqs;
-  for (size_t b = 0; b < g["input_ids"].size(); ++b) {
-    std::vector<int32_t> s;
-    for (int t = 0; t < g["lengths"][b].get<int>(); ++t) s.push_back(g["input_ids"][b][t]);
-    seqs.push_back(s);
-  }
-  return zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
-}
-
-double mean_loss(zof::Model& m, zof::Backend& be, const zof::LossBatch& lb) {
-  zof::Forward fwd(m, be, lb.batch.B * lb.batch.T);
-  std::vector<float> nll(lb.batch.B * lb.batch.T);
-  fwd.nll(lb.batch, lb.targets.data(), nll.data());
-  double s = 0;
-  for (float x : nll) s += x;
-  return s / (double)lb.scored();
-}
+using zof::test::golden_batch;
+using zof::test::golden_dir;
+using zof::test::mean_loss;
 
 // MeZO written plainly: theta +/- eps z for the whole model, two losses, g, SGD update.
 struct Reference {

@@ -109,10 +109,14 @@ namespace {
 // The vectorized host pass (64-element chunks through z_groups16 / AVX-512, scalar tails)
 // regenerates exactly the scalar z: with theta = 0 and eps = 1, plus = z.
 TEST(Philox, VectorizedPassEqualsScalarZ) {
-  for (int64_t n : {1, 3, 4, 63, 64, 65, 1000, 4099}) {
-    std::vector<float> theta(n, 0.f), plus(n), minus(n);
+  // 2^21 + 4099: large enough for the streaming stores of the perturbed copies.
+  for (int64_t n : {1, 3, 4, 63, 64, 65, 1000, 4099, (1 << 21) + 4099}) {
+    // 64-byte aligned outputs, as the engine's buffers are (the streaming-store path needs it).
+    std::vector<float> theta(n, 0.f), pbuf(n + 16), mbuf(n + 16);
+    auto align64 = [](float* p) { return (float*)(((uintptr_t)p + 63) & ~uintptr_t(63)); };
+    float *plus = align64(pbuf.data()), *minus = align64(mbuf.data());
     const zof::ZKey key{0xabcdef12345ull, 17, 2};
-    zof::zo_pass_host(theta.data(), n, 9, 0, nullptr, 0, 0.f, &key, 1.f, plus.data(), minus.data());
+    zof::zo_pass_host(theta.data(), n, 9, 0, nullptr, 0, 0.f, &key, 1.f, plus, minus);
     for (int64_t i = 0; i < n; ++i) {
       const float z = zof::z_element(key, 9, (uint64_t)i);
       ASSERT_EQ(plus[i], z) << "n=" << n << " i=" << i;

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Estimators and optimizers compared at an equal budget of forward passes.
+
+Runs `zof finetune` once per variant on the same task (default: stories260K on Tiny Shakespeare,
+as scripts/demo.sh) with the same seed, batch and evaluation, giving each variant the number of
+steps that spends the same number of forward passes:
+  two-point SPSA: 2q passes per step; one-sided: q + 1; JVP: 1 pass that also carries a tangent
+  (costlier than a plain forward: the wall-time column shows by how much).
+Writes, into --out: curves.csv (variant, step, forward passes, training loss, held-out ppl where
+evaluated), curves.svg (training loss, smoothed, and held-out ppl against forward passes) and
+table.md (final held-out ppl, wall time, peak memory, command), and prints the table.
+
+  python3 bench/zo_study.py                      # defaults: 2000 forward passes per variant
+  python3 bench/zo_study.py --passes 4000 --only spsa,adam
+"""
+import argparse
+import csv
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# name, flags, forward passes per step (q = queries)
+VARIANTS = [
+    ("spsa", "--lr 1e-4", lambda q: 2 * q),
+    ("spsa-q4", "--lr 1e-4 --queries 4", lambda q: 2 * q),
+    ("one-sided", "--lr 1e-4 --one-sided", lambda q: q + 1),
+    ("rademacher", "--lr 1e-4 --z rademacher", lambda q: 2 * q),
+    ("sparse-0.75", "--lr 2e-4 --sparsity 0.75", lambda q: 2 * q),
+    ("momentum", "--lr 2e-5 --optimizer momentum --beta1 0.9", lambda q: 2 * q),
+    ("adam", "--lr 1e-3 --optimizer adam --beta1 0.9 --beta2 0.999", lambda q: 2 * q),
+    ("jvp", "--lr 1e-4 --estimator jvp", lambda q: q),
+]
+
+
+def queries_of(flags):
+    f = flags.split()
+    return int(f[f.index("--queries") + 1]) if "--queries" in f else 1
+
+
+def run_variant(a, name, flags, per_step):
+    q = queries_of(flags)
+    steps = max(1, a.passes // per_step(q))
+    out = os.path.join(a.out, name)
+    eval_every = max(1, steps // 4)
+    cmd = [a.zof, "finetune", "--model", a.model, "--task", "text", "--data", a.data, "--out", out,
+           "--steps", str(steps), "--batch", str(a.batch), "--seq-len", str(a.seq_len),
+           "--eps", "1e-3", "--eval-examples", str(a.eval_examples), "--eval-every", str(eval_every),
+           "--seed", str(a.seed), "--threads", str(a.threads), "--json"] + flags.split()
+    print(f"== {name}: {steps} steps x {per_step(q)} passes", file=sys.stderr, flush=True)
+    t0 = time.time()
+    os.makedirs(a.out, exist_ok=True)
+    log_out, log_err = out + ".stdout", out + ".stderr"
+    with open(log_out, "w") as fo, open(log_err, "w") as fe:
+        child = subprocess.Popen(cmd, stdout=fo, stderr=fe)
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS
+        child.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.time() - t0
+    stdout, stderr = open(log_out).read(), open(log_err).read()
+    if child.returncode != 0:
+        raise SystemExit(f"{name} failed ({child.returncode}):\n{stderr[-2000:]}")
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    rows = []
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            j = json.loads(line)
+            if j["type"] == "step" and j.get("loss") is not None:
+                rows.append((j["step"] + 1, (j["step"] + 1) * per_step(q), j["loss"], ""))
+            elif j["type"] == "eval":
+                rows.append((j["step"], j["step"] * per_step(q), "", j["value"]))
+    return {
+        "name": name, "flags": flags, "steps": steps, "per_step": per_step(q), "rows": rows,
+        "before": summary["eval"]["before"], "after": summary["eval"]["after"],
+        "train_s": summary["train_s"], "wall_s": wall,
+        "peak_mb": usage.ru_maxrss / 1024 * 1.048576,
+        "cmd": " ".join(shlex.quote(c) for c in cmd),
+    }
+
+
+def smooth(ys, k=25):
+    out, acc = [], []
+    for y in ys:
+        acc.append(y)
+        if len(acc) > k:
+            acc.pop(0)
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def svg(results, path, passes):
+    W, H, pad = 900, 380, 50
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+              "#7f7f7f", "#bcbd22", "#17becf"]
+    panels = [("training loss (moving average of 25 steps)", 2), ("held-out perplexity", 3)]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{2 * H}" '
+             f'font-family="sans-serif" font-size="12">',
+             f'<rect width="{W}" height="{2 * H}" fill="white"/>']
+    for pi, (title, col) in enumerate(panels):
+        oy = pi * H
+        series = []
+        for r in results:
+            pts = [(x, y) for (_, x, *vals) in r["rows"] for y in [vals[col - 2]] if y != ""]
+            if col == 2:
+                pts = list(zip([p[0] for p in pts], smooth([p[1] for p in pts])))
+            series.append(pts)
+        ys = [y for s in series for _, y in s]
+        if not ys:
+            continue
+        y0, y1 = min(ys), max(ys)
+        y1 = y1 if y1 > y0 else y0 + 1
+        sx = lambda x: pad + (W - 2 * pad - 150) * x / passes
+        sy = lambda y: oy + H - pad - (H - 2 * pad) * (y - y0) / (y1 - y0)
+        parts.append(f'<text x="{pad}" y="{oy + 25}" font-size="14">{title} vs forward passes</text>')
+        parts.append(f'<line x1="{pad}" y1="{oy + H - pad}" x2="{W - pad - 150}" y2="{oy + H - pad}" stroke="black"/>')
+        parts.append(f'<line x1="{pad}" y1="{oy + pad}" x2="{pad}" y2="{oy + H - pad}" stroke="black"/>')
+        for t in range(5):
+            xv = passes * t / 4
+            yv = y0 + (y1 - y0) * t / 4
+            parts.append(f'<text x="{sx(xv):.0f}" y="{oy + H - pad + 15}" text-anchor="middle">{xv:.0f}</text>')
+            parts.append(f'<text x="{pad - 5}" y="{sy(yv):.0f}" text-anchor="end">{yv:.3g}</text>')
+        for i, (r, pts) in enumerate(zip(results, series)):
+            c = colors[i % len(colors)]
+            if pts:
+                d = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+                parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{d}"/>')
+            parts.append(f'<text x="{W - pad - 140}" y="{oy + pad + 16 * i}" fill="{c}">{r["name"]}</text>')
+    parts.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(parts))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    assets = os.path.join(ROOT, "..", "shared", "assets")
+    p.add_argument("--zof", default=os.path.join(ROOT, "build", "zof"))
+    p.add_argument("--model", default=os.path.join(assets, "models", "stories260K"))
+    p.add_argument("--data", default=os.path.join(assets, "data", "tinyshakespeare", "input.txt"))
+    p.add_argument("--out", default="runs/study")
+    p.add_argument("--passes", type=int, default=2000, help="forward passes per variant")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--eval-examples", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", default="", help="comma-separated variant names")
+    a = p.parse_args()
+    if not os.path.exists(a.zof):
+        raise SystemExit(f"{a.zof} not found: build it first (bash scripts/build.sh zof)")
+    os.makedirs(a.out, exist_ok=True)
+    only = set(a.only.split(",")) if a.only else None
+    results = [run_variant(a, n, f, ps) for n, f, ps in VARIANTS if not only or n in only]
+    with open(os.path.join(a.out, "curves.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["variant", "step", "forward_passes", "train_loss", "heldout_ppl"])
+        for r in results:
+            for row in r["rows"]:
+                w.writerow([r["name"], *row])
+    svg(results, os.path.join(a.out, "curves.svg"), a.passes)
+    lines = [f"Budget: {a.passes} forward passes per variant; batch {a.batch} x {a.seq_len} tokens; "
+             f"held-out ppl on {a.eval_examples} windows.", "",
+             "| variant | flags | steps | passes/step | held-out ppl before | after | train s | wall s "
+             "| peak RSS MB |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['name']} | `{r['flags']}` | {r['steps']} | {r['per_step']} | "
+                     f"{r['before']:.1f} | {r['after']:.1f} | {r['train_s']:.1f} | "
+                     f"{r['wall_s']:.1f} | {r['peak_mb']:.0f} |")
+    lines += ["", "Commands:", ""] + [f"    {r['cmd']}" for r in results]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "table.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,482 @@
+// make_sim_device: the simulated device of sim_device.h. Memory is budgeted host memory; each
+// stream but the default one is a worker thread draining a queue of tasks (copies, ops, event
+// records, event waits) in order; the default stream runs on the calling thread after the event
+// waits queued on it. One mutex guards all bookkeeping; copies and ops run outside it.
+#include "zof/sim_device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "cpu/host_backend.h"
+#include "zof/error.h"
+
+namespace zof::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// One record of an event: done when the recording stream reaches it; vc is that stream's clock
+// at the record, what a stream waiting on it becomes ordered after.
+struct Marker {
+  bool done = false;
+  std::vector<uint64_t> vc;
+};
+
+// An event remembers its latest record only: a wait orders after the record current at the time
+// of the wait (cudaStreamWaitEvent), and a wait on a never-recorded event does nothing.
+struct SimEvent {
+  std::shared_ptr<Marker> latest;
+};
+
+struct Task {
+  enum Kind { Run, Wait, Record } kind = Run;
+  std::function<void()> fn;        // Run: a copy or an op
+  std::shared_ptr<Marker> marker;  // Wait, Record
+  uint64_t to_device = 0, to_host = 0;
+};
+
+struct SimStream {
+  int id = 0;
+  std::vector<uint64_t> vc;  // vector clock; vc[id] counts this stream's work
+  std::deque<Task> queue;    // worker streams
+  bool busy = false, stop = false;
+  std::vector<std::shared_ptr<Marker>> pending;  // default stream: waits not yet honoured
+  std::thread worker;
+};
+
+// A range of memory an op or copy reads or writes.
+struct Access {
+  const void* p;
+  size_t bytes;
+  bool write;
+};
+Access R(const void* p, int64_t bytes) { return {p, p ? (size_t)std::max<int64_t>(bytes, 0) : 0, false}; }
+Access W(const void* p, int64_t bytes) { return {p, p ? (size_t)std::max<int64_t>(bytes, 0) : 0, true}; }
+constexpr int64_t F = sizeof(float);
+
+uint64_t at(const std::vector<uint64_t>& vc, int i) { return i < (int)vc.size() ? vc[i] : 0; }
+void merge(std::vector<uint64_t>& into, const std::vector<uint64_t>& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+}
+
+class SimDeviceImpl final : public SimDevice {
+ public:
+  SimDeviceImpl(std::unique_ptr<Backend> host, SimDeviceOptions opt)
+      : host_(std::move(host)), opt_(opt) {
+    ZOF_ASSERT(host_);
+    ZOF_CHECK(opt.copy_bandwidth >= 0, "the simulated device's copy bandwidth must be >= 0");
+    if (opt_.budget == 0) opt_.budget = available_host_memory();
+    auto d = std::make_unique<SimStream>();
+    d->id = 0;
+    d->vc.assign(1, 0);
+    def_ = d.get();
+    streams_.push_back(std::move(d));
+  }
+
+  ~SimDeviceImpl() override {
+    std::unique_lock lk(mu_);
+    for (auto& s : streams_)
+      if (s->id != 0) cv_.wait(lk, [&] { return s->queue.empty() && !s->busy; });
+    for (auto& s : streams_) s->stop = true;
+    cv_.notify_all();
+    lk.unlock();
+    for (auto& s : streams_)
+      if (s->worker.joinable()) s->worker.join();
+  }
+
+  std::string name() const override { return "sim:" + host_->name(); }
+
+  // ---- memory ----------------------------------------------------------------------------
+  void* alloc(size_t bytes) override {
+    const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+    {
+      std::lock_guard lk(mu_);
+      ZOF_CHECK(rounded >= bytes && used_ + rounded <= opt_.budget,
+                "the simulated device is out of memory: " + std::to_string(bytes) +
+                    " bytes requested with " + std::to_string(used_) + " of its " +
+                    std::to_string(opt_.budget) + "-byte budget (--gpu-mem) in use; raise --gpu-mem, or "
+                    "lower --batch or --seq-len");
+      used_ += rounded;
+      peak_ = std::max(peak_, used_);
+    }
+    void* p = nullptr;
+    try {
+      p = aligned_host_alloc(bytes);
+    } catch (...) {
+      std::lock_guard lk(mu_);
+      used_ -= rounded;
+      throw;
+    }
+    std::lock_guard lk(mu_);
+    sizes_[p] = rounded;
+    forget(p, rounded);  // earlier accesses there were to host memory since freed
+    return p;
+  }
+  void free(void* ptr) override {
+    if (!ptr) return;
+    // As on a GPU, memory is freed once the work queued so far on every stream is done.
+    std::unique_lock lk(mu_);
+    for (auto& s : streams_) drain_all(lk, *s);
+    auto it = sizes_.find(ptr);
+    ZOF_ASSERT(it != sizes_.end());
+    used_ -= it->second;
+    const uintptr_t lo = (uintptr_t)ptr, hi = lo + it->second;
+    sizes_.erase(it);
+    forget(ptr, hi - lo);
+    lk.unlock();
+    std::free(ptr);
+  }
+  void* alloc_host_pinned(size_t bytes) override { return aligned_host_alloc(bytes); }
+  void free_host_pinned(void* ptr) override { std::free(ptr); }
+  size_t free_memory() const override {
+    std::lock_guard lk(mu_);
+    return opt_.budget - used_;
+  }
+
+  // ---- streams and events --------------------------------------------------------------------
+  Stream* default_stream() override { return reinterpret_cast<Stream*>(def_); }
+  Stream* create_stream() override {
+    std::lock_guard lk(mu_);
+    auto s = std::make_unique<SimStream>();
+    s->id = (int)streams_.size();
+    s->vc = host_vc_;
+    s->vc.resize(s->id + 1, 0);
+    SimStream* raw = s.get();
+    streams_.push_back(std::move(s));
+    raw->worker = std::thread([this, raw] { work(*raw); });
+    return reinterpret_cast<Stream*>(raw);
+  }
+  void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override {
+    submit(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); },
+           bytes, 0);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes, Stream* s) override {
+    submit(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); },
+           0, bytes);
+  }
+  void copy_device(void* dst, const void* src, size_t bytes, Stream* s) override {
+    submit(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); });
+  }
+  Event* create_event() override {
+    std::lock_guard lk(mu_);
+    events_.push_back(std::make_unique<SimEvent>());
+    return reinterpret_cast<Event*>(events_.back().get());
+  }
+  void record(Event* e, Stream* sh) override {
+    SimStream& s = stream(sh);
+    auto m = std::make_shared<Marker>();
+    std::unique_lock lk(mu_);
+    merge(s.vc, host_vc_);
+    m->vc = s.vc;
+    reinterpret_cast<SimEvent*>(e)->latest = m;
+    if (s.id == 0) {
+      drain(lk, s);  // everything before it on the default stream has run
+      m->done = true;
+      cv_.notify_all();
+    } else {
+      s.queue.push_back(Task{Task::Record, {}, m});
+      cv_.notify_all();
+    }
+  }
+  void wait(Stream* sh, Event* e) override {
+    SimStream& s = stream(sh);
+    std::lock_guard lk(mu_);
+    std::shared_ptr<Marker> m = reinterpret_cast<SimEvent*>(e)->latest;
+    if (!m) return;
+    merge(s.vc, host_vc_);
+    merge(s.vc, m->vc);
+    if (s.id == 0) {
+      s.pending.push_back(std::move(m));
+    } else {
+      s.queue.push_back(Task{Task::Wait, {}, std::move(m)});
+      cv_.notify_all();
+    }
+  }
+  void synchronize(Stream* sh) override {
+    std::unique_lock lk(mu_);
+    drain_all(lk, stream(sh));
+  }
+
+  // ---- ops: the host backend's math, on the stream ------------------------------------------
+  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+              int64_t K, Stream* s) override {
+    submit(s, {R(x, M * K * F), R(w, N * K * F), R(bias, N * F), W(y, M * N * F)},
+           [=, h = host_.get()] { h->matmul(x, w, bias, y, M, N, K, nullptr); });
+  }
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                Stream* s) override {
+    submit(s, {R(x, rows * dim * F), R(w, dim * F), W(y, rows * dim * F)},
+           [=, h = host_.get()] { h->rms_norm(x, w, y, rows, dim, eps, nullptr); });
+  }
+  void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                  int64_t dim, float eps, Stream* s) override {
+    submit(s, {R(x, rows * dim * F), R(w, dim * F), R(b, dim * F), W(y, rows * dim * F)},
+           [=, h = host_.get()] { h->layer_norm(x, w, b, y, rows, dim, eps, nullptr); });
+  }
+  void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
+            float theta, Stream* s) override {
+    submit(s, {W(x, rows * n_heads * head_dim * F), R(pos, rows * 4)},
+           [=, h = host_.get()] { h->rope(x, pos, rows, n_heads, head_dim, theta, nullptr); });
+  }
+  void attention(const float* q, const float* k, const float* v, float* out,
+                 const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream* s) override {
+    submit(s,
+           {R(q, B * Tq * H * D * F), R(k, B * Tk * Hkv * D * F), R(v, B * Tk * Hkv * D * F),
+            R(key_mask, B * Tk), W(out, B * Tq * H * D * F)},
+           [=, h = host_.get()] {
+             h->attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, nullptr);
+           });
+  }
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream* s) override {
+    submit(s, {R(gate, n * F), R(up, n * F), W(out, n * F)},
+           [=, h = host_.get()] { h->silu_mul(gate, up, out, n, nullptr); });
+  }
+  void gelu_tanh(float* x, int64_t n, Stream* s) override {
+    submit(s, {W(x, n * F)}, [=, h = host_.get()] { h->gelu_tanh(x, n, nullptr); });
+  }
+  void gelu_erf(float* x, int64_t n, Stream* s) override {
+    submit(s, {W(x, n * F)}, [=, h = host_.get()] { h->gelu_erf(x, n, nullptr); });
+  }
+  void relu(float* x, int64_t n, Stream* s) override {
+    submit(s, {W(x, n * F)}, [=, h = host_.get()] { h->relu(x, n, nullptr); });
+  }
+  void add(float* y, const float* x, int64_t n, Stream* s) override {
+    submit(s, {W(y, n * F), R(x, n * F)}, [=, h = host_.get()] { h->add(y, x, n, nullptr); });
+  }
+  void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+                 bool accumulate, Stream* s) override {
+    // The table's rows read are data-dependent: only ids and out are tracked.
+    submit(s, {R(ids, n * 4), W(out, n * dim * F)}, [=, h = host_.get()] {
+      h->embedding(ids, table, out, n, dim, accumulate, nullptr);
+    });
+  }
+  void cross_entropy(const float* logits, const int32_t* targets, float* nll, int64_t rows,
+                     int64_t vocab, Stream* s) override {
+    submit(s, {R(logits, rows * vocab * F), R(targets, rows * 4), W(nll, rows * F)},
+           [=, h = host_.get()] { h->cross_entropy(logits, targets, nll, rows, vocab, nullptr); });
+  }
+  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+               int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
+               Stream* s) override {
+    // The terms and key are host values the caller may reuse: copied into the task.
+    std::vector<ZOUpdateTerm> terms(upd, upd + std::max(n_update, 0));
+    const bool has_cur = cur != nullptr;
+    const ZKey key = has_cur ? *cur : ZKey{};
+    submit(s, {n_update > 0 ? W(theta, n * F) : R(theta, n * F), W(plus, n * F), W(minus, n * F)},
+           [=, h = host_.get(), terms = std::move(terms)] {
+             h->zo_pass(theta, n, tensor, first, terms.data(), (int)terms.size(), lr_wd,
+                        has_cur ? &key : nullptr, eps, plus, minus, nullptr);
+           });
+  }
+  void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                       int64_t first, const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
+                       Stream* s) override {
+    std::vector<ZOUpdateTerm> terms(upd, upd + std::max(n_update, 0));
+    submit(s, {W(theta, n * F), W(m, n * F), W(v, n * F)},
+           [=, h = host_.get(), terms = std::move(terms)] {
+             h->zo_update_state(theta, m, v, n, tensor, first, terms.data(), (int)terms.size(), o,
+                                nullptr);
+           });
+  }
+  void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
+                           int64_t v0, float* max, float* sum, float* target, Stream* s) override {
+    submit(s,
+           {R(logits, rows * n * F), R(targets, rows * 4), W(max, rows * F), W(sum, rows * F),
+            W(target, rows * F)},
+           [=, h = host_.get()] {
+             h->cross_entropy_chunk(logits, targets, rows, n, v0, max, sum, target, nullptr);
+           });
+  }
+
+  // ---- statistics ----------------------------------------------------------------------------
+  SimDeviceStats stats() const override {
+    std::lock_guard lk(mu_);
+    SimDeviceStats st = stats_;
+    st.budget = opt_.budget;
+    st.in_use = used_;
+    st.peak = peak_;
+    return st;
+  }
+  void reset_counters() override {
+    std::lock_guard lk(mu_);
+    const int64_t hazards = stats_.hazards;
+    const std::string first = stats_.first_hazard;
+    stats_ = SimDeviceStats{};
+    stats_.hazards = hazards;  // hazards are never forgotten
+    stats_.first_hazard = first;
+    peak_ = used_;
+  }
+
+ private:
+  SimStream& stream(Stream* s) {
+    return s ? *reinterpret_cast<SimStream*>(s) : *def_;
+  }
+
+  // Enqueues fn on stream s (runs it now on the default stream) after checking its accesses.
+  void submit(Stream* sh, std::initializer_list<Access> acc, std::function<void()> fn,
+              uint64_t to_device = 0, uint64_t to_host = 0) {
+    SimStream& s = stream(sh);
+    std::unique_lock lk(mu_);
+    merge(s.vc, host_vc_);
+    ++s.vc[s.id];
+    if (opt_.check_hazards) check(s, acc);
+    if (s.id != 0) {
+      s.queue.push_back(Task{Task::Run, std::move(fn), nullptr, to_device, to_host});
+      cv_.notify_all();
+      return;
+    }
+    drain(lk, s);
+    stats_.bytes_to_device += to_device;
+    stats_.bytes_to_host += to_host;
+    stats_.copies += (to_device || to_host) ? 1 : 0;
+    lk.unlock();
+    fn();
+  }
+
+  // The default stream honours its queued waits (the host blocks: it is the device here).
+  void drain(std::unique_lock<std::mutex>& lk, SimStream& s) {
+    if (s.pending.empty()) return;
+    const auto t0 = Clock::now();
+    bool blocked = false;
+    for (auto& m : s.pending)
+      if (!m->done) {
+        blocked = true;
+        cv_.wait(lk, [&] { return m->done; });
+      }
+    if (blocked) stats_.compute_wait_s += seconds(Clock::now() - t0);
+    s.pending.clear();
+  }
+
+  // The host waits until everything queued on s has run.
+  void drain_all(std::unique_lock<std::mutex>& lk, SimStream& s) {
+    if (s.id == 0)
+      drain(lk, s);
+    else
+      cv_.wait(lk, [&] { return s.queue.empty() && !s.busy; });
+    merge(host_vc_, s.vc);
+  }
+
+  void work(SimStream& s) {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return s.stop || !s.queue.empty(); });
+      if (s.queue.empty()) return;  // stopped
+      Task t = std::move(s.queue.front());
+      s.queue.pop_front();
+      s.busy = true;
+      if (t.kind == Task::Wait) {
+        cv_.wait(lk, [&] { return t.marker->done; });
+      } else if (t.kind == Task::Record) {
+        t.marker->done = true;
+      } else {
+        const uint64_t bytes = t.to_device + t.to_host;
+        lk.unlock();
+        const auto t0 = Clock::now();
+        t.fn();
+        if (bytes && opt_.copy_bandwidth > 0)
+          std::this_thread::sleep_until(
+              t0 + std::chrono::duration_cast<Clock::duration>(
+                       std::chrono::duration<double>((double)bytes / opt_.copy_bandwidth)));
+        const double dt = seconds(Clock::now() - t0);
+        lk.lock();
+        if (bytes) {
+          stats_.bytes_to_device += t.to_device;
+          stats_.bytes_to_host += t.to_host;
+          stats_.copies += 1;
+          stats_.copy_busy_s += dt;
+        }
+      }
+      s.busy = false;
+      cv_.notify_all();
+    }
+  }
+
+  // Drops the checker's history of [p, p + bytes): memory that changes owner starts fresh.
+  void forget(const void* p, size_t bytes) {
+    const uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    auto h = history_.lower_bound({lo > max_len_ ? lo - max_len_ : 0, 0, 0, false});
+    while (h != history_.end() && std::get<0>(h->first) < hi)
+      h = std::get<1>(h->first) > lo ? history_.erase(h) : std::next(h);
+  }
+
+  // An access conflicts with an earlier one by another stream (one of them writes, the ranges
+  // overlap) unless s's clock shows that stream's access as happened-before. The history keeps,
+  // per (stream, range, mode), the latest access: unordered with any earlier one means unordered
+  // with the latest. Entries every stream is already ordered after are dropped.
+  void check(SimStream& s, std::initializer_list<Access> acc) {
+    for (const Access& a : acc) {
+      if (a.bytes == 0) continue;
+      const uintptr_t lo = (uintptr_t)a.p, hi = lo + a.bytes;
+      // Entries are ordered by start; none is longer than max_len_.
+      auto h = history_.lower_bound({lo > max_len_ ? lo - max_len_ : 0, 0, 0, false});
+      for (; h != history_.end() && std::get<0>(h->first) < hi; ++h) {
+        const auto& [hlo, hhi, hs, hw] = h->first;
+        const uint64_t seq = h->second;
+        if (hs == s.id || hhi <= lo || !(hw || a.write) || at(s.vc, hs) >= seq) continue;
+        if (stats_.hazards++ == 0)
+          stats_.first_hazard = "stream " + std::to_string(s.id) + (a.write ? " writes " : " reads ") +
+                                std::to_string(a.bytes) + " bytes that stream " + std::to_string(hs) +
+                                (hw ? " writes" : " reads") + " (its access " + std::to_string(seq) +
+                                ") with no event ordering the two";
+      }
+    }
+    for (const Access& a : acc) {
+      if (a.bytes == 0) continue;
+      const uintptr_t lo = (uintptr_t)a.p;
+      history_[{lo, lo + a.bytes, s.id, a.write}] = s.vc[s.id];
+      max_len_ = std::max<uintptr_t>(max_len_, a.bytes);
+    }
+    if (++since_prune_ >= 4096) {
+      since_prune_ = 0;
+      for (auto h = history_.begin(); h != history_.end();) {
+        const int hs = std::get<2>(h->first);
+        bool everyone = at(host_vc_, hs) >= h->second;
+        if (!everyone) {
+          everyone = true;
+          for (auto& t : streams_) everyone = everyone && at(t->vc, hs) >= h->second;
+        }
+        h = everyone ? history_.erase(h) : std::next(h);
+      }
+    }
+  }
+
+  std::unique_ptr<Backend> host_;
+  SimDeviceOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  size_t used_ = 0, peak_ = 0;
+  std::unordered_map<void*, size_t> sizes_;
+  std::vector<std::unique_ptr<SimStream>> streams_;  // [0]: the default stream
+  SimStream* def_ = nullptr;
+  std::vector<std::unique_ptr<SimEvent>> events_;
+  std::vector<uint64_t> host_vc_;  // what the host has synchronized with
+  // (start, end, stream, writes) -> the stream's clock at its latest such access.
+  std::map<std::tuple<uintptr_t, uintptr_t, int, bool>, uint64_t> history_;
+  uintptr_t max_len_ = 0;
+  int since_prune_ = 0;
+  SimDeviceStats stats_;
+};
+
+}  // namespace
+}  // namespace zof::cpu
+
+namespace zof {
+std::unique_ptr<SimDevice> make_sim_device(std::unique_ptr<Backend> host, SimDeviceOptions opt) {
+  return std::make_unique<cpu::SimDeviceImpl>(std::move(host), opt);
+}
+}  // namespace zof

@@ -1,0 +1,328 @@
+// The forward-gradient (JVP) estimator on whole models: its directional derivative against
+// PyTorch's float64 autograd gradient (grad.safetensors) dotted with Philox's z, against a
+// float64 central difference of its own float64 forward (whose loss matches transformers'
+// float64 forward), SPSA's g converging to it as eps shrinks, and `zof finetune --estimator jvp`.
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "zof/backend.h"
+#include "zof/forward.h"
+#include "zof/jvp.h"
+#include "zof/model.h"
+#include "zof/philox.h"
+#include "zof/safetensors.h"
+#include "zof/zo.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using zof::test::run_command;
+
+namespace {
+
+std::string golden_dir(const std::string& name) {
+  return zof::test::source_dir() + "/tests/golden/" + name;
+}
+std::string stories() { return zof::test::assets_dir() + "/models/stories260K"; }
+// Where a golden model's weights live (stories260K's are not copied into tests/golden).
+std::string model_dir(const std::string& name) {
+  return name == "stories260K" ? stories() : golden_dir(name);
+}
+
+json golden_json(const std::string& name) {
+  std::ifstream f(golden_dir(name) + "/golden.json");
+  return json::parse(f);
+}
+
+// The golden batch of a model (right-padded rows), with next-token targets.
+zof::LossBatch golden_batch(const std::string& name) {
+  const json g = golden_json(name);
+  std::vector<std::vector<int32_t>> seqs;
+  for (size_t b = 0; b < g["input_ids"].size(); ++b) {
+    std::vector<int32_t> s;
+    for (int t = 0; t < g["lengths"][b].get<int>(); ++t) s.push_back(g["input_ids"][b][t]);
+    seqs.push_back(s);
+  }
+  return zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
+}
+
+// grad . z(key) in float64 from PyTorch's gradient of the mean NLL (Hugging Face layout).
+double autograd_dot_z(const zof::Model& m, const std::string& name, const zof::ZKey& key) {
+  auto grads = zof::safetensors::Archive::open_file(golden_dir(name) + "/grad.safetensors");
+  double dd = 0;
+  const auto& params = m.params();
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    const auto& p = params[pi];
+    const auto* t = grads.find(p.name);
+    EXPECT_TRUE(t) << p.name;
+    if (!t) continue;
+    std::vector<float> gr(t->numel());
+    zof::safetensors::to_f32(*t, gr.data());
+    for (int64_t e = 0; e < p.numel; ++e) {
+      // zof holds GPT-2 Conv1D weights transposed: element (o, i) is file element (i, o).
+      int64_t fe = e;
+      if (p.transposed) fe = (e % p.shape[1]) * p.shape[0] + e / p.shape[1];
+      dd += (double)gr[fe] * zof::z_element(key, (uint32_t)pi, (uint64_t)e);
+    }
+  }
+  return dd;
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }
+
+// The JVP directional derivative is PyTorch's float64 gradient dotted with z, for two
+// directions in one walk; the float64 loss at theta is PyTorch's float64 loss.
+TEST(Jvp, MatchesAutogradGradientDotZ) {
+  for (const char* name : {"llama_gqa", "gpt2"}) {
+    ZOF_REQUIRE_PATH(golden_dir(name) + "/grad.safetensors");
+    zof::Model m = zof::Model::load(golden_dir(name));
+    const zof::LossBatch lb = golden_batch(name);
+    const int64_t rows = lb.batch.B * lb.batch.T;
+    const std::vector<zof::ZKey> keys{{99, 3, 0}, {99, 3, 1}};
+    auto be = zof::make_cpu_backend(0);
+    zof::BasicJVPEstimator<double> e64(m, *be, rows);
+    zof::JVPEstimator e32(m, *be, rows);
+    const zof::JVPSums s64 = e64.directional_derivatives(keys, {lb});
+    const zof::JVPSums s32 = e32.directional_derivatives(keys, {lb});
+    const auto g64 = s64.gradients(), g32 = s32.gradients();
+    EXPECT_EQ(s64.count, (double)lb.scored());
+    // 12 digits. GPT-2 is float64 throughout in transformers; Llama's RMSNorm computes in fp32
+    // even in a float64 model (measured: 7.5e-9).
+    const double loss_ref = golden_json(name)["grad_loss_f64"].get<double>();
+    EXPECT_LT(rel(s64.sum_loss / s64.count, loss_ref), std::string(name) == "gpt2" ? 1e-10 : 5e-8)
+        << name;
+    EXPECT_LT(rel(s32.sum_loss / s32.count, loss_ref), 2e-6) << name;
+    for (size_t j = 0; j < keys.size(); ++j) {
+      const double dd = autograd_dot_z(m, name, keys[j]);
+      std::printf("  %s z%zu: grad.z %.9f  jvp f64 %.9f (rel %.1e)  jvp f32 %.9f (rel %.1e)\n",
+                  name, j, dd, g64[j], rel(g64[j], dd), g32[j], rel(g32[j], dd));
+      // grad.safetensors is stored in fp32: its rounding alone is ~1e-7 of the terms.
+      EXPECT_LT(rel(g64[j], dd), 1e-5) << name;
+      EXPECT_LT(rel(g32[j], dd), 1e-4) << name;
+    }
+    EXPECT_NE(g64[0], g64[1]);  // two directions, two derivatives
+  }
+}
+
+// Every architecture in tests/golden and the real stories260K: the float64 walk's loss is
+// transformers' float64 loss, its directional derivative is the central difference of that
+// float64 forward along z, and the fp32 walk (oneDNN matmuls) agrees with the float64 one.
+TEST(Jvp, EveryArchitectureMatchesCentralDifference) {
+  for (const char* name : {"llama_gqa", "qwen2_bias", "mistral", "opt", "opt350_shape", "gpt2",
+                           "llama_bf16", "stories260K"}) {
+    ZOF_REQUIRE_PATH(model_dir(name) + "/model.safetensors");
+    zof::Model m = zof::Model::load(model_dir(name));
+    const zof::LossBatch lb = golden_batch(name);
+    const int64_t rows = lb.batch.B * lb.batch.T;
+    const zof::ZKey key{5, 11, 0};
+    auto be = zof::make_cpu_backend(0);
+    zof::BasicJVPEstimator<double> e64(m, *be, rows);
+    const zof::JVPSums s = e64.directional_derivatives({key}, {lb});
+    const double g = s.gradients()[0];
+    // nll_mean_f64 has 8 digits, and transformers' RMSNorm computes in fp32 even in a float64
+    // model (measured: up to 2.6e-8 for mistral).
+    const double nll_ref = golden_json(name)["nll_mean_f64"].get<double>();
+    EXPECT_LT(rel(s.sum_loss / s.count, nll_ref), 1e-7) << name;
+    // The five-point central difference of the float64 forward along z: truncation
+    // ~h^4 L^(5) / 30, rounding ~1e-15 L / h. h stays small so that no ReLU input (OPT)
+    // crosses its kink within +/- 2h.
+    const double h = 1e-5;
+    auto at = [&](double t) { return e64.loss_along(key, t, {lb}).sum_loss; };
+    const double fd = (8 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12 * h) / s.count;
+    zof::JVPEstimator e32(m, *be, rows);
+    const double g32 = e32.directional_derivatives({key}, {lb}).gradients()[0];
+    std::printf("  %-13s loss %.10f (ref %.8f, rel %.1e)  jvp f64 %.9f  fd %.9f (rel %.1e)  "
+                "f32 rel %.1e\n", name, s.sum_loss / s.count, nll_ref,
+                rel(s.sum_loss / s.count, nll_ref), g, fd, rel(g, fd), rel(g32, g));
+    EXPECT_LT(rel(g, fd), 1e-8) << name;  // measured: at most 1.2e-10
+    EXPECT_LT(rel(g32, g), 1e-4) << name;
+    EXPECT_GT(std::fabs(g), 1e-3) << name << ": z should move the loss";
+  }
+}
+
+// SPSA's projected gradient is a central difference in fp32: it approaches the JVP value as eps
+// shrinks (its bias is O(eps^2)) until fp32 rounding of the losses takes over.
+TEST(Jvp, SpsaConvergesToJvp) {
+  for (const char* name : {"llama_gqa", "gpt2", "stories260K"}) {
+    ZOF_REQUIRE_PATH(model_dir(name) + "/model.safetensors");
+    zof::Model m = zof::Model::load(model_dir(name));
+    const zof::LossBatch lb = golden_batch(name);
+    const int64_t rows = lb.batch.B * lb.batch.T;
+    const uint64_t seed = 42;
+    const uint32_t step = 2;
+    auto be = zof::make_cpu_backend(0);
+    zof::JVPEstimator jvp(m, *be, rows);
+    const double g = jvp.directional_derivatives({zof::ZKey{seed, step, 0}}, {lb}).gradients()[0];
+    std::vector<double> err;
+    for (float eps : {1e-2f, 1e-3f}) {
+      zof::ZOEngine eng(m, *be, rows, zof::ZOStepOptions{eps, 0.f, 1, seed});
+      const double gs = eng.projected_gradients(eng.perturbed_losses(step, {lb}))[0];
+      err.push_back(std::fabs(gs - g));
+    }
+    std::printf("  %-12s jvp g %.6f  |spsa - jvp| eps 1e-2: %.2e  eps 1e-3: %.2e\n", name, g,
+                err[0], err[1]);
+    EXPECT_LT(err[1], err[0] / 10) << name;  // ~100x for a pure O(eps^2) bias
+    EXPECT_LT(err[1], 2e-2 * std::fabs(g) + 1e-3) << name;
+  }
+}
+
+// Directions are independent (a walk with three gives each one's value alone) and sums over
+// micro-batches add up to the whole batch's.
+TEST(Jvp, QueriesAndMicroBatchesAdd) {
+  ZOF_REQUIRE_PATH(golden_dir("llama_gqa") + "/model.safetensors");
+  zof::Model m = zof::Model::load(golden_dir("llama_gqa"));
+  const json gj = golden_json("llama_gqa");
+  std::vector<std::vector<int32_t>> seqs;
+  for (size_t b = 0; b < gj["input_ids"].size(); ++b) {
+    std::vector<int32_t> s;
+    for (int t = 0; t < gj["lengths"][b].get<int>(); ++t) s.push_back(gj["input_ids"][b][t]);
+    seqs.push_back(s);
+  }
+  const auto whole = zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
+  std::vector<zof::LossBatch> parts;
+  for (auto& s : seqs) parts.push_back(zof::LossBatch::next_token(zof::Batch::from_sequences({s})));
+  auto be = zof::make_cpu_backend(0);
+  zof::JVPEstimator est(m, *be, whole.batch.B * whole.batch.T);
+  const std::vector<zof::ZKey> keys{{7, 0, 0}, {7, 0, 1}, {7, 0, 2}};
+  const zof::JVPSums all = est.directional_derivatives(keys, {whole});
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const zof::JVPSums one = est.directional_derivatives({keys[j]}, {whole});
+    EXPECT_EQ(one.sum_dir[0], all.sum_dir[j]) << j;
+    EXPECT_EQ(one.sum_loss, all.sum_loss);
+  }
+  const zof::JVPSums split = est.directional_derivatives(keys, parts);
+  EXPECT_EQ(split.count, all.count);
+  EXPECT_LT(rel(split.sum_loss, all.sum_loss), 1e-6);
+  for (size_t j = 0; j < keys.size(); ++j) EXPECT_LT(rel(split.sum_dir[j], all.sum_dir[j]), 1e-5) << j;
+  // And the loss at theta is Forward's.
+  zof::Forward fwd(m, *be, whole.batch.B * whole.batch.T);
+  std::vector<float> nll(whole.batch.B * whole.batch.T);
+  fwd.nll(whole.batch, whole.targets.data(), nll.data());
+  double s = 0;
+  for (float x : nll) s += x;
+  EXPECT_LT(rel(all.sum_loss, s), 1e-6);
+}
+
+// The fp32 walk's fast path (Backend::matmul) against its plain loops.
+TEST(Jvp, BackendMatmulEqualsPlainLoops) {
+  for (const char* name : {"gpt2", "opt350_shape"}) {
+    ZOF_REQUIRE_PATH(golden_dir(name) + "/model.safetensors");
+    zof::Model m = zof::Model::load(golden_dir(name));
+    const zof::LossBatch lb = golden_batch(name);
+    auto be = zof::make_cpu_backend(0);
+    zof::JVPEstimator est(m, *be, lb.batch.B * lb.batch.T);
+    const std::vector<zof::ZKey> keys{{3, 1, 0}, {3, 1, 1}};
+    const zof::JVPSums fast = est.directional_derivatives(keys, {lb});
+    est.set_backend_matmul(false);
+    const zof::JVPSums plain = est.directional_derivatives(keys, {lb});
+    EXPECT_LT(rel(fast.sum_loss, plain.sum_loss), 1e-6) << name;
+    for (size_t j = 0; j < keys.size(); ++j)
+      EXPECT_LT(rel(fast.sum_dir[j], plain.sum_dir[j]), 1e-5) << name;
+  }
+}
+
+// ---- zof finetune --estimator jvp -------------------------------------------------------------
+
+class JvpFinetune : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZOF_REQUIRE_PATH(stories());
+    ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
+    dir_ = fs::temp_directory_path() /
+           ("zof_jvp_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text = zof::test::read_file(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
+    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string args(const std::string& out) const {
+    return " finetune --model " + stories() + " --task text --data " + (dir_ / "text.txt").string() +
+           " --out " + out + " --batch 8 --seq-len 64 --seed 3 --eval-examples 16 --threads 2";
+  }
+  fs::path dir_;
+};
+
+TEST_F(JvpFinetune, LearnsWritesMetricsAndReplays) {
+  const fs::path run = dir_ / "run";
+  auto r = run_command(zof::test::zof_binary() + args(run.string()) +
+                       " --estimator jvp --steps 30 --lr 1e-4 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json s = json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
+  EXPECT_EQ(s["steps"], 30);
+  // Held-out perplexity on Tiny Shakespeare improves (stories260K was trained on TinyStories;
+  // measured 429 -> 239, the same as SPSA with --eps 1e-3).
+  const double before = s["eval"]["before"], after = s["eval"]["after"];
+  std::printf("  jvp finetune: ppl %.3f -> %.3f, train loss %.4f\n", before, after,
+              s["train_loss"].get<double>());
+  EXPECT_LT(after, 0.8 * before);
+  const json opts = json::parse(zof::test::read_file((run / "run.json").string()))["options"];
+  EXPECT_EQ(opts["estimator"], "jvp");
+  // Every step logged: the loss at theta, one g per direction, no perturbed losses.
+  std::ifstream f(run / "metrics.jsonl");
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(f, line)) {
+    const json j = json::parse(line);
+    if (j["type"] != "step") continue;
+    ASSERT_TRUE(j["loss"].is_number()) << line;
+    EXPECT_FALSE(j.contains("loss_plus")) << line;
+    EXPECT_EQ(j["g"].size(), 1u) << line;
+    EXPECT_TRUE(std::isfinite(j["g"][0].get<double>())) << line;
+    losses.push_back(j["loss"]);
+  }
+  ASSERT_EQ(losses.size(), 30u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 10; ++i) {
+    first += losses[i] / 10;
+    last += losses[20 + i] / 10;
+  }
+  EXPECT_LT(last, first) << "the training loss should go down";
+  // The step log alone rebuilds the weights bit for bit.
+  auto rp = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +
+                        run.string() + " --out " + (dir_ / "replayed").string() + " --threads 2");
+  ASSERT_EQ(rp.code, 0) << rp.err;
+  EXPECT_TRUE(zof::test::read_file((run / "model.safetensors").string()) ==
+              zof::test::read_file((dir_ / "replayed" / "model.safetensors").string()));
+}
+
+// Killed mid-run and resumed from its checkpoint, a JVP run ends with exactly the weights of an
+// uninterrupted one (run.json keeps --estimator; the pending update is flushed at the save).
+TEST_F(JvpFinetune, ResumesExactly) {
+  const std::string flags = " --estimator jvp --steps 10 --lr 1e-4 --save-every 3";
+  auto a = run_command(zof::test::zof_binary() + args((dir_ / "a").string()) + flags);
+  ASSERT_EQ(a.code, 0) << a.err;
+  auto b = run_command("ZOF_FAULT_KILL_AT_STEP=7 " + zof::test::zof_binary() +
+                       args((dir_ / "b").string()) + flags);
+  ASSERT_EQ(b.code, 128 + SIGKILL) << b.err;
+  ASSERT_FALSE(fs::exists(dir_ / "b" / "model.safetensors"));
+  auto r = run_command(zof::test::zof_binary() + " finetune --resume " + (dir_ / "b").string() +
+                       " --threads 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(zof::test::read_file((dir_ / "a" / "model.safetensors").string()) ==
+              zof::test::read_file((dir_ / "b" / "model.safetensors").string()));
+}
+
+TEST_F(JvpFinetune, BadEstimatorIsRefused) {
+  auto r = run_command(zof::test::zof_binary() + args((dir_ / "bogus").string()) +
+                       " --steps 2 --estimator bogus");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("zof: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("--estimator"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "bogus" / "run.json"));
+  auto p = run_command(zof::test::zof_binary() + args((dir_ / "pipe").string()) +
+                       " --steps 2 --estimator jvp --pipeline-stages 2");
+  EXPECT_EQ(p.code, 1) << p.err;
+  EXPECT_NE(p.err.find("--estimator jvp"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("--pipeline-stages"), std::string::npos) << p.err;
+}
+
+}  // namespace

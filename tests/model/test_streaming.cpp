@@ -1,0 +1,455 @@
+// Parameter streaming (streaming.h) on the simulated device (sim_device.h): ZO steps with the
+// blocks streamed through budgets from the minimum (two slots of the largest block) to the whole
+// model give the plain CPU run's losses and weights bit for bit, never exceed the budget, and
+// leave the hazard checker nothing to report; a budget below the minimum is refused; the CLI's
+// --sim-device --gpu-mem run writes the same model as a run without streaming.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "zof/backend.h"
+#include "zof/error.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+#include "zof/sim_device.h"
+#include "zof/streaming.h"
+#include "zof/zo.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string model_dir(const std::string& name) {
+  if (name == "stories260K") return zof::test::assets_dir() + "/models/stories260K";
+  return zof::test::source_dir() + "/tests/golden/" + name;
+}
+
+// Two micro-batches: the golden batch's first row, then its other rows (stories260K: two
+// batches of made-up ids).
+std::vector<zof::LossBatch> micro_batches(const std::string& name) {
+  std::vector<std::vector<int32_t>> seqs;
+  if (name == "stories260K") {
+    for (int r = 0; r < 3; ++r) {
+      std::vector<int32_t> s;
+      for (int t = 0; t < 16 - 4 * r; ++t) s.push_back(1 + (37 * t + 101 * r) % 500);
+      seqs.push_back(s);
+    }
+  } else {
+    std::ifstream f(model_dir(name) + "/golden.json");
+    const json g = json::parse(f);
+    for (size_t b = 0; b < g["input_ids"].size(); ++b) {
+      std::vector<int32_t> s;
+      for (int t = 0; t < g["lengths"][b].get<int>(); ++t) s.push_back(g["input_ids"][b][t]);
+      seqs.push_back(s);
+    }
+  }
+  std::vector<zof::LossBatch> mb;
+  mb.push_back(zof::LossBatch::next_token(zof::Batch::from_sequences({seqs[0]})));
+  mb.push_back(zof::LossBatch::next_token(zof::Batch::from_sequences({seqs.begin() + 1, seqs.end()})));
+  return mb;
+}
+
+int64_t max_rows(const std::vector<zof::LossBatch>& mb) {
+  int64_t r = 0;
+  for (auto& b : mb) r = std::max(r, b.batch.B * b.batch.T);
+  return r;
+}
+
+struct RunResult {
+  std::vector<zof::QueryLosses> losses;
+  double eval_loss = 0;
+  std::vector<float> weights;
+  zof::SimDeviceStats sim;
+  zof::StreamingStats before_flush, after;
+  bool all_resident = false;
+  int slots = 0;
+};
+
+constexpr int kSteps = 3;
+
+// kSteps ZO steps (losses, gradients, the update applied by the next walk), then the loss at the
+// flushed weights. budget 0: the plain CPU backend, no streaming.
+RunResult run_steps(const std::string& name, const zof::ZOStepOptions& o, size_t budget,
+                    double bandwidth = 0) {
+  zof::Model m = zof::Model::load(model_dir(name));
+  const auto mb = micro_batches(name);
+  std::unique_ptr<zof::Backend> be;
+  zof::SimDevice* sim = nullptr;
+  if (budget > 0) {
+    zof::SimDeviceOptions so;
+    so.budget = budget;
+    so.copy_bandwidth = bandwidth;
+    auto s = zof::make_sim_device(zof::make_cpu_backend(0), so);
+    sim = s.get();
+    be = std::move(s);
+  } else {
+    be = zof::make_cpu_backend(0);
+  }
+  RunResult r;
+  {
+    zof::ZOEngine eng(m, *be, max_rows(mb), o);
+    if (budget > 0) eng.enable_streaming(budget);
+    for (int step = 0; step < kSteps; ++step) {
+      const auto ql = eng.perturbed_losses((uint32_t)step, mb);
+      r.losses.push_back(ql);
+      eng.schedule_update((uint32_t)step, 1e-3f, eng.projected_gradients(ql));
+    }
+    if (auto* st = eng.streamer()) {
+      r.before_flush = st->stats();
+      r.all_resident = st->all_resident();
+      r.slots = st->num_slots();
+    }
+    r.eval_loss = eng.loss(mb);  // flushes: the model's storage is current from here
+    if (auto* st = eng.streamer()) r.after = st->stats();
+    r.weights.assign(m.storage(), m.storage() + m.storage_size());
+  }
+  if (sim) r.sim = sim->stats();
+  return r;
+}
+
+// The engine's buffers and the model's blocks, measured on a roomy simulated device.
+struct Sizes {
+  size_t minimum = 0, whole = 0;  // least budget; every block resident
+  int blocks = 0;
+};
+Sizes sizes(const std::string& name, const zof::ZOStepOptions& o) {
+  zof::Model m = zof::Model::load(model_dir(name));
+  const auto mb = micro_batches(name);
+  zof::SimDeviceOptions so;
+  so.budget = size_t(1) << 30;
+  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  zof::ZOEngine eng(m, *sim, max_rows(mb), o);
+  return {eng.streaming_minimum(), eng.buffer_bytes() + zof::BlockStreamer::all_resident_bytes(m),
+          (int)m.blocks().size()};
+}
+
+struct Case {
+  std::string model;
+  int queries = 1;
+  float weight_decay = 0.f;
+  bool one_sided = false;
+  bool adam = false;
+};
+
+class StreamedSteps : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
+  const Case c = GetParam();
+  ZOF_REQUIRE_PATH(model_dir(c.model) + "/model.safetensors");
+  zof::ZOStepOptions o;
+  o.eps = 1e-2f;
+  o.weight_decay = c.weight_decay;
+  o.queries = c.queries;
+  o.seed = 99;
+  o.one_sided = c.one_sided;
+  if (c.adam) o.optimizer = zof::ZOStepOptions::Optimizer::Adam;
+  const RunResult plain = run_steps(c.model, o, 0);
+  const Sizes sz = sizes(c.model, o);
+  ASSERT_LT(sz.minimum, sz.whole);
+  // The minimum, two budgets in between, the whole model, and more than it.
+  const std::vector<size_t> budgets = {sz.minimum, sz.minimum + (sz.whole - sz.minimum) / 3,
+                                       sz.minimum + 2 * (sz.whole - sz.minimum) / 3, sz.whole,
+                                       2 * sz.whole};
+  for (size_t budget : budgets) {
+    SCOPED_TRACE("budget " + std::to_string(budget) + " (minimum " + std::to_string(sz.minimum) +
+                 ", whole model " + std::to_string(sz.whole) + ")");
+    const RunResult s = run_steps(c.model, o, budget);
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(s.losses[step].sum_plus, plain.losses[step].sum_plus) << "step " << step;
+      EXPECT_EQ(s.losses[step].sum_minus, plain.losses[step].sum_minus) << "step " << step;
+      EXPECT_EQ(s.losses[step].count, plain.losses[step].count);
+    }
+    EXPECT_EQ(s.eval_loss, plain.eval_loss);
+    ASSERT_EQ(s.weights.size(), plain.weights.size());
+    EXPECT_EQ(std::memcmp(s.weights.data(), plain.weights.data(), s.weights.size() * 4), 0)
+        << "the final weights differ";
+    EXPECT_LE(s.sim.peak, budget);
+    EXPECT_GT(s.sim.peak, 0u);
+    EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
+    if (budget >= sz.whole) {
+      // Every block uploaded once and kept; the host copy written only by the flush.
+      EXPECT_TRUE(s.all_resident);
+      EXPECT_EQ(s.before_flush.uploads, sz.blocks);
+      EXPECT_EQ(s.before_flush.writebacks, 0);
+      EXPECT_EQ(s.after.uploads, sz.blocks);
+      EXPECT_EQ(s.after.writebacks, sz.blocks);
+    } else {
+      EXPECT_FALSE(s.all_resident);
+      EXPECT_GE(s.slots, 2);
+      EXPECT_GT(s.before_flush.uploads, sz.blocks);
+      EXPECT_GT(s.before_flush.writebacks, 0);
+    }
+    if (budget == sz.minimum) {
+      EXPECT_EQ(s.slots, 2);
+    }
+  }
+  // The plain run's weights moved: the comparison above compared something.
+  zof::Model base = zof::Model::load(model_dir(c.model));
+  EXPECT_NE(std::memcmp(base.storage(), plain.weights.data(), plain.weights.size() * 4), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, StreamedSteps,
+    ::testing::Values(Case{"llama_gqa", 1}, Case{"llama_gqa", 2, 0.1f}, Case{"gpt2", 1},
+                      Case{"gpt2", 2, 0.05f}, Case{"opt350_shape", 1}, Case{"opt350_shape", 2},
+                      Case{"stories260K", 1}, Case{"stories260K", 2, 0.1f},
+                      Case{"llama_gqa", 2, 0.f, true}, Case{"stories260K", 1, 0.f, false, true}),
+    [](const auto& info) {
+      const Case& c = info.param;
+      return c.model + "_q" + std::to_string(c.queries) + (c.weight_decay > 0 ? "_wd" : "") +
+             (c.one_sided ? "_one_sided" : "") + (c.adam ? "_adam" : "");
+    });
+
+// A slow simulated bus: compute waits on uploads, and the results do not change.
+TEST(Streaming, SlowCopiesChangeNothing) {
+  ZOF_REQUIRE_PATH(model_dir("stories260K") + "/model.safetensors");
+  zof::ZOStepOptions o;
+  o.eps = 1e-2f;
+  o.queries = 2;
+  o.seed = 5;
+  const RunResult plain = run_steps("stories260K", o, 0);
+  const Sizes sz = sizes("stories260K", o);
+  const RunResult s = run_steps("stories260K", o, sz.minimum, 200e6);
+  for (int step = 0; step < kSteps; ++step)
+    EXPECT_EQ(s.losses[step].sum_plus, plain.losses[step].sum_plus);
+  EXPECT_EQ(std::memcmp(s.weights.data(), plain.weights.data(), s.weights.size() * 4), 0);
+  EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
+  EXPECT_GT(s.sim.compute_wait_s, 0.0);
+  EXPECT_LE(s.sim.peak, sz.minimum);
+}
+
+TEST(Streaming, BudgetBelowTheMinimumIsRefused) {
+  ZOF_REQUIRE_PATH(model_dir("llama_gqa") + "/model.safetensors");
+  zof::ZOStepOptions o;
+  const Sizes sz = sizes("llama_gqa", o);
+  zof::Model m = zof::Model::load(model_dir("llama_gqa"));
+  const auto mb = micro_batches("llama_gqa");
+  zof::SimDeviceOptions so;
+  so.budget = sz.minimum - 1;
+  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  zof::ZOEngine eng(m, *sim, max_rows(mb), o);
+  try {
+    eng.enable_streaming(sz.minimum - 1);
+    FAIL() << "a budget below the minimum was accepted";
+  } catch (const zof::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--gpu-mem"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("minimum of " + std::to_string(sz.minimum) + " bytes"), std::string::npos)
+        << msg;
+  }
+  // A device too small for the engine's own buffers fails when they are allocated (at the first
+  // one: Forward's constructor does not free what it allocated before a failure).
+  so.budget = 1024;
+  auto tiny = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  try {
+    zof::ZOEngine e2(m, *tiny, max_rows(mb), o);
+    FAIL() << "the engine's buffers fit in 1 KiB";
+  } catch (const zof::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--gpu-mem"), std::string::npos) << e.what();
+  }
+}
+
+// A walk cut short by an error (a token id outside the vocabulary, found with the embedding
+// block held) leaves the engine usable: the next walk and the flush give the plain run's bits.
+TEST(Streaming, AWalkCutShortLeavesNothingHeld) {
+  ZOF_REQUIRE_PATH(model_dir("llama_gqa") + "/model.safetensors");
+  zof::ZOStepOptions o;
+  o.seed = 3;
+  const Sizes sz = sizes("llama_gqa", o);
+  auto mb = micro_batches("llama_gqa");
+  auto bad = mb;
+  bad[1].batch.ids[0] = 100000;
+  std::vector<std::vector<float>> weights;
+  std::vector<double> losses;
+  for (size_t budget : {size_t(0), sz.minimum}) {
+    zof::Model m = zof::Model::load(model_dir("llama_gqa"));
+    zof::SimDeviceOptions so;
+    so.budget = budget;
+    std::unique_ptr<zof::Backend> be = budget ? std::unique_ptr<zof::Backend>(zof::make_sim_device(
+                                                    zof::make_cpu_backend(0), so))
+                                              : zof::make_cpu_backend(0);
+    zof::ZOEngine eng(m, *be, max_rows(mb), o);
+    if (budget) eng.enable_streaming(budget);
+    EXPECT_THROW(eng.perturbed_losses(0, bad), zof::Error);
+    const auto ql = eng.perturbed_losses(1, mb);
+    losses.push_back(ql.sum_plus[0]);
+    eng.schedule_update(1, 1e-3f, eng.projected_gradients(ql));
+    eng.flush();
+    weights.emplace_back(m.storage(), m.storage() + m.storage_size());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(weights[0], weights[1]);
+}
+
+// The scheduler alone: blocks changed on the device in every walk (+1 per walk) reach the host
+// through write-backs and slot reuse, under a slow bus; reload_from_host() picks up host edits.
+TEST(Streaming, WriteBacksReachTheHost) {
+  ZOF_REQUIRE_PATH(model_dir("stories260K") + "/model.safetensors");
+  zof::Model m = zof::Model::load(model_dir("stories260K"));
+  const std::vector<float> base(m.storage(), m.storage() + m.storage_size());
+  const int nb = (int)m.blocks().size();
+  size_t span = 0;
+  for (auto& b : m.blocks()) span = std::max<size_t>(span, b.span);
+  zof::SimDeviceOptions so;
+  const size_t ones_bytes = (span * 4 + 63) / 64 * 64;
+  so.budget = ones_bytes + zof::BlockStreamer::min_bytes(m) + 1024;
+  so.copy_bandwidth = 100e6;
+  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  float* ones = (float*)sim->alloc(span * 4);
+  const std::vector<float> host_ones(span, 1.f);
+  sim->copy_to_device(ones, host_ones.data(), span * 4, nullptr);
+  {
+    zof::BlockStreamer st(m, *sim, so.budget - ones_bytes);
+    EXPECT_EQ(st.num_slots(), 2);
+    // Each walk: every block once, block 0 again after the last (as with a tied head); only the
+    // layers change.
+    std::vector<int> order;
+    for (int b = 0; b < nb; ++b) order.push_back(b);
+    order.push_back(0);
+    const int walks = 4;
+    for (int w = 0; w < walks; ++w) {
+      st.begin_walk(order);
+      for (int b : order) {
+        float* d = st.acquire(b);
+        const bool layer = b > 0 && b < nb - 1;
+        if (layer) sim->add(d, ones, m.blocks()[b].span);
+        st.release(b, layer);
+      }
+    }
+    st.sync_to_host();
+    for (int b = 0; b < nb; ++b) {
+      const auto& blk = m.blocks()[b];
+      const bool layer = b > 0 && b < nb - 1;
+      for (int64_t i = 0; i < blk.span; i += 97) {
+        float want = base[blk.offset + i];
+        for (int w = 0; w < walks && layer; ++w) want += 1.f;
+        ASSERT_EQ(m.storage()[blk.offset + i], want) << "block " << b;
+      }
+    }
+    EXPECT_GT(st.stats().hits, 0);  // block 0 found in its slot after the head
+    // Host edits (after sync_to_host: no upload reads the host copy any more): seen after
+    // reload_from_host().
+    m.storage()[m.blocks()[1].offset] = 1234.f;
+    st.reload_from_host();
+    st.begin_walk({1});
+    const float* d = st.acquire(1);
+    sim->synchronize(nullptr);
+    EXPECT_EQ(d[0], 1234.f);
+    st.release(1, false);
+    st.sync_to_host();
+  }
+  const auto s = sim->stats();
+  EXPECT_EQ(s.hazards, 0) << s.first_hazard;
+  EXPECT_LE(s.peak, so.budget);
+  sim->free(ones);
+}
+
+TEST(Streaming, MemorySizes) {
+  EXPECT_EQ(zof::parse_memory_size("16GiB", "--gpu-mem"), 16ull << 30);
+  EXPECT_EQ(zof::parse_memory_size("512MiB", "--gpu-mem"), 512ull << 20);
+  EXPECT_EQ(zof::parse_memory_size("512mib", "--gpu-mem"), 512ull << 20);
+  EXPECT_EQ(zof::parse_memory_size("1.5G", "--gpu-mem"), 3ull << 29);
+  EXPECT_EQ(zof::parse_memory_size("2GB", "--gpu-mem"), 2000000000ull);
+  EXPECT_EQ(zof::parse_memory_size("4096", "--gpu-mem"), 4096ull);
+  EXPECT_EQ(zof::parse_memory_size("64 KiB", "--gpu-mem"), 65536ull);
+  for (const char* bad : {"", "abc", "-1GiB", "16 GiBs", "1e9", "0", "0.1B", ".5G", "5.G", "inf"}) {
+    try {
+      zof::parse_memory_size(bad, "--gpu-mem");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const zof::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--gpu-mem"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(zof::format_bytes(512), "512 B");
+  EXPECT_EQ(zof::format_bytes(3 << 19), "1.50 MiB");
+}
+
+// ---- the CLI -------------------------------------------------------------------------------
+
+class StreamingCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZOF_REQUIRE_PATH(model_dir("stories260K"));
+    ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
+    dir_ = fs::temp_directory_path() / ("zof_stream_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text = zof::test::read_file(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
+    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  zof::test::CommandResult finetune(const std::string& out, const std::string& extra) {
+    return zof::test::run_command(
+        zof::test::zof_binary() + " finetune --model " + model_dir("stories260K") +
+        " --task text --data " + (dir_ / "text.txt").string() + " --out " + (dir_ / out).string() +
+        " --steps 5 --batch 4 --micro-batches 2 --queries 2 --seq-len 32 --lr 1e-4 --eps 1e-3 "
+        "--seed 7 --save-every 2 --eval-examples 8 --json " + extra);
+  }
+  static json last_json(const std::string& out) {
+    const size_t end = out.find_last_not_of('\n');
+    const size_t start = out.rfind('\n', end);
+    return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+  }
+  fs::path dir_;
+};
+
+TEST_F(StreamingCli, SimDeviceRunWritesTheSameModel) {
+  auto plain = finetune("plain", "");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  // A roomy budget (every block resident) reports the least one it would take.
+  auto roomy = finetune("roomy", "--sim-device --gpu-mem 256MiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const json jr = last_json(roomy.out);
+  ASSERT_TRUE(jr.contains("streaming")) << jr.dump();
+  EXPECT_EQ(jr["streaming"]["streamed_blocks"], 0);
+  const uint64_t minimum = jr["streaming"]["min_bytes"];
+  // At the minimum: every block streams through two slots.
+  auto tight = finetune("tight", "--sim-device --gpu-mem " + std::to_string(minimum));
+  ASSERT_EQ(tight.code, 0) << tight.err;
+  const json jt = last_json(tight.out);
+  EXPECT_GT(jt["streaming"]["streamed_blocks"].get<int>(), 0) << jt.dump();
+  EXPECT_EQ(jt["streaming"]["slots"], 2);
+  EXPECT_LE(jt["streaming"]["peak_bytes"].get<uint64_t>(), minimum);
+  EXPECT_EQ(jt["streaming"]["hazards"], 0);
+  EXPECT_GT(jt["streaming"]["bytes_uploaded"].get<uint64_t>(), 0u);
+  for (const char* run : {"roomy", "tight"}) {
+    EXPECT_EQ(zof::test::read_file((dir_ / run / "model.safetensors").string()),
+              zof::test::read_file((dir_ / "plain" / "model.safetensors").string()))
+        << run;
+    EXPECT_EQ(zof::test::read_file((dir_ / run / "zo_log.jsonl").string()),
+              zof::test::read_file((dir_ / "plain" / "zo_log.jsonl").string()))
+        << run;
+  }
+  // One byte less is refused, naming the flag and the minimum.
+  auto below = finetune("below", "--sim-device --gpu-mem " + std::to_string(minimum - 1));
+  EXPECT_EQ(below.code, 1);
+  EXPECT_NE(below.err.find("--gpu-mem"), std::string::npos) << below.err;
+  EXPECT_NE(below.err.find("minimum of " + std::to_string(minimum) + " bytes"), std::string::npos)
+      << below.err;
+  // --gpu-mem is layout, not part of the run: run.json does not hold it.
+  EXPECT_EQ(zof::test::read_file((dir_ / "tight" / "run.json").string()).find("gpu"),
+            std::string::npos);
+}
+
+TEST_F(StreamingCli, BadBudgetsAreRefused) {
+  auto expect_error = [&](const std::string& extra, const std::string& what) {
+    auto r = finetune("bad", extra);
+    EXPECT_EQ(r.code, 1) << extra << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("zof: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r.err;
+    fs::remove_all(dir_ / "bad");
+  };
+  expect_error("--sim-device --gpu-mem 12XB", "--gpu-mem '12XB' is not a memory size");
+  expect_error("--sim-device --gpu-mem 0", "--gpu-mem must be a positive memory size");
+  expect_error("--sim-device --gpu-mem 4KiB", "--gpu-mem");  // not even the buffers fit
+  expect_error("--gpu-mem 1GiB", "--sim-device");               // no device in a CPU build
+  expect_error("--sim-device --gpu-mem 1GiB --pipeline-stages 2", "--pipeline-stages");
+  expect_error("--sim-device --gpu-mem 1GiB --estimator jvp", "--estimator jvp");
+}
+
+}  // namespace
