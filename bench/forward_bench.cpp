@@ -95,20 +95,7 @@ int run(const Args& a) {
   // The machine's practical fp32 GEMM rate through the same backend: the MLP up-projection of a
   // 768-wide model at 1024 tokens. Timed (best of 5) after every timed forward and reported as
   // the median of those, so that peak and forward see the same stretch of a shared machine's load.
-  const int64_t gM = 1024, gN = 3072, gK = 768;
-  auto gx = random_floats(gM * gK, 1), gw = random_floats(gN * gK, 2);
-  std::vector<float> gy(gM * gN);
-  std::vector<double> gemm_s;
-  auto time_gemm = [&] {
-    double best = 1e30;
-    for (int r = 0; r < 5; ++r) {
-      auto t0 = std::chrono::steady_clock::now();
-      backend->matmul(gx.data(), gw.data(), nullptr, gy.data(), gM, gN, gK);
-      best = std::min(best, seconds_since(t0));
-    }
-    gemm_s.push_back(best);
-  };
-  time_gemm();  // warm-up: primitive creation
+  GemmRate gemm(*backend);
 
   zof::Model model = zof::Model::random(cfg, a.seed);
   const int64_t B = a.batch, T = a.seq, rows = B * T;
@@ -125,13 +112,14 @@ int run(const Args& a) {
   }
 
   std::vector<float> nll, logits;
-  gemm_s.clear();
+  gemm.clear();
   const double s_nll = median_seconds(a.warmup, a.iters, [&] { fwd.next_token_nll(batch, nll); },
-                                      time_gemm);
+                                      [&] { gemm.sample(); });
   double s_logits = 0;
   if (!a.skip_logits)
-    s_logits = median_seconds(a.warmup, a.iters, [&] { fwd.logits(batch, logits); }, time_gemm);
-  const double gemm_gflops = 2.0 * gM * gN * gK / median(gemm_s) * 1e-9;
+    s_logits = median_seconds(a.warmup, a.iters, [&] { fwd.logits(batch, logits); },
+                              [&] { gemm.sample(); });
+  const double gemm_gflops = gemm.gflops();
   double mean_nll = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t + 1 < T; ++t) mean_nll += nll[b * T + t];
@@ -150,8 +138,8 @@ int run(const Args& a) {
   };
   row("next_token_nll", s_nll);
   if (s_logits > 0) row("logits", s_logits);
-  std::printf("GEMM %ldx%ldx%ld (M,N,K) through the backend: %.1f GFLOP/s\n", long(gM), long(gN),
-              long(gK), gemm_gflops);
+  std::printf("GEMM %ldx%ldx%ld (M,N,K) through the backend: %.1f GFLOP/s\n",
+              long(GemmRate::M), long(GemmRate::N), long(GemmRate::K), gemm_gflops);
   std::printf("GFLOP per forward: %.1f (layers %.1f, attention %.1f, LM head %.1f); mean nll %.4f"
               " (ln V = %.4f)\n",
               f.total() * 1e-9, f.layers * 1e-9, f.attention * 1e-9, f.head * 1e-9, mean_nll,

@@ -36,24 +36,10 @@ int run(const Args& a) {
   const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
   auto backend = zof::make_cpu_backend(threads);
 
-  // The GEMM rate (M=1024 N=3072 K=768, best of 5), before and after the steps; its buffers are
-  // allocated before the memory baseline is read.
-  const int64_t gM = 1024, gN = 3072, gK = 768;
-  auto gx = random_floats(gM * gK, 1), gw = random_floats(gN * gK, 2);
-  std::vector<float> gy(gM * gN);
-  std::vector<double> gemm_s;
-  auto time_gemm = [&] {
-    double best = 1e30;
-    for (int r = 0; r < 5; ++r) {
-      auto t0 = std::chrono::steady_clock::now();
-      backend->matmul(gx.data(), gw.data(), nullptr, gy.data(), gM, gN, gK);
-      best = std::min(best, seconds_since(t0));
-    }
-    gemm_s.push_back(best);
-  };
-  time_gemm();  // warm-up: primitive creation
-  gemm_s.clear();
-  time_gemm();
+  // The GEMM rate, sampled before and after the steps; its buffers exist before the memory
+  // baseline is read.
+  GemmRate gemm(*backend);
+  gemm.sample();
 
   const double rss_base = proc_status_bytes("VmRSS");
   zof::Model model = a.model_dir.empty() ? zof::Model::random(config_named(a.model_config), a.seed)
@@ -114,10 +100,10 @@ int run(const Args& a) {
     t_pass.push_back(pass);
     t_ops.push_back(ops);
   }
-  time_gemm();
+  gemm.sample();
   const double rss_peak = proc_status_bytes("VmHWM");
   const double s = median(t_step), s_pass = median(t_pass), s_ops = median(t_ops);
-  const double gemm_gflops = 2.0 * gM * gN * gK / median(gemm_s) * 1e-9;
+  const double gemm_gflops = gemm.gflops();
   const Flops f = count_flops(cfg, B, T);
   const double flop_step = 2.0 * a.queries * f.total();
   const double net_peak = rss_peak - rss_base;

@@ -76,8 +76,10 @@ bool built_with_nccl();
 // the ncclUniqueId and broadcasts it through bootstrap, which must outlive the result: abort()
 // and the failures below end the job through it (MPI_Abort under MPI). Unlike MPI:
 //  - send/recv take DEVICE memory on `device` (pipeline activations stay on the GPU; a host
-//    pointer aborts), written by work that has already finished (synchronize the stream that
-//    wrote it); recv returns with the data in buf. Tags are not carried (NCCL has none):
+//    pointer aborts). Both run on the communicator's own stream, unordered with the caller's
+//    streams: a send's buffer must have been written by work that has finished, and a recv's
+//    buffer must no longer be read by pending work (synchronize the streams that touch it
+//    first); recv returns with the data in buf. Tags are not carried (NCCL has none):
 //    messages between two ranks match in the order both issue them, as the pipeline walk does,
 //    with equal counts on both sides. A send/recv with the rank itself aborts (blocking, it
 //    would wait for ever), so a one-rank NCCL communicator has no point-to-point.

@@ -85,10 +85,10 @@ class BlockStreamer {
   float* param(int pi) const;
 
   // Makes the Model's storage current: writes back changed resident blocks and waits for every
-  // write-back and upload, after which the host may read and write it (before evaluating,
-  // saving, at the end of a run; blocks still held by a walk cut short are released first). Between walks the upload stream may be
-  // reading the Model's storage (the next walk's first blocks, prefetched): write it only after
-  // sync_to_host(), then call reload_from_host().
+  // write-back and upload, after which the host may read and write it (before evaluating, saving,
+  // at the end of a run; blocks still held by a walk cut short are released first). Between walks
+  // the upload stream may be reading the Model's storage (the next walk's first blocks,
+  // prefetched): write it only after sync_to_host(), then call reload_from_host().
   void sync_to_host();
   // The host master changed: drop every device copy (they are uploaded again when acquired).
   void reload_from_host();

@@ -1,6 +1,7 @@
-// The zeroth-order step (two-point SPSA, as MeZO) written as one walk over blocks that carries
-// both perturbed hidden states (+eps and -eps, for each of q directions) through each block
-// while its weights are at hand (ZO2's "dual forward"). The previous step's update is applied
+// The zeroth-order step (two-point SPSA as MeZO, or one-sided; ZO-SGD, momentum or Adam updates)
+// written as one walk over blocks that carries both perturbed hidden states (+eps and -eps, for
+// each of q directions) through each block while its weights are at hand (ZO2's "dual
+// forward"). The previous step's update is applied
 // to a block as the walk reaches it, fused with the next perturbation in one memory pass; z is
 // regenerated from (seed, step, query, tensor, element), never stored. Streaming, pipelining
 // and the GPU are schedules of this same walk.
@@ -60,7 +61,9 @@ struct PendingUpdate {
   std::vector<ZOUpdateTerm> terms;
   float lr_wd = 0.f;
   float lr = 0.f, wd = 0.f;  // stateful optimizers
-  uint32_t t = 0;            // stateful optimizers: this is update number t (1-based)
+  // Stateful optimizers: Adam's bias corrections use t = step + 1, the step number (counting
+  // steps whose update was skipped as non-finite; replay counts the same way).
+  uint32_t t = 0;
   bool empty() const { return terms.empty(); }
 };
 
@@ -149,6 +152,7 @@ class ZOEngine {
   void head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
                  const int32_t* targets, double& sum_plus, double& sum_minus);
   Model::ParamLocator copy_locator(const float* base, const float* tokens) const;
+  void release_buffers();  // frees every buffer allocated so far
   // The key of query j at step with this engine's distribution, and a key's copy with tensor
   // pi's Sparse MeZO mask.
   ZKey key(uint32_t step, int j) const;

@@ -38,7 +38,12 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_rows)
   const int64_t sizes[NBUF] = {max_rows * E,  max_rows * Hq, max_rows * Hk,
                                max_rows * Hk, max_rows * Hq, max_rows * E,
                                max_rows * F,  max_rows * F,  kHeadChunk * cfg_.vocab_size};
-  for (int i = 0; i < NBUF; ++i) bufs_.push_back((float*)be_.alloc(sizes[i] * sizeof(float)));
+  try {
+    for (int i = 0; i < NBUF; ++i) bufs_.push_back((float*)be_.alloc(sizes[i] * sizeof(float)));
+  } catch (...) {  // a device budget ran out part way: give back what was taken
+    for (float* p : bufs_) be_.free(p);
+    throw;
+  }
 }
 
 Forward::~Forward() {

@@ -627,7 +627,8 @@ struct BasicJVPEstimator<T>::Impl {
       dqkv.assign(R * 3 * C, T(0));
     }
     if constexpr (std::is_same_v<T, float>)
-      mmtmp.assign(std::max(R, kHeadChunk) * std::max({3 * C, I, Hq, CE, V}), 0.f);
+      // The largest product: a layer's (R rows) or the LM head's (kHeadChunk rows of V).
+      mmtmp.assign(std::max(R * std::max({3 * C, I, Hq, CE}), kHeadChunk * V), 0.f);
     for (auto* b : {&hs, &dhs, &hn, &dhn, &ho, &dho}) b->assign(kHeadChunk * CE, T(0));
     logits.assign(kHeadChunk * V, T(0));
     dlogits.assign(kHeadChunk * V, T(0));

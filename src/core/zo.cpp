@@ -32,80 +32,87 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
       fwd_(model, backend, max_rows),
       opt_(opt),
       max_rows_(max_rows) {
-  ZOF_CHECK(opt.queries >= 1, "--queries must be at least 1");
-  ZOF_CHECK(opt.eps > 0 && std::isfinite(opt.eps), "--eps must be a positive number");
-  const auto& params = model_.params();
-  const auto& cfg = model_.config();
-  tok_ = model_.token_table();
-  lm_ = model_.lm_head();
-  ZOF_ASSERT(tok_ >= 0 && lm_ >= 0);
-  // Block copies hold every parameter but the two big tables, 16-float aligned.
-  copy_off_.assign(params.size(), -1);
-  int64_t copy_size = 1;
-  for (const Block& blk : model_.blocks()) {
-    int64_t off = 0;
-    for (int pi : blk.params) {
-      if (pi == tok_ || pi == lm_) continue;
-      copy_off_[pi] = off;
-      off += (params[pi].numel + 15) / 16 * 16;
+  // A constructor that throws gets no destructor: whatever was allocated before the failure (a
+  // device budget running out part way, a bad option) is given back here.
+  try {
+    ZOF_CHECK(opt.queries >= 1, "--queries must be at least 1");
+    ZOF_CHECK(opt.eps > 0 && std::isfinite(opt.eps), "--eps must be a positive number");
+    ZOF_CHECK(opt.sparsity >= 0.f && opt.sparsity < 1.f,
+              "--sparsity must be in [0, 1): the fraction of each weight matrix left unperturbed");
+    const auto& params = model_.params();
+    const auto& cfg = model_.config();
+    tok_ = model_.token_table();
+    lm_ = model_.lm_head();
+    ZOF_ASSERT(tok_ >= 0 && lm_ >= 0);
+    // Block copies hold every parameter but the two big tables, 16-float aligned.
+    copy_off_.assign(params.size(), -1);
+    int64_t copy_size = 1;
+    for (const Block& blk : model_.blocks()) {
+      int64_t off = 0;
+      for (int pi : blk.params) {
+        if (pi == tok_ || pi == lm_) continue;
+        copy_off_[pi] = off;
+        off += (params[pi].numel + 15) / 16 * 16;
+      }
+      copy_size = std::max(copy_size, off);
     }
-    copy_size = std::max(copy_size, off);
-  }
-  const int64_t Et = params[tok_].shape[1], El = params[lm_].shape[1], V = cfg.vocab_size;
-  // A chunk of about 4 MB of the LM head, a multiple of 64 rows (the GEMM's N).
-  vocab_chunk_ = opt.vocab_chunk > 0 ? std::min(V, opt.vocab_chunk)
-                 : std::min<int64_t>(V, std::max<int64_t>(64, ((1 << 20) / El) / 64 * 64));
-  auto alloc = [&](int64_t n) { return (float*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(float)); };
-  blk_plus_ = alloc(copy_size);
-  blk_minus_ = alloc(copy_size);
-  tok_plus_ = alloc(max_rows * Et);
-  tok_minus_ = alloc(max_rows * Et);
-  w_plus_ = alloc(vocab_chunk_ * El);
-  w_minus_ = alloc(vocab_chunk_ * El);
-  logit_plus_ = alloc(max_rows * vocab_chunk_);
-  logit_minus_ = alloc(max_rows * vocab_chunk_);
-  x_plus_ = alloc(max_rows * El);
-  x_minus_ = alloc(max_rows * El);
-  ce_state_ = alloc(6 * max_rows);
-  for (int j = 0; j < opt.queries; ++j) {
-    h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
-    h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
-  }
-  ZOF_CHECK(opt.sparsity >= 0.f && opt.sparsity < 1.f,
-            "--sparsity must be in [0, 1): the fraction of each weight matrix left unperturbed");
-  // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
-  // entries above it (the largest) are left alone.
-  mask_.assign(params.size(), std::numeric_limits<float>::infinity());
-  if (opt.sparsity > 0.f) {
-    std::vector<float> mag;
-    for (size_t pi = 0; pi < params.size(); ++pi) {
-      const Param& p = params[pi];
-      if (p.shape.size() < 2) continue;
-      mag.resize(p.numel);
-      for (int64_t i = 0; i < p.numel; ++i) mag[i] = std::fabs(p.data[i]);
-      const int64_t k = std::min<int64_t>(p.numel - 1, (int64_t)((1.0 - opt.sparsity) * p.numel));
-      std::nth_element(mag.begin(), mag.begin() + k, mag.end());
-      mask_[pi] = mag[k];
+    const int64_t Et = params[tok_].shape[1], El = params[lm_].shape[1], V = cfg.vocab_size;
+    // A chunk of about 4 MB of the LM head, a multiple of 64 rows (the GEMM's N).
+    vocab_chunk_ = opt.vocab_chunk > 0 ? std::min(V, opt.vocab_chunk)
+                   : std::min<int64_t>(V, std::max<int64_t>(64, ((1 << 20) / El) / 64 * 64));
+    auto alloc = [&](int64_t n) { return (float*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(float)); };
+    blk_plus_ = alloc(copy_size);
+    blk_minus_ = alloc(copy_size);
+    tok_plus_ = alloc(max_rows * Et);
+    tok_minus_ = alloc(max_rows * Et);
+    w_plus_ = alloc(vocab_chunk_ * El);
+    w_minus_ = alloc(vocab_chunk_ * El);
+    logit_plus_ = alloc(max_rows * vocab_chunk_);
+    logit_minus_ = alloc(max_rows * vocab_chunk_);
+    x_plus_ = alloc(max_rows * El);
+    x_minus_ = alloc(max_rows * El);
+    ce_state_ = alloc(6 * max_rows);
+    for (int j = 0; j < opt.queries; ++j) {
+      h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
+      h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
     }
+    // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
+    // entries above it (the largest) are left alone.
+    mask_.assign(params.size(), std::numeric_limits<float>::infinity());
+    if (opt.sparsity > 0.f) {
+      std::vector<float> mag;
+      for (size_t pi = 0; pi < params.size(); ++pi) {
+        const Param& p = params[pi];
+        if (p.shape.size() < 2) continue;
+        mag.resize(p.numel);
+        for (int64_t i = 0; i < p.numel; ++i) mag[i] = std::fabs(p.data[i]);
+        const int64_t k = std::min<int64_t>(p.numel - 1, (int64_t)((1.0 - opt.sparsity) * p.numel));
+        std::nth_element(mag.begin(), mag.begin() + k, mag.end());
+        mask_[pi] = mag[k];
+      }
+    }
+    if (opt.optimizer != ZOStepOptions::Optimizer::SGD) {
+      const int64_t n = model_.storage_size();
+      auto zeroed = [&] {
+        float* p = alloc(n);
+        const std::vector<float> zeros(std::min<int64_t>(n, 1 << 20), 0.f);
+        for (int64_t i = 0; i < n; i += (int64_t)zeros.size())
+          be_.copy_to_device(p + i, zeros.data(),
+                             std::min<int64_t>((int64_t)zeros.size(), n - i) * sizeof(float), nullptr);
+        return p;
+      };
+      m_ = zeroed();
+      if (opt.optimizer == ZOStepOptions::Optimizer::Adam) v_ = zeroed();
+    }
+    const size_t free1 = be_.free_memory();
+    buffer_bytes_ = free0_ > free1 ? free0_ - free1 : 0;
+    for (int b = 0; b < (int)model_.blocks().size(); ++b)
+      for (int pi : model_.blocks()[b].params)
+        if (pi == lm_) lm_block_ = b;
+  } catch (...) {
+    release_buffers();
+    throw;
   }
-  if (opt.optimizer != ZOStepOptions::Optimizer::SGD) {
-    const int64_t n = model_.storage_size();
-    auto zeroed = [&] {
-      float* p = alloc(n);
-      const std::vector<float> zeros(std::min<int64_t>(n, 1 << 20), 0.f);
-      for (int64_t i = 0; i < n; i += (int64_t)zeros.size())
-        be_.copy_to_device(p + i, zeros.data(),
-                           std::min<int64_t>((int64_t)zeros.size(), n - i) * sizeof(float), nullptr);
-      return p;
-    };
-    m_ = zeroed();
-    if (opt.optimizer == ZOStepOptions::Optimizer::Adam) v_ = zeroed();
-  }
-  const size_t free1 = be_.free_memory();
-  buffer_bytes_ = free0_ > free1 ? free0_ - free1 : 0;
-  for (int b = 0; b < (int)model_.blocks().size(); ++b)
-    for (int pi : model_.blocks()[b].params)
-      if (pi == lm_) lm_block_ = b;
 }
 
 ZOEngine::~ZOEngine() {
@@ -116,13 +123,19 @@ ZOEngine::~ZOEngine() {
     }
     stream_.reset();
   }
-  for (float* p : {blk_plus_, blk_minus_, tok_plus_, tok_minus_, w_plus_, w_minus_, logit_plus_,
-                   logit_minus_, x_plus_, x_minus_, ce_state_})
-    be_.free(p);
+  release_buffers();
+}
+
+void ZOEngine::release_buffers() {
+  for (float** p : {&blk_plus_, &blk_minus_, &tok_plus_, &tok_minus_, &w_plus_, &w_minus_,
+                    &logit_plus_, &logit_minus_, &x_plus_, &x_minus_, &ce_state_, &m_, &v_}) {
+    if (*p) be_.free(*p);
+    *p = nullptr;
+  }
   for (float* p : h_plus_) be_.free(p);
   for (float* p : h_minus_) be_.free(p);
-  if (m_) be_.free(m_);
-  if (v_) be_.free(v_);
+  h_plus_.clear();
+  h_minus_.clear();
 }
 
 ZKey ZOEngine::key(uint32_t step, int j) const {
@@ -263,8 +276,13 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
     be_.cross_entropy_chunk(logit_minus_, tg.data(), n, nv, v0, mm, sm, tm);
   }
   for (int64_t i = 0; i < n; ++i) {
-    sum_plus += (double)(mp[i] + std::log(sp[i]) - tp[i]);
-    if (minus) sum_minus += (double)(mm[i] + std::log(sm[i]) - tm[i]);
+    // Each row's nll is formed in double (max and target logit are large and close: GPT-2's
+    // logits sit near -100, where a float sum would round at 1e-5) and then rounded to float:
+    // sums of floats in double are exact here, so the total does not depend on how rows are
+    // split between micro-batches or data-parallel ranks.
+    sum_plus += (double)(float)(((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]));
+    if (minus)
+      sum_minus += (double)(float)(((double)mm[i] - (double)tm[i]) + std::log((double)sm[i]));
   }
 }
 
@@ -288,15 +306,31 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   const int li_lo = std::max(0, first_blk - 1), li_hi = std::min<int>((int)cfg.num_layers, last_blk);
   std::vector<int32_t> pos, local;
   std::vector<uint8_t> mask;
+  // Every input is checked before the walk changes anything: the pending update is applied
+  // block by block as the walk goes, so an error part way would leave it half applied.
+  const int64_t V = cfg.vocab_size;
+  for (const LossBatch& lb : micro) {
+    const int64_t rows = lb.batch.B * lb.batch.T;
+    ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
+                                     " tokens exceeds the engine's capacity of " +
+                                     std::to_string(max_rows_));
+    ZOF_ASSERT((int64_t)lb.targets.size() == rows && (int64_t)lb.batch.ids.size() == rows);
+    ZOF_CHECK(lb.batch.T <= cfg.max_position,
+              "a sequence of " + std::to_string(lb.batch.T) + " tokens is beyond the model's " +
+                  "context of " + std::to_string(cfg.max_position) + " (max_position_embeddings)");
+    for (int64_t i = 0; i < rows; ++i) {
+      ZOF_CHECK(lb.batch.ids[i] >= 0 && lb.batch.ids[i] < V,
+                "token id " + std::to_string(lb.batch.ids[i]) +
+                    " is outside the model's vocabulary of " + std::to_string(V));
+      ZOF_CHECK(lb.targets[i] < V, "target token id " + std::to_string(lb.targets[i]) +
+                                       " is outside the vocabulary of " + std::to_string(V));
+    }
+  }
   if (stream_) stream_->begin_walk(walk_order(micro.size()));
 
   for (size_t mb = 0; mb < micro.size(); ++mb) {
     const Batch& b = micro[mb].batch;
     const int64_t rows = b.B * b.T;
-    ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
-                                     " tokens exceeds the engine's capacity of " +
-                                     std::to_string(max_rows_));
-    ZOF_ASSERT((int64_t)micro[mb].targets.size() == rows);
     pos.resize(rows);
     mask.resize(rows);
     for (int64_t i = 0; i < b.B; ++i)
@@ -482,8 +516,9 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
   const size_t weights = std::min(budget - buffer_bytes_, free_now);
   ZOF_CHECK(weights >= slots, "the device has " + format_bytes(free_now) +
                                   " free after the engine's buffers, less than the " +
-                                  format_bytes(slots) + " that streaming needs; lower --gpu-mem, " +
-                                  "--batch or --seq-len");
+                                  format_bytes(slots) + " that streaming needs (two slots of " +
+                                  "the largest block); free device memory (other processes), or " +
+                                  "lower --batch or --seq-len");
   stream_ = std::make_unique<BlockStreamer>(model_, be_, weights);
 }
 

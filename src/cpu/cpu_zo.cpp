@@ -1,6 +1,8 @@
 // Zeroth-order parameter passes on host memory: the pending update and the next perturbation in
-// one read of theta, with z regenerated from Philox (never stored). Chunks of 64 elements use
-// the lane-parallel z_groups16 (vectorized), the tail the scalar z_group: the same bits.
+// one read of theta, with z regenerated from Philox (never stored), 64 elements at a time through
+// the lane-parallel z_groups16 (vectorized): the bits of the scalar z_group. Compiled with
+// -ffp-contract=off (CMakeLists.txt), as zo.cu with --fmad=false: every multiply-add that is
+// fused is an explicit fmaf, on both sides, so the host and the GPU produce the same weights.
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -151,7 +153,7 @@ inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int6
       m[base + l] = mm;
       v[base + l] = vv;
       const float step = mm * o.bc1 / (std::sqrt(vv * o.bc2) + o.eps);
-      theta[base + l] = th[l] - o.lr * fmaf(o.wd, th[l], step);
+      theta[base + l] = fmaf(-o.lr, fmaf(o.wd, th[l], step), th[l]);  // as zo.cu: one rounding
     }
   }
 }

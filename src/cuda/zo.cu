@@ -77,7 +77,7 @@ __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first,
         m[i0 + l] = mm;
         v[i0 + l] = vv;
         const float step = mm * o.bc1 / (sqrtf(vv * o.bc2) + o.eps);
-        theta[i0 + l] = th[l] - o.lr * fmaf(o.wd, th[l], step);
+        theta[i0 + l] = fmaf(-o.lr, fmaf(o.wd, th[l], step), th[l]);  // as the host: one rounding
       }
     }
   }

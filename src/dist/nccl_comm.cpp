@@ -82,8 +82,10 @@ class NcclComm final : public Communicator {
         const ncclResult_t r = ncclCommDestroy(comm_);  // local, never waits after Finalize
         if (r != ncclSuccess && r != ncclInProgress) fail(r, "ncclCommDestroy(comm_)", __LINE__);
       } else {
-        // This rank is leaving early; the peers may never reach the teardown.
-        ncclCommAbort(comm_);
+        // This rank is leaving early (an error is on its way out): no teardown at all. The
+        // peers may never reach it, and ncclCommAbort can itself wait on a lost peer; the
+        // process exit releases the communicator and its buffers.
+        return;
       }
     }
     if (dev_) cudaFree(dev_);

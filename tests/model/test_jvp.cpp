@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "golden_batch.h"
 #include "zof/backend.h"
 #include "zof/forward.h"
 #include "zof/jvp.h"
@@ -26,9 +27,9 @@ using zof::test::run_command;
 
 namespace {
 
-std::string golden_dir(const std::string& name) {
-  return zof::test::source_dir() + "/tests/golden/" + name;
-}
+using zof::test::golden_batch;
+using zof::test::golden_dir;
+
 std::string stories() { return zof::test::assets_dir() + "/models/stories260K"; }
 // Where a golden model's weights live (stories260K's are not copied into tests/golden).
 std::string model_dir(const std::string& name) {
@@ -38,18 +39,6 @@ std::string model_dir(const std::string& name) {
 json golden_json(const std::string& name) {
   std::ifstream f(golden_dir(name) + "/golden.json");
   return json::parse(f);
-}
-
-// The golden batch of a model (right-padded rows), with next-token targets.
-zof::LossBatch golden_batch(const std::string& name) {
-  const json g = golden_json(name);
-  std::vector<std::vector<int32_t>> seqs;
-  for (size_t b = 0; b < g["input_ids"].size(); ++b) {
-    std::vector<int32_t> s;
-    for (int t = 0; t < g["lengths"][b].get<int>(); ++t) s.push_back(g["input_ids"][b][t]);
-    seqs.push_back(s);
-  }
-  return zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
 }
 
 // grad . z(key) in float64 from PyTorch's gradient of the mean NLL (Hugging Face layout).

@@ -219,7 +219,6 @@ TEST(Streaming, SlowCopiesChangeNothing) {
     EXPECT_EQ(s.losses[step].sum_plus, plain.losses[step].sum_plus);
   EXPECT_EQ(std::memcmp(s.weights.data(), plain.weights.data(), s.weights.size() * 4), 0);
   EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
-  EXPECT_GT(s.sim.compute_wait_s, 0.0);
   EXPECT_LE(s.sim.peak, sz.minimum);
 }
 
@@ -242,16 +241,23 @@ TEST(Streaming, BudgetBelowTheMinimumIsRefused) {
     EXPECT_NE(msg.find("minimum of " + std::to_string(sz.minimum) + " bytes"), std::string::npos)
         << msg;
   }
-  // A device too small for the engine's own buffers fails when they are allocated (at the first
-  // one: Forward's constructor does not free what it allocated before a failure).
-  so.budget = 1024;
-  auto tiny = zof::make_sim_device(zof::make_cpu_backend(0), so);
-  try {
-    zof::ZOEngine e2(m, *tiny, max_rows(mb), o);
-    FAIL() << "the engine's buffers fit in 1 KiB";
-  } catch (const zof::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--gpu-mem"), std::string::npos) << e.what();
+  // A device too small for the engine's own buffers fails when they are allocated, at the first
+  // one or part way through (in Forward's buffers or the engine's): whatever was allocated
+  // before the failure is given back.
+  int part_way = 0;
+  for (size_t budget : {size_t(1024), sz.minimum / 8, sz.minimum / 3, sz.minimum / 2}) {
+    so.budget = budget;
+    auto tiny = zof::make_sim_device(zof::make_cpu_backend(0), so);
+    try {
+      zof::ZOEngine e2(m, *tiny, max_rows(mb), o);
+      FAIL() << "the engine's buffers fit in " << budget << " bytes";
+    } catch (const zof::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--gpu-mem"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(tiny->stats().in_use, 0u) << "budget " << budget << ": a failed engine kept memory";
+    part_way += tiny->stats().peak > 0;
   }
+  EXPECT_GE(part_way, 2);  // the larger budgets failed after some buffers were allocated
 }
 
 // A walk cut short by an error (a token id outside the vocabulary, found with the embedding

@@ -155,15 +155,21 @@ TEST(ZOStep, SpsaApproachesDirectionalDerivative) {
     const zof::LossBatch lb = golden_batch(name);
     auto be = zof::make_cpu_backend(0);
     std::vector<double> err;
-    // Measured: llama_gqa err 0.61, 0.053, 0.0058 (dd 7.35); gpt2 0.035, 9e-4, 6e-5 (dd 1.21):
-    // the O(eps^2) bias of the central difference; below 1e-3 fp32 noise of the losses wins.
+    double loss = 0;
+    // Measured: llama_gqa err 0.61, 0.053, 0.0058 (dd 7.35); gpt2 0.035, 9e-4, 6e-5 to 2.6e-4
+    // (dd 1.21): the O(eps^2) bias of the central difference, until the fp32 rounding of the
+    // losses (about 1e-7 L, divided by 2 eps) takes over: for gpt2 that floor is ~3e-4 at eps
+    // 1e-3, and where it lands depends on the compiler's vectorization.
     for (float eps : {1e-2f, 3e-3f, 1e-3f}) {
       zof::ZOEngine eng(m, *be, lb.batch.B * lb.batch.T, zof::ZOStepOptions{eps, 0.f, 1, seed});
-      auto g = eng.projected_gradients(eng.perturbed_losses(3, {lb}));
+      const auto ql = eng.perturbed_losses(3, {lb});
+      auto g = eng.projected_gradients(ql);
       err.push_back(std::fabs(g[0] - dd));
+      loss = 0.5 * (ql.sum_plus[0] + ql.sum_minus[0]) / ql.count;
     }
+    const double noise = 2e-7 * loss / (2 * 1e-3);
     EXPECT_LT(err[1], err[0] / 4) << name;  // quadratic convergence: (10/3)^2 = 11
-    EXPECT_LT(err[2], err[1] / 4) << name;
+    EXPECT_LT(err[2], std::max(err[1] / 4, noise)) << name << " noise floor " << noise;
     EXPECT_LT(err[2], 2e-3 * std::fabs(dd) + 1e-4) << name << " dd=" << dd;
   }
 }

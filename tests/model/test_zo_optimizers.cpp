@@ -56,9 +56,9 @@ TEST(ZDistribution, SparseMaskZeroesLargeWeights) {
     ASSERT_EQ(theta[i], want) << i;
     const bool small1 = std::fabs(theta[i]) <= 0.5f;
     kept += small1;
-    if (!small1) ASSERT_EQ(plus[i], theta[i]) << i;
-    if (!small1) ASSERT_EQ(minus[i], theta[i]) << i;
-    if (small1) ASSERT_EQ(plus[i], zof::zo_perturbed(theta[i], zof::z_element(cur, 2, (uint64_t)i), 0.01f));
+    const float z = small1 ? zof::z_element(cur, 2, (uint64_t)i) : 0.f;
+    ASSERT_EQ(plus[i], zof::zo_perturbed(theta[i], z, 0.01f)) << i;
+    ASSERT_EQ(minus[i], zof::zo_perturbed(theta[i], z, -0.01f)) << i;
   }
   EXPECT_GT(kept, n / 3);
   EXPECT_LT(kept, n);
@@ -206,10 +206,11 @@ TEST_P(ZOOptionsVsReference, ThreeStepsAgree) {
   // Sparse MeZO leaves about `sparsity` of each matrix untouched (weight decay aside); dense
   // updates touch almost all.
   const double frac = (double)unchanged / (double)matrix_elems;
-  if (c.sparsity > 0 && c.wd == 0)
+  if (c.sparsity > 0 && c.wd == 0) {
     EXPECT_NEAR(frac, c.sparsity, 0.05);
-  else if (c.sparsity == 0)
+  } else if (c.sparsity == 0) {
     EXPECT_LT(frac, 0.05);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda/op_math.h"
+#include "golden_batch.h"
 #include "gpu/device_walk.h"
 #include "zof/backend.h"
 #include "zof/cuda.h"
@@ -303,17 +304,7 @@ TEST(CudaMath, DeviceQueryNeverThrows) {
 
 // ---- the device walk over the CPU backend -------------------------------------------------------
 
-zof::LossBatch golden_batch(const std::string& name) {
-  std::ifstream f(std::string(ZOF_SOURCE_DIR) + "/tests/golden/" + name + "/golden.json");
-  const auto g = nlohmann::json::parse(f);
-  std::vector<std::vector<int32_t>> seqs;
-  for (size_t b = 0; b < g["input_ids"].size(); ++b) {
-    std::vector<int32_t> s;
-    for (int t = 0; t < g["lengths"][b].get<int>(); ++t) s.push_back(g["input_ids"][b][t]);
-    seqs.push_back(s);
-  }
-  return zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
-}
+using zof::test::golden_batch;
 
 class DeviceWalk : public ::testing::TestWithParam<std::string> {};
 
