@@ -12,6 +12,7 @@ table.md (final held-out ppl, wall time, peak memory, command), and prints the t
 
   python3 bench/zo_study.py                      # defaults: 2000 forward passes per variant
   python3 bench/zo_study.py --passes 4000 --only spsa,adam
+  python3 bench/zo_study.py --lr-scale 2 --out runs/study-x2   # one point of a learning-rate sweep
 """
 import argparse
 import csv
@@ -43,7 +44,15 @@ def queries_of(flags):
     return int(f[f.index("--queries") + 1]) if "--queries" in f else 1
 
 
+def scale_lr(flags, k):
+    f = flags.split()
+    i = f.index("--lr") + 1
+    f[i] = f"{float(f[i]) * k:g}"
+    return " ".join(f)
+
+
 def run_variant(a, name, flags, per_step):
+    flags = scale_lr(flags, a.lr_scale)
     q = queries_of(flags)
     steps = max(1, a.passes // per_step(q))
     out = os.path.join(a.out, name)
@@ -148,6 +157,8 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default="", help="comma-separated variant names")
+    p.add_argument("--lr-scale", type=float, default=1.0,
+                   help="multiply every variant's learning rate (for a sweep: run 0.5, 1, 2)")
     a = p.parse_args()
     if not os.path.exists(a.zof):
         raise SystemExit(f"{a.zof} not found: build it first (bash scripts/build.sh zof)")
