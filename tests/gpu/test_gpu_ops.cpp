@@ -600,4 +600,103 @@ TEST(GpuZO, FusedUpdateAndPerturbationEqualHost) {
   }
 }
 
+// The options of the ZO step on the device, bit for bit against the host: a sub-range at an odd
+// first element, Rademacher z, Sparse MeZO's mask (update and perturbation), and the momentum
+// and Adam updates through optimizer state.
+TEST(GpuZO, SubRangeRademacherMaskAndOptimizerStateEqualHost) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  const int64_t total = 300007;
+  for (auto [first, n] : {std::pair<int64_t, int64_t>{0, total}, {3, 1001}, {129, 200000}}) {
+    for (uint32_t dist : {zof::kZGaussian, zof::kZRademacher}) {
+      for (float mask : {std::numeric_limits<float>::infinity(), 0.05f}) {
+        const auto theta0 = uniform(size_t(total), -0.1f, 0.1f, 41);
+        std::vector<zof::ZOUpdateTerm> upd;
+        for (int j = 0; j < 2; ++j) {
+          zof::ZKey k{7, 4, uint32_t(j)};
+          k.dist = dist;
+          k.mask = mask;
+          upd.push_back({k, 2e-3f * float(j + 1)});
+        }
+        zof::ZKey cur{7, 5, 0};
+        cur.dist = dist;
+        cur.mask = mask;
+        const std::string what = "first=" + std::to_string(first) + " n=" + std::to_string(n) +
+                                 " dist=" + std::to_string(dist) + " mask=" + std::to_string(mask);
+        // The fused SGD pass.
+        auto th_host = theta0;
+        std::vector<float> ph(static_cast<size_t>(n)), mh(static_cast<size_t>(n));
+        zof::zo_pass_host(th_host.data() + first, n, 9, first, upd.data(), 2, 1e-5f, &cur, 1e-3f,
+                          ph.data(), mh.data());
+        Device dev(*be);
+        float* th = dev.put(theta0);
+        float* plus = dev.output(size_t(n));
+        float* minus = dev.output(size_t(n));
+        be->zo_pass(th + first, n, 9, first, upd.data(), 2, 1e-5f, &cur, 1e-3f, plus, minus);
+        EXPECT_TRUE(bit_identical(th_host, dev.get(th, size_t(total)))) << "theta " << what;
+        EXPECT_TRUE(bit_identical(ph, dev.get(plus, size_t(n)))) << "plus " << what;
+        EXPECT_TRUE(bit_identical(mh, dev.get(minus, size_t(n)))) << "minus " << what;
+        // Momentum and Adam through state (two updates, so the state carries over).
+        for (int kind : {zof::ZOOptimizer::Momentum, zof::ZOOptimizer::Adam}) {
+          zof::ZOOptimizer o;
+          o.kind = kind;
+          o.lr = 1e-3f;
+          o.wd = 0.01f;
+          o.bc1 = 10.f;
+          o.bc2 = 1000.f;
+          auto t_host = theta0;
+          std::vector<float> m_host(size_t(total), 0.f), v_host(size_t(total), 0.f);
+          float* t_dev = dev.put(theta0);
+          float* m_dev = dev.put(m_host);
+          float* v_dev = dev.put(v_host);
+          for (int rep = 0; rep < 2; ++rep) {
+            zof::zo_update_state_host(t_host.data() + first, m_host.data() + first,
+                                      v_host.data() + first, n, 9, first, upd.data(), 2, o);
+            be->zo_update_state(t_dev + first, m_dev + first, v_dev + first, n, 9, first,
+                                upd.data(), 2, o);
+          }
+          EXPECT_TRUE(bit_identical(t_host, dev.get(t_dev, size_t(total)))) << kind << " " << what;
+          EXPECT_TRUE(bit_identical(m_host, dev.get(m_dev, size_t(total)))) << kind << " " << what;
+          EXPECT_TRUE(bit_identical(v_host, dev.get(v_dev, size_t(total)))) << kind << " " << what;
+        }
+      }
+    }
+  }
+}
+
+// The online softmax over vocabulary chunks on the device equals the host's fold.
+TEST(GpuOps, CrossEntropyChunkEqualsHost) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  const int64_t rows = 37, vocab = 50257, chunk = 1344;
+  const auto logits = uniform(size_t(rows * vocab), -30.f, 30.f, 42);
+  std::vector<int32_t> targets(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) targets[r] = int32_t((r * 7919) % vocab);
+  targets[5] = -100;
+  std::vector<float> init(3 * size_t(rows), 0.f);
+  for (int64_t r = 0; r < rows; ++r) init[r] = -std::numeric_limits<float>::infinity();
+  auto host = zof::make_cpu_backend(1);
+  std::vector<float> st_host = init;
+  Device dev(*be);
+  float* st = dev.put(init);
+  const int32_t* tg = dev.put(targets);
+  for (int64_t v0 = 0; v0 < vocab; v0 += chunk) {
+    const int64_t nv = std::min(chunk, vocab - v0);
+    std::vector<float> part(size_t(rows * nv));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(logits.begin() + r * vocab + v0, nv, part.begin() + r * nv);
+    host->cross_entropy_chunk(part.data(), targets.data(), rows, nv, v0, st_host.data(),
+                              st_host.data() + rows, st_host.data() + 2 * rows);
+    be->cross_entropy_chunk(dev.put(part), tg, rows, nv, v0, st, st + rows, st + 2 * rows);
+  }
+  const auto got = dev.get(st, 3 * size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) continue;
+    EXPECT_EQ(got[r], st_host[r]) << "max, row " << r;                  // exact: a max
+    EXPECT_EQ(got[2 * rows + r], st_host[2 * rows + r]) << "target, row " << r;  // a copy
+    // The sums differ in order (a block reduction against a SIMD loop): fp32 tolerance.
+    EXPECT_NEAR(got[rows + r], st_host[rows + r], 1e-5 * st_host[rows + r]) << "sum, row " << r;
+  }
+}
+
 }  // namespace
