@@ -18,6 +18,7 @@
 #include "zof/backend.h"
 #include "zof/config.h"
 #include "zof/error.h"
+#include "zof/forward.h"
 
 namespace zof_bench {
 
@@ -262,6 +263,39 @@ class GemmRate {
   std::vector<float> x_, w_, y_;
   std::vector<double> samples_;
 };
+
+// B sequences of T uniformly random token ids below vocab, all of full length.
+inline zof::Batch random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  zof::Batch batch;
+  batch.B = B;
+  batch.T = T;
+  batch.lengths.assign(B, int32_t(T));
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(vocab - 1));
+  batch.ids.resize(B * T);
+  for (auto& id : batch.ids) id = tok(rng);
+  return batch;
+}
+
+// The ops a TimingBackend saw over `runs` runs that took `total` seconds each, slowest first:
+// calls and milliseconds per run, share of the run, GFLOP/s where counted; then the time outside
+// backend ops.
+inline void print_op_table(const TimingBackend& tb, double total, int runs) {
+  std::vector<std::pair<std::string, TimingBackend::Entry>> v(tb.entries.begin(), tb.entries.end());
+  std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.seconds > b.second.seconds; });
+  std::printf("  %-34s %8s %10s %7s %9s\n", "op", "calls", "ms/run", "share", "GFLOP/s");
+  double in_ops = 0;
+  for (auto& [k, e] : v) {
+    const double s = e.seconds / runs;
+    in_ops += s;
+    std::printf("  %-34s %8ld %10.1f %6.1f%% ", k.c_str(), long(e.calls / runs), s * 1e3,
+                100 * s / total);
+    if (e.flop > 0) std::printf("%9.1f", e.flop / e.seconds * 1e-9);
+    std::printf("\n");
+  }
+  std::printf("  %-34s %8s %10.1f %6.1f%%\n", "(outside backend ops)", "", (total - in_ops) * 1e3,
+              100 * (total - in_ops) / total);
+}
 
 // A field of /proc/self/status in bytes (VmRSS: resident now, VmHWM: peak resident); 0 where
 // /proc is missing.

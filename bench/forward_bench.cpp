@@ -55,22 +55,9 @@ void print_profile(const zof::Model& model, zof::Backend& inner, const zof::Batc
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) run();
   const double total = seconds_since(t0) / iters;
-  std::vector<std::pair<std::string, TimingBackend::Entry>> v(tb.entries.begin(), tb.entries.end());
-  std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.seconds > b.second.seconds; });
   std::printf("\nper-op time of %s (%d forwards, %.1f ms each):\n", logits ? "logits" : "next_token_nll",
               iters, total * 1e3);
-  std::printf("  %-34s %8s %10s %7s %9s\n", "op", "calls", "ms/fwd", "share", "GFLOP/s");
-  double in_ops = 0;
-  for (auto& [k, e] : v) {
-    const double s = e.seconds / iters;
-    in_ops += s;
-    std::printf("  %-34s %8ld %10.1f %6.1f%% ", k.c_str(), long(e.calls / iters), s * 1e3,
-                100 * s / total);
-    if (e.flop > 0) std::printf("%9.1f", e.flop / e.seconds * 1e-9);
-    std::printf("\n");
-  }
-  std::printf("  %-34s %8s %10.1f %6.1f%%\n", "(outside backend ops)", "", (total - in_ops) * 1e3,
-              100 * (total - in_ops) / total);
+  print_op_table(tb, total, iters);
 }
 
 struct Args {
@@ -100,16 +87,7 @@ int run(const Args& a) {
   zof::Model model = zof::Model::random(cfg, a.seed);
   const int64_t B = a.batch, T = a.seq, rows = B * T;
   zof::Forward fwd(model, *backend, rows);
-  zof::Batch batch;
-  batch.B = B;
-  batch.T = T;
-  batch.lengths.assign(B, int32_t(T));
-  {
-    std::mt19937_64 rng(a.seed + 1);
-    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
-    batch.ids.resize(rows);
-    for (auto& id : batch.ids) id = tok(rng);
-  }
+  const zof::Batch batch = random_batch(B, T, cfg.vocab_size, a.seed + 1);
 
   std::vector<float> nll, logits;
   gemm.clear();

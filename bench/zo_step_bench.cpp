@@ -67,17 +67,8 @@ int run(const Args& a) {
   zof::ZOEngine engine(model, tb, rows, zo);
   const double engine_bytes = (double)(tb.live_bytes - live0);
 
-  zof::Batch batch;
-  batch.B = B;
-  batch.T = T;
-  batch.lengths.assign(B, int32_t(T));
-  {
-    std::mt19937_64 rng(a.seed + 1);
-    std::uniform_int_distribution<int32_t> tok(0, int32_t(cfg.vocab_size - 1));
-    batch.ids.resize(rows);
-    for (auto& id : batch.ids) id = tok(rng);
-  }
-  const std::vector<zof::LossBatch> micro{zof::LossBatch::next_token(batch)};
+  const std::vector<zof::LossBatch> micro{
+      zof::LossBatch::next_token(random_batch(B, T, cfg.vocab_size, a.seed + 1))};
 
   uint32_t step = 0;
   double loss = 0;
@@ -129,18 +120,8 @@ int run(const Args& a) {
     auto t0 = std::chrono::steady_clock::now();
     zo_step();
     const double total = seconds_since(t0);
-    std::vector<std::pair<std::string, TimingBackend::Entry>> v(tb.entries.begin(),
-                                                                tb.entries.end());
-    std::sort(v.begin(), v.end(),
-              [](auto& x, auto& y) { return x.second.seconds > y.second.seconds; });
     std::printf("\nper-op time of one step (%.1f ms):\n", total * 1e3);
-    std::printf("  %-34s %8s %10s %7s %9s\n", "op", "calls", "ms", "share", "GFLOP/s");
-    for (auto& [k, e] : v) {
-      std::printf("  %-34s %8ld %10.1f %6.1f%% ", k.c_str(), long(e.calls), e.seconds * 1e3,
-                  100 * e.seconds / total);
-      if (e.flop > 0) std::printf("%9.1f", e.flop / e.seconds * 1e-9);
-      std::printf("\n");
-    }
+    print_op_table(tb, total, 1);
   }
   if (a.json) {
     json j = {{"impl", "zof"},

@@ -69,4 +69,30 @@ inline std::string read_file(const std::string& p) {
   return ss.str();
 }
 
+// Runs of `zof finetune` on stories260K and Tiny Shakespeare: dir_ is a fresh temporary directory
+// (removed afterwards) holding text.txt, the text's first 20 KB, which keeps a run to a second or
+// two. Fixtures that check more first call make_run_dir() from their own SetUp.
+class ShakespeareRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override { make_run_dir("zof_run"); }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  void make_run_dir(const std::string& prefix) {
+    ZOF_REQUIRE_PATH(assets_dir() + "/models/stories260K");
+    ZOF_REQUIRE_PATH(assets_dir() + "/data/tinyshakespeare/input.txt");
+    std::string name = prefix;  // appended piece by piece: GCC 12 warns (-Wrestrict, a false
+    name += '_';                 // positive) on one long chain of operator+ from a parameter
+    name += std::to_string(::getpid());
+    name += '_';
+    name += ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = std::filesystem::temp_directory_path() / name;
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    const std::string text = read_file(assets_dir() + "/data/tinyshakespeare/input.txt");
+    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
+  }
+  std::filesystem::path dir_;
+};
+
 }  // namespace zof::test

@@ -218,25 +218,12 @@ TEST(Jvp, BackendMatmulEqualsPlainLoops) {
 
 // ---- zof finetune --estimator jvp -------------------------------------------------------------
 
-class JvpFinetune : public ::testing::Test {
+class JvpFinetune : public zof::test::ShakespeareRunTest {
  protected:
-  void SetUp() override {
-    ZOF_REQUIRE_PATH(stories());
-    ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
-    dir_ = fs::temp_directory_path() /
-           ("zof_jvp_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string text = zof::test::read_file(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
-    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string args(const std::string& out) const {
     return " finetune --model " + stories() + " --task text --data " + (dir_ / "text.txt").string() +
            " --out " + out + " --batch 8 --seq-len 64 --seed 3 --eval-examples 16 --threads 2";
   }
-  fs::path dir_;
 };
 
 TEST_F(JvpFinetune, LearnsWritesMetricsAndReplays) {

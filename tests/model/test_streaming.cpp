@@ -377,18 +377,8 @@ TEST(Streaming, MemorySizes) {
 
 // ---- the CLI -------------------------------------------------------------------------------
 
-class StreamingCli : public ::testing::Test {
+class StreamingCli : public zof::test::ShakespeareRunTest {
  protected:
-  void SetUp() override {
-    ZOF_REQUIRE_PATH(model_dir("stories260K"));
-    ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
-    dir_ = fs::temp_directory_path() / ("zof_stream_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string text = zof::test::read_file(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
-    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   zof::test::CommandResult finetune(const std::string& out, const std::string& extra) {
     return zof::test::run_command(
         zof::test::zof_binary() + " finetune --model " + model_dir("stories260K") +
@@ -401,7 +391,6 @@ class StreamingCli : public ::testing::Test {
     const size_t start = out.rfind('\n', end);
     return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
   }
-  fs::path dir_;
 };
 
 TEST_F(StreamingCli, SimDeviceRunWritesTheSameModel) {

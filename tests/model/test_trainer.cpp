@@ -21,22 +21,8 @@ namespace {
 
 std::string stories() { return zof::test::assets_dir() + "/models/stories260K"; }
 
-class Finetune : public ::testing::Test {
+class Finetune : public zof::test::ShakespeareRunTest {
  protected:
-  void SetUp() override {
-    ZOF_REQUIRE_PATH(stories());
-    ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
-    dir_ = fs::temp_directory_path() /
-           ("zof_ft_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    // 20 KB of Tiny Shakespeare keeps each run to a second or two.
-    std::string text = zof::test::read_file(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
-    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string args(const std::string& out, int steps = 24, int threads = 0) const {
     return "finetune --model " + stories() + " --task text --data " + (dir_ / "text.txt").string() +
            " --out " + out + " --steps " + std::to_string(steps) +
@@ -61,7 +47,6 @@ class Finetune : public ::testing::Test {
   static std::string weights(const fs::path& dir) {
     return zof::test::read_file((dir / "model.safetensors").string());
   }
-  fs::path dir_;
 };
 
 TEST_F(Finetune, RunWritesAHuggingFaceModelAndSummary) {
@@ -202,8 +187,8 @@ TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
                                              "--sparsity 0.75 --one-sided --queries 2"};
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE(variants[v]);
-    const fs::path a = dir_ / ("a" + std::to_string(v)), b = dir_ / ("b" + std::to_string(v)),
-                   r = dir_ / ("r" + std::to_string(v));
+    const std::string n = std::to_string(v);
+    const fs::path a = dir_ / "a" += n, b = dir_ / "b" += n, r = dir_ / "r" += n;
     const std::string extra = " " + variants[v];
     auto ra = run_command(zof::test::zof_binary() + " " + args(a.string(), 14) + extra);
     ASSERT_EQ(ra.code, 0) << ra.err;

@@ -32,28 +32,18 @@ double now_s() {
       .count();
 }
 
-class Mpi : public ::testing::Test {
+class Mpi : public zof::test::ShakespeareRunTest {
  protected:
   void SetUp() override {
     if (run_command("command -v mpirun").code != 0) {
       if (zof::test::in_ci()) FAIL() << "mpirun is missing (scripts/setup.sh installs openmpi-bin)";
       GTEST_SKIP() << "mpirun is not installed";
     }
-    ZOF_REQUIRE_PATH(stories());
-    ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
     // Open MPI refuses root without these (CI containers run as root).
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-    dir_ = fs::temp_directory_path() /
-           ("zof_mpi_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string text =
-        zof::test::read_file(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
-    std::ofstream(dir_ / "text.txt") << text.substr(0, 20000);
+    make_run_dir("zof_mpi");
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // One thread per rank: the machine has few cores and the results do not depend on it.
   std::string args(const fs::path& out, int steps = 12, const std::string& extra = "") const {
@@ -95,7 +85,6 @@ class Mpi : public ::testing::Test {
     EXPECT_EQ(steps_of(a, "eval"), steps_of(b, "eval")) << a << " vs " << b;
     EXPECT_TRUE(weights(a) == weights(b)) << "final weights differ: " << a << " vs " << b;
   }
-  fs::path dir_;
 };
 
 TEST_F(Mpi, DataParallelTwoAndFourRanksEqualOneProcess) {
