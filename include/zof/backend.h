@@ -134,6 +134,41 @@ class Backend {
   virtual void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows,
                                    int64_t n, int64_t v0, float* max, float* sum, float* target,
                                    Stream* s = nullptr);
+
+  // ---- tangents: forward-mode AD of the ops above (jvp.h's estimator) ------------------------
+  // Each takes the primal inputs and their tangents along one direction (a null tangent is
+  // zero) and writes only the output tangent, fp32 in and out. Matrix products, RoPE and the
+  // embedding are linear and need no rule of their own: their tangent is the op applied to the
+  // tangents. The defaults run jvp_ops.h's host loops (double accumulation); device backends
+  // override them.
+  // dy = (dx r + x dr) w + x r dw, r = (mean(x^2) + eps)^-1/2, dr = -r^3 mean(x dx).
+  virtual void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                            float* dy, int64_t rows, int64_t dim, float eps, Stream* s = nullptr);
+  // dy = ((dx - dmean) r + (x - mean) dr) w + (x - mean) r dw + db, dr = -r^3 cov(x, dx).
+  virtual void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                              const float* db, float* dy, int64_t rows, int64_t dim, float eps,
+                              Stream* s = nullptr);
+  // The tangent of attention() with Tq = Tk = S and q_offset = 0 (a whole causal sequence):
+  // with p = softmax(s), s_j = scale q.k_j: dout = sum_j p_j (dv_j + (ds_j - sum_l p_l ds_l) v_j),
+  // ds_j = scale (dq.k_j + q.dk_j). Shapes and the key mask as attention(); D <= 256.
+  virtual void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
+                             const float* v, const float* dv, float* dout, const uint8_t* key_mask,
+                             int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
+                             Stream* s = nullptr);
+  // dout = silu'(gate) dgate up + silu(gate) dup.
+  virtual void silu_mul_jvp(const float* gate, const float* dgate, const float* up,
+                            const float* dup, float* dout, int64_t n, Stream* s = nullptr);
+  // dy = act'(x) dx for the in-place activations above (ReLU's slope is 0 at 0, as torch's).
+  virtual void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n,
+                             Stream* s = nullptr);
+  virtual void gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n,
+                            Stream* s = nullptr);
+  virtual void relu_jvp(const float* x, const float* dx, float* dy, int64_t n,
+                        Stream* s = nullptr);
+  // dnll(rows) = sum_v softmax(logits[r])_v dlogits[r][v] - dlogits[r][targets[r]]; targets < 0
+  // give 0.
+  virtual void cross_entropy_jvp(const float* logits, const float* dlogits, const int32_t* targets,
+                                 float* dnll, int64_t rows, int64_t vocab, Stream* s = nullptr);
 };
 
 // The host implementation of Backend::zo_pass (OpenMP over chunks of 64 elements).

@@ -303,6 +303,61 @@ class SimDeviceImpl final : public SimDevice {
            });
   }
 
+  // ---- tangents ------------------------------------------------------------------------------
+  void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
+                    int64_t rows, int64_t dim, float eps, Stream* s) override {
+    const int64_t n = rows * dim * F;
+    submit(s, {R(x, n), R(dx, n), R(w, dim * F), R(dw, dim * F), W(dy, n)},
+           [=, h = host_.get()] { h->rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, nullptr); });
+  }
+  void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                      const float* db, float* dy, int64_t rows, int64_t dim, float eps,
+                      Stream* s) override {
+    const int64_t n = rows * dim * F;
+    submit(s, {R(x, n), R(dx, n), R(w, dim * F), R(dw, dim * F), R(db, dim * F), W(dy, n)},
+           [=, h = host_.get()] {
+             h->layer_norm_jvp(x, dx, w, dw, db, dy, rows, dim, eps, nullptr);
+           });
+  }
+  void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
+                     const float* v, const float* dv, float* dout, const uint8_t* key_mask,
+                     int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
+                     Stream* s) override {
+    const int64_t nq = B * S * H * D * F, nk = B * S * Hkv * D * F;
+    submit(s,
+           {R(q, nq), R(dq, nq), R(k, nk), R(dk, nk), R(v, nk), R(dv, nk), R(key_mask, B * S),
+            W(dout, nq)},
+           [=, h = host_.get()] {
+             h->attention_jvp(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, nullptr);
+           });
+  }
+  void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                    float* dout, int64_t n, Stream* s) override {
+    submit(s, {R(gate, n * F), R(dgate, n * F), R(up, n * F), R(dup, n * F), W(dout, n * F)},
+           [=, h = host_.get()] { h->silu_mul_jvp(gate, dgate, up, dup, dout, n, nullptr); });
+  }
+  void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override {
+    submit(s, {R(x, n * F), R(dx, n * F), W(dy, n * F)},
+           [=, h = host_.get()] { h->gelu_tanh_jvp(x, dx, dy, n, nullptr); });
+  }
+  void gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override {
+    submit(s, {R(x, n * F), R(dx, n * F), W(dy, n * F)},
+           [=, h = host_.get()] { h->gelu_erf_jvp(x, dx, dy, n, nullptr); });
+  }
+  void relu_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override {
+    submit(s, {R(x, n * F), R(dx, n * F), W(dy, n * F)},
+           [=, h = host_.get()] { h->relu_jvp(x, dx, dy, n, nullptr); });
+  }
+  void cross_entropy_jvp(const float* logits, const float* dlogits, const int32_t* targets,
+                         float* dnll, int64_t rows, int64_t vocab, Stream* s) override {
+    submit(s,
+           {R(logits, rows * vocab * F), R(dlogits, rows * vocab * F), R(targets, rows * 4),
+            W(dnll, rows * F)},
+           [=, h = host_.get()] {
+             h->cross_entropy_jvp(logits, dlogits, targets, dnll, rows, vocab, nullptr);
+           });
+  }
+
   // ---- statistics ----------------------------------------------------------------------------
   SimDeviceStats stats() const override {
     std::lock_guard lk(mu_);

@@ -19,6 +19,7 @@
 #include "zof/model.h"
 #include "zof/philox.h"
 #include "zof/safetensors.h"
+#include "zof/sim_device.h"
 #include "zof/zo.h"
 
 namespace fs = std::filesystem;
@@ -198,21 +199,29 @@ TEST(Jvp, QueriesAndMicroBatchesAdd) {
   EXPECT_LT(rel(all.sum_loss, s), 1e-6);
 }
 
-// The fp32 walk's fast path (Backend::matmul) against its plain loops.
-TEST(Jvp, BackendMatmulEqualsPlainLoops) {
-  for (const char* name : {"gpt2", "opt350_shape"}) {
+// The fp32 walk through the Backend (every op and tangent op) against its plain loops, on the
+// CPU backend and on the simulated device (which runs the same ops on its streams and checks
+// that each access is ordered), for the three architectures' layer shapes (LLaMA GQA with RoPE
+// and SwiGLU, GPT-2's fused QKV and tanh GELU, OPT's post-norm ReLU with project_in/out).
+TEST(Jvp, BackendOpsEqualPlainLoops) {
+  for (const char* name : {"llama_gqa", "gpt2", "opt350_shape"}) {
     ZOF_REQUIRE_PATH(golden_dir(name) + "/model.safetensors");
     zof::Model m = zof::Model::load(golden_dir(name));
     const zof::LossBatch lb = golden_batch(name);
-    auto be = zof::make_cpu_backend(0);
-    zof::JVPEstimator est(m, *be, lb.batch.B * lb.batch.T);
     const std::vector<zof::ZKey> keys{{3, 1, 0}, {3, 1, 1}};
-    const zof::JVPSums fast = est.directional_derivatives(keys, {lb});
-    est.set_backend_matmul(false);
-    const zof::JVPSums plain = est.directional_derivatives(keys, {lb});
-    EXPECT_LT(rel(fast.sum_loss, plain.sum_loss), 1e-6) << name;
-    for (size_t j = 0; j < keys.size(); ++j)
-      EXPECT_LT(rel(fast.sum_dir[j], plain.sum_dir[j]), 1e-5) << name;
+    auto cpu = zof::make_cpu_backend(0);
+    zof::JVPEstimator plain_est(m, *cpu, lb.batch.B * lb.batch.T);
+    plain_est.set_backend_ops(false);
+    const zof::JVPSums plain = plain_est.directional_derivatives(keys, {lb});
+    auto sim = zof::make_sim_device(zof::make_cpu_backend(0), {});
+    for (zof::Backend* be : {cpu.get(), static_cast<zof::Backend*>(sim.get())}) {
+      zof::JVPEstimator est(m, *be, lb.batch.B * lb.batch.T);
+      const zof::JVPSums fast = est.directional_derivatives(keys, {lb});
+      EXPECT_LT(rel(fast.sum_loss, plain.sum_loss), 1e-6) << name << " on " << be->name();
+      for (size_t j = 0; j < keys.size(); ++j)
+        EXPECT_LT(rel(fast.sum_dir[j], plain.sum_dir[j]), 1e-5) << name << " on " << be->name();
+    }
+    EXPECT_EQ(sim->stats().hazards, 0) << sim->stats().first_hazard;
   }
 }
 

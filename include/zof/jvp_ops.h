@@ -1,0 +1,86 @@
+// The tangent rules (Jacobian-vector products) of every op of the transformer forward, as plain
+// host loops, templated on float and double so that tests can run whole walks in float64. The
+// primal and its tangent side by side; Backend's tangent ops (backend.h) default to these, and
+// device backends are tested against them.
+#pragma once
+#include <cstdint>
+
+#include "zof/config.h"
+
+namespace zof {
+namespace jvp {
+
+// Host loops, row-major, accumulating in double whatever T is (the attention's loops run along
+// keys so that they vectorize). A tangent function takes the primal inputs and their tangents (a
+// null tangent is zero) and writes only the output tangent. Shapes as in backend.h.
+
+// y(M,N) = x(M,K) w(N,K)^T + b(N); b may be null.
+template <class T>
+void matmul(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t N, int64_t K);
+// dy = dx w^T + x dw^T + db.
+template <class T>
+void matmul_jvp(const T* x, const T* dx, const T* w, const T* dw, const T* db, T* dy, int64_t M,
+                int64_t N, int64_t K);
+
+// y = x / sqrt(mean(x^2) + eps) * w.
+template <class T>
+void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t dim, float eps);
+template <class T>
+void rms_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, T* dy, int64_t rows,
+                  int64_t dim, float eps);
+
+// y = (x - mean) / sqrt(var + eps) * w + b (biased variance); b may be null.
+template <class T>
+void layer_norm(const T* x, const T* w, const T* b, T* y, int64_t rows, int64_t dim, float eps);
+template <class T>
+void layer_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, const T* db, T* dy,
+                    int64_t rows, int64_t dim, float eps);
+
+// RoPE in place, backend.h's convention (fp32 angle float(pos) * float(inv_freq)); cos and sin
+// are rounded to fp32 as transformers forms them even in a float64 model. RoPE is linear in x:
+// its tangent is rope() of the tangent.
+template <class T>
+void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim, float theta);
+
+// Causal GQA softmax attention over one sequence length S (queries and keys at positions
+// 0..S-1): q (B,S,H,D), k and v (B,S,Hkv,D), out (B,S,H,D); key_mask (B,S) or null. A query
+// that sees no key gets zeros (tangent zero).
+template <class T>
+void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* key_mask, int64_t B,
+               int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale);
+// With p = softmax(s), s_j = scale q.k_j: dout = sum_j p_j (dv_j + (ds_j - sum_l p_l ds_l) v_j),
+// ds_j = scale (dq.k_j + q.dk_j). The probabilities are recomputed, never stored (no S x S).
+template <class T>
+void attention_jvp(const T* q, const T* dq, const T* k, const T* dk, const T* v, const T* dv,
+                   T* dout, const uint8_t* key_mask, int64_t B, int64_t S, int64_t H, int64_t Hkv,
+                   int64_t D, double scale);
+
+// out = silu(gate) * up.
+template <class T>
+void silu_mul(const T* gate, const T* up, T* out, int64_t n);
+template <class T>
+void silu_mul_jvp(const T* gate, const T* dgate, const T* up, const T* dup, T* dout, int64_t n);
+
+// y = act(x) for ReLU, tanh GELU and erf GELU (SiLU only exists gated: silu_mul).
+template <class T>
+void activation(Activation act, const T* x, T* y, int64_t n);
+template <class T>
+void activation_jvp(Activation act, const T* x, const T* dx, T* dy, int64_t n);
+
+// out(n,dim) = table[ids[i]] (+= when accumulate). Linear in the table: the tangent is the
+// same lookup in the tangent table.
+template <class T>
+void embedding(const int32_t* ids, const T* table, T* out, int64_t n, int64_t dim,
+               bool accumulate);
+
+// nll(rows) = logsumexp(logits[r]) - logits[r][targets[r]]; targets < 0 give 0.
+template <class T>
+void cross_entropy(const T* logits, const int32_t* targets, T* nll, int64_t rows, int64_t vocab);
+// dnll = sum_v softmax(logits)_v dlogits_v - dlogits[target].
+template <class T>
+void cross_entropy_jvp(const T* logits, const T* dlogits, const int32_t* targets, T* dnll,
+                       int64_t rows, int64_t vocab);
+
+}  // namespace jvp
+
+}  // namespace zof
