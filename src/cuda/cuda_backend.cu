@@ -12,6 +12,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/cross_entropy.cuh"
 #include "cuda/cuda_common.cuh"
+#include "cuda/jvp.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/norms.cuh"
 #include "cuda/pointwise.cuh"
@@ -247,6 +248,56 @@ class CudaBackendImpl final : public CudaBackend {
     ZOF_ASSERT(rows >= 0 && n >= 0);
     use();
     cuda::cross_entropy_chunk(logits, targets, rows, n, v0, max, sum, target, st(s));
+  }
+
+  // ---- fp32 tangents ----
+  void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
+                    int64_t rows, int64_t dim, float eps, Stream* s) override {
+    ZOF_ASSERT(rows >= 0 && dim >= 0);
+    use();
+    cuda::rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, st(s));
+  }
+  void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                      const float* db, float* dy, int64_t rows, int64_t dim, float eps,
+                      Stream* s) override {
+    ZOF_ASSERT(rows >= 0 && dim >= 0);
+    use();
+    cuda::layer_norm_jvp(x, dx, w, dw, db, dy, rows, dim, eps, st(s));
+  }
+  void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
+                     const float* v, const float* dv, float* dout, const uint8_t* key_mask,
+                     int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
+                     Stream* s) override {
+    check_attention(B, S, S, H, Hkv, D, 0);
+    ZOF_CHECK(D <= cuda::kMaxJvpHeadDim,
+              "the CUDA attention tangent takes head_dim <= " +
+                  std::to_string(cuda::kMaxJvpHeadDim) + ", not " + std::to_string(D) +
+                  ": use the SPSA estimator (--estimator spsa) for this model");
+    use();
+    cuda::attention_jvp(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, st(s));
+  }
+  void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                    float* dout, int64_t n, Stream* s) override {
+    use();
+    cuda::silu_mul_jvp(gate, dgate, up, dup, dout, n, st(s));
+  }
+  void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override {
+    use();
+    cuda::activation_jvp(cuda::JvpAct::GeluTanh, x, dx, dy, n, st(s));
+  }
+  void gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override {
+    use();
+    cuda::activation_jvp(cuda::JvpAct::GeluErf, x, dx, dy, n, st(s));
+  }
+  void relu_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override {
+    use();
+    cuda::activation_jvp(cuda::JvpAct::ReLU, x, dx, dy, n, st(s));
+  }
+  void cross_entropy_jvp(const float* logits, const float* dlogits, const int32_t* targets,
+                         float* dnll, int64_t rows, int64_t vocab, Stream* s) override {
+    ZOF_ASSERT(rows >= 0 && vocab > 0);
+    use();
+    cuda::cross_entropy_jvp(logits, dlogits, targets, dnll, rows, vocab, st(s));
   }
 
   // ---- bf16 ops ----

@@ -118,4 +118,53 @@ ZOF_HD float ce_nll(float mx, float rest, float at_max, float x_target) {
   return (mx - x_target) + log1pf(rest + (at_max - 1.0f));
 }
 
+// ---- tangents (forward-mode AD, Backend's *_jvp ops) -------------------------------------------
+// silu'(g) dg up + silu(g) dup, silu'(g) = s (1 + g (1 - s)), s = sigmoid(g) = 1 / (1 + e^-g)
+// (e^-g = inf for g < -88 gives s = 0 and a zero slope, not NaN).
+ZOF_HD float silu_mul_jvp(float g, float dg, float up, float dup) {
+  const float s = 1.0f / (1.0f + expf(-g));
+  return s * (1.0f + g * (1.0f - s)) * dg * up + g * s * dup;
+}
+// d/dx of gelu_tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2), t = tanh(u).
+// Past |x| = 10 the slope is 1 or 0 to fp32 (and x^3 could overflow into inf * 0).
+ZOF_HD float gelu_tanh_slope(float x) {
+  if (x > 10.0f) return 1.0f;
+  if (x < -10.0f) return 0.0f;
+  const float c = 0.7978845608028654f, a = 0.044715f;
+  const float t = tanhf(c * (x + a * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * a * x * x);
+}
+// d/dx of gelu_erf: 0.5 erfc(-x / sqrt 2) + x e^(-x^2/2) / sqrt(2 pi).
+ZOF_HD float gelu_erf_slope(float x) {
+  return 0.5f * erfcf(-x * 0.70710678118654752f) + x * expf(-0.5f * x * x) * 0.3989422804014327f;
+}
+// torch's relu gradient: 0 at 0 (and for NaN).
+ZOF_HD float relu_slope(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+
+// RMSNorm: r = rms_inv, dr = -r^3 mean(x dx) from the row's sum of x dx;
+// dy = (dx r + x dr) w + x r dw.
+ZOF_HD float rms_norm_dinv(float inv, float sum_xdx, int64_t dim) {
+  return -inv * inv * inv * (sum_xdx / (float)dim);
+}
+ZOF_HD float norm_jvp(float c, float dc, float inv, float dinv, float w, float dw) {
+  return (dc * inv + c * dinv) * w + c * inv * dw;
+}
+// LayerNorm: with c = x - mean, dc = dx - dmean, r = (var + eps)^-1/2 and the row's sum of
+// c dc, dr = -r^3 mean(c dc); the element is norm_jvp(c, dc, ...) + db.
+ZOF_HD float layer_norm_dinv(float inv, float sum_cdc, int64_t dim) {
+  return -inv * inv * inv * (sum_cdc / (float)dim);
+}
+
+// Attention tangent, per key j of a query with softmax weight p_j: dp_j = p_j (ds_j - sbar),
+// sbar = sum_l p_l ds_l, and the output tangent gathers p_j dv_j + dp_j v_j. Two passes over the
+// keys: the first finds the max, the sum l and the weighted sum of ds (online, as the primal), the
+// second adds each key's terms with the final weights, so no cancellation between passes.
+ZOF_HD float attn_jvp_term(float p, float ds, float sbar, float v, float dv) {
+  return p * (dv + (ds - sbar) * v);
+}
+
+// Cross-entropy: dnll = sum_v softmax_v dl_v - dl_target = dot / sum - dl_target, with
+// sum = sum e^(x - max) and dot = sum e^(x - max) dl.
+ZOF_HD float ce_jvp(float sum, float dot, float dl_target) { return dot / sum - dl_target; }
+
 }  // namespace zof::opmath

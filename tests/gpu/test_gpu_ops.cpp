@@ -2,7 +2,8 @@
 // the shapes of tests/unit/test_ops.cpp (fp32: relative error under 1e-5, never a NaN), the
 // hand-computed cases, aliasing, run-to-run determinism, memory and streams; the bf16 entries
 // against the reference on bf16-rounded inputs (1e-2); z and the ZO update bit for bit against
-// the host implementation.
+// the host implementation; the tangent (JVP) kernels against the host loops.
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -696,6 +697,120 @@ TEST(GpuOps, CrossEntropyChunkEqualsHost) {
     EXPECT_EQ(got[2 * rows + r], st_host[2 * rows + r]) << "target, row " << r;  // a copy
     // The sums differ in order (a block reduction against a SIMD loop): fp32 tolerance.
     EXPECT_NEAR(got[rows + r], st_host[rows + r], 1e-5 * st_host[rows + r]) << "sum, row " << r;
+  }
+}
+
+
+// ---- tangents: the CUDA kernels of src/cuda/jvp.cu against the host loops (Backend's defaults,
+// jvp_ops.h, double accumulation), on the shapes of the JVP walk and their edges ----------------
+
+TEST(GpuJvp, TangentOpsEqualHost) {
+  ZOF_REQUIRE_GPU();
+  for (int64_t dim : {1, 64, 288, 4096}) {
+    const int64_t rows = 5;
+    const auto x = uniform(size_t(rows * dim), -2.f, 2.f, 80), dx = uniform(size_t(rows * dim), -1.f, 1.f, 81);
+    auto xo = x;
+    for (auto& v : xo) v += 30.f;  // LayerNorm rows far from zero mean
+    const auto w = uniform(size_t(dim), 0.5f, 1.5f, 82), dw = uniform(size_t(dim), -1.f, 1.f, 83),
+               db = uniform(size_t(dim), -1.f, 1.f, 84);
+    conform("rms_norm_jvp dim=" + std::to_string(dim), [&](Backend& be) {
+      Device dev(be);
+      float* y = dev.output(x.size());
+      be.rms_norm_jvp(dev.put(x), dev.put(dx), dev.put(w), dev.put(dw), y, rows, dim, 1e-5f);
+      return dev.get(y, x.size());
+    });
+    conform("rms_norm_jvp, null dw, dim=" + std::to_string(dim), [&](Backend& be) {
+      Device dev(be);
+      float* y = dev.output(x.size());
+      be.rms_norm_jvp(dev.put(x), dev.put(dx), dev.put(w), nullptr, y, rows, dim, 1e-5f);
+      return dev.get(y, x.size());
+    });
+    conform("layer_norm_jvp dim=" + std::to_string(dim), [&](Backend& be) {
+      Device dev(be);
+      float* y = dev.output(x.size());
+      be.layer_norm_jvp(dev.put(xo), dev.put(dx), dev.put(w), dev.put(dw), dev.put(db), y, rows,
+                        dim, 1e-5f);
+      return dev.get(y, x.size());
+    });
+  }
+  struct Case {
+    int64_t B, S, H, Hkv, D;
+    bool mask;
+  };
+  for (Case c : {Case{1, 1, 1, 1, 8, false}, Case{2, 100, 8, 2, 64, true},
+                 Case{1, 300, 4, 4, 128, false}, Case{2, 33, 6, 3, 5, true},
+                 Case{1, 64, 2, 1, 256, false}}) {
+    const size_t nq = size_t(c.B * c.S * c.H * c.D), nk = size_t(c.B * c.S * c.Hkv * c.D);
+    const auto q = uniform(nq, -2.f, 2.f, 90), dq = uniform(nq, -1.f, 1.f, 91),
+               k = uniform(nk, -2.f, 2.f, 92), dk = uniform(nk, -1.f, 1.f, 93),
+               v = uniform(nk, -1.f, 1.f, 94), dv = uniform(nk, -1.f, 1.f, 95);
+    std::vector<uint8_t> mask;
+    if (c.mask) {  // row 1 is right-padded, its key 0 masked too (its first query sees nothing)
+      mask.assign(size_t(c.B * c.S), 1);
+      for (int64_t j = c.S + c.S / 2; j < 2 * c.S; ++j) mask[j] = 0;
+      mask[c.S] = 0;
+    }
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    const std::string what = "attention_jvp S=" + std::to_string(c.S) + " H=" + std::to_string(c.H) +
+                             " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D);
+    conform(what, [&](Backend& be) {
+      Device dev(be);
+      float* out = dev.output(nq);
+      be.attention_jvp(dev.put(q), dev.put(dq), dev.put(k), dev.put(dk), dev.put(v), dev.put(dv),
+                       out, dev.put(mask), c.B, c.S, c.H, c.Hkv, c.D, scale);
+      return dev.get(out, nq);
+    });
+    conform(what + ", null dk dv", [&](Backend& be) {
+      Device dev(be);
+      float* out = dev.output(nq);
+      be.attention_jvp(dev.put(q), dev.put(dq), dev.put(k), nullptr, dev.put(v), nullptr, out,
+                       dev.put(mask), c.B, c.S, c.H, c.Hkv, c.D, scale);
+      return dev.get(out, nq);
+    });
+  }
+  auto gpu_be = gpu();
+  {
+    Device dev(*gpu_be);
+    const std::vector<float> one(512 * 8, 1.0f);
+    EXPECT_THROW(gpu_be->attention_jvp(dev.put(one), dev.put(one), dev.put(one), nullptr,
+                                       dev.put(one), nullptr, dev.output(one.size()), nullptr, 1, 1,
+                                       8, 8, 512, 0.1f),
+                 zof::Error);  // head_dim 512: refused with an error, never a bad launch
+  }
+  // Pointwise, with tails: |x| > 10 (GELU's slope saturates), g < -88 (silu's e^-g overflows).
+  auto g = uniform(100000, -12.f, 12.f, 96);
+  for (float t : {-200.f, -90.f, -10.5f, 0.f, 10.5f, 200.f}) g.push_back(t);
+  const size_t n = g.size();
+  const auto dg = uniform(n, -1.f, 1.f, 97), up = uniform(n, -2.f, 2.f, 98), dup = uniform(n, -1.f, 1.f, 99);
+  conform("silu_mul_jvp", [&](Backend& be) {
+    Device dev(be);
+    float* out = dev.output(n);
+    be.silu_mul_jvp(dev.put(g), dev.put(dg), dev.put(up), dev.put(dup), out, int64_t(n));
+    return dev.get(out, n);
+  });
+  using JvpOp = void (Backend::*)(const float*, const float*, float*, int64_t, zof::Stream*);
+  for (auto [op, name] : {std::pair<JvpOp, const char*>{&Backend::gelu_tanh_jvp, "gelu_tanh_jvp"},
+                          std::pair<JvpOp, const char*>{&Backend::gelu_erf_jvp, "gelu_erf_jvp"},
+                          std::pair<JvpOp, const char*>{&Backend::relu_jvp, "relu_jvp"}})
+    conform(name, [&, op = op](Backend& be) {
+      Device dev(be);
+      float* out = dev.output(n);
+      (be.*op)(dev.put(g), dev.put(dg), out, int64_t(n), nullptr);
+      return dev.get(out, n);
+    });
+  for (int64_t vocab : {2, 513, 50257}) {
+    const int64_t rows = 7;
+    const auto lg = uniform(size_t(rows * vocab), -20.f, 20.f, 100),
+               dl = uniform(size_t(rows * vocab), -1.f, 1.f, 101);
+    std::vector<int32_t> tg(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) tg[r] = int32_t((r * 7919) % vocab);
+    tg[3] = -100;
+    conform("cross_entropy_jvp vocab=" + std::to_string(vocab), [&](Backend& be) {
+      Device dev(be);
+      float* out = dev.output(size_t(rows));
+      be.cross_entropy_jvp(dev.put(lg), dev.put(dl), dev.put(tg), out, rows, vocab);
+      return dev.get(out, size_t(rows));
+    });
   }
 }
 

@@ -1,10 +1,12 @@
 // The CUDA kernels' per-element arithmetic (src/cuda/op_math.h) run on the CPU against the
 // reference backend: activations, RMSNorm and LayerNorm row math with Welford merged as the
 // kernel's warp butterfly merges it, RoPE angles and rotation, the online softmax of the
-// attention kernels replayed block by block, and the cross-entropy from (max, sum of exp).
+// attention kernels replayed block by block, the cross-entropy from (max, sum of exp), and the
+// tangent kernels (forward-mode AD) against jvp_ops.h's float64 loops.
 // CI has no GPU; this is where the math of the CUDA backend is checked there. Also the GPU
 // tests' device walk (tests/gpu/device_walk.h) run over the CPU backend against Forward and
 // ZOEngine, so that a GPU failure points at the backend, not at the driver.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -22,6 +24,7 @@
 #include "zof/backend.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
+#include "zof/jvp_ops.h"
 
 namespace {
 
@@ -289,6 +292,197 @@ TEST(CudaMath, CrossEntropy) {
     }
     EXPECT_TRUE(close(want, got, kTol)) << "vocab=" << vocab;
     EXPECT_EQ(got[2], 0.0f);
+  }
+}
+
+// ---- tangent kernels (src/cuda/jvp.cu), replayed on the CPU against jvp_ops.h in float64 ----
+
+std::vector<float> f32(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+std::vector<double> f64(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+TEST(CudaMath, TangentPointwise) {
+  // Wide inputs: the tails (|x| > 10, g < -88) must stay finite and right.
+  auto x = uniform(4000, -12, 12, 40), dx = uniform(4000, -1, 1, 41), up = uniform(4000, -2, 2, 42),
+       dup = uniform(4000, -1, 1, 43);
+  for (float t : {-200.f, -90.f, -30.f, -10.5f, 0.f, 10.5f, 30.f, 200.f}) {
+    x.push_back(t);
+    dx.push_back(0.75f);
+    up.push_back(1.5f);
+    dup.push_back(-0.5f);
+  }
+  const size_t n = x.size();
+  using zof::Activation;
+  for (auto [act, name] : {std::pair{Activation::GeluTanh, "gelu_tanh"},
+                           std::pair{Activation::GeluErf, "gelu_erf"},
+                           std::pair{Activation::ReLU, "relu"}}) {
+    std::vector<double> want(n);
+    zof::jvp::activation_jvp<double>(act, f64(x).data(), f64(dx).data(), want.data(), (int64_t)n);
+    std::vector<float> got(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float slope = act == Activation::GeluTanh  ? om::gelu_tanh_slope(x[i])
+                          : act == Activation::GeluErf ? om::gelu_erf_slope(x[i])
+                                                       : om::relu_slope(x[i]);
+      got[i] = slope * dx[i];
+    }
+    EXPECT_TRUE(close(f32(want), got, kTol)) << name;
+  }
+  std::vector<double> want(n);
+  zof::jvp::silu_mul_jvp<double>(f64(x).data(), f64(dx).data(), f64(up).data(), f64(dup).data(),
+                                 want.data(), (int64_t)n);
+  std::vector<float> got(n);
+  for (size_t i = 0; i < n; ++i) got[i] = om::silu_mul_jvp(x[i], dx[i], up[i], dup[i]);
+  EXPECT_TRUE(close(f32(want), got, kTol)) << "silu_mul";
+}
+
+// The norm tangent kernels' row math: fp32 sums, then the op_math formulas per element.
+TEST(CudaMath, TangentNorms) {
+  for (int64_t dim : {1, 64, 288, 1000}) {
+    const int64_t rows = 3;
+    // An offset of 30 in the LayerNorm rows: the two-pass centred sums keep the variance.
+    auto x = uniform(size_t(rows * dim), -2, 2, 50), xo = x, dx = uniform(size_t(rows * dim), -1, 1, 51);
+    for (auto& v : xo) v += 30.f;
+    auto w = uniform(size_t(dim), 0.5, 1.5, 52), dw = uniform(size_t(dim), -1, 1, 53),
+         db = uniform(size_t(dim), -1, 1, 54);
+    const float eps = 1e-5f;
+    std::vector<double> want(x.size());
+    zof::jvp::rms_norm_jvp<double>(f64(x).data(), f64(dx).data(), f64(w).data(), f64(dw).data(),
+                                   want.data(), rows, dim, eps);
+    std::vector<float> got(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * dim;
+      const float* dr = dx.data() + r * dim;
+      float ss = 0, sd = 0;
+      for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i], sd += xr[i] * dr[i];
+      const float inv = om::rms_inv(ss, dim, eps), dinv = om::rms_norm_dinv(inv, sd, dim);
+      for (int64_t i = 0; i < dim; ++i)
+        got[r * dim + i] = om::norm_jvp(xr[i], dr[i], inv, dinv, w[i], dw[i]);
+    }
+    EXPECT_TRUE(close(f32(want), got, kTol)) << "rms_norm_jvp dim=" << dim;
+
+    zof::jvp::layer_norm_jvp<double>(f64(xo).data(), f64(dx).data(), f64(w).data(), f64(dw).data(),
+                                     f64(db).data(), want.data(), rows, dim, eps);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xo.data() + r * dim;
+      const float* dr = dx.data() + r * dim;
+      float sx = 0, sdx = 0;
+      for (int64_t i = 0; i < dim; ++i) sx += xr[i], sdx += dr[i];
+      const float mean = sx / float(dim), dmean = sdx / float(dim);
+      float var = 0, cov = 0;
+      for (int64_t i = 0; i < dim; ++i) {
+        var += (xr[i] - mean) * (xr[i] - mean);
+        cov += (xr[i] - mean) * (dr[i] - dmean);
+      }
+      const float inv = 1.0f / std::sqrt(var / float(dim) + eps);
+      const float dinv = om::layer_norm_dinv(inv, cov, dim);
+      for (int64_t i = 0; i < dim; ++i)
+        got[r * dim + i] = om::norm_jvp(xr[i] - mean, dr[i] - dmean, inv, dinv, w[i], dw[i]) + db[i];
+    }
+    // dim 1: x - mean is 0 and the output tangent is db alone.
+    EXPECT_TRUE(close(f32(want), got, kTol)) << "layer_norm_jvp dim=" << dim;
+  }
+}
+
+// The attention tangent kernel's two passes for each query, in fp32: pass 1 the online max, sum
+// and sum of e ds; pass 2 each key's terms with its final weight.
+std::vector<float> attention_jvp_two_pass(const std::vector<float>& q, const std::vector<float>& dq,
+                                          const std::vector<float>& k, const std::vector<float>& dk,
+                                          const std::vector<float>& v, const std::vector<float>& dv,
+                                          const std::vector<uint8_t>& mask, int64_t B, int64_t S,
+                                          int64_t H, int64_t Hkv, int64_t D, float scale) {
+  std::vector<float> out(q.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t hk = h / (H / Hkv), qo = ((b * S + i) * H + h) * D;
+        auto score = [&](int64_t j, float& sc, float& ds) {
+          const int64_t ko = ((b * S + j) * Hkv + hk) * D;
+          sc = 0, ds = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            sc += q[qo + d] * scale * k[ko + d];
+            ds += dq[qo + d] * scale * k[ko + d] + q[qo + d] * scale * dk[ko + d];
+          }
+        };
+        float m = om::neg_inf(), l = 0, sds = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (!mask.empty() && !mask[b * S + j]) continue;
+          float sc, ds;
+          score(j, sc, ds);
+          const om::SoftmaxStep st = om::softmax_advance(m, sc);
+          const float e = std::exp(sc - st.shift);
+          l = l * st.correction + e;
+          sds = sds * st.correction + e * ds;
+        }
+        std::vector<float> acc(D, 0.0f);
+        const float inv = om::softmax_inv_sum(l);
+        if (inv > 0)
+          for (int64_t j = 0; j <= i; ++j) {
+            if (!mask.empty() && !mask[b * S + j]) continue;
+            float sc, ds;
+            score(j, sc, ds);
+            const float p = std::exp(sc - m) * inv;
+            const int64_t vo = ((b * S + j) * Hkv + hk) * D;
+            for (int64_t d = 0; d < D; ++d) acc[d] += om::attn_jvp_term(p, ds, sds * inv, v[vo + d], dv[vo + d]);
+          }
+        for (int64_t d = 0; d < D; ++d) out[qo + d] = acc[d];
+      }
+  return out;
+}
+
+TEST(CudaMath, TangentAttentionTwoPass) {
+  struct Case {
+    int64_t B, S, H, Hkv, D;
+    int mask;  // 0 none, 1 row 1's first keys masked (its first queries see no key), 2 random
+  };
+  for (Case c : {Case{1, 1, 1, 1, 8, 0}, Case{2, 40, 6, 2, 64, 1}, Case{1, 70, 4, 1, 5, 2},
+                 Case{1, 9, 2, 2, 128, 0}}) {
+    const size_t nq = size_t(c.B * c.S * c.H * c.D), nk = size_t(c.B * c.S * c.Hkv * c.D);
+    auto q = uniform(nq, -2, 2, 60), dq = uniform(nq, -1, 1, 61), k = uniform(nk, -2, 2, 62),
+         dk = uniform(nk, -1, 1, 63), v = uniform(nk, -1, 1, 64), dv = uniform(nk, -1, 1, 65);
+    std::vector<uint8_t> mask;
+    if (c.mask) {
+      mask.assign(size_t(c.B * c.S), 1);
+      std::mt19937 rng(66);
+      for (int64_t j = 0; j < c.B * c.S; ++j)
+        mask[j] = c.mask == 1 ? !(j >= c.S && j < c.S + 3) : rng() % 4 != 0;
+    }
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<double> want(nq);
+    zof::jvp::attention_jvp<double>(f64(q).data(), f64(dq).data(), f64(k).data(), f64(dk).data(),
+                                    f64(v).data(), f64(dv).data(), want.data(),
+                                    mask.empty() ? nullptr : mask.data(), c.B, c.S, c.H, c.Hkv,
+                                    c.D, double(scale));
+    const auto got = attention_jvp_two_pass(q, dq, k, dk, v, dv, mask, c.B, c.S, c.H, c.Hkv, c.D, scale);
+    EXPECT_TRUE(close(f32(want), got, kTol)) << "S=" << c.S << " H=" << c.H << " Hkv=" << c.Hkv
+                                             << " D=" << c.D << " mask=" << c.mask;
+    if (c.mask == 1)  // row 1's first query sees no key: a zero tangent, not NaN
+      for (int64_t d = 0; d < c.H * c.D; ++d) EXPECT_EQ(got[size_t(c.S * c.H * c.D + d)], 0.0f);
+  }
+}
+
+TEST(CudaMath, TangentCrossEntropy) {
+  for (int64_t vocab : {2, 300, 32000}) {
+    const int64_t rows = 3;
+    auto lg = uniform(size_t(rows * vocab), -8, 8, 70), dl = uniform(size_t(rows * vocab), -1, 1, 71);
+    const std::vector<int32_t> targets{1, -1, int32_t(vocab - 1)};
+    std::vector<double> want(rows);
+    zof::jvp::cross_entropy_jvp<double>(f64(lg).data(), f64(dl).data(), targets.data(), want.data(),
+                                        rows, vocab);
+    std::vector<float> got(rows, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] < 0) continue;
+      const float* x = lg.data() + r * vocab;
+      const float* d = dl.data() + r * vocab;
+      const float mx = *std::max_element(x, x + vocab);
+      float sum = 0, dot = 0;
+      for (int64_t j = 0; j < vocab; ++j) {
+        const float e = std::exp(x[j] - mx);
+        sum += e;
+        dot += e * d[j];
+      }
+      got[r] = om::ce_jvp(sum, dot, d[targets[r]]);
+    }
+    EXPECT_TRUE(close(f32(want), got, kTol)) << "vocab=" << vocab;
+    EXPECT_EQ(got[1], 0.0f);
   }
 }
 
