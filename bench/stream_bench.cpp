@@ -6,7 +6,8 @@
 // interface, so a GPU backend would be measured the same way.
 // Reports per budget: tokens/s, bytes uploaded and written back per step, the copy streams'
 // achieved bandwidth, the fraction of the step the compute stream waited on transfers, and the
-// peak device memory against the budget.
+// peak device memory against the budget. --optimizer momentum|adam streams the optimizer state
+// with the blocks (two or three planes per block), so the same fractions hold 2-3x the bytes.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -35,6 +36,7 @@ struct Args {
   int64_t batch = 4, seq = 64;
   int threads = 0, queries = 1, micro_batches = 1;
   int warmup = 1, iters = 3;
+  std::string optimizer = "sgd";
   double copy_gbps = 0;
   bool check = false, json = false;
   uint64_t seed = 0;
@@ -63,6 +65,18 @@ std::vector<zof::LossBatch> make_batches(const Args& a, int64_t vocab) {
   return mb;
 }
 
+zof::ZOStepOptions step_options(const Args& a) {
+  zof::ZOStepOptions o;
+  o.queries = a.queries;
+  o.seed = a.seed;
+  ZOF_CHECK(a.optimizer == "sgd" || a.optimizer == "momentum" || a.optimizer == "adam",
+            "--optimizer must be sgd, momentum or adam, not '" + a.optimizer + "'");
+  o.optimizer = a.optimizer == "adam"       ? zof::ZOStepOptions::Optimizer::Adam
+                : a.optimizer == "momentum" ? zof::ZOStepOptions::Optimizer::Momentum
+                                            : zof::ZOStepOptions::Optimizer::SGD;
+  return o;
+}
+
 // budget 0: the plain backend, no streaming.
 Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name, size_t budget,
             int threads) {
@@ -84,9 +98,7 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
     sim = d.get();
     be = std::move(d);
   }
-  zof::ZOStepOptions o;
-  o.queries = a.queries;
-  o.seed = a.seed;
+  const zof::ZOStepOptions o = step_options(a);
   Row r;
   r.name = name;
   r.budget = budget;
@@ -144,12 +156,11 @@ int run(const Args& a) {
     so.budget = size_t(1) << 40;
     so.check_hazards = false;
     auto sim = zof::make_sim_device(zof::make_cpu_backend(threads), so);
-    zof::ZOStepOptions o;
-    o.queries = a.queries;
-    zof::ZOEngine eng(model, *sim, std::max<int64_t>(1, a.batch / a.micro_batches) * a.seq, o);
+    zof::ZOEngine eng(model, *sim, std::max<int64_t>(1, a.batch / a.micro_batches) * a.seq,
+                      step_options(a));
     buffers = eng.buffer_bytes();
     minimum = eng.streaming_minimum();
-    whole = zof::BlockStreamer::all_resident_bytes(model);
+    whole = zof::BlockStreamer::all_resident_bytes(model, 1 + eng.state_planes());
   }
   std::vector<Row> rows;
   rows.push_back(measure(a, cfg, "plain " + zof::make_cpu_backend(1)->name(), 0, threads));
@@ -165,13 +176,13 @@ int run(const Args& a) {
 
   char bus[64] = "memcpy speed";
   if (a.copy_gbps > 0) std::snprintf(bus, sizeof bus, "%.2f GB/s per copy stream", a.copy_gbps);
-  std::printf("%s, %ld parameters (%.1f MB fp32 in %zu blocks), batch %ld x %ld, q=%d, %d "
+  const std::string state = a.optimizer == "sgd" ? "" : " with the " + a.optimizer + " state";
+  std::printf("%s, %ld parameters (%.1f MB fp32%s in %zu blocks), batch %ld x %ld, q=%d, %d "
               "micro-batch(es), %d threads; engine buffers %.1f MB, minimum budget %.1f MB; "
               "simulated bus: %s\n\n",
               a.model_config.c_str(), (long)zof::Model::random(cfg, a.seed).num_params(),
-              whole / 1e6, (size_t)cfg.num_layers + 2, (long)a.batch, (long)a.seq, a.queries,
-              a.micro_batches, threads, buffers / 1e6, minimum / 1e6,
-              bus);
+              whole / 1e6, state.c_str(), (size_t)cfg.num_layers + 2, (long)a.batch, (long)a.seq,
+              a.queries, a.micro_batches, threads, buffers / 1e6, minimum / 1e6, bus);
   std::printf("| %-36s | %9s | %8s | %9s | %12s | %12s | %10s | %9s | %9s |\n", "run",
               "budget MB", "ms/step", "tokens/s", "up MB/step", "down MB/step", "copy GB/s",
               "waited", "peak MB");
@@ -217,6 +228,8 @@ int main(int argc, char** argv) {
   app.add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
   app.add_option("--micro-batches", a.micro_batches, "micro-batches per step")->capture_default_str();
   app.add_option("--queries", a.queries, "SPSA directions per step")->capture_default_str();
+  app.add_option("--optimizer", a.optimizer, "sgd, momentum or adam (its state streams too)")
+      ->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: OpenMP's default)")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
   app.add_option("--iters", a.iters, "timed steps (medians are reported)")->capture_default_str();

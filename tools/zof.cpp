@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
   // Checked by finetune() (a zof::Error naming the flag), not by CLI11.
   ft->add_option("--gpu-mem", t.gpu_mem, "Device memory budget for parameter streaming, e.g. 16GiB, "
                  "512MiB or bytes (default: what the device has free): blocks that fit stay on the "
-                 "device, the rest stream through it each step");
+                 "device, the rest stream through it each step (with their momentum/Adam state)");
   ft->add_flag("--sim-device", t.sim_device, "Run on the simulated device (host memory with the "
                "--gpu-mem budget, threads as copy streams): the streaming schedule without a GPU");
 

@@ -5,23 +5,31 @@
 // interface is used (streams, events, async copies), so a GPU backend drives it unchanged and the
 // simulated device (sim_device.h) runs the same ordering in CI.
 //
+// A block travels with its planes: plane 0 is its span of the Model's storage (the weights),
+// planes 1.. the same span of further host arrays laid out as the storage (a stateful
+// optimizer's m, and v for Adam), so the optimizer state is streamed like the weights and the
+// budget counts it. On the device a block's planes sit one after another in one allocation (a
+// resident block's or a slot's), each plane's stride rounded up to 256 bytes; there is one copy
+// per plane, all queued between the same waits and records below.
+//
 // Ordering, all on the device, never by blocking the host:
-//   upload stream:  [wait slot's free event][wait block's write-back event] copy host->slot,
-//                   record slot.ready
+//   upload stream:  [wait slot's free event][wait block's write-back event] copy each plane
+//                   host->slot, record slot.ready
 //   compute stream: wait slot.ready; ...the walk's ops on the block...
-//   release(dirty): record slot.consumed on compute; write-back stream waits on it, copies
-//                   slot->host, records slot.free and the block's written event
+//   release(dirty): record slot.consumed on compute; write-back stream waits on it, copies each
+//                   plane slot->host, records slot.free and the block's written event
 //   release(clean): record slot.free on compute
 // A slot is refilled only after its free event (its last reader or its write-back is done), and
 // a block is uploaded only after its last write-back reached the host. Re-acquiring a block that
 // is still in a slot costs no transfer (its write-back, if any, is waited for by compute before
 // the block can change again). Resident blocks are uploaded once; the device holds their
-// authoritative copy and sync_to_host() writes back those that changed.
+// authoritative copy (every plane) and sync_to_host() writes back those that changed.
 //
 // On CUDA the host master must be page-locked for copies to be asynchronous: the Backend
 // interface has no slot to register existing memory yet, so today a CUDA backend would stage
-// (and serialize) those copies. The walk itself (ZOEngine) still hands host pointers to some
-// ops, so streaming runs end to end on the simulated device only; see zo.h.
+// (and serialize) the weights' copies (ZOEngine allocates the optimizer state pinned). The walk
+// itself (ZOEngine) still hands host pointers to some ops, so streaming runs end to end on the
+// simulated device only; see zo.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -49,17 +57,21 @@ struct StreamingStats {
 
 class BlockStreamer {
  public:
-  // Device bytes of block b (its span, rounded up to 256 bytes as allocators do).
-  static size_t block_bytes(const Model& m, int b);
-  // The least budget for weights: two slots of the largest block (the LM head's chunks may be
+  // Device bytes of block b with `planes` planes (its span, rounded up to 256 bytes as
+  // allocators do, per plane).
+  static size_t block_bytes(const Model& m, int b, int planes = 1);
+  // The least budget for the blocks: two slots of the largest block (the LM head's chunks may be
   // read while the embedding's token table is needed too, when they are tied).
-  static size_t min_bytes(const Model& m);
+  static size_t min_bytes(const Model& m, int planes = 1);
   // Every block resident.
-  static size_t all_resident_bytes(const Model& m);
+  static size_t all_resident_bytes(const Model& m, int planes = 1);
 
-  // Plans residency within `budget` bytes of device memory for weights (>= min_bytes) and
-  // allocates it from the backend. Nothing is uploaded until a block is first acquired.
-  BlockStreamer(Model& model, Backend& be, size_t budget);
+  // Plans residency within `budget` bytes of device memory for the blocks (>= min_bytes with
+  // 1 + extra_planes.size() planes) and allocates it from the backend. extra_planes: host arrays
+  // of Model::storage_size() floats laid out as the storage, planes 1.. (the caller owns them;
+  // they are read and written like the storage, see sync_to_host()). Nothing is uploaded until a
+  // block is first acquired.
+  BlockStreamer(Model& model, Backend& be, size_t budget, std::vector<float*> extra_planes = {});
   ~BlockStreamer();  // waits for the streams; does not write back (sync_to_host first)
   BlockStreamer(const BlockStreamer&) = delete;
   BlockStreamer& operator=(const BlockStreamer&) = delete;
@@ -69,6 +81,7 @@ class BlockStreamer {
   int num_slots() const { return (int)slots_.size(); }
   size_t slot_bytes() const { return slot_bytes_; }
   size_t device_bytes() const { return device_bytes_; }  // resident blocks and slots
+  int num_planes() const { return (int)host_planes_.size(); }
   std::string describe() const;  // one line: what is resident, slots, budget
 
   // The order in which the coming walk acquires blocks (repeats allowed): what prefetch follows,
@@ -76,21 +89,24 @@ class BlockStreamer {
   // allowed; it only stalls on its upload.
   void begin_walk(std::vector<int> order);
   // Device pointer of the block's weights, laid out as in Model::storage() from the block's
-  // offset; the compute (default) stream is ordered after its upload. Held until release.
+  // offset; the compute (default) stream is ordered after the upload of all its planes. Held
+  // until release.
   float* acquire(int block);
-  // Done with the block on the compute stream; dirty: its weights changed (written back to the
-  // host when it leaves the device, or at sync_to_host() when it is resident).
+  // Done with the block on the compute stream; dirty: its planes changed (all written back to
+  // the host when it leaves the device, or at sync_to_host() when it is resident).
   void release(int block, bool dirty);
-  // Device pointer of parameter pi (its block must be held).
-  float* param(int pi) const;
+  // Device pointer of parameter pi in plane k (0: the weights); its block must be held.
+  float* plane(int pi, int k) const;
+  float* param(int pi) const { return plane(pi, 0); }
 
-  // Makes the Model's storage current: writes back changed resident blocks and waits for every
-  // write-back and upload, after which the host may read and write it (before evaluating, saving,
-  // at the end of a run; blocks still held by a walk cut short are released first). Between walks
-  // the upload stream may be reading the Model's storage (the next walk's first blocks,
-  // prefetched): write it only after sync_to_host(), then call reload_from_host().
+  // Makes the host masters (the Model's storage and the extra planes) current: writes back
+  // changed resident blocks and waits for every write-back and upload, after which the host may
+  // read and write them (before evaluating, saving, at the end of a run; blocks still held by a
+  // walk cut short are released first). Between walks the upload stream may be reading them (the
+  // next walk's first blocks, prefetched): write them only after sync_to_host(), then call
+  // reload_from_host().
   void sync_to_host();
-  // The host master changed: drop every device copy (they are uploaded again when acquired).
+  // A host master changed: drop every device copy (they are uploaded again when acquired).
   void reload_from_host();
 
   const StreamingStats& stats() const { return stats_; }
@@ -105,8 +121,14 @@ class BlockStreamer {
     bool freed = false;   // `free` has been recorded at least once
     Event *ready = nullptr, *consumed = nullptr, *free = nullptr;
   };
-  float* host(int block) const { return model_.storage() + model_.blocks()[block].offset; }
+  float* host(int block, int k) const { return host_planes_[k] + model_.blocks()[block].offset; }
   size_t span_bytes(int block) const { return (size_t)model_.blocks()[block].span * sizeof(float); }
+  // Plane k of the block's device copy (resident, or in its slot).
+  float* device_plane(int block, int k) const;
+  // Every plane of the block between its host masters and its device copy: uploads on the
+  // upload stream, write-backs on the write-back stream (the caller orders them with events).
+  void upload(int block);
+  void write_back(int block);
   // Its next position from pos_ in order_ repeated (positions past the end: the next walk),
   // or INT64_MAX.
   int64_t next_use(int block) const;
@@ -121,6 +143,7 @@ class BlockStreamer {
 
   Model& model_;
   Backend& be_;
+  std::vector<float*> host_planes_;  // [0]: the Model's storage, then the extra planes
   Stream *compute_ = nullptr, *up_ = nullptr, *down_ = nullptr;
   std::vector<int> param_block_;
   std::vector<int64_t> param_off_;  // floats from the block's offset
@@ -136,7 +159,8 @@ class BlockStreamer {
   std::vector<Event*> written_;
   std::vector<bool> written_recorded_;
   std::vector<Slot> slots_;
-  size_t slot_bytes_ = 0, device_bytes_ = 0, budget_ = 0;
+  size_t slot_bytes_ = 0, slot_stride_ = 0;  // a slot's plane stride, floats
+  size_t device_bytes_ = 0, budget_ = 0;
   std::vector<int> order_;
   size_t pos_ = 0;  // order_ positions before pos_ are done (acquired)
   StreamingStats stats_;

@@ -4,7 +4,9 @@
 // forward"). The previous step's update is applied
 // to a block as the walk reaches it, fused with the next perturbation in one memory pass; z is
 // regenerated from (seed, step, query, tensor, element), never stored. Streaming, pipelining
-// and the GPU are schedules of this same walk.
+// and the GPU are schedules of this same walk. Momentum's and Adam's state (m, v) is laid out
+// as the weights and goes where they go: whole on the device, or, with streaming, in host memory
+// with each block's share travelling with the block.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -116,13 +118,16 @@ class ZOEngine {
 
   // Parameter streaming (streaming.h): the blocks pass through device memory within gpu_mem
   // bytes for everything this engine keeps on the device, its own buffers included (0: what the
-  // device has free); the blocks that fit stay resident. Below the minimum (those buffers plus
-  // two slots of the largest block) it throws a zof::Error naming --gpu-mem. The Model's storage
-  // stays the master copy and is current after flush(). Not with pipeline stages. Enable it
-  // before the first walk, once the Model's storage holds the weights to start from.
+  // device has free); the blocks that fit stay resident. A stateful optimizer's state moves to
+  // pinned host memory and streams with its blocks (each block then takes 2 or 3 times its
+  // weights' bytes on the device). Below the minimum (those buffers plus two slots of the
+  // largest block) it throws a zof::Error naming --gpu-mem. The Model's storage stays the master
+  // copy and is current after flush(). Not with pipeline stages. Enable it before the first walk
+  // and before write_state(), once the Model's storage holds the weights to start from.
   void enable_streaming(size_t gpu_mem);
   BlockStreamer* streamer() { return stream_.get(); }
-  // Device bytes of the engine's own buffers (how far free_memory() fell while allocating them).
+  // Device bytes of the engine's own buffers (how far free_memory() fell while allocating them
+  // in the constructor; the optimizer state comes later, see m_).
   size_t buffer_bytes() const { return buffer_bytes_; }
   // The least gpu_mem that enable_streaming() accepts.
   size_t streaming_minimum() const;
@@ -131,10 +136,15 @@ class ZOEngine {
   static PendingUpdate make_update(const ZOStepOptions& opt, uint32_t step, float lr,
                                    const std::vector<double>& g);
 
-  // Momentum/Adam state, laid out as Model::storage() (null for ZO-SGD; v null for momentum):
-  // saved with checkpoints, restored on resume.
-  float* state_m() { return m_; }
-  float* state_v() { return v_; }
+  // Arrays of optimizer state: 0 (ZO-SGD), 1 (momentum: m), 2 (Adam: m and v).
+  int state_planes() const;
+  // The optimizer state, laid out as Model::storage(), for checkpoints: m and v resized to
+  // storage_size() floats each (or to 0 where the optimizer has none). read_state() applies the
+  // pending update first (flush()), so that the state matches the weights; write_state() takes
+  // the state to continue from (the pending update, if any, applies to it), sizes as read_state
+  // gives. Both work with and without streaming.
+  void read_state(std::vector<float>& m, std::vector<float>& v);
+  void write_state(const std::vector<float>& m, const std::vector<float>& v);
   // Sparse MeZO's threshold of each parameter (infinity: dense).
   const std::vector<float>& masks() const { return mask_; }
 
@@ -160,6 +170,10 @@ class ZOEngine {
   // Where the walk finds parameter pi's weights: the model's storage, or the device copy of its
   // block while streaming (the block must be acquired). acquire/release: no-ops unless streaming.
   float* theta(int pi) const;
+  // Parameter pi's optimizer state on the device, plane 1 (m) or 2 (v): the whole-model arrays
+  // (allocated at first use), or its block's planes while streaming (the block must be acquired).
+  float* state(int pi, int plane);
+  void alloc_device_state();  // m_ (and v_), zeroed
   void acquire(int block);
   void release(int block, bool dirty);
   std::vector<int> walk_order(size_t micro_batches) const;  // blocks in acquire order
@@ -185,7 +199,12 @@ class ZOEngine {
   std::vector<float*> h_plus_, h_minus_;
   int64_t vocab_chunk_ = 0;
   std::vector<float> mask_;            // per parameter (Sparse MeZO)
-  float *m_ = nullptr, *v_ = nullptr;  // optimizer state (device memory, storage layout)
+  // Optimizer state in storage layout: without streaming m_/v_ in device memory (allocated by
+  // the first update or write_state(), so that an engine about to stream never holds it whole
+  // on the device); with streaming state_host_, the pinned host masters (m, then v) that stream_
+  // carries as its planes 1 and 2.
+  float *m_ = nullptr, *v_ = nullptr;
+  std::vector<float*> state_host_;
   size_t buffer_bytes_ = 0;
   int lm_block_ = -1;                     // the block holding the LM head matrix
   std::unique_ptr<BlockStreamer> stream_;  // null: the walk works on the model's storage

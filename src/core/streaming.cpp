@@ -1,7 +1,8 @@
 // The parameter streaming scheduler of streaming.h: residency planned once from the budget, then
 // per acquire a Belady-style ring (a slot is reused for the block whose next use is farthest),
 // uploads queued ahead along the walk's order, write-backs queued behind it, all ordered by
-// events between the compute, upload and write-back streams.
+// events between the compute, upload and write-back streams. Every transfer moves all of a
+// block's planes (weights, then optimizer state).
 #include "zof/streaming.h"
 
 #include <algorithm>
@@ -69,30 +70,40 @@ std::string format_bytes(uint64_t bytes) {
   return b;
 }
 
-size_t BlockStreamer::block_bytes(const Model& m, int b) {
-  return round_up((size_t)m.blocks()[b].span * sizeof(float));
+size_t BlockStreamer::block_bytes(const Model& m, int b, int planes) {
+  return (size_t)planes * round_up((size_t)m.blocks()[b].span * sizeof(float));
 }
 
-size_t BlockStreamer::min_bytes(const Model& m) {
+size_t BlockStreamer::min_bytes(const Model& m, int planes) {
   size_t largest = 0;
-  for (int b = 0; b < (int)m.blocks().size(); ++b) largest = std::max(largest, block_bytes(m, b));
+  for (int b = 0; b < (int)m.blocks().size(); ++b)
+    largest = std::max(largest, block_bytes(m, b, planes));
   return 2 * largest;
 }
 
-size_t BlockStreamer::all_resident_bytes(const Model& m) {
+size_t BlockStreamer::all_resident_bytes(const Model& m, int planes) {
   size_t total = 0;
-  for (int b = 0; b < (int)m.blocks().size(); ++b) total += block_bytes(m, b);
+  for (int b = 0; b < (int)m.blocks().size(); ++b) total += block_bytes(m, b, planes);
   return total;
 }
 
-BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget)
+BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
+                             std::vector<float*> extra_planes)
     : model_(model), be_(be), budget_(budget) {
   const auto& blocks = model.blocks();
   const auto& params = model.params();
   const int nb = (int)blocks.size();
-  ZOF_CHECK(budget >= min_bytes(model),
-            "a streaming budget of " + format_bytes(budget) + " for weights is below the " +
-                format_bytes(min_bytes(model)) + " that two slots of the largest block need");
+  host_planes_.push_back(model.storage());
+  for (float* p : extra_planes) {
+    ZOF_ASSERT(p);
+    host_planes_.push_back(p);
+  }
+  const int planes = num_planes();
+  auto bytes = [&](int b) { return block_bytes(model, b, planes); };
+  ZOF_CHECK(budget >= min_bytes(model, planes),
+            "a streaming budget of " + format_bytes(budget) + " for the blocks is below the " +
+                format_bytes(min_bytes(model, planes)) +
+                " that two slots of the largest block (all its planes) need");
   param_block_.assign(params.size(), -1);
   param_off_.assign(params.size(), 0);
   for (int b = 0; b < nb; ++b)
@@ -103,7 +114,7 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget)
 
   // ---- the plan: which blocks stay, how many slots -------------------------------------------
   resident_.assign(nb, false);
-  if (all_resident_bytes(model) <= budget) {
+  if (all_resident_bytes(model, planes) <= budget) {
     resident_.assign(nb, true);
   } else {
     // Largest first (each resident byte is two bytes of traffic saved per walk), as long as the
@@ -111,7 +122,7 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget)
     std::vector<int> by_size(nb);
     for (int b = 0; b < nb; ++b) by_size[b] = b;
     std::stable_sort(by_size.begin(), by_size.end(),
-                     [&](int a, int b) { return block_bytes(model, a) > block_bytes(model, b); });
+                     [&](int a, int b) { return bytes(a) > bytes(b); });
     size_t kept = 0;
     for (int b : by_size) {
       resident_[b] = true;
@@ -119,18 +130,18 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget)
       int streamed = 0;
       for (int c = 0; c < nb; ++c)
         if (!resident_[c]) {
-          largest = std::max(largest, block_bytes(model, c));
+          largest = std::max(largest, bytes(c));
           ++streamed;
         }
-      if (streamed > 0 && kept + block_bytes(model, b) + std::min(streamed, 2) * largest <= budget)
-        kept += block_bytes(model, b);
+      if (streamed > 0 && kept + bytes(b) + std::min(streamed, 2) * largest <= budget)
+        kept += bytes(b);
       else
         resident_[b] = false;
     }
     int streamed = 0;
     for (int c = 0; c < nb; ++c)
       if (!resident_[c]) {
-        slot_bytes_ = std::max(slot_bytes_, block_bytes(model, c));
+        slot_bytes_ = std::max(slot_bytes_, bytes(c));
         ++streamed;
       }
     // The prefetch depth: as many slots as the rest of the budget holds (never more than there
@@ -138,6 +149,7 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget)
     const int k = (int)std::min<size_t>((size_t)streamed, (budget - kept) / slot_bytes_);
     ZOF_ASSERT(k >= std::min(streamed, 2));
     slots_.resize(k);
+    slot_stride_ = slot_bytes_ / planes / sizeof(float);
   }
 
   // ---- device memory, streams, events ---------------------------------------------------------
@@ -157,9 +169,9 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget)
     for (int b = 0; b < nb; ++b) {
       written_[b] = be.create_event();
       if (!resident_[b]) continue;
-      res_base_[b] = (float*)be.alloc(span_bytes(b));
+      res_base_[b] = (float*)be.alloc(bytes(b));
       res_ready_[b] = be.create_event();
-      device_bytes_ += block_bytes(model, b);
+      device_bytes_ += bytes(b);
     }
     for (Slot& s : slots_) {
       s.base = (float*)be.alloc(slot_bytes_);
@@ -196,7 +208,7 @@ std::string BlockStreamer::describe() const {
     s += ", " + std::to_string(nb - res) + " streamed through " + std::to_string(slots_.size()) +
          " slots of " + format_bytes(slot_bytes_);
   return s + " (" + format_bytes(device_bytes_) + " of a " + format_bytes(budget_) +
-         " budget for weights)";
+         " budget for weights" + (num_planes() > 1 ? " and optimizer state)" : ")");
 }
 
 void BlockStreamer::release_held() {
@@ -244,24 +256,34 @@ void BlockStreamer::load(int block, int slot) {
   // and the block's own last write-back must have reached the host before it is read again.
   if (s.freed) be_.wait(up_, s.free);
   if (written_recorded_[block]) be_.wait(up_, written_[block]);
-  be_.copy_to_device(s.base, host(block), span_bytes(block), up_);
-  be_.record(s.ready, up_);
   s.block = block;
   s.dirty = false;
   s.wrote = false;
   slot_of_[block] = slot;
-  ++stats_.uploads;
-  stats_.bytes_uploaded += span_bytes(block);
+  upload(block);
+  be_.record(s.ready, up_);
 }
 
 void BlockStreamer::upload_resident(int block) {
   if (written_recorded_[block]) be_.wait(up_, written_[block]);
-  be_.copy_to_device(res_base_[block], host(block), span_bytes(block), up_);
+  upload(block);
   be_.record(res_ready_[block], up_);
   res_uploaded_[block] = true;
   res_waited_[block] = false;
+}
+
+void BlockStreamer::upload(int block) {
+  for (int k = 0; k < num_planes(); ++k)
+    be_.copy_to_device(device_plane(block, k), host(block, k), span_bytes(block), up_);
   ++stats_.uploads;
-  stats_.bytes_uploaded += span_bytes(block);
+  stats_.bytes_uploaded += num_planes() * span_bytes(block);
+}
+
+void BlockStreamer::write_back(int block) {
+  for (int k = 0; k < num_planes(); ++k)
+    be_.copy_to_host(host(block, k), device_plane(block, k), span_bytes(block), down_);
+  ++stats_.writebacks;
+  stats_.bytes_written_back += num_planes() * span_bytes(block);
 }
 
 void BlockStreamer::prefetch() {
@@ -335,14 +357,12 @@ void BlockStreamer::release_slot(int slot) {
   if (s.dirty) {
     be_.record(s.consumed, compute_);
     be_.wait(down_, s.consumed);
-    be_.copy_to_host(host(s.block), s.base, span_bytes(s.block), down_);
+    write_back(s.block);
     be_.record(s.free, down_);
     be_.record(written_[s.block], down_);
     written_recorded_[s.block] = true;
     s.wrote = true;
     s.dirty = false;
-    ++stats_.writebacks;
-    stats_.bytes_written_back += span_bytes(s.block);
   } else {
     // If an earlier write-back was pending, compute waited for it at acquire: this event is
     // after it too.
@@ -352,11 +372,15 @@ void BlockStreamer::release_slot(int slot) {
   s.freed = true;
 }
 
-float* BlockStreamer::param(int pi) const {
+float* BlockStreamer::device_plane(int block, int k) const {
+  if (resident_[block]) return res_base_[block] + k * (round_up(span_bytes(block)) / sizeof(float));
+  return slots_[slot_of_[block]].base + k * slot_stride_;
+}
+
+float* BlockStreamer::plane(int pi, int k) const {
   const int b = param_block_[pi];
-  ZOF_ASSERT(b >= 0 && holds_[b] > 0);
-  const float* base = resident_[b] ? res_base_[b] : slots_[slot_of_[b]].base;
-  return const_cast<float*>(base) + param_off_[pi];
+  ZOF_ASSERT(b >= 0 && holds_[b] > 0 && k >= 0 && k < num_planes());
+  return device_plane(b, k) + param_off_[pi];
 }
 
 void BlockStreamer::sync_to_host() {
@@ -369,12 +393,10 @@ void BlockStreamer::sync_to_host() {
       be_.wait(down_, res_consumed_);
       ordered = true;
     }
-    be_.copy_to_host(host(b), res_base_[b], span_bytes(b), down_);
+    write_back(b);
     be_.record(written_[b], down_);
     written_recorded_[b] = true;
     res_dirty_[b] = false;
-    ++stats_.writebacks;
-    stats_.bytes_written_back += span_bytes(b);
   }
   be_.synchronize(down_);
   be_.synchronize(up_);  // prefetches done too: the host may read and write its copy freely

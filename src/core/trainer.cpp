@@ -449,21 +449,6 @@ json finetune(TrainOptions opt) {
     ZOF_CHECK(saved.storage_size() == model.storage_size(),
               "checkpoint " + ckpt.string() + " does not match the model's layout");
     std::copy(saved.storage(), saved.storage() + saved.storage_size(), model.storage());
-    if (engine.state_m()) {
-      const fs::path f = ckpt / "optimizer.safetensors";
-      ZOF_CHECK(fs::exists(f), "checkpoint " + ckpt.string() + " has no optimizer.safetensors: it "
-                "was not written by a --optimizer " + opt.optimizer + " run");
-      auto st = safetensors::Archive::open_file(f.string());
-      const int64_t n = model.storage_size();
-      std::vector<float> buf(n);
-      safetensors::to_f32(st.require("m", {n}), buf.data());
-      backend->copy_to_device(engine.state_m(), buf.data(), n * sizeof(float), nullptr);
-      if (engine.state_v()) {
-        safetensors::to_f32(st.require("v", {n}), buf.data());
-        backend->copy_to_device(engine.state_v(), buf.data(), n * sizeof(float), nullptr);
-      }
-      backend->synchronize(nullptr);
-    }
     start = state.at("step");
     bad_run = state.value("bad_run", 0);
     eval_before = state.value("eval_before", json());
@@ -475,6 +460,19 @@ json finetune(TrainOptions opt) {
   // Streaming starts from the weights the run starts (or resumes) with: the model's storage,
   // which stays the master copy (current after every flush: evaluation, checkpoints, the end).
   if (opt.sim_device) engine.enable_streaming(gpu_mem);
+  // Momentum/Adam state beside the checkpoint's weights, once streaming (which keeps it in host
+  // memory) is settled.
+  if (!ckpt.empty() && engine.state_planes() > 0) {
+    const fs::path f = ckpt / "optimizer.safetensors";
+    ZOF_CHECK(fs::exists(f), "checkpoint " + ckpt.string() + " has no optimizer.safetensors: it "
+              "was not written by a --optimizer " + opt.optimizer + " run");
+    auto st = safetensors::Archive::open_file(f.string());
+    const int64_t n = model.storage_size();
+    std::vector<float> m(n), v(engine.state_planes() == 2 ? n : 0);
+    safetensors::to_f32(st.require("m", {n}), m.data());
+    if (!v.empty()) safetensors::to_f32(st.require("v", {n}), v.data());
+    engine.write_state(m, v);
+  }
   // Every rank has checked the run directory before rank 0 writes into it.
   comm->barrier();
   if (!resuming && root)
@@ -527,16 +525,12 @@ json finetune(TrainOptions opt) {
     fs::create_directories(tmp);
     model.save(tmp.string(), DType::F32);  // fp32 master weights: exact resume
     // Momentum/Adam state beside the weights (storage layout), for an exact resume.
-    if (engine.state_m()) {
+    if (engine.state_planes() > 0) {
       const int64_t n = model.storage_size();
-      std::vector<float> m(n), v(engine.state_v() ? n : 0);
-      backend->copy_to_host(m.data(), engine.state_m(), n * sizeof(float), nullptr);
+      std::vector<float> m, v;
+      engine.read_state(m, v);
       std::vector<safetensors::TensorOut> t{{"m", DType::F32, {n}, m.data()}};
-      if (engine.state_v()) {
-        backend->copy_to_host(v.data(), engine.state_v(), n * sizeof(float), nullptr);
-        t.push_back({"v", DType::F32, {n}, v.data()});
-      }
-      backend->synchronize(nullptr);
+      if (!v.empty()) t.push_back({"v", DType::F32, {n}, v.data()});
       safetensors::write((tmp / "optimizer.safetensors").string(), t,
                          {{"optimizer", opt.optimizer}});
     }

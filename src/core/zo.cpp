@@ -91,19 +91,6 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
         mask_[pi] = mag[k];
       }
     }
-    if (opt.optimizer != ZOStepOptions::Optimizer::SGD) {
-      const int64_t n = model_.storage_size();
-      auto zeroed = [&] {
-        float* p = alloc(n);
-        const std::vector<float> zeros(std::min<int64_t>(n, 1 << 20), 0.f);
-        for (int64_t i = 0; i < n; i += (int64_t)zeros.size())
-          be_.copy_to_device(p + i, zeros.data(),
-                             std::min<int64_t>((int64_t)zeros.size(), n - i) * sizeof(float), nullptr);
-        return p;
-      };
-      m_ = zeroed();
-      if (opt.optimizer == ZOStepOptions::Optimizer::Adam) v_ = zeroed();
-    }
     const size_t free1 = be_.free_memory();
     buffer_bytes_ = free0_ > free1 ? free0_ - free1 : 0;
     for (int b = 0; b < (int)model_.blocks().size(); ++b)
@@ -136,6 +123,85 @@ void ZOEngine::release_buffers() {
   for (float* p : h_minus_) be_.free(p);
   h_plus_.clear();
   h_minus_.clear();
+  for (float* p : state_host_) be_.free_host_pinned(p);
+  state_host_.clear();
+}
+
+int ZOEngine::state_planes() const {
+  switch (opt_.optimizer) {
+    case ZOStepOptions::Optimizer::SGD: return 0;
+    case ZOStepOptions::Optimizer::Momentum: return 1;
+    case ZOStepOptions::Optimizer::Adam: return 2;
+  }
+  return 0;
+}
+
+void ZOEngine::alloc_device_state() {
+  ZOF_ASSERT(!stream_ && !m_ && state_planes() > 0);
+  const int64_t n = model_.storage_size();
+  const std::vector<float> zeros(std::min<int64_t>(n, 1 << 20), 0.f);
+  float* planes[2] = {nullptr, nullptr};
+  try {
+    for (int k = 0; k < state_planes(); ++k) {
+      planes[k] = (float*)be_.alloc(n * sizeof(float));
+      for (int64_t i = 0; i < n; i += (int64_t)zeros.size())
+        be_.copy_to_device(planes[k] + i, zeros.data(),
+                           std::min<int64_t>((int64_t)zeros.size(), n - i) * sizeof(float), nullptr);
+    }
+    be_.synchronize(nullptr);  // the zeros are read from a host vector about to go
+  } catch (...) {
+    for (float* p : planes)
+      if (p) be_.free(p);
+    throw;
+  }
+  m_ = planes[0];
+  v_ = planes[1];
+}
+
+float* ZOEngine::state(int pi, int plane) {
+  ZOF_ASSERT(plane >= 1 && plane <= state_planes());
+  if (stream_) return stream_->plane(pi, plane);
+  if (!m_) alloc_device_state();
+  return (plane == 1 ? m_ : v_) + (model_.params()[pi].data - model_.storage());
+}
+
+void ZOEngine::read_state(std::vector<float>& m, std::vector<float>& v) {
+  flush();  // with streaming, the host masters are current from here
+  const int64_t n = model_.storage_size();
+  const int planes = state_planes();
+  m.assign(planes >= 1 ? n : 0, 0.f);
+  v.assign(planes >= 2 ? n : 0, 0.f);
+  if (planes == 0) return;
+  if (stream_) {
+    std::copy(state_host_[0], state_host_[0] + n, m.data());
+    if (planes == 2) std::copy(state_host_[1], state_host_[1] + n, v.data());
+    return;
+  }
+  if (!m_) return;  // no update yet: the zeros above
+  be_.copy_to_host(m.data(), m_, n * sizeof(float), nullptr);
+  if (planes == 2) be_.copy_to_host(v.data(), v_, n * sizeof(float), nullptr);
+  be_.synchronize(nullptr);
+}
+
+void ZOEngine::write_state(const std::vector<float>& m, const std::vector<float>& v) {
+  const int64_t n = model_.storage_size();
+  const int planes = state_planes();
+  ZOF_ASSERT((int64_t)m.size() == (planes >= 1 ? n : 0) &&
+             (int64_t)v.size() == (planes >= 2 ? n : 0));
+  if (planes == 0) return;
+  if (stream_) {
+    // Prefetches may be reading the host masters and resident blocks hold the current state:
+    // both settle first; then every device copy is dropped and uploaded again from the new state.
+    stream_->sync_to_host();
+    std::copy(m.begin(), m.end(), state_host_[0]);
+    if (planes == 2) std::copy(v.begin(), v.end(), state_host_[1]);
+    stream_->reload_from_host();
+    return;
+  }
+  if (!m_) alloc_device_state();
+  be_.copy_to_device(m_, m.data(), n * sizeof(float), nullptr);
+  if (planes == 2) be_.copy_to_device(v_, v.data(), n * sizeof(float), nullptr);
+  be_.synchronize(nullptr);
 }
 
 ZKey ZOEngine::key(uint32_t step, int j) const {
@@ -187,9 +253,8 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
       o.wd = p.decay ? pending_.wd : 0.f;
       o.bc1 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta1, (double)pending_.t)));
       o.bc2 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta2, (double)pending_.t)));
-      const int64_t so = p.data - model_.storage();
-      be_.zo_update_state(th, m_ + so, v_ ? v_ + so : nullptr, p.numel, (uint32_t)pi, 0,
-                          terms.data(), (int)terms.size(), o);
+      be_.zo_update_state(th, state(pi, 1), o.kind == ZOOptimizer::Adam ? state(pi, 2) : nullptr,
+                          p.numel, (uint32_t)pi, 0, terms.data(), (int)terms.size(), o);
     }
     const bool fused = upd && !stateful;  // ZO-SGD's update rides along with the perturbation
     const ZKey ck = cur ? masked(*cur, pi) : ZKey{};
@@ -496,30 +561,45 @@ std::vector<int> ZOEngine::walk_order(size_t micro_batches) const {
 }
 
 size_t ZOEngine::streaming_minimum() const {
-  return buffer_bytes_ + BlockStreamer::min_bytes(model_);
+  return buffer_bytes_ + BlockStreamer::min_bytes(model_, 1 + state_planes());
 }
 
 void ZOEngine::enable_streaming(size_t gpu_mem) {
   ZOF_CHECK(first_block_ == 0 && last_block_ < 0,
             "--gpu-mem (parameter streaming) does not combine with pipeline stages; use "
             "--pipeline-stages 1");
-  ZOF_ASSERT(!stream_);
+  // The state streams from the host from the start: none may be on the device yet.
+  ZOF_ASSERT(!stream_ && !m_);
+  const int planes = 1 + state_planes();
   const size_t free_now = be_.free_memory();
   const size_t budget = gpu_mem > 0 ? gpu_mem : buffer_bytes_ + free_now;
-  const size_t need = streaming_minimum(), slots = BlockStreamer::min_bytes(model_);
+  const size_t need = streaming_minimum(), slots = BlockStreamer::min_bytes(model_, planes);
+  const std::string slot_what =
+      planes == 1 ? "its weights"
+                  : planes == 2 ? "its weights and momentum" : "its weights and Adam's m and v";
+  const std::string lower = planes == 1 ? "lower --batch or --seq-len"
+                                        : "lower --batch or --seq-len, or use --optimizer sgd "
+                                          "(no optimizer state)";
   ZOF_CHECK(budget >= need,
             "--gpu-mem " + format_bytes(budget) + " is below this run's minimum of " +
                 std::to_string(need) + " bytes (" + format_bytes(need) + "): " +
                 format_bytes(buffer_bytes_) + " of activation and copy buffers plus two slots of " +
-                "the largest block (" + format_bytes(slots / 2) +
-                " each); raise --gpu-mem, or lower --batch or --seq-len");
-  const size_t weights = std::min(budget - buffer_bytes_, free_now);
-  ZOF_CHECK(weights >= slots, "the device has " + format_bytes(free_now) +
-                                  " free after the engine's buffers, less than the " +
-                                  format_bytes(slots) + " that streaming needs (two slots of " +
-                                  "the largest block); free device memory (other processes), or " +
-                                  "lower --batch or --seq-len");
-  stream_ = std::make_unique<BlockStreamer>(model_, be_, weights);
+                "the largest block (" + format_bytes(slots / 2) + " each: " + slot_what +
+                "); raise --gpu-mem, or " + lower);
+  const size_t blocks = std::min(budget - buffer_bytes_, free_now);
+  ZOF_CHECK(blocks >= slots, "the device has " + format_bytes(free_now) +
+                                 " free after the engine's buffers, less than the " +
+                                 format_bytes(slots) + " that streaming needs (two slots of " +
+                                 "the largest block, " + slot_what + "); free device memory " +
+                                 "(other processes), or " + lower);
+  // The state's master: pinned (the planes' copies are asynchronous), zero (no update yet).
+  const int64_t n = model_.storage_size();
+  while ((int)state_host_.size() < state_planes()) {
+    float* p = (float*)be_.alloc_host_pinned(n * sizeof(float));
+    std::fill(p, p + n, 0.f);
+    state_host_.push_back(p);
+  }
+  stream_ = std::make_unique<BlockStreamer>(model_, be_, blocks, state_host_);
 }
 
 double ZOEngine::loss(const std::vector<LossBatch>& micro) {

@@ -1,8 +1,11 @@
 // Parameter streaming (streaming.h) on the simulated device (sim_device.h): ZO steps with the
 // blocks streamed through budgets from the minimum (two slots of the largest block) to the whole
-// model give the plain CPU run's losses and weights bit for bit, never exceed the budget, and
-// leave the hazard checker nothing to report; a budget below the minimum is refused; the CLI's
-// --sim-device --gpu-mem run writes the same model as a run without streaming.
+// model give the plain CPU run's losses, weights and momentum/Adam state bit for bit, never
+// exceed the budget, and leave the hazard checker nothing to report; the optimizer state streams
+// with its blocks (never whole on the device) and raises the minimum; a budget below the minimum
+// is refused; the CLI's --sim-device --gpu-mem run writes the same model as a run without
+// streaming, and an Adam run killed and resumed under streaming finishes as the plain one.
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +26,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+using Opt = zof::ZOStepOptions::Optimizer;
 
 std::string model_dir(const std::string& name) {
   if (name == "stories260K") return zof::test::assets_dir() + "/models/stories260K";
@@ -63,7 +68,7 @@ int64_t max_rows(const std::vector<zof::LossBatch>& mb) {
 struct RunResult {
   std::vector<zof::QueryLosses> losses;
   double eval_loss = 0;
-  std::vector<float> weights;
+  std::vector<float> weights, m, v;  // after the flush; m, v: the optimizer state (read_state)
   zof::SimDeviceStats sim;
   zof::StreamingStats before_flush, after;
   bool all_resident = false;
@@ -107,15 +112,18 @@ RunResult run_steps(const std::string& name, const zof::ZOStepOptions& o, size_t
     r.eval_loss = eng.loss(mb);  // flushes: the model's storage is current from here
     if (auto* st = eng.streamer()) r.after = st->stats();
     r.weights.assign(m.storage(), m.storage() + m.storage_size());
+    eng.read_state(r.m, r.v);
   }
   if (sim) r.sim = sim->stats();
   return r;
 }
 
-// The engine's buffers and the model's blocks, measured on a roomy simulated device.
+// The engine's buffers and the model's blocks (with their optimizer state), measured on a roomy
+// simulated device.
 struct Sizes {
   size_t minimum = 0, whole = 0;  // least budget; every block resident
-  int blocks = 0;
+  size_t buffers = 0;             // the engine's own buffers
+  int blocks = 0, planes = 1;     // planes: weights, then m and v
 };
 Sizes sizes(const std::string& name, const zof::ZOStepOptions& o) {
   zof::Model m = zof::Model::load(model_dir(name));
@@ -124,8 +132,14 @@ Sizes sizes(const std::string& name, const zof::ZOStepOptions& o) {
   so.budget = size_t(1) << 30;
   auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
   zof::ZOEngine eng(m, *sim, max_rows(mb), o);
-  return {eng.streaming_minimum(), eng.buffer_bytes() + zof::BlockStreamer::all_resident_bytes(m),
-          (int)m.blocks().size()};
+  const int planes = 1 + eng.state_planes();
+  return {eng.streaming_minimum(),
+          eng.buffer_bytes() + zof::BlockStreamer::all_resident_bytes(m, planes),
+          eng.buffer_bytes(), (int)m.blocks().size(), planes};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 struct Case {
@@ -133,7 +147,7 @@ struct Case {
   int queries = 1;
   float weight_decay = 0.f;
   bool one_sided = false;
-  bool adam = false;
+  Opt optimizer = Opt::SGD;
 };
 
 class StreamedSteps : public ::testing::TestWithParam<Case> {};
@@ -147,7 +161,7 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
   o.queries = c.queries;
   o.seed = 99;
   o.one_sided = c.one_sided;
-  if (c.adam) o.optimizer = zof::ZOStepOptions::Optimizer::Adam;
+  o.optimizer = c.optimizer;
   const RunResult plain = run_steps(c.model, o, 0);
   const Sizes sz = sizes(c.model, o);
   ASSERT_LT(sz.minimum, sz.whole);
@@ -168,6 +182,8 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
     ASSERT_EQ(s.weights.size(), plain.weights.size());
     EXPECT_EQ(std::memcmp(s.weights.data(), plain.weights.data(), s.weights.size() * 4), 0)
         << "the final weights differ";
+    EXPECT_TRUE(same_bits(s.m, plain.m)) << "the optimizer's m differs";
+    EXPECT_TRUE(same_bits(s.v, plain.v)) << "Adam's v differs";
     EXPECT_LE(s.sim.peak, budget);
     EXPECT_GT(s.sim.peak, 0u);
     EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
@@ -191,6 +207,12 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
   // The plain run's weights moved: the comparison above compared something.
   zof::Model base = zof::Model::load(model_dir(c.model));
   EXPECT_NE(std::memcmp(base.storage(), plain.weights.data(), plain.weights.size() * 4), 0);
+  const std::vector<float> zeros(plain.m.size(), 0.f);
+  EXPECT_EQ(plain.m.size(), c.optimizer == Opt::SGD ? 0u : plain.weights.size());
+  EXPECT_EQ(plain.v.size(), c.optimizer == Opt::Adam ? plain.weights.size() : 0u);
+  if (c.optimizer != Opt::SGD) {
+    EXPECT_FALSE(same_bits(plain.m, zeros)) << "m never moved";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -198,12 +220,135 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"llama_gqa", 1}, Case{"llama_gqa", 2, 0.1f}, Case{"gpt2", 1},
                       Case{"gpt2", 2, 0.05f}, Case{"opt350_shape", 1}, Case{"opt350_shape", 2},
                       Case{"stories260K", 1}, Case{"stories260K", 2, 0.1f},
-                      Case{"llama_gqa", 2, 0.f, true}, Case{"stories260K", 1, 0.f, false, true}),
+                      Case{"llama_gqa", 2, 0.f, true},
+                      Case{"stories260K", 1, 0.f, false, Opt::Adam},
+                      Case{"stories260K", 2, 0.1f, false, Opt::Momentum},
+                      Case{"llama_gqa", 2, 0.1f, false, Opt::Adam},
+                      Case{"gpt2", 1, 0.f, true, Opt::Momentum}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.model + "_q" + std::to_string(c.queries) + (c.weight_decay > 0 ? "_wd" : "") +
-             (c.one_sided ? "_one_sided" : "") + (c.adam ? "_adam" : "");
+             (c.one_sided ? "_one_sided" : "") +
+             (c.optimizer == Opt::Adam ? "_adam" : c.optimizer == Opt::Momentum ? "_momentum" : "");
     });
+
+// The optimizer state streams with its blocks: the minimum grows by a slot's share of m (and v),
+// and at that minimum the device never holds m or v whole, nor more than the budget.
+TEST(Streaming, OptimizerStateStreamsWithItsBlocks) {
+  ZOF_REQUIRE_PATH(model_dir("stories260K") + "/model.safetensors");
+  zof::ZOStepOptions o;
+  o.eps = 1e-2f;
+  o.seed = 12;
+  o.queries = 2;
+  o.weight_decay = 0.05f;
+  const Sizes sgd = sizes("stories260K", o);
+  o.optimizer = Opt::Momentum;
+  const Sizes momentum = sizes("stories260K", o);
+  o.optimizer = Opt::Adam;
+  const Sizes adam = sizes("stories260K", o);
+  zof::Model m = zof::Model::load(model_dir("stories260K"));
+  EXPECT_EQ(adam.planes, 3);
+  EXPECT_EQ(adam.buffers, sgd.buffers) << "the engine's own buffers hold no optimizer state";
+  EXPECT_EQ(sgd.minimum, sgd.buffers + zof::BlockStreamer::min_bytes(m, 1));
+  EXPECT_EQ(momentum.minimum, sgd.buffers + zof::BlockStreamer::min_bytes(m, 2));
+  EXPECT_EQ(adam.minimum, sgd.buffers + zof::BlockStreamer::min_bytes(m, 3));
+  EXPECT_LT(sgd.minimum, momentum.minimum);
+  EXPECT_LT(momentum.minimum, adam.minimum);
+
+  const RunResult plain = run_steps("stories260K", o, 0);
+  const RunResult s = run_steps("stories260K", o, adam.minimum);
+  EXPECT_EQ(s.slots, 2);
+  EXPECT_FALSE(s.all_resident);
+  EXPECT_TRUE(same_bits(s.weights, plain.weights));
+  EXPECT_TRUE(same_bits(s.m, plain.m));
+  EXPECT_TRUE(same_bits(s.v, plain.v));
+  EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
+  EXPECT_LE(s.sim.peak, adam.minimum);
+  // Whole on the device, m and v alone would take the weights' bytes twice over; the blocks'
+  // share of the peak (two slots of weights, m and v) is well under the three whole.
+  const size_t state_whole = 2 * zof::BlockStreamer::all_resident_bytes(m, 1);
+  EXPECT_LT(s.sim.peak, adam.buffers + state_whole);
+  EXPECT_LT(2 * (s.sim.peak - adam.buffers), zof::BlockStreamer::all_resident_bytes(m, 3));
+
+  // A budget that fits SGD's slots but not Adam's is refused, naming the flag and the fix.
+  zof::SimDeviceOptions so;
+  so.budget = adam.minimum - 1;
+  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  const auto mb = micro_batches("stories260K");
+  zof::ZOEngine eng(m, *sim, max_rows(mb), o);
+  for (size_t budget : {sgd.minimum, adam.minimum - 1}) {
+    try {
+      eng.enable_streaming(budget);
+      FAIL() << "Adam streamed within " << budget << " bytes, below its minimum of "
+             << adam.minimum;
+    } catch (const zof::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("--gpu-mem"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("minimum of " + std::to_string(adam.minimum) + " bytes"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("Adam's m and v"), std::string::npos) << msg;
+    }
+  }
+}
+
+// The state read from a streamed run (a checkpoint) and written into a fresh engine, streamed or
+// not, continues exactly as the run that never stopped.
+TEST(Streaming, OptimizerStateResumesExactly) {
+  ZOF_REQUIRE_PATH(model_dir("stories260K") + "/model.safetensors");
+  for (Opt opt : {Opt::Momentum, Opt::Adam}) {
+    SCOPED_TRACE(opt == Opt::Adam ? "adam" : "momentum");
+    zof::ZOStepOptions o;
+    o.eps = 1e-2f;
+    o.seed = 21;
+    o.weight_decay = 0.1f;
+    o.optimizer = opt;
+    const auto mb = micro_batches("stories260K");
+    const size_t minimum = sizes("stories260K", o).minimum;
+    struct State {
+      std::vector<float> weights, m, v;
+    };
+    // Steps [first, last) from `from` (null: the model's own weights and zero state) on the plain
+    // backend (budget 0) or streamed; the state after a flush.
+    auto steps = [&](const State* from, uint32_t first, uint32_t last, size_t budget) {
+      zof::Model m = zof::Model::load(model_dir("stories260K"));
+      if (from) std::copy(from->weights.begin(), from->weights.end(), m.storage());
+      zof::SimDeviceOptions so;
+      so.budget = budget;
+      std::unique_ptr<zof::Backend> be =
+          budget ? std::unique_ptr<zof::Backend>(zof::make_sim_device(zof::make_cpu_backend(0), so))
+                 : zof::make_cpu_backend(0);
+      State out;
+      {
+        zof::ZOEngine eng(m, *be, max_rows(mb), o);
+        if (budget) eng.enable_streaming(budget);
+        if (from) eng.write_state(from->m, from->v);
+        for (uint32_t step = first; step < last; ++step) {
+          const auto ql = eng.perturbed_losses(step, mb);
+          eng.schedule_update(step, 1e-3f, eng.projected_gradients(ql));
+          if (step == 1) eng.flush();  // where the checkpoint is taken
+        }
+        eng.read_state(out.m, out.v);
+        out.weights.assign(m.storage(), m.storage() + m.storage_size());
+      }
+      if (budget) {
+        const auto st = static_cast<zof::SimDevice*>(be.get())->stats();
+        EXPECT_EQ(st.hazards, 0) << st.first_hazard;
+        EXPECT_LE(st.peak, budget);
+      }
+      return out;
+    };
+    const State whole = steps(nullptr, 0, 4, 0);
+    const State half = steps(nullptr, 0, 2, minimum);
+    for (size_t budget : {minimum, size_t(0)}) {
+      SCOPED_TRACE("resumed with budget " + std::to_string(budget));
+      const State resumed = steps(&half, 2, 4, budget);
+      EXPECT_TRUE(same_bits(resumed.weights, whole.weights));
+      EXPECT_TRUE(same_bits(resumed.m, whole.m));
+      EXPECT_TRUE(same_bits(resumed.v, whole.v));
+    }
+  }
+}
 
 // A slow simulated bus: compute waits on uploads, and the results do not change.
 TEST(Streaming, SlowCopiesChangeNothing) {
@@ -379,9 +524,11 @@ TEST(Streaming, MemorySizes) {
 
 class StreamingCli : public zof::test::ShakespeareRunTest {
  protected:
-  zof::test::CommandResult finetune(const std::string& out, const std::string& extra) {
+  // env: variables for the command (fault injection), e.g. "ZOF_FAULT_KILL_AT_STEP=3 ".
+  zof::test::CommandResult finetune(const std::string& out, const std::string& extra,
+                                    const std::string& env = "") {
     return zof::test::run_command(
-        zof::test::zof_binary() + " finetune --model " + model_dir("stories260K") +
+        env + zof::test::zof_binary() + " finetune --model " + model_dir("stories260K") +
         " --task text --data " + (dir_ / "text.txt").string() + " --out " + (dir_ / out).string() +
         " --steps 5 --batch 4 --micro-batches 2 --queries 2 --seq-len 32 --lr 1e-4 --eps 1e-3 "
         "--seed 7 --save-every 2 --eval-examples 8 --json " + extra);
@@ -429,6 +576,44 @@ TEST_F(StreamingCli, SimDeviceRunWritesTheSameModel) {
   // --gpu-mem is layout, not part of the run: run.json does not hold it.
   EXPECT_EQ(zof::test::read_file((dir_ / "tight" / "run.json").string()).find("gpu"),
             std::string::npos);
+}
+
+// Adam under streaming: its minimum is above SGD's, and a run killed after a checkpoint and
+// resumed (its state back from optimizer.safetensors into host memory) writes the plain run's
+// model, step log and final optimizer state.
+TEST_F(StreamingCli, AdamRunResumesExactly) {
+  const std::string adam = "--optimizer adam --lr 1e-3 ";
+  auto plain = finetune("plain", adam);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto roomy_sgd = finetune("roomy_sgd", "--sim-device --gpu-mem 256MiB");
+  ASSERT_EQ(roomy_sgd.code, 0) << roomy_sgd.err;
+  auto roomy = finetune("roomy", adam + "--sim-device --gpu-mem 256MiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const uint64_t minimum = last_json(roomy.out)["streaming"]["min_bytes"];
+  EXPECT_GT(minimum, last_json(roomy_sgd.out)["streaming"]["min_bytes"].get<uint64_t>());
+  const std::string tight = adam + "--sim-device --gpu-mem " + std::to_string(minimum);
+  // Killed at step 3, after the checkpoint of step 2.
+  auto killed = finetune("tight", tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+  ASSERT_EQ(killed.code, 128 + SIGKILL) << killed.err;
+  auto resumed = zof::test::run_command(zof::test::zof_binary() + " finetune --resume " +
+                                        (dir_ / "tight").string() + " --json --sim-device " +
+                                        "--gpu-mem " + std::to_string(minimum));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming at step 2"), std::string::npos) << resumed.err;
+  const json j = last_json(resumed.out);
+  EXPECT_GT(j["streaming"]["streamed_blocks"].get<int>(), 0) << j.dump();
+  EXPECT_LE(j["streaming"]["peak_bytes"].get<uint64_t>(), minimum);
+  EXPECT_EQ(j["streaming"]["hazards"], 0);
+  ASSERT_TRUE(fs::exists(dir_ / "plain" / "checkpoint-5" / "optimizer.safetensors"));
+  for (const char* f : {"model.safetensors", "zo_log.jsonl", "checkpoint-5/optimizer.safetensors"})
+    EXPECT_EQ(zof::test::read_file((dir_ / "tight" / f).string()),
+              zof::test::read_file((dir_ / "plain" / f).string()))
+        << f;
+  auto below = finetune("below", adam + "--sim-device --gpu-mem " + std::to_string(minimum - 1));
+  EXPECT_EQ(below.code, 1);
+  EXPECT_NE(below.err.find("--gpu-mem"), std::string::npos) << below.err;
+  EXPECT_NE(below.err.find("minimum of " + std::to_string(minimum) + " bytes"), std::string::npos)
+      << below.err;
 }
 
 TEST_F(StreamingCli, BadBudgetsAreRefused) {

@@ -203,6 +203,27 @@ TEST_P(ZOOptionsVsReference, ThreeStepsAgree) {
   }
   EXPECT_GT(max_delta, 1e-5);  // the updates did something measurable
   EXPECT_LT(max_err, 2e-3 * max_delta + 1e-7);
+  // The state checkpoints save (read_state) is the reference's m and v.
+  std::vector<float> em, ev;
+  eng.read_state(em, ev);
+  const bool has_m = c.optimizer != Opt::SGD, has_v = c.optimizer == Opt::Adam;
+  ASSERT_EQ((int64_t)em.size(), has_m ? S : 0);
+  ASSERT_EQ((int64_t)ev.size(), has_v ? S : 0);
+  auto state_err = [&](const std::vector<float>& got, const std::vector<double>& want) {
+    double err = 0, scale = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      err = std::max(err, std::fabs((double)got[i] - want[i]));
+      scale = std::max(scale, std::fabs(want[i]));
+    }
+    EXPECT_GT(scale, 0.0);
+    return err / scale;
+  };
+  if (has_m) {
+    EXPECT_LT(state_err(em, mom), 1e-4);
+  }
+  if (has_v) {
+    EXPECT_LT(state_err(ev, vel), 1e-4);
+  }
   // Sparse MeZO leaves about `sparsity` of each matrix untouched (weight decay aside); dense
   // updates touch almost all.
   const double frac = (double)unchanged / (double)matrix_elems;
