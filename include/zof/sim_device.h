@@ -5,7 +5,7 @@
 // streams run in order on each stream's worker thread. A hazard checker records every access to
 // memory with a vector clock per stream and reports accesses that no event, stream order or host
 // synchronization orders after a conflicting one: a missing event shows up even when the
-// timing happened to hide it.
+// timing happened to hide it. A pointer checker reports operands that are not device memory.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,6 +19,10 @@ struct SimDeviceOptions {
   size_t budget = 0;          // bytes of device memory (0: what the host has available)
   double copy_bandwidth = 0;  // bytes/s of each copy stream, to mimic a bus (0: memcpy speed)
   bool check_hazards = true;  // the vector-clock checker (costs host time per op)
+  // Every op's operands and the device side of every copy must lie in memory this device
+  // allocated: a host pointer handed to a device op is what a GPU faults on (or reads garbage
+  // through). Off for code that is knowingly host-only.
+  bool check_pointers = true;
 };
 
 struct SimDeviceStats {
@@ -28,6 +32,8 @@ struct SimDeviceStats {
   double compute_wait_s = 0;  // time the default stream (here: the host) blocked on events
   int64_t hazards = 0;        // unordered conflicting accesses (see above)
   std::string first_hazard;   // what the first one was
+  int64_t foreign = 0;        // operands outside device memory (check_pointers)
+  std::string first_foreign;  // which op, and what it was handed
 };
 
 class SimDevice : public Backend {

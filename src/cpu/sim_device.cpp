@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <source_location>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -123,6 +124,7 @@ class SimDeviceImpl final : public SimDevice {
     }
     std::lock_guard lk(mu_);
     sizes_[p] = rounded;
+    ranges_[(uintptr_t)p] = rounded;
     forget(p, rounded);  // earlier accesses there were to host memory since freed
     return p;
   }
@@ -136,6 +138,7 @@ class SimDeviceImpl final : public SimDevice {
     used_ -= it->second;
     const uintptr_t lo = (uintptr_t)ptr, hi = lo + it->second;
     sizes_.erase(it);
+    ranges_.erase(lo);
     forget(ptr, hi - lo);
     lk.unlock();
     std::free(ptr);
@@ -161,15 +164,20 @@ class SimDeviceImpl final : public SimDevice {
     return reinterpret_cast<Stream*>(raw);
   }
   void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override {
-    submit(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); },
+    on_device("copy_to_device (destination)", {W(dst, bytes)});
+    on_host("copy_to_device (source)", src, bytes);
+    submit_unchecked(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); },
            bytes, 0);
   }
   void copy_to_host(void* dst, const void* src, size_t bytes, Stream* s) override {
-    submit(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); },
+    on_device("copy_to_host (source)", {R(src, bytes)});
+    on_host("copy_to_host (destination)", dst, bytes);
+    submit_unchecked(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); },
            0, bytes);
   }
   void copy_device(void* dst, const void* src, size_t bytes, Stream* s) override {
-    submit(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); });
+    on_device("copy_device", {W(dst, bytes), R(src, bytes)});
+    submit_unchecked(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); });
   }
   Event* create_event() override {
     std::lock_guard lk(mu_);
@@ -260,7 +268,9 @@ class SimDeviceImpl final : public SimDevice {
   }
   void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
                  bool accumulate, Stream* s) override {
-    // The table's rows read are data-dependent: only ids and out are tracked.
+    // The table's rows read are data-dependent: only ids and out are tracked (and the table's
+    // first row checked for being device memory).
+    on_device("embedding (table)", {R(table, dim * F)});
     submit(s, {R(ids, n * 4), W(out, n * dim * F)}, [=, h = host_.get()] {
       h->embedding(ids, table, out, n, dim, accumulate, nullptr);
     });
@@ -369,11 +379,13 @@ class SimDeviceImpl final : public SimDevice {
   }
   void reset_counters() override {
     std::lock_guard lk(mu_);
-    const int64_t hazards = stats_.hazards;
-    const std::string first = stats_.first_hazard;
+    const int64_t hazards = stats_.hazards, foreign = stats_.foreign;
+    const std::string first = stats_.first_hazard, first_foreign = stats_.first_foreign;
     stats_ = SimDeviceStats{};
-    stats_.hazards = hazards;  // hazards are never forgotten
+    stats_.hazards = hazards;  // hazards and foreign pointers are never forgotten
     stats_.first_hazard = first;
+    stats_.foreign = foreign;
+    stats_.first_foreign = first_foreign;
     peak_ = used_;
   }
 
@@ -383,8 +395,14 @@ class SimDeviceImpl final : public SimDevice {
   }
 
   // Enqueues fn on stream s (runs it now on the default stream) after checking its accesses.
+  // An op: its operands must be device memory (named by the calling op in the report).
   void submit(Stream* sh, std::initializer_list<Access> acc, std::function<void()> fn,
-              uint64_t to_device = 0, uint64_t to_host = 0) {
+              std::source_location where = std::source_location::current()) {
+    on_device(where.function_name(), acc);
+    submit_unchecked(sh, acc, std::move(fn));
+  }
+  void submit_unchecked(Stream* sh, std::initializer_list<Access> acc, std::function<void()> fn,
+                        uint64_t to_device = 0, uint64_t to_host = 0) {
     SimStream& s = stream(sh);
     std::unique_lock lk(mu_);
     merge(s.vc, host_vc_);
@@ -461,6 +479,35 @@ class SimDeviceImpl final : public SimDevice {
     }
   }
 
+  // Whether [p, p + bytes) lies within one live device allocation.
+  bool device_range(const void* p, size_t bytes) const {
+    const uintptr_t lo = (uintptr_t)p;
+    auto it = ranges_.upper_bound(lo);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return lo + bytes <= it->first + it->second;
+  }
+  void foreign(const std::string& what) {
+    if (stats_.foreign++ == 0) stats_.first_foreign = what;
+  }
+  // The pointer checker: every access of an op (and the device side of a copy) in device memory.
+  void on_device(const char* op, std::initializer_list<Access> acc) {
+    if (!opt_.check_pointers) return;
+    std::lock_guard lk(mu_);
+    for (const Access& a : acc)
+      if (a.p && !device_range(a.p, std::max<size_t>(a.bytes, 1)))
+        foreign(std::string(op) + " was handed " + std::to_string(a.bytes) + " bytes at " +
+                std::to_string((uintptr_t)a.p) + " that are not device memory");
+  }
+  // ... and the host side of a copy outside it (cudaMemcpyAsync's direction would be wrong).
+  void on_host(const char* op, const void* p, size_t bytes) {
+    if (!opt_.check_pointers || !p || !bytes) return;
+    std::lock_guard lk(mu_);
+    auto it = ranges_.upper_bound((uintptr_t)p);
+    if (it != ranges_.begin() && (uintptr_t)p < std::prev(it)->first + std::prev(it)->second)
+      foreign(std::string(op) + " is device memory");
+  }
+
   // Drops the checker's history of [p, p + bytes): memory that changes owner starts fresh.
   void forget(const void* p, size_t bytes) {
     const uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
@@ -516,6 +563,7 @@ class SimDeviceImpl final : public SimDevice {
   std::condition_variable cv_;
   size_t used_ = 0, peak_ = 0;
   std::unordered_map<void*, size_t> sizes_;
+  std::map<uintptr_t, size_t> ranges_;  // the same allocations by address (pointer checker)
   std::vector<std::unique_ptr<SimStream>> streams_;  // [0]: the default stream
   SimStream* def_ = nullptr;
   std::vector<std::unique_ptr<SimEvent>> events_;
