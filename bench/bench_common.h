@@ -152,6 +152,10 @@ class TimingBackend : public zof::Backend {
   void copy_device(void* d, const void* s, size_t b, zof::Stream* st) override {
     timed("copy", 0, [&] { in_.copy_device(d, s, b, st); });
   }
+  void copy_device_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t rows,
+                      zof::Stream* st) override {
+    timed("copy", 0, [&] { in_.copy_device_2d(d, dp, s, sp, w, rows, st); });
+  }
   zof::Event* create_event() override { return in_.create_event(); }
   void record(zof::Event* e, zof::Stream* s) override { in_.record(e, s); }
   void wait(zof::Stream* s, zof::Event* e) override { in_.wait(s, e); }

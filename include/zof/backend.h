@@ -56,6 +56,10 @@ class Backend {
   virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, Stream* s) = 0;
   virtual void copy_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
+  // rows strided rows of width bytes, device to device: row r from src + r * spitch to
+  // dst + r * dpitch (splitting GPT-2's fused QKV, gathering columns).
+  virtual void copy_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t rows, Stream* s) = 0;
   virtual Event* create_event() = 0;  // owned by the backend
   virtual void record(Event* e, Stream* s) = 0;      // e completes when s reaches this point
   virtual void wait(Stream* s, Event* e) = 0;        // s waits for e, the host does not

@@ -1,6 +1,8 @@
 // The transformer forward pass written once over the Backend interface, as a walk over blocks:
 // embed -> layer 0..L-1 -> head. Each piece takes its weights explicitly, so a caller can run a
-// block on perturbed copies (the ZO dual forward) or on weights streamed to a device.
+// block on perturbed copies (the ZO dual forward) or on weights streamed to a device. Every
+// pointer a piece takes is device memory (on the CPU backends: host memory); inputs reach the
+// device through upload(), and the whole-model methods copy their results back to the host.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -20,6 +22,18 @@ struct Batch {
 };
 
 // Keys and values of every layer for incremental decoding. (B, capacity, Hkv, D) per layer.
+// A batch's inputs in device memory (the Forward's own buffers, valid until the next upload).
+struct DeviceInputs {
+  const int32_t* ids = nullptr;        // (rows) token ids, in range
+  const int32_t* pos = nullptr;        // (rows) positions (RoPE)
+  const int32_t* embed_pos = nullptr;  // (rows) rows of a learned position table (OPT: pos + 2)
+  const uint8_t* key_mask = nullptr;   // (rows) 1 for a real token, 0 for padding
+  int64_t B = 0, T = 0;
+};
+
+class BlockStreamer;  // streaming.h
+
+// Host backends only: the cache lives in host memory.
 struct KVCache {
   int64_t B = 0, capacity = 0, length = 0;  // length: positions filled so far
   std::vector<std::vector<float>> k, v;
@@ -42,16 +56,27 @@ class Forward {
   void next_token_nll(const Batch& batch, std::vector<float>& nll);
 
   // Incremental decoding: runs ids (B, T) at positions cache.length.., appends to the cache and
-  // returns the logits (B, V) of each row's last position. All rows advance together.
+  // returns the logits (B, V) of each row's last position. All rows advance together. The cache
+  // is host memory: host backends only.
   void decode_step(const int32_t* ids, int64_t B, int64_t T, KVCache& cache,
                    std::vector<float>& last_logits);
   KVCache make_cache(int64_t B, int64_t capacity) const;
 
-  // ---- the pieces of the walk ------------------------------------------------------------
-  // h (B*T, C) = embeddings of ids at positions pos (B*T).
-  void embed(const EmbedWeights& w, const int32_t* ids, const int32_t* pos, int64_t rows, float* h);
-  // One transformer layer in place on h (B, T, C). key_mask (B, Tk) or null; with a cache, the
-  // layer appends its keys/values at cache.length and attends to all Tk = length + T keys.
+  // Where the whole-model methods (logits, nll, decode_step) read the weights: the Model's
+  // storage (null, the default) or blocks acquired from a streamer (device backends).
+  void set_weights(BlockStreamer* s) { weights_ = s; }
+
+  // ---- the pieces of the walk (device pointers) --------------------------------------------
+  // Checks the batch (ids in the vocabulary, positions within the context) and copies its ids,
+  // positions and key mask to the device. ids, when given, replace the batch's (rows of a
+  // compact table the caller built and checked).
+  DeviceInputs upload(const Batch& batch, const int32_t* ids = nullptr);
+  // h (B*T, C) = embeddings of ids at embed_pos (DeviceInputs' arrays).
+  void embed(const EmbedWeights& w, const int32_t* ids, const int32_t* embed_pos, int64_t rows,
+             float* h);
+  // One transformer layer in place on h (B, T, C). key_mask (B, Tk) or null; with a cache (host
+  // backends), the layer appends its keys/values at cache.length and attends to all Tk =
+  // length + T keys.
   void layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t T, const int32_t* pos,
              const uint8_t* key_mask, KVCache* cache);
   // Final norm and projection: rows of h (rows, C) -> logits (rows, V).
@@ -60,24 +85,40 @@ class Forward {
   // LM head's input width; rows <= max_rows. x may not alias h.
   void head_features(const HeadWeights& w, const float* h, int64_t rows, float* x);
   int64_t head_width() const;  // E
-  // Final norm and projection, then nll per row for targets (rows); chunked over rows.
+  // Final norm and projection, then nll per row for targets (rows); chunked over rows. h on the
+  // device, targets and nll on the host.
   void head_nll(const HeadWeights& w, const float* h, int64_t rows, const int32_t* targets,
                 float* nll);
+  // Device scratch of max_rows ints for a caller's row indices (the ZO head's scored rows).
+  int32_t* index_buffer() { return ibuf(kSel); }
 
   Backend& backend() { return be_; }
   const Model& model() const { return model_; }
 
  private:
+  enum IBuf { kIds, kLocal, kPos, kEmbedPos, kSel, kTargets, kNIBuf };
   float* buf(int i) { return bufs_[i]; }
-  // h (B*T, C): the batch through the embedding and every layer at the model's own weights.
-  void hidden(const Batch& batch, std::vector<float>& h);
+  int32_t* ibuf(int i) { return ibufs_[i]; }
+  // The batch through the embedding and every layer at the model's weights, into buf(HID).
+  void hidden(const Batch& batch);
+  // Weight views of the walk's blocks: acquire/release are no-ops without a streamer.
+  void acquire(int block);
+  void release(int block);
+  EmbedWeights embed_weights() const;
+  LayerWeights layer_weights(int li) const;
+  HeadWeights head_weights() const;
+  // The head's blocks: the last one, and the embedding when the LM head is tied.
+  std::vector<int> head_blocks() const;
+  // logits (n, V) of device rows h, copied to the host at out.
+  void logits_to_host(const float* h, int64_t n, float* out);
   const Model& model_;
   const ModelConfig& cfg_;
   Backend& be_;
   int64_t max_rows_;
   std::vector<float*> bufs_;
-  std::vector<int32_t> pos_;
-  std::vector<uint8_t> mask_;
+  std::vector<int32_t*> ibufs_;
+  uint8_t* mask_ = nullptr;
+  BlockStreamer* weights_ = nullptr;
 };
 
 }  // namespace zof

@@ -153,9 +153,11 @@ class ZOEngine {
   // into plus/minus at the block's copy layout. The token table and the LM head matrix get
   // their update here but are never copied whole (see embed_rows and head_sums).
   void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
-  // The batch's rows of the perturbed token table: unique ids in order, their rows at
-  // theta +/- eps z into tok_plus_/tok_minus_; ids remapped to those rows.
-  int64_t embed_rows(const ZKey& key, const int32_t* ids, int64_t rows, std::vector<int32_t>& local);
+  // The batch's rows of the token table: its unique ids in order, and each id's index among them.
+  static void token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
+                         std::vector<int32_t>& local);
+  // Those rows at theta +/- eps z(key) into tok_plus_/tok_minus_ (row k: uniq[k]).
+  void perturb_rows(const ZKey& key, const std::vector<int32_t>& uniq);
   // Summed NLL at theta +/- eps z(key) of the scored rows of hp/hm (hidden states after the
   // last layer), with the head block's small parameters already in blk_plus_/blk_minus_: the
   // LM head is perturbed and multiplied one vocabulary chunk at a time with an online softmax.
@@ -196,6 +198,8 @@ class ZOEngine {
   float *tok_plus_ = nullptr, *tok_minus_ = nullptr;
   float *w_plus_ = nullptr, *w_minus_ = nullptr, *logit_plus_ = nullptr, *logit_minus_ = nullptr;
   float *x_plus_ = nullptr, *x_minus_ = nullptr, *ce_state_ = nullptr;
+  float* h_sel_ = nullptr;       // the scored rows of a hidden state, gathered for the head
+  int32_t* targets_ = nullptr;   // their targets, on the device
   std::vector<float*> h_plus_, h_minus_;
   int64_t vocab_chunk_ = 0;
   std::vector<float> mask_;            // per parameter (Sparse MeZO)

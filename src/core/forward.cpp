@@ -8,10 +8,11 @@
 #include <cstring>
 
 #include "zof/error.h"
+#include "zof/streaming.h"
 
 namespace zof {
 namespace {
-enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, NBUF };
+enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, HID, HS, NLL, NBUF };
 constexpr int64_t kHeadChunk = 256;  // rows of logits formed at once (M of the LM-head GEMM)
 }  // namespace
 
@@ -35,32 +36,65 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_rows)
   const int64_t C = cfg_.hidden_size, E = std::max(C, cfg_.word_embed_proj_dim);
   const int64_t Hq = cfg_.num_heads * cfg_.head_dim, Hk = cfg_.num_kv_heads * cfg_.head_dim;
   const int64_t F = std::max(cfg_.intermediate_size, 3 * C);
+  const int64_t R = std::max(max_rows, kHeadChunk);  // rows of the head's gathers
   const int64_t sizes[NBUF] = {max_rows * E,  max_rows * Hq, max_rows * Hk,
                                max_rows * Hk, max_rows * Hq, max_rows * E,
-                               max_rows * F,  max_rows * F,  kHeadChunk * cfg_.vocab_size};
+                               max_rows * F,  max_rows * F,  kHeadChunk * cfg_.vocab_size,
+                               max_rows * C,  R * C,         R};
+  const int64_t isizes[kNIBuf] = {max_rows, max_rows, max_rows, max_rows, R, R};
   try {
     for (int i = 0; i < NBUF; ++i) bufs_.push_back((float*)be_.alloc(sizes[i] * sizeof(float)));
+    for (int i = 0; i < kNIBuf; ++i)
+      ibufs_.push_back((int32_t*)be_.alloc(isizes[i] * sizeof(int32_t)));
+    mask_ = (uint8_t*)be_.alloc(max_rows);
   } catch (...) {  // a device budget ran out part way: give back what was taken
     for (float* p : bufs_) be_.free(p);
+    for (int32_t* p : ibufs_) be_.free(p);
     throw;
   }
 }
 
 Forward::~Forward() {
   for (float* p : bufs_) be_.free(p);
+  for (int32_t* p : ibufs_) be_.free(p);
+  be_.free(mask_);
 }
 
-void Forward::embed(const EmbedWeights& w, const int32_t* ids, const int32_t* pos, int64_t rows,
-                    float* h) {
-  const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
+DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
+  const int64_t rows = b.B * b.T, V = cfg_.vocab_size;
+  ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
+                                   " tokens exceeds this forward's capacity of " +
+                                   std::to_string(max_rows_));
+  ZOF_CHECK(b.T <= cfg_.max_position,
+            "a sequence of " + std::to_string(b.T) + " tokens is beyond the model's context of " +
+                std::to_string(cfg_.max_position) + " tokens (max_position_embeddings)");
   for (int64_t i = 0; i < rows; ++i)
-    ZOF_CHECK(ids[i] >= 0 && ids[i] < V, "token id " + std::to_string(ids[i]) +
-                                             " is outside the model's vocabulary of " +
-                                             std::to_string(V));
-  for (int64_t i = 0; i < rows; ++i)
-    ZOF_CHECK(pos[i] >= 0 && pos[i] < cfg_.max_position,
-              "position " + std::to_string(pos[i]) + " is beyond the model's context of " +
-                  std::to_string(cfg_.max_position) + " tokens (max_position_embeddings)");
+    ZOF_CHECK(b.ids[i] >= 0 && b.ids[i] < V, "token id " + std::to_string(b.ids[i]) +
+                                                 " is outside the model's vocabulary of " +
+                                                 std::to_string(V));
+  std::vector<int32_t> pos(rows), embed_pos(rows);
+  std::vector<uint8_t> mask(rows);
+  const int32_t offset = cfg_.arch == Arch::OPT ? 2 : 0;  // OPTLearnedPositionalEmbedding's
+  for (int64_t i = 0; i < b.B; ++i)
+    for (int64_t t = 0; t < b.T; ++t) {
+      pos[i * b.T + t] = (int32_t)t;
+      embed_pos[i * b.T + t] = (int32_t)t + offset;
+      mask[i * b.T + t] = t < b.lengths[i];
+    }
+  // From pageable host memory: the copies are staged before the calls return, so the vectors
+  // may go at the end of this function.
+  int32_t* dids = ibuf(ids ? kLocal : kIds);
+  be_.copy_to_device(dids, ids ? ids : b.ids.data(), rows * sizeof(int32_t), nullptr);
+  be_.copy_to_device(ibuf(kPos), pos.data(), rows * sizeof(int32_t), nullptr);
+  be_.copy_to_device(ibuf(kEmbedPos), embed_pos.data(), rows * sizeof(int32_t), nullptr);
+  be_.copy_to_device(mask_, mask.data(), rows, nullptr);
+  be_.synchronize(nullptr);
+  return DeviceInputs{dids, ibuf(kPos), ibuf(kEmbedPos), mask_, b.B, b.T};
+}
+
+void Forward::embed(const EmbedWeights& w, const int32_t* ids, const int32_t* embed_pos,
+                    int64_t rows, float* h) {
+  const int64_t C = cfg_.hidden_size;
   if (w.project_in) {  // OPT-350m: embed in E dims, project to C
     const int64_t E = cfg_.word_embed_proj_dim;
     be_.embedding(ids, w.tokens, buf(XN), rows, E, false);
@@ -68,12 +102,7 @@ void Forward::embed(const EmbedWeights& w, const int32_t* ids, const int32_t* po
   } else {
     be_.embedding(ids, w.tokens, h, rows, C, false);
   }
-  if (w.positions) {
-    std::vector<int32_t> p(pos, pos + rows);
-    if (cfg_.arch == Arch::OPT)
-      for (auto& x : p) x += 2;  // OPTLearnedPositionalEmbedding's offset
-    be_.embedding(p.data(), w.positions, h, rows, C, true);
-  }
+  if (w.positions) be_.embedding(embed_pos, w.positions, h, rows, C, true);
 }
 
 void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t T,
@@ -100,11 +129,10 @@ void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t 
   if (w.qkv_w) {  // GPT-2 fused c_attn: (rows, 3C) then split
     float* qkv = buf(FF1);
     be_.matmul(x, w.qkv_w, w.qkv_b, qkv, rows, 3 * C, C);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(q + r * C, qkv + r * 3 * C, C * sizeof(float));
-      std::memcpy(k + r * C, qkv + r * 3 * C + C, C * sizeof(float));
-      std::memcpy(v + r * C, qkv + r * 3 * C + 2 * C, C * sizeof(float));
-    }
+    const size_t row = C * sizeof(float);
+    be_.copy_device_2d(q, row, qkv, 3 * row, row, rows, nullptr);
+    be_.copy_device_2d(k, row, qkv + C, 3 * row, row, rows, nullptr);
+    be_.copy_device_2d(v, row, qkv + 2 * C, 3 * row, row, rows, nullptr);
   } else {
     be_.matmul(x, w.q_w, w.q_b, q, rows, Hq, C);
     be_.matmul(x, w.k_w, w.k_b, k, rows, Hk, C);
@@ -210,66 +238,105 @@ void Forward::head_features(const HeadWeights& w, const float* h, int64_t rows, 
 void Forward::head_nll(const HeadWeights& w, const float* h, int64_t rows, const int32_t* targets,
                        float* nll) {
   const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
-  // Only rows with a target need logits: gather them, then form logits kHeadChunk at a time.
-  std::vector<int64_t> sel;
+  // Only rows with a target need logits: gather them (the embedding op, with h as the table),
+  // then form logits kHeadChunk at a time.
+  std::vector<int32_t> sel, tg;
   for (int64_t r = 0; r < rows; ++r) {
     nll[r] = 0.f;
     if (targets[r] >= 0) {
       ZOF_CHECK(targets[r] < V, "target token id " + std::to_string(targets[r]) +
                                     " is outside the vocabulary of " + std::to_string(V));
-      sel.push_back(r);
+      sel.push_back((int32_t)r);
+      tg.push_back(targets[r]);
     }
   }
-  std::vector<float> hs(kHeadChunk * C), out(kHeadChunk);
-  std::vector<int32_t> tg(kHeadChunk);
+  std::vector<float> out(kHeadChunk);
   for (size_t s0 = 0; s0 < sel.size(); s0 += kHeadChunk) {
     const int64_t n = std::min<int64_t>(kHeadChunk, sel.size() - s0);
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(hs.data() + i * C, h + sel[s0 + i] * C, C * sizeof(float));
-      tg[i] = targets[sel[s0 + i]];
-    }
-    head_logits(w, hs.data(), n, buf(LOGITS));
-    be_.cross_entropy(buf(LOGITS), tg.data(), out.data(), n, V);
+    be_.copy_to_device(ibuf(kSel), sel.data() + s0, n * sizeof(int32_t), nullptr);
+    be_.copy_to_device(ibuf(kTargets), tg.data() + s0, n * sizeof(int32_t), nullptr);
+    be_.embedding(ibuf(kSel), h, buf(HS), n, C, false);
+    head_logits(w, buf(HS), n, buf(LOGITS));
+    be_.cross_entropy(buf(LOGITS), ibuf(kTargets), buf(NLL), n, V);
+    be_.copy_to_host(out.data(), buf(NLL), n * sizeof(float), nullptr);
+    be_.synchronize(nullptr);
     for (int64_t i = 0; i < n; ++i) nll[sel[s0 + i]] = out[i];
   }
 }
 
-namespace {
-void batch_positions_and_mask(const Batch& b, std::vector<int32_t>& pos,
-                              std::vector<uint8_t>& mask) {
-  pos.resize(b.B * b.T);
-  mask.resize(b.B * b.T);
-  for (int64_t i = 0; i < b.B; ++i)
-    for (int64_t t = 0; t < b.T; ++t) {
-      pos[i * b.T + t] = (int32_t)t;
-      mask[i * b.T + t] = t < b.lengths[i];
-    }
-}
-}  // namespace
+// ---- the whole-model methods: the walk over blocks at the model's weights --------------------
 
-void Forward::hidden(const Batch& batch, std::vector<float>& h) {
+void Forward::acquire(int block) {
+  if (weights_) weights_->acquire(block);
+}
+void Forward::release(int block) {
+  if (weights_) weights_->release(block, false);
+}
+EmbedWeights Forward::embed_weights() const {
+  if (!weights_) return model_.embed();
+  return model_.embed([this](int pi) -> const float* { return weights_->param(pi); });
+}
+LayerWeights Forward::layer_weights(int li) const {
+  if (!weights_) return model_.layer(li);
+  return model_.layer(li, [this](int pi) -> const float* { return weights_->param(pi); });
+}
+HeadWeights Forward::head_weights() const {
+  if (!weights_) return model_.head();
+  return model_.head([this](int pi) -> const float* { return weights_->param(pi); });
+}
+std::vector<int> Forward::head_blocks() const {
+  const int last = (int)model_.blocks().size() - 1;
+  if (cfg_.tie_embeddings) return {last, 0};
+  return {last};
+}
+
+void Forward::hidden(const Batch& batch) {
+  const DeviceInputs in = upload(batch);
   const int64_t rows = batch.B * batch.T;
-  ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
-                                   " tokens exceeds this forward's capacity");
-  batch_positions_and_mask(batch, pos_, mask_);
-  h.resize(rows * cfg_.hidden_size);
-  embed(model_.embed(), batch.ids.data(), pos_.data(), rows, h.data());
-  for (int i = 0; i < cfg_.num_layers; ++i)
-    layer(i, model_.layer(i), h.data(), batch.B, batch.T, pos_.data(), mask_.data(), nullptr);
+  float* h = buf(HID);
+  if (weights_) {
+    std::vector<int> order;
+    for (int b = 0; b <= (int)cfg_.num_layers; ++b) order.push_back(b);
+    for (int b : head_blocks()) order.push_back(b);
+    weights_->begin_walk(std::move(order));
+  }
+  acquire(0);
+  embed(embed_weights(), in.ids, in.embed_pos, rows, h);
+  release(0);
+  for (int i = 0; i < cfg_.num_layers; ++i) {
+    acquire(i + 1);
+    layer(i, layer_weights(i), h, batch.B, batch.T, in.pos, in.key_mask, nullptr);
+    release(i + 1);
+  }
+}
+
+void Forward::logits_to_host(const float* h, int64_t n, float* out) {
+  const int64_t V = cfg_.vocab_size;
+  const std::vector<int> hb = head_blocks();
+  for (int b : hb) acquire(b);
+  const HeadWeights w = head_weights();
+  for (int64_t r0 = 0; r0 < n; r0 += kHeadChunk) {
+    const int64_t m = std::min(kHeadChunk, n - r0);
+    head_logits(w, h + r0 * cfg_.hidden_size, m, buf(LOGITS));
+    be_.copy_to_host(out + r0 * V, buf(LOGITS), m * V * sizeof(float), nullptr);
+  }
+  be_.synchronize(nullptr);
+  for (int b : hb) release(b);
 }
 
 void Forward::logits(const Batch& batch, std::vector<float>& out) {
-  std::vector<float> h;
-  hidden(batch, h);
+  hidden(batch);
   const int64_t rows = batch.B * batch.T;
   out.resize(rows * cfg_.vocab_size);
-  head_logits(model_.head(), h.data(), rows, out.data());
+  logits_to_host(buf(HID), rows, out.data());
 }
 
 void Forward::nll(const Batch& batch, const int32_t* targets, float* nll) {
-  std::vector<float> h;
-  hidden(batch, h);
-  head_nll(model_.head(), h.data(), batch.B * batch.T, targets, nll);
+  hidden(batch);
+  const std::vector<int> hb = head_blocks();
+  for (int b : hb) acquire(b);
+  head_nll(head_weights(), buf(HID), batch.B * batch.T, targets, nll);
+  for (int b : hb) release(b);
 }
 
 void Forward::next_token_nll(const Batch& batch, std::vector<float>& out) {
@@ -294,22 +361,38 @@ KVCache Forward::make_cache(int64_t B, int64_t capacity) const {
 void Forward::decode_step(const int32_t* ids, int64_t B, int64_t T, KVCache& cache,
                           std::vector<float>& last_logits) {
   const int64_t rows = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size;
+  ZOF_CHECK(!weights_, "generation keeps its KV cache in host memory: it runs on the CPU backend");
   ZOF_CHECK(B == cache.B, "batch size differs from the KV cache's");
   ZOF_CHECK(rows <= max_rows_, "decode step of " + std::to_string(rows) +
                                    " tokens exceeds this forward's capacity");
-  std::vector<int32_t> pos(rows);
+  for (int64_t i = 0; i < rows; ++i)
+    ZOF_CHECK(ids[i] >= 0 && ids[i] < V, "token id " + std::to_string(ids[i]) +
+                                             " is outside the model's vocabulary of " +
+                                             std::to_string(V));
+  ZOF_CHECK(cache.length + T <= cfg_.max_position,
+            "position " + std::to_string(cache.length + T - 1) +
+                " is beyond the model's context of " + std::to_string(cfg_.max_position) +
+                " tokens (max_position_embeddings)");
+  std::vector<int32_t> pos(rows), embed_pos(rows);
+  const int32_t offset = cfg_.arch == Arch::OPT ? 2 : 0;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) pos[b * T + t] = (int32_t)(cache.length + t);
-  std::vector<float> h(rows * C);
-  embed(model_.embed(), ids, pos.data(), rows, h.data());
+    for (int64_t t = 0; t < T; ++t) {
+      pos[b * T + t] = (int32_t)(cache.length + t);
+      embed_pos[b * T + t] = pos[b * T + t] + offset;
+    }
+  be_.copy_to_device(ibuf(kIds), ids, rows * sizeof(int32_t), nullptr);
+  be_.copy_to_device(ibuf(kPos), pos.data(), rows * sizeof(int32_t), nullptr);
+  be_.copy_to_device(ibuf(kEmbedPos), embed_pos.data(), rows * sizeof(int32_t), nullptr);
+  float* h = buf(HID);
+  embed(model_.embed(), ibuf(kIds), ibuf(kEmbedPos), rows, h);
   for (int i = 0; i < cfg_.num_layers; ++i)
-    layer(i, model_.layer(i), h.data(), B, T, pos.data(), nullptr, &cache);
+    layer(i, model_.layer(i), h, B, T, ibuf(kPos), nullptr, &cache);
   cache.length += T;
-  std::vector<float> last(B * C);
-  for (int64_t b = 0; b < B; ++b)
-    std::memcpy(last.data() + b * C, h.data() + (b * T + T - 1) * C, C * sizeof(float));
+  // Each row's last position.
+  be_.copy_device_2d(buf(HS), C * sizeof(float), h + (T - 1) * C, T * C * sizeof(float),
+                     C * sizeof(float), B, nullptr);
   last_logits.resize(B * V);
-  head_logits(model_.head(), last.data(), B, last_logits.data());
+  logits_to_host(buf(HS), B, last_logits.data());
 }
 
 }  // namespace zof

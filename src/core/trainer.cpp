@@ -748,6 +748,9 @@ json finetune(TrainOptions opt) {
       j["budget_bytes"] = ss.budget;
       j["peak_bytes"] = ss.peak;
       j["hazards"] = ss.hazards;
+      // Operands that were not device memory: what a GPU would fault on.
+      j["foreign_pointers"] = ss.foreign;
+      if (ss.foreign) j["first_foreign_pointer"] = ss.first_foreign;
       j["compute_wait_s"] = ss.compute_wait_s;
     }
     summary["streaming"] = j;

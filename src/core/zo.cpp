@@ -72,6 +72,8 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     x_plus_ = alloc(max_rows * El);
     x_minus_ = alloc(max_rows * El);
     ce_state_ = alloc(6 * max_rows);
+    h_sel_ = alloc(max_rows * cfg.hidden_size);
+    targets_ = (int32_t*)be_.alloc(std::max<int64_t>(max_rows, 1) * sizeof(int32_t));
     for (int j = 0; j < opt.queries; ++j) {
       h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
       h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
@@ -108,6 +110,7 @@ ZOEngine::~ZOEngine() {
       stream_->sync_to_host();  // the weights the walks applied, as without streaming
     } catch (...) {
     }
+    fwd_.set_weights(nullptr);
     stream_.reset();
   }
   release_buffers();
@@ -115,9 +118,13 @@ ZOEngine::~ZOEngine() {
 
 void ZOEngine::release_buffers() {
   for (float** p : {&blk_plus_, &blk_minus_, &tok_plus_, &tok_minus_, &w_plus_, &w_minus_,
-                    &logit_plus_, &logit_minus_, &x_plus_, &x_minus_, &ce_state_, &m_, &v_}) {
+                    &logit_plus_, &logit_minus_, &x_plus_, &x_minus_, &ce_state_, &h_sel_, &m_, &v_}) {
     if (*p) be_.free(*p);
     *p = nullptr;
+  }
+  if (targets_) {
+    be_.free(targets_);
+    targets_ = nullptr;
   }
   for (float* p : h_plus_) be_.free(p);
   for (float* p : h_minus_) be_.free(p);
@@ -268,20 +275,18 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
   }
 }
 
-int64_t ZOEngine::embed_rows(const ZKey& key, const int32_t* ids, int64_t rows,
-                             std::vector<int32_t>& local) {
-  const Param& t = model_.params()[tok_];
-  const int64_t V = t.shape[0], E = t.shape[1];
-  for (int64_t i = 0; i < rows; ++i)
-    ZOF_CHECK(ids[i] >= 0 && ids[i] < V, "token id " + std::to_string(ids[i]) +
-                                             " is outside the model's vocabulary of " +
-                                             std::to_string(V));
-  std::vector<int32_t> uniq(ids, ids + rows);
+void ZOEngine::token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
+                          std::vector<int32_t>& local) {
+  uniq.assign(ids, ids + rows);
   std::sort(uniq.begin(), uniq.end());
   uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
   local.resize(rows);
   for (int64_t i = 0; i < rows; ++i)
     local[i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.end(), ids[i]) - uniq.begin());
+}
+
+void ZOEngine::perturb_rows(const ZKey& key, const std::vector<int32_t>& uniq) {
+  const int64_t E = model_.params()[tok_].shape[1];
   const ZKey mk = masked(key, tok_);
   float* table = theta(tok_);
   for (size_t k = 0; k < uniq.size(); ++k) {
@@ -291,7 +296,6 @@ int64_t ZOEngine::embed_rows(const ZKey& key, const int32_t* ids, int64_t rows,
     if (opt_.one_sided)
       be_.copy_device(tok_minus_ + k * E, table + first, E * sizeof(float), nullptr);
   }
-  return (int64_t)uniq.size();
 }
 
 void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
@@ -299,33 +303,39 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
   const bool minus = hm != nullptr;  // one-sided, query > 0: the theta stream is query 0's
   const Param& lm = model_.params()[lm_];
   const int64_t V = lm.shape[0], E = lm.shape[1];
-  std::vector<int64_t> sel;
-  std::vector<int32_t> tg;
+  std::vector<int32_t> sel, tg;
   for (int64_t r = 0; r < rows; ++r) {
     if (targets[r] < 0) continue;
     ZOF_CHECK(targets[r] < V, "target token id " + std::to_string(targets[r]) +
                                   " is outside the vocabulary of " + std::to_string(V));
-    sel.push_back(r);
+    sel.push_back((int32_t)r);
     tg.push_back(targets[r]);
   }
   sum_plus = sum_minus = 0;
-  const int64_t n = (int64_t)sel.size();
+  const int64_t n = (int64_t)sel.size(), C = model_.config().hidden_size;
   if (n == 0) return;
-  // Features of the scored rows only: the LM head's GEMMs are the head's cost.
+  // Features of the scored rows only (gathered by the embedding op, the hidden states as its
+  // table): the LM head's GEMMs are the head's cost.
+  const bool all = n == rows;  // every row scored: no gather
+  int32_t* sel_dev = fwd_.index_buffer();
+  if (!all) be_.copy_to_device(sel_dev, sel.data(), n * sizeof(int32_t), nullptr);
+  be_.copy_to_device(targets_, tg.data(), n * sizeof(int32_t), nullptr);
   for (int sign = 0; sign < (minus ? 2 : 1); ++sign) {
-    float* x = sign == 0 ? x_plus_ : x_minus_;
+    const float* h = sign == 0 ? hp : hm;
+    if (!all) {
+      be_.embedding(sel_dev, h, h_sel_, n, C, false);
+      h = h_sel_;
+    }
     const HeadWeights w = model_.head(copy_locator(sign == 0 ? blk_plus_ : blk_minus_, nullptr));
-    fwd_.head_features(w, sign == 0 ? hp : hm, rows, x);
-    for (int64_t i = 0; i < n; ++i)
-      if (sel[i] != i) be_.copy_device(x + i * E, x + sel[i] * E, E * sizeof(float), nullptr);
+    fwd_.head_features(w, h, n, sign == 0 ? x_plus_ : x_minus_);
   }
+  // The online softmax's state per row (max, sum, target logit) for each sign, from
+  // (-inf, 0, 0).
+  std::vector<float> st(6 * n, 0.f);
+  std::fill(st.begin(), st.begin() + n, -std::numeric_limits<float>::infinity());
+  std::fill(st.begin() + 3 * n, st.begin() + 4 * n, -std::numeric_limits<float>::infinity());
+  be_.copy_to_device(ce_state_, st.data(), 6 * n * sizeof(float), nullptr);
   float *mp = ce_state_, *sp = mp + n, *tp = sp + n, *mm = tp + n, *sm = mm + n, *tm = sm + n;
-  std::fill(mp, mp + n, -std::numeric_limits<float>::infinity());
-  std::fill(mm, mm + n, -std::numeric_limits<float>::infinity());
-  std::fill(sp, sp + n, 0.f);
-  std::fill(sm, sm + n, 0.f);
-  std::fill(tp, tp + n, 0.f);
-  std::fill(tm, tm + n, 0.f);
   const ZKey mk = masked(key, lm_);
   float* head = theta(lm_);
   for (int64_t v0 = 0; v0 < V; v0 += vocab_chunk_) {
@@ -335,11 +345,14 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
     be_.zo_pass(head + v0 * E, nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk, opt_.eps,
                 w_plus_, two_point ? w_minus_ : nullptr);
     be_.matmul(x_plus_, w_plus_, nullptr, logit_plus_, n, nv, E);
-    be_.cross_entropy_chunk(logit_plus_, tg.data(), n, nv, v0, mp, sp, tp);
+    be_.cross_entropy_chunk(logit_plus_, targets_, n, nv, v0, mp, sp, tp);
     if (!minus) continue;
     be_.matmul(x_minus_, two_point ? w_minus_ : head + v0 * E, nullptr, logit_minus_, n, nv, E);
-    be_.cross_entropy_chunk(logit_minus_, tg.data(), n, nv, v0, mm, sm, tm);
+    be_.cross_entropy_chunk(logit_minus_, targets_, n, nv, v0, mm, sm, tm);
   }
+  be_.copy_to_host(st.data(), ce_state_, 6 * n * sizeof(float), nullptr);
+  be_.synchronize(nullptr);
+  mp = st.data(), sp = mp + n, tp = sp + n, mm = tp + n, sm = mm + n, tm = sm + n;
   for (int64_t i = 0; i < n; ++i) {
     // Each row's nll is formed in double (max and target logit are large and close: GPT-2's
     // logits sit near -100, where a float sum would round at 1e-5) and then rounded to float:
@@ -369,8 +382,7 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   const int first_blk = first_block_, last_blk = last_block_ < 0 ? nblocks - 1 : last_block_;
   const bool has_embed = first_blk == 0, has_head = last_blk == nblocks - 1;
   const int li_lo = std::max(0, first_blk - 1), li_hi = std::min<int>((int)cfg.num_layers, last_blk);
-  std::vector<int32_t> pos, local;
-  std::vector<uint8_t> mask;
+  std::vector<int32_t> uniq, local;
   // Every input is checked before the walk changes anything: the pending update is applied
   // block by block as the walk goes, so an error part way would leave it half applied.
   const int64_t V = cfg.vocab_size;
@@ -396,13 +408,9 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   for (size_t mb = 0; mb < micro.size(); ++mb) {
     const Batch& b = micro[mb].batch;
     const int64_t rows = b.B * b.T;
-    pos.resize(rows);
-    mask.resize(rows);
-    for (int64_t i = 0; i < b.B; ++i)
-      for (int64_t t = 0; t < b.T; ++t) {
-        pos[i * b.T + t] = (int32_t)t;
-        mask[i * b.T + t] = t < b.lengths[i];
-      }
+    // The embedding reads a compact table of the batch's rows: its ids index that.
+    if (has_embed) token_rows(b.ids.data(), rows, uniq, local);
+    const DeviceInputs in = fwd_.upload(b, has_embed ? local.data() : nullptr);
     const bool first = mb == 0;
     const bool dirty = first && !pending_.empty();  // the walk applies the update to each block
     // Block 0: the embedding, with only the batch's rows of the token table perturbed.
@@ -410,12 +418,12 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
       acquire(0);
       for (int j = 0; j < q; ++j) {
         block_pass(0, first && j == 0, &keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
-        embed_rows(keys[j], b.ids.data(), rows, local);
-        fwd_.embed(model_.embed(copy_locator(blk_plus_, tok_plus_)), local.data(), pos.data(),
-                   rows, h_plus_[j]);
+        perturb_rows(keys[j], uniq);
+        fwd_.embed(model_.embed(copy_locator(blk_plus_, tok_plus_)), in.ids, in.embed_pos, rows,
+                   h_plus_[j]);
         if (has_minus(j))
-          fwd_.embed(model_.embed(copy_locator(blk_minus_, tok_minus_)), local.data(),
-                     pos.data(), rows, h_minus_[j]);
+          fwd_.embed(model_.embed(copy_locator(blk_minus_, tok_minus_)), in.ids, in.embed_pos,
+                     rows, h_minus_[j]);
       }
       release(0, dirty);
     } else {
@@ -431,10 +439,10 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
         block_pass(li + 1, first && j == 0, &keys[j], blk_plus_,
                    has_minus(j) ? blk_minus_ : nullptr);
         fwd_.layer(li, model_.layer(li, copy_locator(blk_plus_, nullptr)), h_plus_[j], b.B, b.T,
-                   pos.data(), mask.data(), nullptr);
+                   in.pos, in.key_mask, nullptr);
         if (has_minus(j))
           fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], b.B,
-                     b.T, pos.data(), mask.data(), nullptr);
+                     b.T, in.pos, in.key_mask, nullptr);
       }
       release(li + 1, dirty);
     }
@@ -600,6 +608,7 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
     state_host_.push_back(p);
   }
   stream_ = std::make_unique<BlockStreamer>(model_, be_, blocks, state_host_);
+  fwd_.set_weights(stream_.get());  // evaluation reads the device copies too
 }
 
 double ZOEngine::loss(const std::vector<LossBatch>& micro) {

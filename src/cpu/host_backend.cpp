@@ -61,6 +61,13 @@ void HostBackend::copy_to_host(void* dst, const void* src, size_t bytes, Stream*
 void HostBackend::copy_device(void* dst, const void* src, size_t bytes, Stream*) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
+void HostBackend::copy_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch,
+                                 size_t width, size_t rows, Stream*) {
+  if (!width) return;
+  for (size_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                width);
+}
 Event* HostBackend::create_event() {
   events_.push_back(std::make_unique<HostEvent>(HostEvent{int(events_.size())}));
   return reinterpret_cast<Event*>(events_.back().get());

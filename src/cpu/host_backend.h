@@ -25,6 +25,8 @@ class HostBackend : public Backend {
   void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override;
   void copy_to_host(void* dst, const void* src, size_t bytes, Stream* s) override;
   void copy_device(void* dst, const void* src, size_t bytes, Stream* s) override;
+  void copy_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                      size_t rows, Stream* s) override;
   Event* create_event() override;
   // Work is done by the time a call returns, so an event is complete as soon as it is recorded.
   void record(Event* e, Stream* s) override;

@@ -179,6 +179,15 @@ class SimDeviceImpl final : public SimDevice {
     on_device("copy_device", {W(dst, bytes), R(src, bytes)});
     submit_unchecked(s, {W(dst, bytes), R(src, bytes)}, [=] { if (bytes) std::memcpy(dst, src, bytes); });
   }
+  void copy_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                      size_t rows, Stream* s) override {
+    // The accesses span from the first row's start to the last row's end.
+    const int64_t wb = rows ? int64_t((rows - 1) * dpitch + width) : 0;
+    const int64_t rb = rows ? int64_t((rows - 1) * spitch + width) : 0;
+    submit(s, {W(dst, width ? wb : 0), R(src, width ? rb : 0)}, [=, h = host_.get()] {
+      h->copy_device_2d(dst, dpitch, src, spitch, width, rows, nullptr);
+    });
+  }
   Event* create_event() override {
     std::lock_guard lk(mu_);
     events_.push_back(std::make_unique<SimEvent>());

@@ -146,6 +146,12 @@ class CudaBackendImpl final : public CudaBackend {
   void copy_device(void* dst, const void* src, size_t bytes, Stream* s) override {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st(s)));
   }
+  void copy_device_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                      size_t rows, Stream* s) override {
+    if (width && rows)
+      CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                   cudaMemcpyDeviceToDevice, st(s)));
+  }
   Event* create_event() override {
     use();
     auto e = std::make_unique<CudaEvent>();

@@ -187,6 +187,7 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
     EXPECT_LE(s.sim.peak, budget);
     EXPECT_GT(s.sim.peak, 0u);
     EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
+    EXPECT_EQ(s.sim.foreign, 0) << s.sim.first_foreign;
     if (budget >= sz.whole) {
       // Every block uploaded once and kept; the host copy written only by the flush.
       EXPECT_TRUE(s.all_resident);
@@ -263,6 +264,7 @@ TEST(Streaming, OptimizerStateStreamsWithItsBlocks) {
   EXPECT_TRUE(same_bits(s.m, plain.m));
   EXPECT_TRUE(same_bits(s.v, plain.v));
   EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
+  EXPECT_EQ(s.sim.foreign, 0) << s.sim.first_foreign;
   EXPECT_LE(s.sim.peak, adam.minimum);
   // Whole on the device, m and v alone would take the weights' bytes twice over; the blocks'
   // share of the peak (two slots of weights, m and v) is well under the three whole.
@@ -334,6 +336,7 @@ TEST(Streaming, OptimizerStateResumesExactly) {
       if (budget) {
         const auto st = static_cast<zof::SimDevice*>(be.get())->stats();
         EXPECT_EQ(st.hazards, 0) << st.first_hazard;
+        EXPECT_EQ(st.foreign, 0) << st.first_foreign;
         EXPECT_LE(st.peak, budget);
       }
       return out;
@@ -364,6 +367,7 @@ TEST(Streaming, SlowCopiesChangeNothing) {
     EXPECT_EQ(s.losses[step].sum_plus, plain.losses[step].sum_plus);
   EXPECT_EQ(std::memcmp(s.weights.data(), plain.weights.data(), s.weights.size() * 4), 0);
   EXPECT_EQ(s.sim.hazards, 0) << s.sim.first_hazard;
+  EXPECT_EQ(s.sim.foreign, 0) << s.sim.first_foreign;
   EXPECT_LE(s.sim.peak, sz.minimum);
 }
 
@@ -496,6 +500,7 @@ TEST(Streaming, WriteBacksReachTheHost) {
   }
   const auto s = sim->stats();
   EXPECT_EQ(s.hazards, 0) << s.first_hazard;
+  EXPECT_EQ(s.foreign, 0) << s.first_foreign;
   EXPECT_LE(s.peak, so.budget);
   sim->free(ones);
 }
@@ -558,6 +563,7 @@ TEST_F(StreamingCli, SimDeviceRunWritesTheSameModel) {
   EXPECT_EQ(jt["streaming"]["slots"], 2);
   EXPECT_LE(jt["streaming"]["peak_bytes"].get<uint64_t>(), minimum);
   EXPECT_EQ(jt["streaming"]["hazards"], 0);
+  EXPECT_EQ(jt["streaming"]["foreign_pointers"], 0) << jt["streaming"].dump();
   EXPECT_GT(jt["streaming"]["bytes_uploaded"].get<uint64_t>(), 0u);
   for (const char* run : {"roomy", "tight"}) {
     EXPECT_EQ(zof::test::read_file((dir_ / run / "model.safetensors").string()),
@@ -604,6 +610,7 @@ TEST_F(StreamingCli, AdamRunResumesExactly) {
   EXPECT_GT(j["streaming"]["streamed_blocks"].get<int>(), 0) << j.dump();
   EXPECT_LE(j["streaming"]["peak_bytes"].get<uint64_t>(), minimum);
   EXPECT_EQ(j["streaming"]["hazards"], 0);
+  EXPECT_EQ(j["streaming"]["foreign_pointers"], 0) << j["streaming"].dump();
   ASSERT_TRUE(fs::exists(dir_ / "plain" / "checkpoint-5" / "optimizer.safetensors"));
   for (const char* f : {"model.safetensors", "zo_log.jsonl", "checkpoint-5/optimizer.safetensors"})
     EXPECT_EQ(zof::test::read_file((dir_ / "tight" / f).string()),

@@ -57,6 +57,40 @@ TEST(SimDevice, AllocationsDrawFromTheBudget) {
   EXPECT_EQ(d->stats().peak, 0u);
 }
 
+// The pointer checker: an op handed host memory, a copy whose device side is host memory or
+// whose host side is device memory are each reported; device memory (a range inside an
+// allocation too) is not.
+TEST(SimDevice, ReportsOperandsThatAreNotDeviceMemory) {
+  auto d = sim(1 << 20);
+  float* a = static_cast<float*>(d->alloc(64 * sizeof(float)));
+  float* b = static_cast<float*>(d->alloc(64 * sizeof(float)));
+  std::vector<float> host = iota(64);
+  d->copy_to_device(a, host.data(), 64 * sizeof(float), nullptr);
+  d->copy_device(b, a, 64 * sizeof(float), nullptr);
+  d->add(b + 16, a + 16, 48);  // within the allocations
+  d->copy_to_host(host.data(), b, 64 * sizeof(float), nullptr);
+  d->synchronize(nullptr);
+  EXPECT_EQ(d->stats().foreign, 0) << d->stats().first_foreign;
+  EXPECT_EQ(host[20], 2 * 21.f);
+
+  d->add(b, host.data(), 64);  // a host operand
+  EXPECT_EQ(d->stats().foreign, 1);
+  EXPECT_NE(d->stats().first_foreign.find("add"), std::string::npos) << d->stats().first_foreign;
+  d->copy_to_device(host.data(), a, 16, nullptr);  // both sides the wrong way round
+  EXPECT_EQ(d->stats().foreign, 3);
+  d->reset_counters();  // never forgotten
+  EXPECT_EQ(d->stats().foreign, 3);
+  d->free(a);
+  d->free(b);
+
+  zof::SimDeviceOptions off;
+  off.check_pointers = false;
+  auto quiet = zof::make_sim_device(zof::make_cpu_backend(1), off);
+  std::vector<float> x = iota(8), y = iota(8);
+  quiet->add(y.data(), x.data(), 8);
+  EXPECT_EQ(quiet->stats().foreign, 0);
+}
+
 // A slow copy on one stream, then a copy on another stream that reads its result: with the
 // event the second sees the data; the host never waited in between.
 TEST(SimDevice, EventsOrderCopiesAcrossStreams) {
