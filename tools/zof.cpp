@@ -305,6 +305,9 @@ int main(int argc, char** argv) {
   ft->add_option("--gpu-mem", t.gpu_mem, "Device memory budget for parameter streaming, e.g. 16GiB, "
                  "512MiB or bytes (default: what the device has free): blocks that fit stay on the "
                  "device, the rest stream through it each step (with their momentum/Adam state)");
+  ft->add_option("--device", t.device, "cpu, or cuda: the steps on the GPU, the weights streamed "
+                 "from host memory within --gpu-mem (all resident if they fit)")
+      ->capture_default_str();
   ft->add_flag("--sim-device", t.sim_device, "Run on the simulated device (host memory with the "
                "--gpu-mem budget, threads as copy streams): the streaming schedule without a GPU");
 

@@ -19,8 +19,10 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Ranks on this node (to share its cores between them).
+  // Ranks on this node (to share its cores between them), and this rank's index among them (to
+  // pick a GPU).
   virtual int local_size() const = 0;
+  virtual int local_rank() const = 0;
   virtual std::string name() const = 0;  // "single process", "MPI (Open MPI v4.1.4), 4 ranks"
 
   // v (n) <- the sum over ranks of every rank's v, added in rank order (gathered to rank 0,

@@ -50,6 +50,9 @@ struct TrainOptions {
   // device (host memory with that budget, sim_device.h), the streaming schedule without a GPU.
   std::string gpu_mem;
   bool sim_device = false;
+  // Where the steps run: "cpu" (the host backend, weights in the model's storage) or "cuda" (the
+  // CUDA backend; the weights stream from host memory within --gpu-mem, resident if they fit).
+  std::string device = "cpu";
 
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);

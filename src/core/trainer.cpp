@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "zof/backend.h"
+#include "zof/cuda.h"
 #include "zof/dist.h"
 #include "zof/error.h"
 #include "zof/jvp.h"
@@ -188,16 +189,24 @@ void check_estimator(const TrainOptions& o) {
 
 // --gpu-mem / --sim-device: the device budget in bytes (0: none given), checked before any work.
 uint64_t check_streaming(const TrainOptions& o) {
+  ZOF_CHECK(o.device == "cpu" || o.device == "cuda",
+            "--device must be cpu or cuda, not '" + o.device + "'");
+  ZOF_CHECK(o.device == "cpu" || !o.sim_device,
+            "--sim-device simulates a GPU on the CPU: drop it with --device cuda");
+  const bool device = o.sim_device || o.device == "cuda";
   const uint64_t bytes = o.gpu_mem.empty() ? 0 : parse_memory_size(o.gpu_mem, "--gpu-mem");
-  if (o.gpu_mem.empty() && !o.sim_device) return 0;
-  ZOF_CHECK(o.sim_device,
-            "--gpu-mem budgets device memory, and this build trains on the CPU, which has none; "
-            "add --sim-device to run the streaming schedule on the simulated device");
+  if (!device) {
+    ZOF_CHECK(o.gpu_mem.empty(),
+              "--gpu-mem budgets device memory, and --device cpu has none; add --device cuda, or "
+              "--sim-device to run the streaming schedule on the simulated device");
+    return 0;
+  }
   ZOF_CHECK(o.pipeline_stages == 1,
-            "--gpu-mem / --sim-device (parameter streaming) do not combine with --pipeline-stages "
-            "> 1; use --pipeline-stages 1 (data parallel only)");
+            "--gpu-mem / --sim-device / --device cuda (parameter streaming) do not combine with "
+            "--pipeline-stages > 1; use --pipeline-stages 1 (data parallel only)");
   ZOF_CHECK(o.estimator != "jvp",
-            "--estimator jvp does not stream parameters; drop --gpu-mem / --sim-device or use "
+            "--estimator jvp runs on the CPU and does not stream parameters; drop --gpu-mem / "
+            "--sim-device / --device cuda or use "
             "--estimator spsa");
   return bytes;
 }
@@ -350,6 +359,7 @@ json finetune(TrainOptions opt) {
     s.pipeline_stages = opt.pipeline_stages;
     s.gpu_mem = opt.gpu_mem;
     s.sim_device = opt.sim_device;
+    s.device = opt.device;
     s.dist_timeout = opt.dist_timeout;
     s.resume = opt.resume;
     s.out = run.string();
@@ -389,7 +399,12 @@ json finetune(TrainOptions opt) {
   if (opt.threads == 0 && comm->local_size() > 1)
     opt.threads = std::max(1, omp_get_num_procs() / comm->local_size());
   if (opt.threads > 0) omp_set_num_threads(opt.threads);  // host passes outside the backend too
-  std::unique_ptr<Backend> backend = make_cpu_backend(opt.threads);
+  // --device cuda: ranks on one node take its GPUs in turn.
+  std::unique_ptr<Backend> backend =
+      opt.device == "cuda"
+          ? std::unique_ptr<Backend>(make_cuda_backend(
+                comm->local_rank() % std::max(1, cuda_device_count())))
+          : make_cpu_backend(opt.threads);
   SimDevice* sim = nullptr;  // --sim-device: the CPU backend behind the simulated device
   if (opt.sim_device) {
     SimDeviceOptions so;
@@ -459,7 +474,8 @@ json finetune(TrainOptions opt) {
   }
   // Streaming starts from the weights the run starts (or resumes) with: the model's storage,
   // which stays the master copy (current after every flush: evaluation, checkpoints, the end).
-  if (opt.sim_device) engine.enable_streaming(gpu_mem);
+  // On a device (simulated or CUDA) the weights always stream: every block resident when they fit.
+  if (opt.sim_device || opt.device == "cuda") engine.enable_streaming(gpu_mem);
   // Momentum/Adam state beside the checkpoint's weights, once streaming (which keeps it in host
   // memory) is settled.
   if (!ckpt.empty() && engine.state_planes() > 0) {

@@ -429,8 +429,13 @@ int cuda_device_count() {
 
 CudaDeviceInfo cuda_device_info(int device) {
   const int n = cuda_device_count();
-  ZOF_CHECK(device >= 0 && device < n, "CUDA device " + std::to_string(device) +
-                                           " does not exist (" + std::to_string(n) + " visible)");
+  ZOF_CHECK(device >= 0 && device < n,
+            "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                " visible" +
+                (n == 0 ? ": no NVIDIA GPU or driver here, or CUDA_VISIBLE_DEVICES hides them; "
+                          "run on the CPU (--device cpu)"
+                        : "") +
+                ")");
   cudaDeviceProp p{};
   CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   int clock_khz = 0, driver = 0;

@@ -18,6 +18,7 @@ class SingleProcess : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   int local_size() const override { return 1; }
+  int local_rank() const override { return 0; }
   std::string name() const override { return "single process"; }
   void allreduce_sum_ordered(double*, int) override {}
   void broadcast(void*, size_t, int root) override { ZOF_ASSERT(root == 0); }

@@ -62,6 +62,7 @@ class MpiWorld : public Communicator {
     MPI_Comm local;
     ZOF_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
     ZOF_MPI_CHECK(MPI_Comm_size(local, &local_size_));
+    ZOF_MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
     ZOF_MPI_CHECK(MPI_Comm_free(&local));
     char ver[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
     int len = 0;
@@ -89,6 +90,7 @@ class MpiWorld : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_size() const override { return local_size_; }
+  int local_rank() const override { return local_rank_; }
   std::string name() const override { return name_; }
 
   void allreduce_sum_ordered(double* v, int n) override {
@@ -189,7 +191,7 @@ class MpiWorld : public Communicator {
   }
 
   double timeout_s_;
-  int rank_ = 0, size_ = 1, local_size_ = 1, thread_level_ = 0;
+  int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0, thread_level_ = 0;
   std::string name_;
   std::atomic<const char*> op_{nullptr};
   std::atomic<double> since_{0};

@@ -96,6 +96,7 @@ class NcclComm final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_size() const override { return boot_->local_size(); }
+  int local_rank() const override { return boot_->local_rank(); }
   std::string name() const override { return name_; }
   bool buffers_on_device() const override { return true; }
 

@@ -1,7 +1,8 @@
 // Whole models on the GPU (the device walk of device_walk.h over the CUDA backend): logits of
 // every golden model against transformers' fp64 forward and against the CPU forward, twice with
 // identical bits; the ZO step (dual forward, fused update) against the CPU ZOEngine: losses to
-// fp32 accuracy, the updated weights bit for bit when both apply the same update.
+// fp32 accuracy, the updated weights bit for bit when both apply the same update; and
+// src/core's ZOEngine itself on the CUDA backend, streaming, against the CPU engine.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "zof/forward.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
+#include "zof/streaming.h"
 #include "zof/zo.h"
 
 namespace fs = std::filesystem;
@@ -227,7 +229,97 @@ TEST_P(GpuZOStep, MatchesCpuStep) {
       << "weights after flush differ";
 }
 
+// src/core's own engine on the CUDA backend, its weights streamed from host memory (all
+// resident, then at the least budget, every block through two slots): the same losses as the
+// CPU engine to fp32 accuracy, and the same weights bit for bit when both apply the same update.
+TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
+  ZOF_REQUIRE_GPU();
+  const std::string name = GetParam();
+  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
+  Golden g = load_golden(name);
+  ZOF_REQUIRE_PATH(g.model_dir);
+  const auto lb = zof::LossBatch::next_token(g.batch);
+  const std::vector<zof::LossBatch> micro = {lb, lb};
+  const int64_t rows = lb.batch.B * lb.batch.T;
+  for (const char* optimizer : {"sgd", "adam"}) {
+    for (bool tight : {false, true}) {
+      SCOPED_TRACE(std::string(optimizer) + (tight ? ", least budget" : ", all resident"));
+      zof::ZOStepOptions opt;
+      opt.eps = 1e-3f;
+      opt.queries = 2;
+      opt.seed = 20240601;
+      opt.weight_decay = 0.1f;
+      if (std::string(optimizer) == "adam") opt.optimizer = zof::ZOStepOptions::Optimizer::Adam;
+      zof::Model cpu_model = zof::Model::load(g.model_dir);
+      zof::Model gpu_model = zof::Model::load(g.model_dir);
+      auto cpu = zof::make_cpu_backend(0);
+      auto be = zof::make_cuda_backend(0);
+      zof::ZOEngine cpu_zo(cpu_model, *cpu, rows, opt);
+      zof::ZOEngine gpu_zo(gpu_model, *be, rows, opt);
+      gpu_zo.enable_streaming(tight ? gpu_zo.streaming_minimum() : 0);
+      EXPECT_EQ(gpu_zo.streamer()->all_resident(), !tight) << gpu_zo.streamer()->describe();
+      for (uint32_t step = 0; step < 3; ++step) {
+        const zof::QueryLosses c = cpu_zo.perturbed_losses(step, micro);
+        const zof::QueryLosses d = gpu_zo.perturbed_losses(step, micro);
+        expect_losses_close(c, d, opt.eps);
+        const zof::PendingUpdate upd =
+            zof::ZOEngine::make_update(opt, step, 1e-3f, cpu_zo.projected_gradients(c));
+        cpu_zo.set_pending(upd);
+        gpu_zo.set_pending(upd);
+      }
+      cpu_zo.flush();
+      gpu_zo.flush();  // writes the device copies back to gpu_model's storage
+      EXPECT_EQ(0, std::memcmp(cpu_model.storage(), gpu_model.storage(),
+                               size_t(cpu_model.storage_size()) * sizeof(float)))
+          << "weights after three updates differ";
+      // Evaluation through the streamer's device blocks.
+      const double lc = cpu_zo.loss(micro), lg = gpu_zo.loss(micro);
+      EXPECT_NEAR(lc, lg, 2e-5 * std::fabs(lc));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, GpuZOStep, ::testing::Values("llama_gqa", "opt", "gpt2", "opt350_shape"),
                          [](const auto& info) { return info.param; });
+
+
+// `zof finetune --device cuda`: the main job on the GPU, streamed at the least budget and all
+// resident, against the same run on the CPU: the trajectories differ only by fp32 rounding in
+// the losses (hence in g), so the evaluations agree closely and both learn.
+class GpuFinetune : public zof::test::ShakespeareRunTest {};
+
+TEST_F(GpuFinetune, CudaRunMatchesCpuRun) {
+  ZOF_REQUIRE_GPU();
+  auto run = [&](const std::string& out, const std::string& extra) {
+    return zof::test::run_command(
+        zof::test::zof_binary() + " finetune --model " + zof::test::assets_dir() +
+        "/models/stories260K --task text --data " + (dir_ / "text.txt").string() + " --out " +
+        (dir_ / out).string() + " --steps 30 --batch 8 --seq-len 64 --lr 1e-3 --seed 5 "
+        "--eval-examples 16 --json " + extra);
+  };
+  auto last = [](const std::string& out) {
+    const size_t end = out.find_last_not_of('\n');
+    const size_t start = out.rfind('\n', end);
+    return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+  };
+  const auto cpu = run("cpu", "--device cpu");
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  const auto roomy = run("roomy", "--device cuda");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const json jc = last(cpu.out), jr = last(roomy.out);
+  ASSERT_TRUE(jr.contains("streaming")) << jr.dump();
+  EXPECT_EQ(jr["streaming"]["streamed_blocks"], 0);
+  const auto tight = run("tight", "--device cuda --optimizer adam --gpu-mem " +
+                                      std::to_string(jr["streaming"]["min_bytes"].get<uint64_t>() * 3));
+  ASSERT_EQ(tight.code, 0) << tight.err;
+  const double before = jc["eval"]["before"], after = jc["eval"]["after"];
+  EXPECT_LT(after, before);
+  EXPECT_NEAR(jr["eval"]["before"].get<double>(), before, 1e-4 * before);
+  EXPECT_NEAR(jr["eval"]["after"].get<double>(), after, 2e-3 * after);
+  EXPECT_LT(last(tight.out)["eval"]["after"].get<double>(), before);
+  const auto bad = run("bad", "--device cuda --sim-device");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--sim-device"), std::string::npos) << bad.err;
+}
 
 }  // namespace

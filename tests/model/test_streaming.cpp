@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "zof/backend.h"
+#include "zof/cuda.h"
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/model.h"
@@ -637,6 +638,11 @@ TEST_F(StreamingCli, BadBudgetsAreRefused) {
   expect_error("--gpu-mem 1GiB", "--sim-device");               // no device in a CPU build
   expect_error("--sim-device --gpu-mem 1GiB --pipeline-stages 2", "--pipeline-stages");
   expect_error("--sim-device --gpu-mem 1GiB --estimator jvp", "--estimator jvp");
+  expect_error("--device tpu", "--device must be cpu or cuda");
+  expect_error("--device cuda --sim-device", "--sim-device");
+  expect_error("--device cuda --estimator jvp", "--estimator jvp");
+  if (zof::cuda_device_count() == 0)  // no GPU (or a build without CUDA): says how to get one
+    expect_error("--device cuda", "CUDA");
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ class TwoRanks : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   int local_size() const override { return 2; }
+  int local_rank() const override { return 0; }
   std::string name() const override { return "two ranks (test)"; }
   void allreduce_sum_ordered(double*, int) override {}
   void broadcast(void*, size_t, int) override {}
