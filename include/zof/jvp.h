@@ -37,8 +37,10 @@ struct JVPSums {
 template <class T>
 class BasicJVPEstimator {
  public:
-  // max_rows: the most tokens (B*T) of one micro-batch.
-  BasicJVPEstimator(const Model& model, Backend& backend, int64_t max_rows);
+  // max_rows: the most tokens (B*T) of one micro-batch. directions: the per-direction buffers
+  // allocated up front (a walk with more directions allocates the rest; on a device, allocate
+  // everything before the streamer plans its share of the memory).
+  BasicJVPEstimator(const Model& model, Backend& backend, int64_t max_rows, int directions = 1);
   ~BasicJVPEstimator();
   BasicJVPEstimator(const BasicJVPEstimator&) = delete;
   BasicJVPEstimator& operator=(const BasicJVPEstimator&) = delete;
@@ -54,6 +56,10 @@ class BasicJVPEstimator {
   // Every op through the Backend, the tangents through its *_jvp ops (T = float only; the
   // default), or the plain loops of jvp_ops.h (the oracle the Backend path is tested against).
   void set_backend_ops(bool on) { backend_ops_ = on; }
+  // fp32: read the weights from a streamer's device blocks (the ZO engine's, when it streams)
+  // instead of the Model's storage; null: the storage. Every buffer of the fp32 walk is backend
+  // memory, so with a streamer the walk runs on a device backend.
+  void set_weights(BlockStreamer* s);
 
  private:
   struct Impl;

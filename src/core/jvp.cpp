@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "zof/error.h"
+#include "zof/streaming.h"
 
 namespace zof {
 
@@ -62,6 +63,52 @@ template <class T>
 struct HeadT {
   const T *norm_w = nullptr, *norm_b = nullptr, *project_out = nullptr, *lm_head = nullptr;
 };
+
+// The walk's memory: fp32 in the backend's memory (the device, on a device backend), float64
+// (the oracle, host backends only) in host vectors.
+template <class T>
+class Buf {
+ public:
+  Buf() = default;
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  Buf(Buf&& o) noexcept { swap(o); }
+  Buf& operator=(Buf&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~Buf() {
+    if (be_) be_->free(p_);
+  }
+  // At least n elements (old contents are not kept).
+  void reserve(Backend& be, int64_t n) {
+    n = std::max<int64_t>(n, 1);
+    if (n <= n_) return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (be_) be_->free(p_);
+      p_ = nullptr;
+      be_ = &be;
+      p_ = static_cast<T*>(be.alloc(size_t(n) * sizeof(T)));
+    } else {
+      host_.assign(size_t(n), T(0));
+      p_ = host_.data();
+    }
+    n_ = n;
+  }
+  T* data() const { return p_; }
+
+ private:
+  void swap(Buf& o) {
+    std::swap(be_, o.be_);
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    host_.swap(o.host_);
+  }
+  Backend* be_ = nullptr;
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+  std::vector<T> host_;
+};
 }  // namespace
 
 template <class T>
@@ -74,16 +121,23 @@ struct BasicJVPEstimator<T>::Impl {
   bool llama, pre_norm;
   int64_t C, E, H, Hkv, D, Hq, Hk, I, V;
 
+  // Where fp32 weights come from: the model's storage, or a streamer's device blocks.
+  BlockStreamer* weights = nullptr;
   // Weights in T (float without a shift reads the model's own storage instead), z in T.
-  std::vector<T> w_embed, w_block, z_block;
-  std::vector<std::vector<T>> z_embed;  // per direction: the tied LM head needs it at the end
-  std::vector<float> zf;                // fp32 z from Philox, before conversion to T
+  Buf<T> w_embed, w_block, z_block;
+  std::vector<Buf<T>> z_embed;  // per direction: the tied LM head needs it at the end
+  std::vector<float> zf;        // fp32 z from Philox on the host (float64 walk, shifted weights)
+  Buf<float> zeros;             // fp32 z on the backend: Backend::zo_pass of 0 + 1 * z
   // The current layer's saved primal intermediates and their tangents (max_rows rows each).
-  std::vector<T> h, hin, xn1, q, k, v, att, h1, x2, f1, f2, a, h2, qkv, tmp;
-  std::vector<T> dx, dq, dk, dv, datt, dtmp, dh1, dx2, df1, df2, da, dh2, dqkv, mmtmp;
-  std::vector<std::vector<T>> dh;  // per direction
+  Buf<T> h, hin, xn1, q, k, v, att, h1, x2, f1, f2, a, h2, qkv, tmp;
+  Buf<T> dx, dq, dk, dv, datt, dtmp, dh1, dx2, df1, df2, da, dh2, dqkv, mmtmp;
+  std::vector<Buf<T>> dh;  // per direction
   // The head's chunk of rows.
-  std::vector<T> hs, dhs, hn, dhn, ho, dho, logits, dlogits, nll, dnll;
+  Buf<T> hs, dhs, hn, dhn, ho, dho, logits, dlogits, nll, dnll;
+  // A micro-batch's inputs and the head's scored rows, in the backend's memory.
+  int32_t *ids_d = nullptr, *pos_d = nullptr, *tok_pos_d = nullptr, *sel_d = nullptr,
+          *tg_d = nullptr;
+  uint8_t* mask_d = nullptr;
 
   Impl(const Model& m, Backend& b, int64_t rows)
       : model(m), cfg(m.config()), be(b), max_rows(rows) {
@@ -101,50 +155,91 @@ struct BasicJVPEstimator<T>::Impl {
     const auto& blocks = model.blocks();
     int64_t span = 1;
     for (size_t i = 1; i < blocks.size(); ++i) span = std::max(span, blocks[i].span);
-    z_block.assign(span, T(0));
+    z_block.reserve(be, span);
     zf.assign(std::max(span, blocks[0].span), 0.f);
     const int64_t R = max_rows, CE = std::max(C, E);
     for (auto* b : {&h, &hin, &xn1, &h1, &x2, &h2, &tmp, &dx, &dtmp, &dh1, &dx2, &dh2})
-      b->assign(R * CE, T(0));
-    for (auto* b : {&q, &att, &dq, &datt}) b->assign(R * Hq, T(0));
-    for (auto* b : {&k, &v, &dk, &dv}) b->assign(R * Hk, T(0));
-    for (auto* b : {&f1, &f2, &a, &df1, &df2, &da}) b->assign(R * I, T(0));
+      b->reserve(be, R * CE);
+    for (auto* b : {&q, &att, &dq, &datt}) b->reserve(be, R * Hq);
+    for (auto* b : {&k, &v, &dk, &dv}) b->reserve(be, R * Hk);
+    for (auto* b : {&f1, &f2, &a, &df1, &df2, &da}) b->reserve(be, R * I);
     if (cfg.arch == Arch::GPT2) {
-      qkv.assign(R * 3 * C, T(0));
-      dqkv.assign(R * 3 * C, T(0));
+      qkv.reserve(be, R * 3 * C);
+      dqkv.reserve(be, R * 3 * C);
     }
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
       // The largest product: a layer's (R rows) or the LM head's (kHeadChunk rows of V).
-      mmtmp.assign(std::max(R * std::max({3 * C, I, Hq, CE}), kHeadChunk * V), 0.f);
-    for (auto* b : {&hs, &dhs, &hn, &dhn, &ho, &dho}) b->assign(kHeadChunk * CE, T(0));
-    logits.assign(kHeadChunk * V, T(0));
-    dlogits.assign(kHeadChunk * V, T(0));
-    nll.assign(kHeadChunk, T(0));
-    dnll.assign(kHeadChunk, T(0));
+      mmtmp.reserve(be, std::max(R * std::max({3 * C, I, Hq, CE}), kHeadChunk * V));
+      // The largest tensor's worth of zeros, for z.
+      int64_t most = 1;
+      for (const Param& p : model.params()) most = std::max(most, p.numel);
+      zeros.reserve(be, most);
+      const std::vector<float> z0(size_t(std::min<int64_t>(most, 1 << 20)), 0.f);
+      for (int64_t i = 0; i < most; i += (int64_t)z0.size())
+        be.copy_to_device(zeros.data() + i, z0.data(),
+                          size_t(std::min<int64_t>((int64_t)z0.size(), most - i)) * sizeof(float),
+                          nullptr);
+      be.synchronize(nullptr);
+    }
+    for (auto* b : {&hs, &dhs, &hn, &dhn, &ho, &dho}) b->reserve(be, kHeadChunk * CE);
+    logits.reserve(be, kHeadChunk * V);
+    dlogits.reserve(be, kHeadChunk * V);
+    nll.reserve(be, kHeadChunk);
+    dnll.reserve(be, kHeadChunk);
+    auto ints = [&](int64_t n) { return static_cast<int32_t*>(be.alloc(size_t(n) * 4)); };
+    ids_d = ints(R);
+    pos_d = ints(R);
+    tok_pos_d = ints(R);
+    sel_d = ints(kHeadChunk);
+    tg_d = ints(kHeadChunk);
+    mask_d = static_cast<uint8_t*>(be.alloc(size_t(R)));
+  }
+  // Per direction: the embedding block's z and the tangent hidden state.
+  void reserve_directions(int q) {
+    while ((int)z_embed.size() < q) {
+      z_embed.emplace_back();
+      z_embed.back().reserve(be, model.blocks()[0].span);
+      dh.emplace_back();
+      dh.back().reserve(be, max_rows * C);
+    }
+  }
+  ~Impl() {
+    for (void* p : {(void*)ids_d, (void*)pos_d, (void*)tok_pos_d, (void*)sel_d, (void*)tg_d,
+                    (void*)mask_d})
+      if (p) be.free(p);
   }
 
   // ---- weights and directions of a block, in T ----
   // z(key) of block b into out (laid out as the block's span in storage).
-  void block_z(int b, const ZKey& key, std::vector<T>& out) {
+  void block_z(int b, const ZKey& key, Buf<T>& out) {
     const Block& blk = model.blocks()[b];
-    if ((int64_t)out.size() < blk.span) out.assign(blk.span, T(0));
-    float* dst = zf.data();
-    if constexpr (std::is_same_v<T, float>) dst = out.data();
+    out.reserve(be, blk.span);
     const auto& params = model.params();
-    for (int pi : blk.params) {
-      const int64_t off = (params[pi].data - model.storage()) - blk.offset;
-      fill_z(dst + off, params[pi].numel, (uint32_t)pi, key);
+    if constexpr (std::is_same_v<T, float>) {
+      // On the backend: theta = 0, eps = 1 gives z exactly, the same bits as fill_z.
+      for (int pi : blk.params) {
+        const int64_t off = (params[pi].data - model.storage()) - blk.offset;
+        be.zo_pass(zeros.data(), params[pi].numel, (uint32_t)pi, 0, nullptr, 0, 0.f, &key, 1.f,
+                   out.data() + off, nullptr);
+      }
+    } else {
+      for (int pi : blk.params) {
+        const int64_t off = (params[pi].data - model.storage()) - blk.offset;
+        fill_z(zf.data() + off, params[pi].numel, (uint32_t)pi, key);
+      }
+      for (int64_t i = 0; i < blk.span; ++i) out.data()[i] = T(zf[i]);
     }
-    if constexpr (!std::is_same_v<T, float>)
-      for (int64_t i = 0; i < blk.span; ++i) out[i] = T(zf[i]);
   }
   // Block b's weights in T: theta + shift z(shift_key) (formed in double, then rounded to T).
-  const T* block_weights(int b, std::vector<T>& buf, const ZKey* shift_key, double shift) {
+  // fp32 without a shift: the weights themselves (a streamer's device block, held until
+  // done_with(b)). Otherwise formed on the host: host backends only.
+  const T* block_weights(int b, Buf<T>& buf, const ZKey* shift_key, double shift) {
     const Block& blk = model.blocks()[b];
-    const float* src = model.storage() + blk.offset;
     if constexpr (std::is_same_v<T, float>)
-      if (!shift_key) return src;
-    if ((int64_t)buf.size() < std::max<int64_t>(blk.span, 1)) buf.assign(std::max<int64_t>(blk.span, 1), T(0));
+      if (!shift_key) return weights ? weights->acquire(b) : model.storage() + blk.offset;
+    ZOF_CHECK(!weights, "the shifted (finite-difference) JVP walk runs on host backends only");
+    const float* src = model.storage() + blk.offset;
+    buf.reserve(be, blk.span);
     if (shift_key) {
       const auto& params = model.params();
       std::fill(zf.begin(), zf.begin() + blk.span, 0.f);
@@ -154,8 +249,31 @@ struct BasicJVPEstimator<T>::Impl {
       }
     }
     for (int64_t i = 0; i < blk.span; ++i)
-      buf[i] = T(double(src[i]) + (shift_key ? shift * double(zf[i]) : 0.0));
+      buf.data()[i] = T(double(src[i]) + (shift_key ? shift * double(zf[i]) : 0.0));
     return buf.data();
+  }
+  void done_with(int b, const ZKey* shift_key) {
+    if (std::is_same_v<T, float> && weights && !shift_key) weights->release(b, false);
+  }
+  // dst = src, n elements.
+  void copy(T* dst, const T* src, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) return be.copy_device(dst, src, size_t(n) * sizeof(T), nullptr);
+    std::copy(src, src + n, dst);
+  }
+  // The sum of n values in double (fp32: read back from the backend first).
+  double sum_of(const T* x, int64_t n) {
+    std::vector<double> hx(size_t(std::max<int64_t>(n, 0)));
+    if constexpr (std::is_same_v<T, float>) {
+      std::vector<float> f(hx.size());
+      be.copy_to_host(f.data(), x, f.size() * sizeof(float), nullptr);
+      be.synchronize(nullptr);
+      std::copy(f.begin(), f.end(), hx.begin());
+    } else {
+      std::copy(x, x + n, hx.begin());
+    }
+    double s = 0;
+    for (double v : hx) s += v;
+    return s;
   }
   // A pointer of the model's own views, moved into base (block b) or embed_base (block 0).
   const T* at(const float* p, int b, const T* base, const T* embed_base) const {
@@ -347,7 +465,7 @@ struct BasicJVPEstimator<T>::Impl {
   void layer_primal(const LayerT<T>& w, int64_t B, int64_t S, const int32_t* pos,
                     const uint8_t* mask) {
     const int64_t rows = B * S;
-    std::copy(h.begin(), h.begin() + rows * C, hin.begin());
+    copy(hin.data(), h.data(), rows * C);
     const T* x = hin.data();
     if (pre_norm) {
       norm(hin.data(), w.ln1_w, w.ln1_b, xn1.data(), rows);
@@ -383,7 +501,7 @@ struct BasicJVPEstimator<T>::Impl {
     mm(a.data(), w.fc2_w, w.fc2_b, tmp.data(), rows, C, I);
     add_to(h2.data(), mid, tmp.data(), rows * C);
     if (pre_norm)
-      std::copy(h2.begin(), h2.begin() + rows * C, h.begin());
+      copy(h.data(), h2.data(), rows * C);
     else
       norm(h2.data(), w.ln2_w, w.ln2_b, h.data(), rows);
   }
@@ -433,7 +551,14 @@ struct BasicJVPEstimator<T>::Impl {
     }
   }
 
-  void split_qkv(const T* src, T* q_, T* k_, T* v_, int64_t rows) const {
+  void split_qkv(const T* src, T* q_, T* k_, T* v_, int64_t rows) {
+    if constexpr (std::is_same_v<T, float>) {
+      const size_t row = size_t(C) * sizeof(float);
+      be.copy_device_2d(q_, row, src, 3 * row, row, size_t(rows), nullptr);
+      be.copy_device_2d(k_, row, src + C, 3 * row, row, size_t(rows), nullptr);
+      be.copy_device_2d(v_, row, src + 2 * C, 3 * row, row, size_t(rows), nullptr);
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       std::copy(src + r * 3 * C, src + r * 3 * C + C, q_ + r * C);
       std::copy(src + r * 3 * C + C, src + r * 3 * C + 2 * C, k_ + r * C);
@@ -457,8 +582,7 @@ struct BasicJVPEstimator<T>::Impl {
     }
     mm(x, w.lm_head, nullptr, logits.data(), n, V, EO);
     cross_entropy(tg, n);
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i) s += double(nll[i]);
+    const double s = sum_of(nll.data(), n);
     if (!z) return s;
     const T* xin = hs.data();
     const T* dxin = dhs.data();
@@ -474,21 +598,27 @@ struct BasicJVPEstimator<T>::Impl {
     }
     mm_jvp(xin, dxin, w.lm_head, z->lm_head, nullptr, dlogits.data(), n, V, EO);
     cross_entropy_jvp(tg, n);
-    double ds = 0;
-    for (int64_t i = 0; i < n; ++i) ds += double(dnll[i]);
-    *dsum = ds;
+    *dsum = sum_of(dnll.data(), n);
     return s;
   }
 };
 
 template <class T>
-BasicJVPEstimator<T>::BasicJVPEstimator(const Model& model, Backend& backend, int64_t max_rows)
+BasicJVPEstimator<T>::BasicJVPEstimator(const Model& model, Backend& backend, int64_t max_rows,
+                                        int directions)
     : impl_(std::make_unique<Impl>(model, backend, max_rows)) {
   ZOF_CHECK(max_rows >= 1, "the JVP estimator needs room for at least one token");
+  impl_->reserve_directions(directions);
 }
 
 template <class T>
 BasicJVPEstimator<T>::~BasicJVPEstimator() = default;
+
+template <class T>
+void BasicJVPEstimator<T>::set_weights(BlockStreamer* s) {
+  ZOF_CHECK((!s || std::is_same_v<T, float>), "only the fp32 JVP walk reads streamed weights");
+  impl_->weights = s;
+}
 
 template <class T>
 JVPSums BasicJVPEstimator<T>::directional_derivatives(const std::vector<ZKey>& keys,
@@ -515,64 +645,82 @@ JVPSums BasicJVPEstimator<T>::walk(const std::vector<ZKey>& keys, const ZKey* sh
   const int64_t C = m.C;
   JVPSums out;
   out.sum_dir.assign(q, 0.0);
-  // The embedding block's weights and z stay for the whole walk: the tied LM head reads them.
-  const T* w_emb = m.block_weights(0, m.w_embed, shift_key, shift);
-  m.z_embed.resize(q);
-  for (int j = 0; j < q; ++j) m.block_z(0, keys[j], m.z_embed[j]);
-  m.dh.resize(q);
-  for (auto& d : m.dh) d.resize(m.max_rows * C);
-  const EmbedT<T> ew = m.embed_view(w_emb);
-
+  // Every input is checked before any work.
   for (const LossBatch& lb : micro) {
     const Batch& b = lb.batch;
     const int64_t rows = b.B * b.T;
     ZOF_CHECK(rows <= m.max_rows, "batch of " + std::to_string(rows) +
                                       " tokens exceeds the JVP estimator's capacity of " +
                                       std::to_string(m.max_rows));
-    ZOF_ASSERT((int64_t)lb.targets.size() == rows);
+    ZOF_ASSERT((int64_t)lb.targets.size() == rows && (int64_t)b.ids.size() == rows);
+    ZOF_CHECK(b.T <= cfg.max_position,
+              "a sequence of " + std::to_string(b.T) + " tokens is beyond the model's context of " +
+                  std::to_string(cfg.max_position) + " tokens (max_position_embeddings)");
+    for (int64_t i = 0; i < rows; ++i) {
+      ZOF_CHECK(b.ids[i] >= 0 && b.ids[i] < m.V, "token id " + std::to_string(b.ids[i]) +
+                                                     " is outside the model's vocabulary of " +
+                                                     std::to_string(m.V));
+      ZOF_CHECK(lb.targets[i] < m.V, "target token id " + std::to_string(lb.targets[i]) +
+                                         " is outside the vocabulary of " + std::to_string(m.V));
+    }
+  }
+  // Streamed weights: the blocks in walk order (the embedding held throughout).
+  if (m.weights && !shift_key) {
+    std::vector<int> order{0};
+    for (size_t mb = 0; mb < micro.size(); ++mb)
+      for (int blk = 1; blk < nblocks; ++blk) order.push_back(blk);
+    m.weights->begin_walk(std::move(order));
+  }
+  // The embedding block's weights and z stay for the whole walk: the tied LM head reads them.
+  const T* w_emb = m.block_weights(0, m.w_embed, shift_key, shift);
+  m.reserve_directions(q);
+  for (int j = 0; j < q; ++j) m.block_z(0, keys[j], m.z_embed[j]);
+  const EmbedT<T> ew = m.embed_view(w_emb);
+
+  for (const LossBatch& lb : micro) {
+    const Batch& b = lb.batch;
+    const int64_t rows = b.B * b.T;
     std::vector<int32_t> pos(rows), tok_pos(rows);
     std::vector<uint8_t> mask(rows);
     for (int64_t i = 0; i < b.B; ++i)
       for (int64_t t = 0; t < b.T; ++t) {
         pos[i * b.T + t] = (int32_t)t;
+        tok_pos[i * b.T + t] = (int32_t)t + (cfg.arch == Arch::OPT ? 2 : 0);  // OPT's offset
         mask[i * b.T + t] = t < b.lengths[i];
       }
-    for (int64_t i = 0; i < rows; ++i) {
-      ZOF_CHECK(b.ids[i] >= 0 && b.ids[i] < m.V, "token id " + std::to_string(b.ids[i]) +
-                                                     " is outside the model's vocabulary of " +
-                                                     std::to_string(m.V));
-      ZOF_CHECK(pos[i] < cfg.max_position,
-                "position " + std::to_string(pos[i]) + " is beyond the model's context of " +
-                    std::to_string(cfg.max_position) + " tokens (max_position_embeddings)");
-      tok_pos[i] = pos[i] + (cfg.arch == Arch::OPT ? 2 : 0);  // OPT's learned-position offset
-    }
+    // To the backend (staged before the calls return: the vectors may go after the loop body).
+    m.be.copy_to_device(m.ids_d, b.ids.data(), size_t(rows) * 4, nullptr);
+    m.be.copy_to_device(m.pos_d, pos.data(), size_t(rows) * 4, nullptr);
+    m.be.copy_to_device(m.tok_pos_d, tok_pos.data(), size_t(rows) * 4, nullptr);
+    m.be.copy_to_device(m.mask_d, mask.data(), size_t(rows), nullptr);
+    const int32_t *ids = m.ids_d, *pos_d = m.pos_d, *tok_pos_d = m.tok_pos_d;
+    const uint8_t* mask_d = m.mask_d;
 
     // Block 0: the embedding.
-    m.embed_primal(ew, b.ids.data(), tok_pos.data(), rows);
+    m.embed_primal(ew, ids, tok_pos_d, rows);
     for (int j = 0; j < q; ++j)
-      m.embed_tangent(ew, m.embed_view(m.z_embed[j].data()), b.ids.data(), tok_pos.data(), rows,
+      m.embed_tangent(ew, m.embed_view(m.z_embed[j].data()), ids, tok_pos_d, rows,
                       m.dh[j].data());
     // The layers: the primal once, then each direction's tangent from its intermediates.
     for (int li = 0; li < (int)cfg.num_layers; ++li) {
       const LayerT<T> w = m.layer_view(li, m.block_weights(li + 1, m.w_block, shift_key, shift));
-      m.layer_primal(w, b.B, b.T, pos.data(), mask.data());
+      m.layer_primal(w, b.B, b.T, pos_d, mask_d);
       for (int j = 0; j < q; ++j) {
         m.block_z(li + 1, keys[j], m.z_block);
-        m.layer_tangent(w, m.layer_view(li, m.z_block.data()), m.dh[j].data(), b.B, b.T,
-                        pos.data(), mask.data());
+        m.layer_tangent(w, m.layer_view(li, m.z_block.data()), m.dh[j].data(), b.B, b.T, pos_d,
+                        mask_d);
       }
+      m.done_with(li + 1, shift_key);
     }
     // The head over the scored rows, kHeadChunk at a time; the primal is recomputed for each
     // direction rather than keeping every chunk's logits.
     const HeadT<T> hw = m.head_view(m.block_weights(nblocks - 1, m.w_block, shift_key, shift), w_emb);
-    std::vector<int64_t> sel;
+    std::vector<int32_t> sel, tg;
     for (int64_t r = 0; r < rows; ++r)
       if (lb.targets[r] >= 0) {
-        ZOF_CHECK(lb.targets[r] < m.V, "target token id " + std::to_string(lb.targets[r]) +
-                                           " is outside the vocabulary of " + std::to_string(m.V));
-        sel.push_back(r);
+        sel.push_back((int32_t)r);
+        tg.push_back(lb.targets[r]);
       }
-    std::vector<int32_t> tg(kHeadChunk);
     for (int j = 0; j < std::max(q, 1); ++j) {
       HeadT<T> hz;
       if (q > 0) {
@@ -581,20 +729,21 @@ JVPSums BasicJVPEstimator<T>::walk(const std::vector<ZKey>& keys, const ZKey* sh
       }
       for (size_t s0 = 0; s0 < sel.size(); s0 += kHeadChunk) {
         const int64_t n = std::min<int64_t>(kHeadChunk, (int64_t)(sel.size() - s0));
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t r = sel[s0 + i];
-          std::copy(m.h.begin() + r * C, m.h.begin() + (r + 1) * C, m.hs.begin() + i * C);
-          if (q > 0) std::copy(m.dh[j].begin() + r * C, m.dh[j].begin() + (r + 1) * C, m.dhs.begin() + i * C);
-          tg[i] = lb.targets[r];
-        }
+        // The chunk's rows gathered by the embedding op (the hidden states as its table).
+        m.be.copy_to_device(m.sel_d, sel.data() + s0, size_t(n) * 4, nullptr);
+        m.be.copy_to_device(m.tg_d, tg.data() + s0, size_t(n) * 4, nullptr);
+        m.embedding(m.sel_d, m.h.data(), m.hs.data(), n, C, false);
+        if (q > 0) m.embedding(m.sel_d, m.dh[j].data(), m.dhs.data(), n, C, false);
         double ds = 0;
-        const double s = m.head_chunk(hw, q > 0 ? &hz : nullptr, tg.data(), n, &ds);
+        const double s = m.head_chunk(hw, q > 0 ? &hz : nullptr, m.tg_d, n, &ds);
         if (j == 0) out.sum_loss += s;
         if (q > 0) out.sum_dir[j] += ds;
       }
     }
+    m.done_with(nblocks - 1, shift_key);
     out.count += (double)sel.size();
   }
+  m.done_with(0, shift_key);
   return out;
 }
 

@@ -204,10 +204,7 @@ uint64_t check_streaming(const TrainOptions& o) {
   ZOF_CHECK(o.pipeline_stages == 1,
             "--gpu-mem / --sim-device / --device cuda (parameter streaming) do not combine with "
             "--pipeline-stages > 1; use --pipeline-stages 1 (data parallel only)");
-  ZOF_CHECK(o.estimator != "jvp",
-            "--estimator jvp runs on the CPU and does not stream parameters; drop --gpu-mem / "
-            "--sim-device / --device cuda or use "
-            "--estimator spsa");
+
   return bytes;
 }
 
@@ -428,7 +425,8 @@ json finetune(TrainOptions opt) {
   // --estimator jvp: g_j from forward-mode AD instead of two perturbed losses; the engine still
   // schedules and applies the updates, so the step log and replay are the same.
   std::unique_ptr<JVPEstimator> jvp;
-  if (opt.estimator == "jvp") jvp = std::make_unique<JVPEstimator>(model, *backend, data->max_rows());
+  if (opt.estimator == "jvp")
+    jvp = std::make_unique<JVPEstimator>(model, *backend, data->max_rows(), opt.queries);
   // Pipeline: this rank walks its stage's blocks; the hidden states of each micro-batch come
   // from the previous stage's rank and go to the next one's (stream index as the tag).
   const auto ranges = dist::stage_blocks((int)model.config().num_layers, layout.stages);
@@ -475,7 +473,11 @@ json finetune(TrainOptions opt) {
   // Streaming starts from the weights the run starts (or resumes) with: the model's storage,
   // which stays the master copy (current after every flush: evaluation, checkpoints, the end).
   // On a device (simulated or CUDA) the weights always stream: every block resident when they fit.
-  if (opt.sim_device || opt.device == "cuda") engine.enable_streaming(gpu_mem);
+  // The JVP walk reads the same device blocks.
+  if (opt.sim_device || opt.device == "cuda") {
+    engine.enable_streaming(gpu_mem);
+    if (jvp) jvp->set_weights(engine.streamer());
+  }
   // Momentum/Adam state beside the checkpoint's weights, once streaming (which keeps it in host
   // memory) is settled.
   if (!ckpt.empty() && engine.state_planes() > 0) {
@@ -754,7 +756,8 @@ json finetune(TrainOptions opt) {
   if (const BlockStreamer* st = engine.streamer()) {
     int streamed = 0;
     for (int b = 0; b < (int)model.blocks().size(); ++b) streamed += !st->resident(b);
-    json j{{"min_bytes", engine.streaming_minimum()}, {"device_bytes", st->device_bytes()},
+    json j{{"min_bytes", engine.streaming_minimum()}, {"buffer_bytes", engine.buffer_bytes()},
+           {"device_bytes", st->device_bytes()},
            {"streamed_blocks", streamed}, {"slots", st->num_slots()},
            {"uploads", st->stats().uploads}, {"hits", st->stats().hits},
            {"bytes_uploaded", st->stats().bytes_uploaded},

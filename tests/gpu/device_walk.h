@@ -1,9 +1,9 @@
-// A device-resident forward pass and ZO step over any Backend, for the GPU tests and benchmarks.
-// zof::Forward and zof::ZOEngine (src/core) keep hidden states, token ids and loss buffers in
-// host vectors and pass host pointers to the ops, which a GPU cannot read; this driver is the
-// same walk (embed -> layers -> head, the dual forward of zo.h) with every buffer in backend
-// memory, until src/core's walk holds device buffers itself. It mirrors Forward::layer and
-// ZOEngine::perturbed_losses line for line; keep them in step.
+// A device-resident forward pass and ZO step over any Backend, for the GPU benchmarks and the
+// first GPU tests. src/core's Forward and ZOEngine now run on a device themselves (weights
+// through a BlockStreamer; test_gpu_model.cpp checks them on CUDA), but they need the whole
+// model in host memory: this driver builds models on the device (DeviceModel::replicate, a
+// ~1B-parameter model from one layer) for the benchmarks. It mirrors Forward::layer and
+// ZOEngine::perturbed_losses; keep them in step, or move the benchmarks onto the engine.
 #pragma once
 #include <algorithm>
 #include <cmath>

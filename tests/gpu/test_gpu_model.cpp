@@ -14,6 +14,7 @@
 #include "gpu/device_walk.h"
 #include "gpu/gpu_test.h"
 #include "zof/forward.h"
+#include "zof/jvp.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
 #include "zof/streaming.h"
@@ -282,6 +283,44 @@ TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Models, GpuZOStep, ::testing::Values("llama_gqa", "opt", "gpt2", "opt350_shape"),
                          [](const auto& info) { return info.param; });
 
+
+// The forward-gradient (JVP) walk on the CUDA backend, its weights streamed (all resident, then
+// every block through two slots): the loss and the directional derivatives of the CPU walk, to
+// fp32 accuracy (the tangent kernels of src/cuda/jvp.cu against the host loops, end to end).
+TEST_P(GpuZOStep, JvpWalkOnCudaMatchesCpu) {
+  ZOF_REQUIRE_GPU();
+  const std::string name = GetParam();
+  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
+  Golden g = load_golden(name);
+  ZOF_REQUIRE_PATH(g.model_dir);
+  const auto lb = zof::LossBatch::next_token(g.batch);
+  const std::vector<zof::LossBatch> micro = {lb, lb};
+  const int64_t rows = lb.batch.B * lb.batch.T;
+  const std::vector<zof::ZKey> keys{{11, 2, 0}, {11, 2, 1}};
+  zof::Model model = zof::Model::load(g.model_dir);
+  auto cpu = zof::make_cpu_backend(0);
+  zof::JVPEstimator host(model, *cpu, rows, 2);
+  const zof::JVPSums want = host.directional_derivatives(keys, micro);
+  for (bool tight : {false, true}) {
+    SCOPED_TRACE(tight ? "least budget" : "all resident");
+    auto be = zof::make_cuda_backend(0);
+    zof::JVPEstimator dev(model, *be, rows, 2);
+    zof::BlockStreamer streamer(model, *be,
+                                tight ? zof::BlockStreamer::min_bytes(model)
+                                      : zof::BlockStreamer::all_resident_bytes(model));
+    dev.set_weights(&streamer);
+    const zof::JVPSums got = dev.directional_derivatives(keys, micro);
+    EXPECT_EQ(got.count, want.count);
+    EXPECT_NEAR(got.sum_loss, want.sum_loss, 2e-5 * std::fabs(want.sum_loss));
+    for (size_t j = 0; j < keys.size(); ++j)
+      // A directional derivative is a sum of terms of both signs: its error is relative to the
+      // loss scale, not to itself.
+      EXPECT_NEAR(got.sum_dir[j], want.sum_dir[j],
+                  1e-4 * std::max(std::fabs(want.sum_dir[j]), std::fabs(want.sum_loss)))
+          << "direction " << j;
+    streamer.sync_to_host();
+  }
+}
 
 // `zof finetune --device cuda`: the main job on the GPU, streamed at the least budget and all
 // resident, against the same run on the CPU: the trajectories differ only by fp32 rounding in
