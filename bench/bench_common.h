@@ -140,6 +140,8 @@ class TimingBackend : public zof::Backend {
   }
   void* alloc_host_pinned(size_t b) override { return in_.alloc_host_pinned(b); }
   void free_host_pinned(void* p) override { in_.free_host_pinned(p); }
+  bool register_host(void* p, size_t b) override { return in_.register_host(p, b); }
+  void unregister_host(void* p) override { in_.unregister_host(p); }
   size_t free_memory() const override { return in_.free_memory(); }
   zof::Stream* default_stream() override { return in_.default_stream(); }
   zof::Stream* create_stream() override { return in_.create_stream(); }

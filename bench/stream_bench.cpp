@@ -1,9 +1,10 @@
 // Parameter streaming, measured: the ZO step (perturbed_losses + projected_gradients +
 // schedule_update) of a random-weight model with its blocks streamed through a device budget of
 // 1/4, 1/2 and all of the model (plus the engine's buffers), against the same steps on the plain
-// backend in the same run. On this machine the device is the simulated one (sim_device.h: host
-// memory, copy threads, optionally a bus of --copy-gbps); the scheduler only uses the Backend
-// interface, so a GPU backend would be measured the same way.
+// backend in the same run. The device is the simulated one (sim_device.h: host memory, copy
+// threads, optionally a bus of --copy-gbps), or with --device cuda the GPU (the scheduler only
+// uses the Backend interface); there the whole-model row is the baseline, and the copy rate,
+// waits and peak (simulated-device counters) are not reported.
 // Reports per budget: tokens/s, bytes uploaded and written back per step, the copy streams'
 // achieved bandwidth, the fraction of the step the compute stream waited on transfers, and the
 // peak device memory against the budget. --optimizer momentum|adam streams the optimizer state
@@ -13,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench_common.h"
+#include "zof/cuda.h"
 #include "zof/model.h"
 #include "zof/sim_device.h"
 #include "zof/streaming.h"
@@ -37,6 +39,7 @@ struct Args {
   int threads = 0, queries = 1, micro_batches = 1;
   int warmup = 1, iters = 3;
   std::string optimizer = "sgd";
+  std::string device = "sim";
   double copy_gbps = 0;
   bool check = false, json = false;
   uint64_t seed = 0;
@@ -87,9 +90,13 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
     rows = std::max(rows, m.batch.B * m.batch.T);
     tokens += m.batch.B * m.batch.T;
   }
-  std::unique_ptr<zof::Backend> be = zof::make_cpu_backend(threads);
+  std::unique_ptr<zof::Backend> be;
+  if (a.device == "cuda")
+    be = zof::make_cuda_backend(0);
+  else
+    be = zof::make_cpu_backend(threads);
   zof::SimDevice* sim = nullptr;
-  if (budget > 0) {
+  if (budget > 0 && a.device != "cuda") {
     zof::SimDeviceOptions so;
     so.budget = budget;
     so.copy_bandwidth = a.copy_gbps * 1e9;
@@ -130,6 +137,8 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
     const zof::StreamingStats s1 = eng.streamer()->stats();
     r.up_per_step = double(s1.bytes_uploaded - s0.bytes_uploaded) / a.iters;
     r.down_per_step = double(s1.bytes_written_back - s0.bytes_written_back) / a.iters;
+  }
+  if (sim) {
     const zof::SimDeviceStats ss = sim->stats();
     r.copy_gbps = ss.copy_busy_s > 0 ? double(ss.bytes_to_device + ss.bytes_to_host) / ss.copy_busy_s * 1e-9 : 0;
     r.wait_frac = ss.compute_wait_s / total;
@@ -163,7 +172,10 @@ int run(const Args& a) {
     whole = zof::BlockStreamer::all_resident_bytes(model, 1 + eng.state_planes());
   }
   std::vector<Row> rows;
-  rows.push_back(measure(a, cfg, "plain " + zof::make_cpu_backend(1)->name(), 0, threads));
+  ZOF_CHECK(a.device == "sim" || a.device == "cuda", "--device must be sim or cuda");
+  // On the GPU the weights must be on the device: no unstreamed row there.
+  if (a.device != "cuda")
+    rows.push_back(measure(a, cfg, "plain " + zof::make_cpu_backend(1)->name(), 0, threads));
   for (double f : {1.0, 0.5, 0.25}) {
     size_t budget = buffers + (size_t)(f * (double)whole);
     std::string name = f == 1.0 ? "whole model" : f == 0.5 ? "1/2 model" : "1/4 model";
@@ -174,7 +186,8 @@ int run(const Args& a) {
     rows.push_back(measure(a, cfg, name, budget, threads));
   }
 
-  char bus[64] = "memcpy speed";
+  char bus[160] = "memcpy speed";
+  if (a.device == "cuda") std::snprintf(bus, sizeof bus, "none (the GPU's own copy engines)");
   if (a.copy_gbps > 0) std::snprintf(bus, sizeof bus, "%.2f GB/s per copy stream", a.copy_gbps);
   const std::string state = a.optimizer == "sgd" ? "" : " with the " + a.optimizer + " state";
   std::printf("%s, %ld parameters (%.1f MB fp32%s in %zu blocks), batch %ld x %ld, q=%d, %d "
@@ -194,6 +207,12 @@ int run(const Args& a) {
     if (r.budget == 0) {
       std::printf("| %-36s | %9s | %8.1f | %9.0f | %12s | %12s | %10s | %9s | %9s |\n",
                   r.name.c_str(), "-", r.step_s * 1e3, r.tokens_per_s, "-", "-", "-", "-", "-");
+      continue;
+    }
+    if (a.device == "cuda") {  // no simulated-device counters
+      std::printf("| %-36s | %9.1f | %8.1f | %9.0f | %12.1f | %12.1f | %10s | %9s | %9s |\n",
+                  r.name.c_str(), r.budget / 1e6, r.step_s * 1e3, r.tokens_per_s,
+                  r.up_per_step / 1e6, r.down_per_step / 1e6, "-", "-", "-");
       continue;
     }
     std::printf("| %-36s | %9.1f | %8.1f | %9.0f | %12.1f | %12.1f | %10.2f | %8.1f%% | %9.1f |\n",
@@ -234,6 +253,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
   app.add_option("--iters", a.iters, "timed steps (medians are reported)")->capture_default_str();
   app.add_option("--copy-gbps", a.copy_gbps, "simulated bus per copy stream, GB/s (0: memcpy)")
+      ->capture_default_str();
+  app.add_option("--device", a.device, "sim (the simulated device) or cuda (GPU 0)")
       ->capture_default_str();
   app.add_flag("--check", a.check, "run the simulated device's hazard checker (slower)");
   app.add_flag("--json", a.json, "end with one JSON line");

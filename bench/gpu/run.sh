@@ -33,7 +33,7 @@ if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZOF_CUDA=ON -D
   tail -40 "$RES/configure.log"; echo "run.sh: configure failed (log: $RES/configure.log)"; exit 1
 fi
 say "build"
-if ! ninja -C "$BUILD" zof_gpu_tests block_bench zo_bench >"$RES/build.log" 2>&1; then
+if ! ninja -C "$BUILD" zof zof_gpu_tests block_bench zo_bench stream_bench >"$RES/build.log" 2>&1; then
   grep -E "error|Error" "$RES/build.log" | head -40; tail -20 "$RES/build.log"
   echo "run.sh: build failed (log: $RES/build.log)"; exit 1
 fi
@@ -57,6 +57,10 @@ timeout 240 "$BUILD/block_bench" --tokens 2048,8192,16384 --iters 5 >"$RES/block
 say "zo_bench (zof, fp32)"
 timeout 180 "$BUILD/zo_bench" --batch 8 --seq 512 --steps 3 >"$RES/zo_bench.json" 2>"$RES/zo_bench.err" \
   || { status=1; cat "$RES/zo_bench.err" >&2; }
+say "stream_bench (src/core's engine on the GPU, weights streamed from host memory)"
+timeout 150 "$BUILD/stream_bench" --device cuda --model-config llama-125m --batch 8 --seq 512 \
+  --warmup 1 --iters 3 >"$RES/stream_bench.md" 2>"$RES/stream_bench.err" \
+  || { status=1; cat "$RES/stream_bench.err" >&2; }
 say "mezo_peer.py (PyTorch)"
 timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/mezo_peer.json" 2>"$RES/mezo_peer.err" \
   || { echo "mezo_peer.py failed:" >&2; tail -20 "$RES/mezo_peer.err" >&2; }
@@ -78,6 +82,11 @@ timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/me
   echo "counted as computed, over the dense bf16 peak):"
   echo
   cat "$RES/block_bench.md" 2>/dev/null
+  echo
+  echo "Parameter streaming on the GPU (\`stream_bench --device cuda\`: src/core's ZOEngine, the"
+  echo "trainer's step, weights page-locked in host memory and streamed within a budget):"
+  echo
+  cat "$RES/stream_bench.md" 2>/dev/null
   echo
   echo "MeZO step, ~1.1B LLaMA-shaped model (bench/gpu/tinyllama_1b.json), fp32 resident, batch 8 x 512:"
   echo

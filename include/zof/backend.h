@@ -49,6 +49,12 @@ class Backend {
   virtual void free_host_pinned(void* ptr) = 0;
   // Bytes of device memory still free (CPU backend: available physical memory).
   virtual size_t free_memory() const = 0;
+  // Page-locks existing host memory (cudaHostRegister), so that async copies from and to it do
+  // not stage through a bounce buffer and serialize. false when the backend has nothing to do
+  // (host backends) or could not (the copies still work, synchronously); unregister_host undoes
+  // a true.
+  virtual bool register_host(void* ptr, size_t bytes) { return false; }
+  virtual void unregister_host(void* ptr) {}
 
   // ---- streams and events --------------------------------------------------------------------
   virtual Stream* default_stream() = 0;

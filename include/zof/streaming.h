@@ -25,11 +25,11 @@
 // the block can change again). Resident blocks are uploaded once; the device holds their
 // authoritative copy (every plane) and sync_to_host() writes back those that changed.
 //
-// On CUDA the host master must be page-locked for copies to be asynchronous: the Backend
-// interface has no slot to register existing memory yet, so today a CUDA backend would stage
-// (and serialize) the weights' copies (ZOEngine allocates the optimizer state pinned). The walk
-// itself (ZOEngine) still hands host pointers to some ops, so streaming runs end to end on the
-// simulated device only; see zo.h.
+// On CUDA the host master must be page-locked for copies to be asynchronous: the streamer
+// registers the Model's storage with the backend (Backend::register_host, cudaHostRegister) for
+// its lifetime; ZOEngine allocates the optimizer state pinned. The walks (ZOEngine, Forward's
+// whole-model methods, the JVP walk) hand the backend only device memory, so a CUDA backend runs
+// them as the simulated device does.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -161,6 +161,7 @@ class BlockStreamer {
   std::vector<Slot> slots_;
   size_t slot_bytes_ = 0, slot_stride_ = 0;  // a slot's plane stride, floats
   size_t device_bytes_ = 0, budget_ = 0;
+  bool pinned_master_ = false;  // the Model's storage registered with the backend
   std::vector<int> order_;
   size_t pos_ = 0;  // order_ positions before pos_ are done (acquired)
   StreamingStats stats_;

@@ -188,6 +188,9 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
     throw;
   }
   res_consumed_ = be.create_event();
+  // The weights' master (the Model's storage) is ordinary memory: page-lock it so that uploads
+  // and write-backs overlap the compute (the optimizer-state planes are pinned already).
+  pinned_master_ = be.register_host(model.storage(), size_t(model.storage_size()) * sizeof(float));
 }
 
 BlockStreamer::~BlockStreamer() {
@@ -197,6 +200,7 @@ BlockStreamer::~BlockStreamer() {
   for (float* p : res_base_)
     if (p) be_.free(p);
   for (Slot& s : slots_) be_.free(s.base);
+  if (pinned_master_) be_.unregister_host(model_.storage());
 }
 
 std::string BlockStreamer::describe() const {
@@ -208,7 +212,8 @@ std::string BlockStreamer::describe() const {
     s += ", " + std::to_string(nb - res) + " streamed through " + std::to_string(slots_.size()) +
          " slots of " + format_bytes(slot_bytes_);
   return s + " (" + format_bytes(device_bytes_) + " of a " + format_bytes(budget_) +
-         " budget for weights" + (num_planes() > 1 ? " and optimizer state)" : ")");
+         " budget for weights" + (num_planes() > 1 ? " and optimizer state)" : ")") +
+         (pinned_master_ ? ", host master page-locked" : "");
 }
 
 void BlockStreamer::release_held() {

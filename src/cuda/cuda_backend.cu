@@ -118,6 +118,18 @@ class CudaBackendImpl final : public CudaBackend {
     CUDA_CHECK(e);
     return p;
   }
+  bool register_host(void* ptr, size_t bytes) override {
+    if (!ptr || !bytes) return false;
+    use();
+    const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (e == cudaSuccess) return true;
+    (void)cudaGetLastError();  // not fatal: the copies run synchronously instead
+    return false;
+  }
+  void unregister_host(void* ptr) override {
+    use();
+    CUDA_CHECK(cudaHostUnregister(ptr));
+  }
   void free_host_pinned(void* ptr) override {
     if (ptr) CUDA_CHECK(cudaFreeHost(ptr));
   }
