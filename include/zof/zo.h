@@ -105,8 +105,11 @@ class ZOEngine {
   // Schedules theta <- theta - lr (mean_j g_j z_j + wd theta); applied lazily by the next walk
   // or by flush().
   void schedule_update(uint32_t step, float lr, const std::vector<double>& g);
-  // Applies a pending update now (before evaluation, saving and at the end of a run).
-  void flush();
+  // Applies a pending update now (before evaluation, saving and at the end of a run). With
+  // streaming, to_host also writes the device copies back to the Model's storage; false leaves
+  // them on the device (a walk that reads the streamer next, as the JVP step does, needs no
+  // host copy).
+  void flush(bool to_host = true);
   const PendingUpdate& pending() const { return pending_; }
   void set_pending(PendingUpdate p) { pending_ = std::move(p); }
 
@@ -129,6 +132,9 @@ class ZOEngine {
   // Device bytes of the engine's own buffers (how far free_memory() fell while allocating them
   // in the constructor; the optimizer state comes later, see m_).
   size_t buffer_bytes() const { return buffer_bytes_; }
+  // Device memory another part of the run allocated on this backend for its walks (the JVP
+  // estimator's buffers): counted with the engine's buffers in the streaming minimum and budget.
+  void add_buffer_bytes(size_t bytes) { buffer_bytes_ += bytes; }
   // The least gpu_mem that enable_streaming() accepts.
   size_t streaming_minimum() const;
 

@@ -134,7 +134,16 @@ struct BasicJVPEstimator<T>::Impl {
   std::vector<Buf<T>> dh;  // per direction
   // The head's chunk of rows.
   Buf<T> hs, dhs, hn, dhn, ho, dho, logits, dlogits, nll, dnll;
-  // A micro-batch's inputs and the head's scored rows, in the backend's memory.
+  // A micro-batch's inputs and the head's scored rows, in the backend's memory (freed by the
+  // members' destructors, also when the constructor throws part way).
+  struct Raw {
+    Backend* be = nullptr;
+    void* p = nullptr;
+    ~Raw() {
+      if (p) be->free(p);
+    }
+  };
+  Raw ids_raw, pos_raw, tok_pos_raw, sel_raw, tg_raw, mask_raw;
   int32_t *ids_d = nullptr, *pos_d = nullptr, *tok_pos_d = nullptr, *sel_d = nullptr,
           *tg_d = nullptr;
   uint8_t* mask_d = nullptr;
@@ -186,27 +195,27 @@ struct BasicJVPEstimator<T>::Impl {
     dlogits.reserve(be, kHeadChunk * V);
     nll.reserve(be, kHeadChunk);
     dnll.reserve(be, kHeadChunk);
-    auto ints = [&](int64_t n) { return static_cast<int32_t*>(be.alloc(size_t(n) * 4)); };
-    ids_d = ints(R);
-    pos_d = ints(R);
-    tok_pos_d = ints(R);
-    sel_d = ints(kHeadChunk);
-    tg_d = ints(kHeadChunk);
-    mask_d = static_cast<uint8_t*>(be.alloc(size_t(R)));
+    auto raw = [&](Raw& r, int64_t bytes) {
+      r.be = &be;
+      r.p = be.alloc(size_t(bytes));
+      return r.p;
+    };
+    ids_d = static_cast<int32_t*>(raw(ids_raw, R * 4));
+    pos_d = static_cast<int32_t*>(raw(pos_raw, R * 4));
+    tok_pos_d = static_cast<int32_t*>(raw(tok_pos_raw, R * 4));
+    sel_d = static_cast<int32_t*>(raw(sel_raw, kHeadChunk * 4));
+    tg_d = static_cast<int32_t*>(raw(tg_raw, kHeadChunk * 4));
+    mask_d = static_cast<uint8_t*>(raw(mask_raw, R));
   }
   // Per direction: the embedding block's z and the tangent hidden state.
   void reserve_directions(int q) {
     while ((int)z_embed.size() < q) {
-      z_embed.emplace_back();
-      z_embed.back().reserve(be, model.blocks()[0].span);
-      dh.emplace_back();
-      dh.back().reserve(be, max_rows * C);
+      Buf<T> z, d;  // both allocated before either is kept: the lists stay the same length
+      z.reserve(be, model.blocks()[0].span);
+      d.reserve(be, max_rows * C);
+      z_embed.push_back(std::move(z));
+      dh.push_back(std::move(d));
     }
-  }
-  ~Impl() {
-    for (void* p : {(void*)ids_d, (void*)pos_d, (void*)tok_pos_d, (void*)sel_d, (void*)tg_d,
-                    (void*)mask_d})
-      if (p) be.free(p);
   }
 
   // ---- weights and directions of a block, in T ----
@@ -319,7 +328,9 @@ struct BasicJVPEstimator<T>::Impl {
   void mm_jvp(const T* x, const T* dx_, const T* w, const T* dw, const T* db, T* dy, int64_t M,
               int64_t N, int64_t K) {
     if constexpr (std::is_same_v<T, float>) {
-      if (backend_ops && dx_ && dw) {
+      if (backend_ops) {
+        // Every linear layer of the walk has both tangents (z perturbs every weight).
+        ZOF_ASSERT(dx_ && dw);
         be.matmul(dx_, w, db, dy, M, N, K);
         be.matmul(x, dw, nullptr, mmtmp.data(), M, N, K);
         be.add(dy, mmtmp.data(), M * N);

@@ -425,8 +425,12 @@ json finetune(TrainOptions opt) {
   // --estimator jvp: g_j from forward-mode AD instead of two perturbed losses; the engine still
   // schedules and applies the updates, so the step log and replay are the same.
   std::unique_ptr<JVPEstimator> jvp;
-  if (opt.estimator == "jvp")
+  if (opt.estimator == "jvp") {
+    const size_t before = backend->free_memory();
     jvp = std::make_unique<JVPEstimator>(model, *backend, data->max_rows(), opt.queries);
+    const size_t after = backend->free_memory();
+    engine.add_buffer_bytes(before > after ? before - after : 0);  // in the streaming budget
+  }
   // Pipeline: this rank walks its stage's blocks; the hidden states of each micro-batch come
   // from the previous stage's rank and go to the next one's (stream index as the tag).
   const auto ranges = dist::stage_blocks((int)model.config().num_layers, layout.stages);
@@ -599,7 +603,9 @@ json finetune(TrainOptions opt) {
       for (auto l : mb.batch.lengths) real_tokens += l;
     QueryLosses ql;
     if (jvp) {
-      engine.flush();  // the walk reads theta: the previous step's update goes in first
+      // The walk reads theta: the previous step's update goes in first (on the device, when
+      // streaming: the JVP walk reads the streamer's blocks, not the host copy).
+      engine.flush(/*to_host=*/false);
       std::vector<ZKey> keys;
       for (int j = 0; j < opt.queries; ++j) keys.push_back(ZKey{opt.seed, (uint32_t)step, (uint32_t)j});
       const JVPSums js = jvp->directional_derivatives(keys, micro);

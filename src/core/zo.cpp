@@ -529,7 +529,7 @@ bool ZOEngine::owns_block(int b) const {
   return b == 0 && last == nblocks - 1 && model_.config().tie_embeddings;
 }
 
-void ZOEngine::flush() {
+void ZOEngine::flush(bool to_host) {
   if (!pending_.empty()) {
     const auto& blocks = model_.blocks();
     if (stream_) stream_->begin_walk(walk_order(0));
@@ -541,7 +541,7 @@ void ZOEngine::flush() {
       }
   }
   pending_ = PendingUpdate{};
-  if (stream_) stream_->sync_to_host();
+  if (stream_ && to_host) stream_->sync_to_host();
 }
 
 float* ZOEngine::theta(int pi) const {
@@ -580,7 +580,10 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
   ZOF_ASSERT(!stream_ && !m_);
   const int planes = 1 + state_planes();
   const size_t free_now = be_.free_memory();
-  const size_t budget = gpu_mem > 0 ? gpu_mem : buffer_bytes_ + free_now;
+  // No --gpu-mem: what the device has free, less a margin for what the plan cannot see (the
+  // copy streams' library workspaces, kernels loaded at their first launch, allocator rounding).
+  const size_t margin = gpu_mem > 0 ? 0 : std::max<size_t>(size_t(256) << 20, free_now / 50);
+  const size_t budget = gpu_mem > 0 ? gpu_mem : buffer_bytes_ + (free_now > margin ? free_now - margin : 0);
   const size_t need = streaming_minimum(), slots = BlockStreamer::min_bytes(model_, planes);
   const std::string slot_what =
       planes == 1 ? "its weights"
@@ -594,7 +597,7 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
                 format_bytes(buffer_bytes_) + " of activation and copy buffers plus two slots of " +
                 "the largest block (" + format_bytes(slots / 2) + " each: " + slot_what +
                 "); raise --gpu-mem, or " + lower);
-  const size_t blocks = std::min(budget - buffer_bytes_, free_now);
+  const size_t blocks = std::min(budget - buffer_bytes_, free_now > margin ? free_now - margin : 0);
   ZOF_CHECK(blocks >= slots, "the device has " + format_bytes(free_now) +
                                  " free after the engine's buffers, less than the " +
                                  format_bytes(slots) + " that streaming needs (two slots of " +
