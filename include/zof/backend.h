@@ -125,6 +125,14 @@ class Backend {
   virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
                        const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
                        float eps, float* plus, float* minus, Stream* s = nullptr);
+  // Rows of a (rows, width) tensor at theta +/- eps z(cur), in one launch: for k < n_rows, row
+  // rows[k] (elements [rows[k] * width, (rows[k] + 1) * width) of the tensor; theta points at
+  // its element 0) goes to plus + k * width and minus + k * width (minus may be null). The same
+  // bits as zo_pass over each row. rows in device memory (the batch's distinct token ids: the
+  // ZO walk perturbs only the token-table rows a batch reads). The default runs on host memory.
+  virtual void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+                       uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+                       Stream* s = nullptr);
   // The pending update through optimizer state, elements [first, first + n) of the tensor
   // (theta, m and v point at element first; v is unused by momentum):
   //   gh = sum_j upd[j].coef * z(upd[j].key, tensor, i)   (coef = g_j / q; fmaf in j order from 0;

@@ -162,8 +162,9 @@ class ZOEngine {
   // The batch's rows of the token table: its unique ids in order, and each id's index among them.
   static void token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
                          std::vector<int32_t>& local);
-  // Those rows at theta +/- eps z(key) into tok_plus_/tok_minus_ (row k: uniq[k]).
-  void perturb_rows(const ZKey& key, const std::vector<int32_t>& uniq);
+  // Those rows (the first n_uniq ids in uniq_dev_) at theta +/- eps z(key) into
+  // tok_plus_/tok_minus_, row k from id uniq_dev_[k].
+  void perturb_rows(const ZKey& key, int64_t n_uniq);
   // Summed NLL at theta +/- eps z(key) of the scored rows of hp/hm (hidden states after the
   // last layer), with the head block's small parameters already in blk_plus_/blk_minus_: the
   // LM head is perturbed and multiplied one vocabulary chunk at a time with an online softmax.
@@ -206,6 +207,7 @@ class ZOEngine {
   float *x_plus_ = nullptr, *x_minus_ = nullptr, *ce_state_ = nullptr;
   float* h_sel_ = nullptr;       // the scored rows of a hidden state, gathered for the head
   int32_t* targets_ = nullptr;   // their targets, on the device
+  int32_t* uniq_dev_ = nullptr;  // the batch's distinct token ids, on the device
   std::vector<float*> h_plus_, h_minus_;
   int64_t vocab_chunk_ = 0;
   std::vector<float> mask_;            // per parameter (Sparse MeZO)

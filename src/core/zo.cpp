@@ -74,6 +74,7 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     ce_state_ = alloc(6 * max_rows);
     h_sel_ = alloc(max_rows * cfg.hidden_size);
     targets_ = (int32_t*)be_.alloc(std::max<int64_t>(max_rows, 1) * sizeof(int32_t));
+    uniq_dev_ = (int32_t*)be_.alloc(std::max<int64_t>(max_rows, 1) * sizeof(int32_t));
     for (int j = 0; j < opt.queries; ++j) {
       h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
       h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
@@ -122,9 +123,9 @@ void ZOEngine::release_buffers() {
     if (*p) be_.free(*p);
     *p = nullptr;
   }
-  if (targets_) {
-    be_.free(targets_);
-    targets_ = nullptr;
+  for (int32_t** p : {&targets_, &uniq_dev_}) {
+    if (*p) be_.free(*p);
+    *p = nullptr;
   }
   for (float* p : h_plus_) be_.free(p);
   for (float* p : h_minus_) be_.free(p);
@@ -285,17 +286,15 @@ void ZOEngine::token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>
     local[i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.end(), ids[i]) - uniq.begin());
 }
 
-void ZOEngine::perturb_rows(const ZKey& key, const std::vector<int32_t>& uniq) {
+void ZOEngine::perturb_rows(const ZKey& key, int64_t n_uniq) {
   const int64_t E = model_.params()[tok_].shape[1];
   const ZKey mk = masked(key, tok_);
-  float* table = theta(tok_);
-  for (size_t k = 0; k < uniq.size(); ++k) {
-    const int64_t first = (int64_t)uniq[k] * E;
-    be_.zo_pass(table + first, E, (uint32_t)tok_, first, nullptr, 0, 0.f, &mk, opt_.eps,
-                tok_plus_ + k * E, opt_.one_sided ? nullptr : tok_minus_ + k * E);
-    if (opt_.one_sided)
-      be_.copy_device(tok_minus_ + k * E, table + first, E * sizeof(float), nullptr);
-  }
+  const float* table = theta(tok_);
+  // One launch for all rows (uniq_dev_ holds the batch's distinct ids); one-sided: the second
+  // stream reads theta itself, gathered.
+  be_.zo_rows(table, E, uniq_dev_, n_uniq, (uint32_t)tok_, mk, opt_.eps, tok_plus_,
+              opt_.one_sided ? nullptr : tok_minus_);
+  if (opt_.one_sided) be_.embedding(uniq_dev_, table, tok_minus_, n_uniq, E, false);
 }
 
 void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
@@ -409,7 +408,10 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
     const Batch& b = micro[mb].batch;
     const int64_t rows = b.B * b.T;
     // The embedding reads a compact table of the batch's rows: its ids index that.
-    if (has_embed) token_rows(b.ids.data(), rows, uniq, local);
+    if (has_embed) {
+      token_rows(b.ids.data(), rows, uniq, local);
+      be_.copy_to_device(uniq_dev_, uniq.data(), uniq.size() * sizeof(int32_t), nullptr);
+    }
     const DeviceInputs in = fwd_.upload(b, has_embed ? local.data() : nullptr);
     const bool first = mb == 0;
     const bool dirty = first && !pending_.empty();  // the walk applies the update to each block
@@ -418,7 +420,7 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
       acquire(0);
       for (int j = 0; j < q; ++j) {
         block_pass(0, first && j == 0, &keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
-        perturb_rows(keys[j], uniq);
+        perturb_rows(keys[j], (int64_t)uniq.size());
         fwd_.embed(model_.embed(copy_locator(blk_plus_, tok_plus_)), in.ids, in.embed_pos, rows,
                    h_plus_[j]);
         if (has_minus(j))

@@ -210,4 +210,15 @@ void Backend::zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
   zo_pass_host(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus);
 }
 
+void Backend::zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+                      uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+                      Stream*) {
+  for (int64_t k = 0; k < n_rows; ++k) {
+    const int64_t first = int64_t(rows[k]) * width;
+    // No update terms: theta is only read.
+    zo_pass_host(const_cast<float*>(theta) + first, width, tensor, first, nullptr, 0, 0.f, &cur,
+                 eps, plus + k * width, minus ? minus + k * width : nullptr);
+  }
+}
+
 }  // namespace zof

@@ -302,6 +302,16 @@ class SimDeviceImpl final : public SimDevice {
                         has_cur ? &key : nullptr, eps, plus, minus, nullptr);
            });
   }
+  void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+               uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+               Stream* s) override {
+    // The rows read are data-dependent: theta's first row is checked for being device memory.
+    on_device("zo_rows (theta)", {R(theta, width * F)});
+    submit(s, {R(rows, n_rows * 4), W(plus, n_rows * width * F), W(minus, n_rows * width * F)},
+           [=, h = host_.get(), key = cur] {
+             h->zo_rows(theta, width, rows, n_rows, tensor, key, eps, plus, minus, nullptr);
+           });
+  }
   void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
                        Stream* s) override {

@@ -253,6 +253,13 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     cuda::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, st(s));
   }
+  void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+               uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+               Stream* s) override {
+    ZOF_ASSERT(width >= 0 && n_rows >= 0);
+    use();
+    cuda::zo_rows(theta, width, rows, n_rows, tensor, cur, eps, plus, minus, st(s));
+  }
   void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update,
                        const ZOOptimizer& o, Stream* s) override {

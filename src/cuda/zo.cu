@@ -49,6 +49,34 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
   }
 }
 
+// Backend::zo_rows: blockIdx.y walks the rows, the threads of x the groups of 4 of a row
+// (groups counted from the tensor's start, as zo_pass_kernel with first = the row's start).
+__global__ void zo_rows_kernel(const float* theta, int64_t width, const int32_t* rows,
+                               int64_t n_rows, uint32_t tensor, ZKey cur, float eps, float* plus,
+                               float* minus) {
+  for (int64_t k = blockIdx.y; k < n_rows; k += gridDim.y) {
+    const int64_t first = (int64_t)rows[k] * width, end = first + width;
+    const float* th_row = theta + first;
+    float* p = plus + k * width;
+    float* m = minus ? minus + k * width : nullptr;
+    const int64_t g_lo = first / 4, g_hi = (end + 3) / 4;
+    for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
+         g += (int64_t)gridDim.x * blockDim.x) {
+      const int64_t i0 = g * 4 - first;
+      const int lo = i0 < 0 ? int(-i0) : 0;
+      const int hi = end - g * 4 < 4 ? int(end - g * 4) : 4;
+      float th[4] = {0.0f, 0.0f, 0.0f, 0.0f}, z[4];
+      for (int l = lo; l < hi; ++l) th[l] = th_row[i0 + l];
+      z_group(cur, tensor, (uint32_t)g, z);
+      for (int l = 0; l < 4; ++l) z[l] = fabsf(th[l]) > cur.mask ? 0.0f : z[l];
+      for (int l = lo; l < hi; ++l) {
+        p[i0 + l] = zo_perturbed(th[l], z[l], eps);
+        if (m) m[i0 + l] = zo_perturbed(th[l], z[l], -eps);
+      }
+    }
+  }
+}
+
 // Backend::zo_update_state: one thread per group of 4, the arithmetic of zo_update_state_host.
 __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first, int64_t n,
                                 uint32_t tensor, const Terms upd, int n_update, ZOOptimizer o) {
@@ -84,6 +112,16 @@ __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first,
 }
 
 }  // namespace
+
+void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+             uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+             cudaStream_t s) {
+  if (width <= 0 || n_rows <= 0) return;
+  const int64_t groups = width / 4 + 2;  // a row's groups, at any alignment
+  const dim3 grid(grid_for(groups, 256), unsigned(n_rows < 65535 ? n_rows : 65535));
+  zo_rows_kernel<<<grid, 256, 0, s>>>(theta, width, rows, n_rows, tensor, cur, eps, plus, minus);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
                      const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,

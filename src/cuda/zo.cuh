@@ -17,6 +17,11 @@ constexpr int kMaxZOTerms = 128;
 void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
              int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus, cudaStream_t s);
 
+// As Backend::zo_rows (rows in device memory).
+void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+             uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+             cudaStream_t s);
+
 // As Backend::zo_update_state (same limits on upd as zo_pass).
 void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
                      const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,

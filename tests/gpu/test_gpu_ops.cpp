@@ -665,6 +665,29 @@ TEST(GpuZO, SubRangeRademacherMaskAndOptimizerStateEqualHost) {
   }
 }
 
+// The token-table rows a batch reads, perturbed in one launch, bit for bit against the host.
+TEST(GpuZO, RowPassEqualsHost) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto host = zof::make_cpu_backend(1);
+  for (int64_t width : {1, 7, 64, 4099}) {
+    const int64_t n_table = 300;
+    const auto table = uniform(size_t(n_table * width), -0.2f, 0.2f, 120);
+    std::vector<int32_t> rows;
+    for (int32_t r = 0; r < n_table; r += 3) rows.push_back((r * 7) % n_table);
+    const int64_t n = (int64_t)rows.size();
+    zof::ZKey key{5, 9, 1};
+    key.mask = 0.15f;
+    std::vector<float> hp(size_t(n * width)), hm(hp.size());
+    host->zo_rows(table.data(), width, rows.data(), n, 12, key, 1e-3f, hp.data(), hm.data());
+    Device dev(*be);
+    float *p = dev.output(hp.size()), *m = dev.output(hm.size());
+    be->zo_rows(dev.put(table), width, dev.put(rows), n, 12, key, 1e-3f, p, m);
+    EXPECT_TRUE(bit_identical(hp, dev.get(p, hp.size()))) << "width " << width;
+    EXPECT_TRUE(bit_identical(hm, dev.get(m, hm.size()))) << "width " << width;
+  }
+}
+
 // The online softmax over vocabulary chunks on the device equals the host's fold.
 TEST(GpuOps, CrossEntropyChunkEqualsHost) {
   ZOF_REQUIRE_GPU();

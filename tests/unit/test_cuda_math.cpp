@@ -454,8 +454,9 @@ TEST(CudaMath, TangentAttentionTwoPass) {
     const auto got = attention_jvp_two_pass(q, dq, k, dk, v, dv, mask, c.B, c.S, c.H, c.Hkv, c.D, scale);
     EXPECT_TRUE(close(f32(want), got, kTol)) << "S=" << c.S << " H=" << c.H << " Hkv=" << c.Hkv
                                              << " D=" << c.D << " mask=" << c.mask;
-    if (c.mask == 1)  // row 1's first query sees no key: a zero tangent, not NaN
+    if (c.mask == 1) {  // row 1's first query sees no key: a zero tangent, not NaN
       for (int64_t d = 0; d < c.H * c.D; ++d) EXPECT_EQ(got[size_t(c.S * c.H * c.D + d)], 0.0f);
+    }
   }
 }
 

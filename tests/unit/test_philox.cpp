@@ -158,3 +158,57 @@ TEST(Philox, SubRangePassEqualsWholePass) {
 }
 
 }  // namespace
+
+#include "zof/sim_device.h"
+
+namespace {
+
+// Backend::zo_rows (the batch's token-table rows in one call) gives each row the bits of a
+// whole-tensor pass, at widths that put rows at every alignment to the groups of 4, with a Sparse
+// MeZO mask, with and without the minus copy; on the CPU backend and on the simulated device
+// (whose pointer checker sees only device memory).
+TEST(Philox, RowPassEqualsWholePass) {
+  for (int64_t width : {1, 7, 64, 13}) {
+    const int64_t n_table = 11;
+    std::vector<float> table(size_t(n_table * width));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = 0.01f * float(int(i % 23) - 11);
+    zof::ZKey key{91, 4, 2};
+    key.mask = 0.08f;  // some entries left alone
+    std::vector<float> wp(table.size()), wm(table.size());
+    std::vector<float> th = table;
+    zof::zo_pass_host(th.data(), (int64_t)th.size(), 3, 0, nullptr, 0, 0.f, &key, 0.5f, wp.data(),
+                      wm.data());
+    const std::vector<int32_t> rows{0, 10, 3, 4, 9};
+    const int64_t n = (int64_t)rows.size();
+    auto cpu = zof::make_cpu_backend(1);
+    auto sim = zof::make_sim_device(zof::make_cpu_backend(1), {});
+    for (zof::Backend* be : {cpu.get(), static_cast<zof::Backend*>(sim.get())}) {
+      for (bool with_minus : {true, false}) {
+        float* d_table = (float*)be->alloc(table.size() * 4);
+        int32_t* d_rows = (int32_t*)be->alloc(rows.size() * 4);
+        float* d_p = (float*)be->alloc(size_t(n * width) * 4);
+        float* d_m = (float*)be->alloc(size_t(n * width) * 4);
+        be->copy_to_device(d_table, table.data(), table.size() * 4, nullptr);
+        be->copy_to_device(d_rows, rows.data(), rows.size() * 4, nullptr);
+        be->zo_rows(d_table, width, d_rows, n, 3, key, 0.5f, d_p, with_minus ? d_m : nullptr);
+        std::vector<float> p(size_t(n * width)), m(size_t(n * width), 7.f);
+        be->copy_to_host(p.data(), d_p, p.size() * 4, nullptr);
+        if (with_minus) be->copy_to_host(m.data(), d_m, m.size() * 4, nullptr);
+        be->synchronize(nullptr);
+        for (int64_t k = 0; k < n; ++k)
+          for (int64_t e = 0; e < width; ++e) {
+            const size_t src = size_t(rows[k] * width + e), dst = size_t(k * width + e);
+            ASSERT_EQ(p[dst], wp[src]) << be->name() << " width " << width << " row " << rows[k];
+            if (with_minus) {
+              ASSERT_EQ(m[dst], wm[src]) << be->name() << " width " << width << " row " << rows[k];
+            }
+          }
+        for (void* q : {(void*)d_table, (void*)d_rows, (void*)d_p, (void*)d_m}) be->free(q);
+      }
+    }
+    EXPECT_EQ(sim->stats().foreign, 0) << sim->stats().first_foreign;
+    EXPECT_EQ(sim->stats().hazards, 0) << sim->stats().first_hazard;
+  }
+}
+
+}  // namespace
