@@ -54,6 +54,10 @@ struct ZOStepOptions {
   // The optimizer the pending update goes through: ZO-SGD (MeZO), ZO-SGD with momentum, ZO-Adam.
   enum class Optimizer { SGD, Momentum, Adam } optimizer = Optimizer::SGD;
   float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
+  // false: the engine only applies updates whose g another estimator computed (the JVP walk):
+  // none of the perturbed walk's buffers are allocated, and perturbed_losses refuses. (Last, so
+  // that brace-initialized options keep their meaning.)
+  bool perturb = true;
 };
 
 // The update waiting to be applied. ZO-SGD: theta -= sum_j coef_j z_j + lr_wd theta (decayed

@@ -244,6 +244,8 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   ZOF_CHECK(o.estimator != "jvp" || (o.z == "gaussian" && !o.one_sided && o.sparsity == 0.f),
             "--estimator jvp takes Gaussian, dense directions: drop --z, --one-sided and "
             "--sparsity, or use --estimator spsa");
+  // The JVP walk estimates g itself: the engine only applies the updates.
+  zo.perturb = o.estimator != "jvp";
   return zo;
 }
 

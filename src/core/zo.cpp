@@ -61,23 +61,25 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     vocab_chunk_ = opt.vocab_chunk > 0 ? std::min(V, opt.vocab_chunk)
                    : std::min<int64_t>(V, std::max<int64_t>(64, ((1 << 20) / El) / 64 * 64));
     auto alloc = [&](int64_t n) { return (float*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(float)); };
-    blk_plus_ = alloc(copy_size);
-    blk_minus_ = alloc(copy_size);
-    tok_plus_ = alloc(max_rows * Et);
-    tok_minus_ = alloc(max_rows * Et);
-    w_plus_ = alloc(vocab_chunk_ * El);
-    w_minus_ = alloc(vocab_chunk_ * El);
-    logit_plus_ = alloc(max_rows * vocab_chunk_);
-    logit_minus_ = alloc(max_rows * vocab_chunk_);
-    x_plus_ = alloc(max_rows * El);
-    x_minus_ = alloc(max_rows * El);
-    ce_state_ = alloc(6 * max_rows);
-    h_sel_ = alloc(max_rows * cfg.hidden_size);
-    targets_ = (int32_t*)be_.alloc(std::max<int64_t>(max_rows, 1) * sizeof(int32_t));
-    uniq_dev_ = (int32_t*)be_.alloc(std::max<int64_t>(max_rows, 1) * sizeof(int32_t));
-    for (int j = 0; j < opt.queries; ++j) {
-      h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
-      h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
+    if (opt.perturb) {  // the perturbed walk's buffers
+      blk_plus_ = alloc(copy_size);
+      blk_minus_ = alloc(copy_size);
+      tok_plus_ = alloc(max_rows * Et);
+      tok_minus_ = alloc(max_rows * Et);
+      w_plus_ = alloc(vocab_chunk_ * El);
+      w_minus_ = alloc(vocab_chunk_ * El);
+      logit_plus_ = alloc(max_rows * vocab_chunk_);
+      logit_minus_ = alloc(max_rows * vocab_chunk_);
+      x_plus_ = alloc(max_rows * El);
+      x_minus_ = alloc(max_rows * El);
+      ce_state_ = alloc(6 * max_rows);
+      h_sel_ = alloc(max_rows * cfg.hidden_size);
+      targets_ = (int32_t*)be_.alloc(std::max<int64_t>(max_rows, 1) * sizeof(int32_t));
+      uniq_dev_ = (int32_t*)be_.alloc(std::max<int64_t>(max_rows, 1) * sizeof(int32_t));
+      for (int j = 0; j < opt.queries; ++j) {
+        h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
+        h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
+      }
     }
     // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
     // entries above it (the largest) are left alone.
@@ -364,6 +366,8 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
 }
 
 QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro) {
+  ZOF_CHECK(opt_.perturb, "this ZO engine only applies updates (ZOStepOptions::perturb is off): "
+                          "it has no buffers for perturbed losses");
   ZOF_CHECK(!micro.empty(), "a ZO step needs at least one batch");
   const auto& cfg = model_.config();
   const int q = opt_.queries;

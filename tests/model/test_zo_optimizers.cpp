@@ -3,12 +3,15 @@
 // momentum and ZO-Adam, over three steps (so that optimizer state and lazy updates carry over).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common.h"
 #include "golden_batch.h"
 #include "zof/backend.h"
+#include "zof/error.h"
 #include "zof/philox.h"
+#include "zof/sim_device.h"
 #include "zof/zo.h"
 
 namespace {
@@ -37,6 +40,45 @@ TEST(ZDistribution, RademacherIsPlusMinusOneAndBalanced) {
 
 // Sparse MeZO's mask: z is 0 where |theta| exceeds it, in the perturbation and in the update
 // (judged on theta before the update).
+// An engine that only applies updates (the JVP estimator's: ZOStepOptions::perturb off) applies
+// them bit for bit as the full engine does, ZO-SGD and Adam, with far fewer device bytes, and
+// refuses to estimate.
+TEST(ZOEngine, UpdateOnlyEngineAppliesTheSameUpdates) {
+  ZOF_REQUIRE_PATH(golden_dir("llama_gqa") + "/model.safetensors");
+  const zof::LossBatch lb = golden_batch("llama_gqa");
+  const int64_t rows = lb.batch.B * lb.batch.T;
+  for (Opt kind : {Opt::SGD, Opt::Adam}) {
+    ZOStepOptions o;
+    o.queries = 2;
+    o.seed = 4;
+    o.weight_decay = 0.1f;
+    o.optimizer = kind;
+    ZOStepOptions u = o;
+    u.perturb = false;
+    zof::Model a = zof::Model::load(golden_dir("llama_gqa"));
+    zof::Model b = zof::Model::load(golden_dir("llama_gqa"));
+    // On the simulated device, whose free memory counts every byte (the engines hand it the
+    // Model's storage, without streaming: its pointer checker is off).
+    zof::SimDeviceOptions so;
+    so.budget = size_t(1) << 30;
+    so.check_pointers = false;
+    auto be = zof::make_sim_device(zof::make_cpu_backend(0), so);
+    zof::ZOEngine full(a, *be, rows, o), apply(b, *be, rows, u);
+    EXPECT_GT(apply.buffer_bytes(), 0u);
+    EXPECT_LT(apply.buffer_bytes(), full.buffer_bytes() / 2);
+    EXPECT_THROW(apply.perturbed_losses(0, {lb}), zof::Error);
+    for (uint32_t step = 0; step < 3; ++step) {
+      const zof::PendingUpdate upd = zof::ZOEngine::make_update(o, step, 1e-3f, {0.5, -1.5});
+      full.set_pending(upd);
+      apply.set_pending(upd);
+      full.flush();
+      apply.flush();
+    }
+    ASSERT_EQ(a.storage_size(), b.storage_size());
+    EXPECT_EQ(0, std::memcmp(a.storage(), b.storage(), size_t(a.storage_size()) * sizeof(float)));
+  }
+}
+
 TEST(ZDistribution, SparseMaskZeroesLargeWeights) {
   const int64_t n = 4096;
   std::vector<float> theta0(n);
