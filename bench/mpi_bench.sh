@@ -27,12 +27,8 @@ mkdir -p "$OUTDIR"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 
-if [[ ! -f "$BUILD/build.ninja" && ! -f "$BUILD/Makefile" ]]; then
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZOF_MPI=ON -DZOF_BUILD_TESTS=OFF >&2
-fi
-cmake --build "$BUILD" --target zof dist_pingpong_bench >&2
+. bench/lib.sh
+build_targets -DZOF_MPI=ON -- zof dist_pingpong_bench
 
 # A random llama with stories260K's tokenizer (vocab 512): numpy writes the safetensors file.
 make_random_llama() {  # dir hidden layers intermediate

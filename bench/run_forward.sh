@@ -24,12 +24,8 @@ mkdir -p "$OUTDIR"
 RAW="$OUTDIR/forward.jsonl"
 : >"$RAW"
 
-if [[ ! -f "$BUILD/build.ninja" && ! -f "$BUILD/Makefile" ]]; then
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZOF_BUILD_TESTS=OFF >&2
-fi
-cmake --build "$BUILD" --target forward_bench >&2
+. bench/lib.sh
+build_targets -- forward_bench
 
 common=(--batch "$BATCH" --seq "$SEQ" --threads "$THREADS" --warmup "$WARMUP" --iters "$ITERS")
 echo "load before: $(uptime)" >&2

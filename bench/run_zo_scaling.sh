@@ -20,12 +20,8 @@ mkdir -p "$OUTDIR"
 RAW="$OUTDIR/zo_scaling.jsonl"
 : >"$RAW"
 
-if [[ ! -f "$BUILD/build.ninja" && ! -f "$BUILD/Makefile" ]]; then
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZOF_BUILD_TESTS=OFF >&2
-fi
-cmake --build "$BUILD" --target zo_step_bench >&2
+. bench/lib.sh
+build_targets -- zo_step_bench
 
 # name hidden layers heads kv_heads intermediate
 config() {

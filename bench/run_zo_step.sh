@@ -23,12 +23,8 @@ mkdir -p "$OUTDIR"
 RAW="$OUTDIR/zo_step.jsonl"
 : >"$RAW"
 
-if [[ ! -f "$BUILD/build.ninja" && ! -f "$BUILD/Makefile" ]]; then
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZOF_BUILD_TESTS=OFF >&2
-fi
-cmake --build "$BUILD" --target zo_step_bench >&2
+. bench/lib.sh
+build_targets -- zo_step_bench
 
 echo "load before: $(uptime)" >&2
 for m in $MODELS; do

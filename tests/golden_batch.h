@@ -1,16 +1,20 @@
 // The golden tiny models of tests/golden as ZO test inputs: each model's golden batch with
-// next-token targets, and the mean loss of a batch through a backend.
+// next-token targets, PyTorch's gradient dotted with z, and the mean loss of a batch through a
+// backend.
 #pragma once
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "zof/backend.h"
 #include "zof/forward.h"
 #include "zof/model.h"
+#include "zof/philox.h"
+#include "zof/safetensors.h"
 #include "zof/zo.h"
 
 namespace zof::test {
@@ -30,6 +34,28 @@ inline zof::LossBatch golden_batch(const std::string& name) {
     seqs.push_back(s);
   }
   return zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
+}
+
+// grad . z(key) in float64 from PyTorch's gradient of the mean NLL (Hugging Face layout).
+inline double autograd_dot_z(const zof::Model& m, const std::string& name, const zof::ZKey& key) {
+  auto grads = zof::safetensors::Archive::open_file(golden_dir(name) + "/grad.safetensors");
+  double dd = 0;
+  const auto& params = m.params();
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    const auto& p = params[pi];
+    const auto* t = grads.find(p.name);
+    EXPECT_TRUE(t) << p.name;
+    if (!t) continue;
+    std::vector<float> gr(t->numel());
+    zof::safetensors::to_f32(*t, gr.data());
+    for (int64_t e = 0; e < p.numel; ++e) {
+      // zof holds GPT-2 Conv1D weights transposed: element (o, i) is file element (i, o).
+      int64_t fe = e;
+      if (p.transposed) fe = (e % p.shape[1]) * p.shape[0] + e / p.shape[1];
+      dd += (double)gr[fe] * zof::z_element(key, (uint32_t)pi, (uint64_t)e);
+    }
+  }
+  return dd;
 }
 
 inline double mean_loss(zof::Model& m, zof::Backend& be, const zof::LossBatch& lb) {

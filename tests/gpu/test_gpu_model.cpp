@@ -162,7 +162,24 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuGolden, ::testing::ValuesIn(golden_models())
 
 // ---- the ZO step ------------------------------------------------------------------------------
 
-class GpuZOStep : public ::testing::TestWithParam<std::string> {};
+// Each test: a golden model's batch with next-token targets, as two micro-batches (a pending
+// update lands only in the first).
+class GpuZOStep : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ZOF_REQUIRE_GPU();
+    ZOF_REQUIRE_PATH(golden_dir(GetParam()) / "golden.json");
+    g = load_golden(GetParam());
+    ZOF_REQUIRE_PATH(g.model_dir);
+    lb = zof::LossBatch::next_token(g.batch);
+    micro = {lb, lb};
+    rows = lb.batch.B * lb.batch.T;
+  }
+  Golden g;
+  zof::LossBatch lb;
+  std::vector<zof::LossBatch> micro;
+  int64_t rows = 0;
+};
 
 // Relative closeness of loss sums, and of g = (L+ - L-) / (2 eps count) through the same bound.
 void expect_losses_close(const zof::QueryLosses& cpu, const zof::QueryLosses& gpu, double eps) {
@@ -179,19 +196,11 @@ void expect_losses_close(const zof::QueryLosses& cpu, const zof::QueryLosses& gp
 }
 
 TEST_P(GpuZOStep, MatchesCpuStep) {
-  ZOF_REQUIRE_GPU();
-  const std::string name = GetParam();
-  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
-  Golden g = load_golden(name);
-  ZOF_REQUIRE_PATH(g.model_dir);
-  const auto lb = zof::LossBatch::next_token(g.batch);
-  const std::vector<zof::LossBatch> micro = {lb, lb};  // two micro-batches: the update only in the first
   zof::ZOStepOptions opt;
   opt.eps = 1e-3f;
   opt.queries = 2;
   opt.seed = 20240601;
   opt.weight_decay = 0.1f;
-  const int64_t rows = lb.batch.B * lb.batch.T;
 
   zof::Model cpu_model = zof::Model::load(g.model_dir);
   zof::Model gpu_twin = zof::Model::load(g.model_dir);  // layout and host copy of the GPU weights
@@ -234,14 +243,6 @@ TEST_P(GpuZOStep, MatchesCpuStep) {
 // resident, then at the least budget, every block through two slots): the same losses as the
 // CPU engine to fp32 accuracy, and the same weights bit for bit when both apply the same update.
 TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
-  ZOF_REQUIRE_GPU();
-  const std::string name = GetParam();
-  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
-  Golden g = load_golden(name);
-  ZOF_REQUIRE_PATH(g.model_dir);
-  const auto lb = zof::LossBatch::next_token(g.batch);
-  const std::vector<zof::LossBatch> micro = {lb, lb};
-  const int64_t rows = lb.batch.B * lb.batch.T;
   for (const char* optimizer : {"sgd", "adam"}) {
     for (bool tight : {false, true}) {
       SCOPED_TRACE(std::string(optimizer) + (tight ? ", least budget" : ", all resident"));
@@ -288,14 +289,6 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuZOStep, ::testing::Values("llama_gqa", "opt"
 // every block through two slots): the loss and the directional derivatives of the CPU walk, to
 // fp32 accuracy (the tangent kernels of src/cuda/jvp.cu against the host loops, end to end).
 TEST_P(GpuZOStep, JvpWalkOnCudaMatchesCpu) {
-  ZOF_REQUIRE_GPU();
-  const std::string name = GetParam();
-  ZOF_REQUIRE_PATH(golden_dir(name) / "golden.json");
-  Golden g = load_golden(name);
-  ZOF_REQUIRE_PATH(g.model_dir);
-  const auto lb = zof::LossBatch::next_token(g.batch);
-  const std::vector<zof::LossBatch> micro = {lb, lb};
-  const int64_t rows = lb.batch.B * lb.batch.T;
   const std::vector<zof::ZKey> keys{{11, 2, 0}, {11, 2, 1}};
   zof::Model model = zof::Model::load(g.model_dir);
   auto cpu = zof::make_cpu_backend(0);

@@ -29,6 +29,7 @@ using zof::test::run_command;
 
 namespace {
 
+using zof::test::autograd_dot_z;
 using zof::test::golden_batch;
 using zof::test::golden_dir;
 
@@ -41,28 +42,6 @@ std::string model_dir(const std::string& name) {
 json golden_json(const std::string& name) {
   std::ifstream f(golden_dir(name) + "/golden.json");
   return json::parse(f);
-}
-
-// grad . z(key) in float64 from PyTorch's gradient of the mean NLL (Hugging Face layout).
-double autograd_dot_z(const zof::Model& m, const std::string& name, const zof::ZKey& key) {
-  auto grads = zof::safetensors::Archive::open_file(golden_dir(name) + "/grad.safetensors");
-  double dd = 0;
-  const auto& params = m.params();
-  for (size_t pi = 0; pi < params.size(); ++pi) {
-    const auto& p = params[pi];
-    const auto* t = grads.find(p.name);
-    EXPECT_TRUE(t) << p.name;
-    if (!t) continue;
-    std::vector<float> gr(t->numel());
-    zof::safetensors::to_f32(*t, gr.data());
-    for (int64_t e = 0; e < p.numel; ++e) {
-      // zof holds GPT-2 Conv1D weights transposed: element (o, i) is file element (i, o).
-      int64_t fe = e;
-      if (p.transposed) fe = (e % p.shape[1]) * p.shape[0] + e / p.shape[1];
-      dd += (double)gr[fe] * zof::z_element(key, (uint32_t)pi, (uint64_t)e);
-    }
-  }
-  return dd;
 }
 
 double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); }

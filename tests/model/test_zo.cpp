@@ -134,24 +134,9 @@ TEST(ZOStep, SpsaApproachesDirectionalDerivative) {
   for (const char* name : {"llama_gqa", "gpt2"}) {
     ZOF_REQUIRE_PATH(golden_dir(name) + "/grad.safetensors");
     zof::Model m = zof::Model::load(golden_dir(name));
-    auto grads = zof::safetensors::Archive::open_file(golden_dir(name) + "/grad.safetensors");
     const uint64_t seed = 99;
     const zof::ZKey key{seed, 3, 0};
-    double dd = 0;
-    const auto& params = m.params();
-    for (size_t pi = 0; pi < params.size(); ++pi) {
-      const auto& p = params[pi];
-      const auto* t = grads.find(p.name);
-      ASSERT_TRUE(t) << p.name;
-      std::vector<float> gr(t->numel());
-      zof::safetensors::to_f32(*t, gr.data());
-      for (int64_t e = 0; e < p.numel; ++e) {
-        // zof holds GPT-2 Conv1D weights transposed: element (o, i) is file element (i, o).
-        int64_t fe = e;
-        if (p.transposed) fe = (e % p.shape[1]) * p.shape[0] + e / p.shape[1];
-        dd += (double)gr[fe] * zof::z_element(key, (uint32_t)pi, (uint64_t)e);
-      }
-    }
+    const double dd = zof::test::autograd_dot_z(m, name, key);
     const zof::LossBatch lb = golden_batch(name);
     auto be = zof::make_cpu_backend(0);
     std::vector<double> err;
