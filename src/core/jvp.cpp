@@ -64,8 +64,8 @@ struct HeadT {
   const T *norm_w = nullptr, *norm_b = nullptr, *project_out = nullptr, *lm_head = nullptr;
 };
 
-// The walk's memory: fp32 in the backend's memory (the device, on a device backend), float64
-// (the oracle, host backends only) in host vectors.
+// The walk's memory: float64 (the oracle, host backends only) in host vectors, everything else
+// (fp32, the inputs' ints) in the backend's memory (the device, on a device backend).
 template <class T>
 class Buf {
  public:
@@ -84,7 +84,7 @@ class Buf {
   void reserve(Backend& be, int64_t n) {
     n = std::max<int64_t>(n, 1);
     if (n <= n_) return;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (!std::is_same_v<T, double>) {
       if (be_) be_->free(p_);
       p_ = nullptr;
       be_ = &be;
@@ -134,16 +134,9 @@ struct BasicJVPEstimator<T>::Impl {
   std::vector<Buf<T>> dh;  // per direction
   // The head's chunk of rows.
   Buf<T> hs, dhs, hn, dhn, ho, dho, logits, dlogits, nll, dnll;
-  // A micro-batch's inputs and the head's scored rows, in the backend's memory (freed by the
-  // members' destructors, also when the constructor throws part way).
-  struct Raw {
-    Backend* be = nullptr;
-    void* p = nullptr;
-    ~Raw() {
-      if (p) be->free(p);
-    }
-  };
-  Raw ids_raw, pos_raw, tok_pos_raw, sel_raw, tg_raw, mask_raw;
+  // A micro-batch's inputs and the head's scored rows, in the backend's memory.
+  Buf<int32_t> ids_b, pos_b, tok_pos_b, sel_b, tg_b;
+  Buf<uint8_t> mask_b;
   int32_t *ids_d = nullptr, *pos_d = nullptr, *tok_pos_d = nullptr, *sel_d = nullptr,
           *tg_d = nullptr;
   uint8_t* mask_d = nullptr;
@@ -195,17 +188,12 @@ struct BasicJVPEstimator<T>::Impl {
     dlogits.reserve(be, kHeadChunk * V);
     nll.reserve(be, kHeadChunk);
     dnll.reserve(be, kHeadChunk);
-    auto raw = [&](Raw& r, int64_t bytes) {
-      r.be = &be;
-      r.p = be.alloc(size_t(bytes));
-      return r.p;
-    };
-    ids_d = static_cast<int32_t*>(raw(ids_raw, R * 4));
-    pos_d = static_cast<int32_t*>(raw(pos_raw, R * 4));
-    tok_pos_d = static_cast<int32_t*>(raw(tok_pos_raw, R * 4));
-    sel_d = static_cast<int32_t*>(raw(sel_raw, kHeadChunk * 4));
-    tg_d = static_cast<int32_t*>(raw(tg_raw, kHeadChunk * 4));
-    mask_d = static_cast<uint8_t*>(raw(mask_raw, R));
+    for (auto [buf, n] : {std::pair{&ids_b, R}, {&pos_b, R}, {&tok_pos_b, R},
+                          {&sel_b, kHeadChunk}, {&tg_b, kHeadChunk}})
+      buf->reserve(be, n);
+    mask_b.reserve(be, R);
+    ids_d = ids_b.data(), pos_d = pos_b.data(), tok_pos_d = tok_pos_b.data();
+    sel_d = sel_b.data(), tg_d = tg_b.data(), mask_d = mask_b.data();
   }
   // Per direction: the embedding block's z and the tangent hidden state.
   void reserve_directions(int q) {
