@@ -3,7 +3,7 @@
 128 GPUs, for OPT-13B to OPT-175B shapes, over NVLink and InfiniBand. A documented calculation,
 not a measurement: every input is a command-line option, printed with the tables.
 
-What it models (zof's schedule as implemented in src/core/zo.cpp and src/core/trainer.cpp):
+What it models (zof's schedule as implemented in src/zo/zo.cpp and src/train/trainer.cpp):
   * G GPUs = S pipeline stages x R data-parallel replicas. S is the smallest power of two whose
     share of the weights (--bytes-per-param; zof holds fp32 master weights) fits in the usable
     GPU memory; the layers split evenly, the embedding joins stage 0 and the LM head the last

@@ -16,7 +16,7 @@
 #include "bench_common.h"
 #include "zof/cuda.h"
 #include "zof/model.h"
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 #include "zof/streaming.h"
 #include "zof/zo.h"
 

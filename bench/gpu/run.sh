@@ -57,7 +57,7 @@ timeout 240 "$BUILD/block_bench" --tokens 2048,8192,16384 --iters 5 >"$RES/block
 say "zo_bench (zof, fp32)"
 timeout 180 "$BUILD/zo_bench" --batch 8 --seq 512 --steps 3 >"$RES/zo_bench.json" 2>"$RES/zo_bench.err" \
   || { status=1; cat "$RES/zo_bench.err" >&2; }
-say "stream_bench (src/core's engine on the GPU, weights streamed from host memory)"
+say "stream_bench (src's engine on the GPU, weights streamed from host memory)"
 timeout 150 "$BUILD/stream_bench" --device cuda --model-config llama-125m --batch 8 --seq 512 \
   --warmup 1 --iters 3 >"$RES/stream_bench.md" 2>"$RES/stream_bench.err" \
   || { status=1; cat "$RES/stream_bench.err" >&2; }
@@ -83,7 +83,7 @@ timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/me
   echo
   cat "$RES/block_bench.md" 2>/dev/null
   echo
-  echo "Parameter streaming on the GPU (\`stream_bench --device cuda\`: src/core's ZOEngine, the"
+  echo "Parameter streaming on the GPU (\`stream_bench --device cuda\`: src/zo's ZOEngine, the"
   echo "trainer's step, weights page-locked in host memory and streamed within a budget):"
   echo
   cat "$RES/stream_bench.md" 2>/dev/null

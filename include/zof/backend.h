@@ -1,7 +1,7 @@
 // The one small interface every compute backend implements (CPU now, CUDA later).
 // Three separate concerns: memory (device buffers, pinned host buffers), streams (ordered queues
 // of async copies and ops, with events) and ops (the math of a transformer forward pass).
-// Backends know no model: ops take raw buffers and sizes; the model graph lives in src/core.
+// Backends know no model: ops take raw buffers and sizes; the model graph lives in src/model.
 // Every op is asynchronous with respect to the host on its stream; the CPU backend runs it inline.
 // All tensors are row-major, fp32 activations; shapes are given in comments as (rows, cols).
 #pragma once

@@ -1,6 +1,6 @@
 // The tangent rules of jvp_ops.h as host loops (OpenMP, double accumulation), and Backend's
 // default tangent ops, which run them in fp32.
-#include "zof/jvp_ops.h"
+#include "cpu/jvp_ops.h"
 
 #include <algorithm>
 #include <bit>

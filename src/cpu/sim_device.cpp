@@ -2,7 +2,7 @@
 // stream but the default one is a worker thread draining a queue of tasks (copies, ops, event
 // records, event waits) in order; the default stream runs on the calling thread after the event
 // waits queued on it. One mutex guards all bookkeeping; copies and ops run outside it.
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 
 #include <algorithm>
 #include <chrono>

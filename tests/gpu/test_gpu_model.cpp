@@ -2,7 +2,7 @@
 // every golden model against transformers' fp64 forward and against the CPU forward, twice with
 // identical bits; the ZO step (dual forward, fused update) against the CPU ZOEngine: losses to
 // fp32 accuracy, the updated weights bit for bit when both apply the same update; and
-// src/core's ZOEngine itself on the CUDA backend, streaming, against the CPU engine.
+// src/zo's ZOEngine itself on the CUDA backend, streaming, against the CPU engine.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -239,7 +239,7 @@ TEST_P(GpuZOStep, MatchesCpuStep) {
       << "weights after flush differ";
 }
 
-// src/core's own engine on the CUDA backend, its weights streamed from host memory (all
+// src/zo's own engine on the CUDA backend, its weights streamed from host memory (all
 // resident, then at the least budget, every block through two slots): the same losses as the
 // CPU engine to fp32 accuracy, and the same weights bit for bit when both apply the same update.
 TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {

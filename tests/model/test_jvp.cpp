@@ -19,7 +19,7 @@
 #include "zof/model.h"
 #include "zof/philox.h"
 #include "zof/safetensors.h"
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 #include "zof/streaming.h"
 #include "zof/zo.h"
 

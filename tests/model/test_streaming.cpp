@@ -19,7 +19,7 @@
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/model.h"
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 #include "zof/streaming.h"
 #include "zof/zo.h"
 

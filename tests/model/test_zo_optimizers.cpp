@@ -11,7 +11,7 @@
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zof/philox.h"
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 #include "zof/zo.h"
 
 namespace {

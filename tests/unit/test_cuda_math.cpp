@@ -24,7 +24,7 @@
 #include "zof/backend.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
-#include "zof/jvp_ops.h"
+#include "cpu/jvp_ops.h"
 
 namespace {
 

@@ -159,7 +159,7 @@ TEST(Philox, SubRangePassEqualsWholePass) {
 
 }  // namespace
 
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 
 #include "zof/backend.h"
 #include "zof/error.h"
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Unicode lookups for the tokenizer over the generated tables in unicode_tables.inc.
-#include "core/unicode.h"
+#include "hf/unicode.h"
 
 #include <algorithm>
 #include <vector>
@@ -20,7 +20,7 @@ struct Composition {
   char32_t first, second, composite;
 };
 
-#include "core/unicode_tables.inc"
+#include "hf/unicode_tables.inc"
 
 }  // namespace tables
 namespace {

@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/unicode.h"
+#include "hf/unicode.h"
 #include "zof/error.h"
 
 namespace zof {

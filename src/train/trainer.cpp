@@ -28,7 +28,7 @@
 #include "zof/jvp.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
-#include "zof/sim_device.h"
+#include "cpu/sim_device.h"
 #include "zof/streaming.h"
 #include "zof/tokenizer.h"
 #include "zof/version.h"

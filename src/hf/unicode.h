@@ -1,6 +1,6 @@
 // Unicode support for the tokenizer: UTF-8 decoding with replacement of invalid bytes, the
 // character classes the pre-tokenizer regexes use, lowercase, and NFC/NFD/NFKC/NFKD.
-// Data comes from src/core/unicode_tables.inc (scripts/gen_unicode_tables.py).
+// Data comes from src/hf/unicode_tables.inc (scripts/gen_unicode_tables.py).
 #pragma once
 #include <cstddef>
 #include <cstdint>
