@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev python3 python3-venv python3-pip
-      openmpi-bin libopenmpi-dev)  # MPI: data- and pipeline-parallel finetune, tests/mpi
+      openmpi-bin libopenmpi-dev  # MPI: data- and pipeline-parallel finetune, tests/mpi
+      ocl-icd-opencl-dev opencl-headers)  # Debian's dnnl-config.cmake calls find_package(OpenCL)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
