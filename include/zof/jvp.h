@@ -11,7 +11,7 @@
 
 #include "zof/backend.h"
 #include "zof/config.h"
-#include "zof/jvp_ops.h"
+
 #include "zof/model.h"
 #include "zof/philox.h"
 #include "zof/zo.h"

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/jvp_ops.h"
 #include "zof/error.h"
 #include "zof/streaming.h"
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "zof/error.h"
+#include "cpu/jvp_ops.h"
 #include "zof/jvp.h"
 
 namespace {
