@@ -1,6 +1,7 @@
 // A Hugging Face causal LM held in fp32: its parameters, grouped into blocks (embedding,
 // transformer layers, head), which are the unit of loading, streaming and perturbation.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -32,29 +33,72 @@ struct Block {
   int64_t span = 0;        // floats from offset to the end of its last parameter (with padding)
 };
 
-// Parameters of one transformer layer, as pointers (into the model or into a perturbed copy).
-// Unused slots are null. Llama: ln1=input_layernorm, ln2=post_attention_layernorm,
-// fc1=gate_proj, up=up_proj, fc2=down_proj. OPT: ln1=self_attn_layer_norm, ln2=final_layer_norm.
-// GPT-2: qkv_w is the fused c_attn (3C, C), transposed on load.
-struct LayerWeights {
-  const float *ln1_w = nullptr, *ln1_b = nullptr;
-  const float *q_w = nullptr, *q_b = nullptr, *k_w = nullptr, *k_b = nullptr;
-  const float *v_w = nullptr, *v_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr;
-  const float *o_w = nullptr, *o_b = nullptr;
-  const float *ln2_w = nullptr, *ln2_b = nullptr;
-  const float *fc1_w = nullptr, *fc1_b = nullptr, *up_w = nullptr, *up_b = nullptr;
-  const float *fc2_w = nullptr, *fc2_b = nullptr;
+// A block's parameters as handles of type W: const float* into the model or a perturbed copy
+// (the plain walks), z or a float64 copy (the JVP walk), or a weight paired with its tangent.
+// Absent slots are W{} (null). The block graph (src/model/block_graph.h) reads these fields and
+// nothing else, so every walk shares one definition of each block.
+// Llama: ln1=input_layernorm, ln2=post_attention_layernorm, fc1=gate_proj, up=up_proj,
+// fc2=down_proj. OPT: ln1=self_attn_layer_norm, ln2=final_layer_norm. GPT-2: qkv_w is the fused
+// c_attn (3C, C), transposed on load.
+template <class W>
+struct LayerT {
+  W ln1_w{}, ln1_b{};
+  W q_w{}, q_b{}, k_w{}, k_b{}, v_w{}, v_b{}, qkv_w{}, qkv_b{};
+  W o_w{}, o_b{};
+  W ln2_w{}, ln2_b{};
+  W fc1_w{}, fc1_b{}, up_w{}, up_b{};
+  W fc2_w{}, fc2_b{};
+  // Every slot, for maps over them (zip a weight view with its z, move pointers into a copy).
+  static constexpr auto slots() {
+    return std::array{&LayerT::ln1_w, &LayerT::ln1_b, &LayerT::q_w,   &LayerT::q_b,
+                      &LayerT::k_w,   &LayerT::k_b,   &LayerT::v_w,   &LayerT::v_b,
+                      &LayerT::qkv_w, &LayerT::qkv_b, &LayerT::o_w,   &LayerT::o_b,
+                      &LayerT::ln2_w, &LayerT::ln2_b, &LayerT::fc1_w, &LayerT::fc1_b,
+                      &LayerT::up_w,  &LayerT::up_b,  &LayerT::fc2_w, &LayerT::fc2_b};
+  }
 };
-struct EmbedWeights {
-  const float* tokens = nullptr;      // (V, E), E = word_embed_proj_dim (OPT) or hidden
-  const float* positions = nullptr;   // (P, C) learned positions (OPT: P = max_pos + 2)
-  const float* project_in = nullptr;  // OPT (C, E)
+template <class W>
+struct EmbedT {
+  W tokens{};      // (V, E), E = word_embed_proj_dim (OPT) or hidden
+  W positions{};   // (P, C) learned positions (OPT: P = max_pos + 2)
+  W project_in{};  // OPT (C, E)
+  static constexpr auto slots() {
+    return std::array{&EmbedT::tokens, &EmbedT::positions, &EmbedT::project_in};
+  }
 };
-struct HeadWeights {
-  const float *norm_w = nullptr, *norm_b = nullptr;  // final norm (absent for OPT-350m)
-  const float* project_out = nullptr;                // OPT (E, C)
-  const float* lm_head = nullptr;                    // (V, E); == tokens when tied
+template <class W>
+struct HeadT {
+  W norm_w{}, norm_b{};  // final norm (absent for OPT-350m)
+  W project_out{};       // OPT (E, C)
+  W lm_head{};           // (V, E); == tokens when tied
+  static constexpr auto slots() {
+    return std::array{&HeadT::norm_w, &HeadT::norm_b, &HeadT::project_out, &HeadT::lm_head};
+  }
 };
+// The view with f applied to every slot: map_slots(w, f) has slot s = f(w.s).
+template <template <class> class View, class A, class F>
+auto map_slots(const View<A>& w, F f) {
+  using R = decltype(f(A{}));
+  View<R> out;
+  constexpr auto in = View<A>::slots();
+  constexpr auto to = View<R>::slots();
+  for (size_t i = 0; i < in.size(); ++i) out.*to[i] = f(w.*in[i]);
+  return out;
+}
+// Two views slot by slot: zip_slots(a, b, f) has slot s = f(a.s, b.s).
+template <template <class> class View, class A, class B, class F>
+auto zip_slots(const View<A>& a, const View<B>& b, F f) {
+  using R = decltype(f(A{}, B{}));
+  View<R> out;
+  constexpr auto sa = View<A>::slots();
+  constexpr auto sb = View<B>::slots();
+  constexpr auto to = View<R>::slots();
+  for (size_t i = 0; i < sa.size(); ++i) out.*to[i] = f(a.*sa[i], b.*sb[i]);
+  return out;
+}
+using LayerWeights = LayerT<const float*>;
+using EmbedWeights = EmbedT<const float*>;
+using HeadWeights = HeadT<const float*>;
 
 class Model {
  public:

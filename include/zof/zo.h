@@ -29,6 +29,11 @@ struct LossBatch {
   static LossBatch next_token(Batch b);
 };
 
+// Checks micro-batches against a walk's capacity (max_rows tokens) and the model: context,
+// vocabulary, targets. zof::Error naming what is wrong; `who` names the walk ("the engine").
+void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& cfg,
+                        int64_t max_rows, const char* who);
+
 // Sums over micro-batches, kept as sums so that data-parallel ranks can add them.
 struct QueryLosses {
   std::vector<double> sum_plus, sum_minus;  // (q) summed NLL at theta +/- eps z_j
@@ -163,6 +168,23 @@ class ZOEngine {
   // into plus/minus at the block's copy layout. The token table and the LM head matrix get
   // their update here but are never copied whole (see embed_rows and head_sums).
   void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
+  // One step's walk: the queries' keys and the stage's share of the blocks.
+  struct StepWalk {
+    std::vector<ZKey> keys;
+    int nblocks = 0, li_lo = 0, li_hi = 0;  // layers [li_lo, li_hi)
+    bool has_embed = true, has_head = true;
+  };
+  StepWalk step_walk(uint32_t step) const;
+  // One-sided: query 0's second stream runs at theta and serves every query; the others have
+  // only their +eps stream.
+  bool has_minus(int j) const { return !opt_.one_sided || j == 0; }
+  // The three parts of one micro-batch's walk (the first applies the pending update; dirty: the
+  // blocks change and must be written back).
+  void walk_embed(const StepWalk& w, const DeviceInputs& in, int64_t n_uniq, bool first,
+                  bool dirty);
+  void walk_layers(const StepWalk& w, const DeviceInputs& in, bool first, bool dirty);
+  void walk_head(const StepWalk& w, const LossBatch& lb, bool first, bool dirty,
+                 QueryLosses& out);
   // The batch's rows of the token table: its unique ids in order, and each id's index among them.
   static void token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
                          std::vector<int32_t>& local);

@@ -1,12 +1,14 @@
-// The forward pass of all three families over the Backend interface, block by block.
-// Llama: pre-RMSNorm, RoPE, GQA, SwiGLU. OPT: learned positions (offset 2), pre- or post-
-// LayerNorm, ReLU, optional project_in/out. GPT-2: learned positions, fused QKV, tanh GELU.
+// The forward pass over the Backend interface, block by block: block_graph.h's graphs run by the
+// primal ops on Forward's buffers, the hidden state updated in place; the whole-model walks
+// (logits, NLL, incremental decoding) and the row-chunked LM head.
 #include "zof/forward.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "model/graph_ops.h"
+#include "model/scored_rows.h"
 #include "zof/error.h"
 #include "zof/streaming.h"
 
@@ -92,172 +94,134 @@ DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
   return DeviceInputs{dids, ibuf(kPos), ibuf(kEmbedPos), mask_, b.B, b.T};
 }
 
+namespace {
+// Forward's buffers for one layer: the hidden state updated in place, one normed copy, the
+// attention's q/k/v/out, one projection output and the FFN's two halves (the fused QKV shares the
+// first; an ungated activation runs in place).
+graph::Frame<float> layer_frame(float* const* bufs, float* h, int64_t B, int64_t T,
+                                const int32_t* pos, const uint8_t* key_mask) {
+  graph::Frame<float> f;
+  using namespace graph;
+  f.set({kHIn, kH1, kH2, kHOut}, h);
+  f.set({kXn1, kX2}, bufs[XN]);
+  f.set({kQKV, kF1, kAct}, bufs[FF1]);
+  f.set({kAttOut, kFfnOut}, bufs[TMP]);
+  f.v[kQ] = bufs[Q], f.v[kK] = bufs[K], f.v[kV] = bufs[V], f.v[kAtt] = bufs[ATT];
+  f.v[kF2] = bufs[FF2];
+  f.rows = B * T, f.B = B, f.S = T, f.pos = pos, f.key_mask = key_mask;
+  return f;
+}
+
+// The primal ops with attention over a host KV cache (incremental decoding): the layer's keys and
+// values are appended at cache.length and each query attends to all length + T keys.
+class CachedPrimal : public graph::Primal<graph::BackendKernels> {
+ public:
+  CachedPrimal(graph::BackendKernels& k, const graph::Dims& d, graph::Frame<float>& f,
+               KVCache& cache, int layer)
+      : Primal(k, d, f), cache_(cache), layer_(layer) {}
+  void attention(graph::Value out, graph::Value q, graph::Value kk, graph::Value vv) {
+    const int64_t B = f_.B, T = f_.S, Hq = d_.Hq, Hk = d_.Hk;
+    const int64_t start = cache_.length, Tk = start + T;
+    ZOF_CHECK(Tk <= cache_.capacity, "generation ran past the KV cache capacity of " +
+                                         std::to_string(cache_.capacity) + " tokens");
+    auto& kc = cache_.k[layer_];
+    auto& vc = cache_.v[layer_];
+    for (int64_t b = 0; b < B; ++b) {
+      float* kb = kc.data() + b * cache_.capacity * Hk;
+      float* vb = vc.data() + b * cache_.capacity * Hk;
+      std::memcpy(kb + start * Hk, v(kk) + b * T * Hk, T * Hk * sizeof(float));
+      std::memcpy(vb + start * Hk, v(vv) + b * T * Hk, T * Hk * sizeof(float));
+      k_.be.attention(v(q) + b * T * Hq, kb, vb, v(out) + b * T * Hq, nullptr, 1, T, Tk, d_.H,
+                      d_.Hkv, d_.D, start, graph::BackendKernels::scale(d_.D));
+    }
+  }
+
+ private:
+  KVCache& cache_;
+  int layer_;
+};
+}  // namespace
+
 void Forward::embed(const EmbedWeights& w, const int32_t* ids, const int32_t* embed_pos,
                     int64_t rows, float* h) {
-  const int64_t C = cfg_.hidden_size;
-  if (w.project_in) {  // OPT-350m: embed in E dims, project to C
-    const int64_t E = cfg_.word_embed_proj_dim;
-    be_.embedding(ids, w.tokens, buf(XN), rows, E, false);
-    be_.matmul(buf(XN), w.project_in, nullptr, h, rows, C, E);
-  } else {
-    be_.embedding(ids, w.tokens, h, rows, C, false);
-  }
-  if (w.positions) be_.embedding(embed_pos, w.positions, h, rows, C, true);
+  const graph::Dims d = graph::Dims::of(cfg_);
+  graph::Frame<float> f;
+  f.v[graph::kEmb] = buf(XN);
+  f.v[graph::kHOut] = h;
+  f.rows = rows, f.ids = ids, f.embed_pos = embed_pos;
+  graph::BackendKernels k{be_};
+  graph::Primal o(k, d, f);
+  graph::embed(o, d, w);
 }
 
 void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t T,
                     const int32_t* pos, const uint8_t* key_mask, KVCache* cache) {
-  const int64_t C = cfg_.hidden_size, D = cfg_.head_dim, H = cfg_.num_heads;
-  const int64_t Hkv = cfg_.num_kv_heads, Hq = H * D, Hk = Hkv * D, rows = B * T;
-  ZOF_ASSERT(rows <= max_rows_);
-  const bool llama = cfg_.arch == Arch::Llama;
-  const bool pre_norm = llama || cfg_.arch == Arch::GPT2 || cfg_.do_layer_norm_before;
-  auto norm = [&](const float* x, const float* nw, const float* nb, float* y) {
-    if (llama)
-      be_.rms_norm(x, nw, y, rows, C, cfg_.norm_eps);
-    else
-      be_.layer_norm(x, nw, nb, y, rows, C, cfg_.norm_eps);
-  };
-  float *xn = buf(XN), *q = buf(Q), *k = buf(K), *v = buf(V), *att = buf(ATT), *tmp = buf(TMP);
-
-  // ---- attention ----
-  const float* x = h;
-  if (pre_norm) {
-    norm(h, w.ln1_w, w.ln1_b, xn);
-    x = xn;
-  }
-  if (w.qkv_w) {  // GPT-2 fused c_attn: (rows, 3C) then split
-    float* qkv = buf(FF1);
-    be_.matmul(x, w.qkv_w, w.qkv_b, qkv, rows, 3 * C, C);
-    const size_t row = C * sizeof(float);
-    be_.copy_device_2d(q, row, qkv, 3 * row, row, rows, nullptr);
-    be_.copy_device_2d(k, row, qkv + C, 3 * row, row, rows, nullptr);
-    be_.copy_device_2d(v, row, qkv + 2 * C, 3 * row, row, rows, nullptr);
-  } else {
-    be_.matmul(x, w.q_w, w.q_b, q, rows, Hq, C);
-    be_.matmul(x, w.k_w, w.k_b, k, rows, Hk, C);
-    be_.matmul(x, w.v_w, w.v_b, v, rows, Hk, C);
-  }
-  if (llama) {
-    be_.rope(q, pos, rows, H, D, cfg_.rope_theta);
-    be_.rope(k, pos, rows, Hkv, D, cfg_.rope_theta);
-  }
-  const float scale = 1.f / std::sqrt((float)D);
+  ZOF_ASSERT(B * T <= max_rows_);
+  const graph::Dims d = graph::Dims::of(cfg_);
+  graph::Frame<float> f = layer_frame(bufs_.data(), h, B, T, pos, key_mask);
+  graph::BackendKernels k{be_};
   if (cache) {
-    const int64_t start = cache->length, Tk = start + T;
-    ZOF_CHECK(Tk <= cache->capacity, "generation ran past the KV cache capacity of " +
-                                         std::to_string(cache->capacity) + " tokens");
-    auto& kc = cache->k[li];
-    auto& vc = cache->v[li];
-    for (int64_t b = 0; b < B; ++b) {
-      float* kb = kc.data() + b * cache->capacity * Hk;
-      float* vb = vc.data() + b * cache->capacity * Hk;
-      std::memcpy(kb + start * Hk, k + b * T * Hk, T * Hk * sizeof(float));
-      std::memcpy(vb + start * Hk, v + b * T * Hk, T * Hk * sizeof(float));
-      be_.attention(q + b * T * Hq, kb, vb, att + b * T * Hq, nullptr, 1, T, Tk, H, Hkv, D,
-                    start, scale);
-    }
+    CachedPrimal o(k, d, f, *cache, li);
+    graph::layer(o, d, w);
   } else {
-    be_.attention(q, k, v, att, key_mask, B, T, T, H, Hkv, D, 0, scale);
+    graph::Primal o(k, d, f);
+    graph::layer(o, d, w);
   }
-  be_.matmul(att, w.o_w, w.o_b, tmp, rows, C, Hq);
-  be_.add(h, tmp, rows * C);
-  if (!pre_norm) norm(h, w.ln1_w, w.ln1_b, h);
-
-  // ---- feed-forward ----
-  x = h;
-  if (pre_norm) {
-    norm(h, w.ln2_w, w.ln2_b, xn);
-    x = xn;
-  }
-  const int64_t I = cfg_.intermediate_size;
-  float *f1 = buf(FF1), *f2 = buf(FF2);
-  be_.matmul(x, w.fc1_w, w.fc1_b, f1, rows, I, C);
-  if (w.up_w) {
-    be_.matmul(x, w.up_w, w.up_b, f2, rows, I, C);
-    be_.silu_mul(f1, f2, f1, rows * I);
-  } else {
-    switch (cfg_.act) {
-      case Activation::ReLU: be_.relu(f1, rows * I); break;
-      case Activation::GeluTanh: be_.gelu_tanh(f1, rows * I); break;
-      case Activation::GeluErf: be_.gelu_erf(f1, rows * I); break;
-      case Activation::SiLU: ZOF_ABORT("SiLU without a gate is not an architecture zof knows");
-    }
-  }
-  be_.matmul(f1, w.fc2_w, w.fc2_b, tmp, rows, C, I);
-  be_.add(h, tmp, rows * C);
-  if (!pre_norm) norm(h, w.ln2_w, w.ln2_b, h);
 }
 
 void Forward::head_logits(const HeadWeights& w, const float* h, int64_t rows, float* logits) {
-  const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
-  const int64_t E = w.project_out ? cfg_.word_embed_proj_dim : C;
+  const graph::Dims d = graph::Dims::of(cfg_);
+  graph::BackendKernels k{be_};
   for (int64_t r0 = 0; r0 < rows; r0 += max_rows_) {
-    const int64_t n = std::min(max_rows_, rows - r0);
-    const float* x = h + r0 * C;
-    if (w.norm_w) {
-      if (cfg_.arch == Arch::Llama)
-        be_.rms_norm(x, w.norm_w, buf(XN), n, C, cfg_.norm_eps);
-      else
-        be_.layer_norm(x, w.norm_w, w.norm_b, buf(XN), n, C, cfg_.norm_eps);
-      x = buf(XN);
-    }
-    if (w.project_out) {
-      be_.matmul(x, w.project_out, nullptr, buf(TMP), n, E, C);
-      x = buf(TMP);
-    }
-    be_.matmul(x, w.lm_head, nullptr, logits + r0 * V, n, V, E);
+    graph::Frame<float> f;
+    f.rows = std::min(max_rows_, rows - r0);
+    f.v[graph::kHIn] = const_cast<float*>(h) + r0 * d.C;  // read only
+    f.v[graph::kHn] = buf(XN);
+    f.v[graph::kHo] = buf(TMP);
+    f.v[graph::kLogits] = logits + r0 * d.V;
+    graph::Primal o(k, d, f);
+    graph::head_logits(o, d, w);
   }
 }
 
-int64_t Forward::head_width() const {
-  return cfg_.word_embed_proj_dim > 0 && cfg_.word_embed_proj_dim != cfg_.hidden_size
-             ? cfg_.word_embed_proj_dim
-             : cfg_.hidden_size;
-}
+int64_t Forward::head_width() const { return graph::Dims::of(cfg_).E; }
 
 void Forward::head_features(const HeadWeights& w, const float* h, int64_t rows, float* x) {
-  const int64_t C = cfg_.hidden_size;
   ZOF_ASSERT(rows <= max_rows_ && x != h);
-  const float* in = h;
-  if (w.norm_w) {
-    float* y = w.project_out ? buf(XN) : x;
-    if (cfg_.arch == Arch::Llama)
-      be_.rms_norm(in, w.norm_w, y, rows, C, cfg_.norm_eps);
-    else
-      be_.layer_norm(in, w.norm_w, w.norm_b, y, rows, C, cfg_.norm_eps);
-    in = y;
-  }
-  if (w.project_out) {
-    be_.matmul(in, w.project_out, nullptr, x, rows, head_width(), C);
-  } else if (in != x) {
-    be_.copy_device(x, in, rows * C * sizeof(float), nullptr);
-  }
+  const graph::Dims d = graph::Dims::of(cfg_);
+  graph::Frame<float> f;
+  f.rows = rows;
+  f.v[graph::kHIn] = const_cast<float*>(h);  // read only
+  f.v[graph::kHn] = w.project_out ? buf(XN) : x;
+  f.v[graph::kHo] = x;
+  graph::BackendKernels k{be_};
+  graph::Primal o(k, d, f);
+  const graph::Value out = graph::head_features(o, d, w);
+  if (f.v[out] != x) be_.copy_device(x, f.v[out], rows * d.C * sizeof(float), nullptr);
 }
 
 void Forward::head_nll(const HeadWeights& w, const float* h, int64_t rows, const int32_t* targets,
                        float* nll) {
-  const int64_t C = cfg_.hidden_size, V = cfg_.vocab_size;
+  const graph::Dims d = graph::Dims::of(cfg_);
+  const int64_t C = d.C, V = d.V;
   // Only rows with a target need logits: gather them (the embedding op, with h as the table),
   // then form logits kHeadChunk at a time.
-  std::vector<int32_t> sel, tg;
-  for (int64_t r = 0; r < rows; ++r) {
-    nll[r] = 0.f;
-    if (targets[r] >= 0) {
-      ZOF_CHECK(targets[r] < V, "target token id " + std::to_string(targets[r]) +
-                                    " is outside the vocabulary of " + std::to_string(V));
-      sel.push_back((int32_t)r);
-      tg.push_back(targets[r]);
-    }
-  }
+  const ScoredRows scored(targets, rows, V);
+  const std::vector<int32_t>&sel = scored.rows, &tg = scored.targets;
+  std::fill(nll, nll + rows, 0.f);
   std::vector<float> out(kHeadChunk);
+  graph::BackendKernels k{be_};
   for (size_t s0 = 0; s0 < sel.size(); s0 += kHeadChunk) {
     const int64_t n = std::min<int64_t>(kHeadChunk, sel.size() - s0);
     be_.copy_to_device(ibuf(kSel), sel.data() + s0, n * sizeof(int32_t), nullptr);
     be_.copy_to_device(ibuf(kTargets), tg.data() + s0, n * sizeof(int32_t), nullptr);
     be_.embedding(ibuf(kSel), h, buf(HS), n, C, false);
     head_logits(w, buf(HS), n, buf(LOGITS));
-    be_.cross_entropy(buf(LOGITS), ibuf(kTargets), buf(NLL), n, V);
+    graph::Frame<float> f;
+    f.rows = n, f.targets = ibuf(kTargets);
+    f.v[graph::kLogits] = buf(LOGITS), f.v[graph::kNll] = buf(NLL);
+    graph::Primal o(k, d, f);
+    o.cross_entropy(graph::kNll, graph::kLogits);
     be_.copy_to_host(out.data(), buf(NLL), n * sizeof(float), nullptr);
     be_.synchronize(nullptr);
     for (int64_t i = 0; i < n; ++i) nll[sel[s0 + i]] = out[i];

@@ -1,6 +1,8 @@
 // The ZO step as a walk over blocks with both perturbed hidden states (see zo.h).
 #include "zof/zo.h"
 
+#include "model/scored_rows.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -304,14 +306,8 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
   const bool minus = hm != nullptr;  // one-sided, query > 0: the theta stream is query 0's
   const Param& lm = model_.params()[lm_];
   const int64_t V = lm.shape[0], E = lm.shape[1];
-  std::vector<int32_t> sel, tg;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (targets[r] < 0) continue;
-    ZOF_CHECK(targets[r] < V, "target token id " + std::to_string(targets[r]) +
-                                  " is outside the vocabulary of " + std::to_string(V));
-    sel.push_back((int32_t)r);
-    tg.push_back(targets[r]);
-  }
+  const ScoredRows scored(targets, rows, V);
+  const std::vector<int32_t>&sel = scored.rows, &tg = scored.targets;
   sum_plus = sum_minus = 0;
   const int64_t n = (int64_t)sel.size(), C = model_.config().hidden_size;
   if (n == 0) return;
@@ -365,39 +361,18 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
   }
 }
 
-QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro) {
-  ZOF_CHECK(opt_.perturb, "this ZO engine only applies updates (ZOStepOptions::perturb is off): "
-                          "it has no buffers for perturbed losses");
-  ZOF_CHECK(!micro.empty(), "a ZO step needs at least one batch");
-  const auto& cfg = model_.config();
-  const int q = opt_.queries;
-  const int64_t C = cfg.hidden_size;
-  const int nblocks = (int)model_.blocks().size();
-  QueryLosses out;
-  out.sum_plus.assign(q, 0.0);
-  out.sum_minus.assign(q, 0.0);
-  std::vector<ZKey> keys(q);
-  for (int j = 0; j < q; ++j) keys[j] = key(step, j);
-  // One-sided: query 0's second stream runs at theta and serves every query; the others have
-  // only their +eps stream.
-  auto has_minus = [&](int j) { return !opt_.one_sided || j == 0; };
-  // The stage's share of the walk (the whole walk in one process).
-  const int first_blk = first_block_, last_blk = last_block_ < 0 ? nblocks - 1 : last_block_;
-  const bool has_embed = first_blk == 0, has_head = last_blk == nblocks - 1;
-  const int li_lo = std::max(0, first_blk - 1), li_hi = std::min<int>((int)cfg.num_layers, last_blk);
-  std::vector<int32_t> uniq, local;
-  // Every input is checked before the walk changes anything: the pending update is applied
-  // block by block as the walk goes, so an error part way would leave it half applied.
+void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& cfg,
+                        int64_t max_rows, const char* who) {
   const int64_t V = cfg.vocab_size;
   for (const LossBatch& lb : micro) {
     const int64_t rows = lb.batch.B * lb.batch.T;
-    ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
-                                     " tokens exceeds the engine's capacity of " +
-                                     std::to_string(max_rows_));
+    ZOF_CHECK(rows <= max_rows, "batch of " + std::to_string(rows) + " tokens exceeds " + who +
+                                    "'s capacity of " + std::to_string(max_rows));
     ZOF_ASSERT((int64_t)lb.targets.size() == rows && (int64_t)lb.batch.ids.size() == rows);
     ZOF_CHECK(lb.batch.T <= cfg.max_position,
               "a sequence of " + std::to_string(lb.batch.T) + " tokens is beyond the model's " +
-                  "context of " + std::to_string(cfg.max_position) + " (max_position_embeddings)");
+                  "context of " + std::to_string(cfg.max_position) +
+                  " tokens (max_position_embeddings)");
     for (int64_t i = 0; i < rows; ++i) {
       ZOF_CHECK(lb.batch.ids[i] >= 0 && lb.batch.ids[i] < V,
                 "token id " + std::to_string(lb.batch.ids[i]) +
@@ -406,79 +381,127 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
                                        " is outside the vocabulary of " + std::to_string(V));
     }
   }
-  if (stream_) stream_->begin_walk(walk_order(micro.size()));
+}
 
+ZOEngine::StepWalk ZOEngine::step_walk(uint32_t step) const {
+  StepWalk w;
+  const int q = opt_.queries;
+  for (int j = 0; j < q; ++j) w.keys.push_back(key(step, j));
+  // The stage's share of the walk (the whole walk in one process).
+  w.nblocks = (int)model_.blocks().size();
+  const int first_blk = first_block_, last_blk = last_block_ < 0 ? w.nblocks - 1 : last_block_;
+  w.has_embed = first_blk == 0, w.has_head = last_blk == w.nblocks - 1;
+  w.li_lo = std::max(0, first_blk - 1);
+  w.li_hi = std::min<int>((int)model_.config().num_layers, last_blk);
+  return w;
+}
+
+// Block 0: the embedding, with only the batch's rows of the token table perturbed (a stage
+// without it receives the 2q streams instead).
+void ZOEngine::walk_embed(const StepWalk& w, const DeviceInputs& in, int64_t n_uniq, bool first,
+                          bool dirty) {
+  const int64_t rows = in.B * in.T, C = model_.config().hidden_size;
+  const int q = (int)w.keys.size();
+  if (!w.has_embed) {
+    for (int j = 0; j < q; ++j) {
+      io_.recv(2 * j, h_plus_[j], rows * C);
+      if (has_minus(j)) io_.recv(2 * j + 1, h_minus_[j], rows * C);
+    }
+    return;
+  }
+  acquire(0);
+  for (int j = 0; j < q; ++j) {
+    block_pass(0, first && j == 0, &w.keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
+    perturb_rows(w.keys[j], n_uniq);
+    fwd_.embed(model_.embed(copy_locator(blk_plus_, tok_plus_)), in.ids, in.embed_pos, rows,
+               h_plus_[j]);
+    if (has_minus(j))
+      fwd_.embed(model_.embed(copy_locator(blk_minus_, tok_minus_)), in.ids, in.embed_pos, rows,
+                 h_minus_[j]);
+  }
+  release(0, dirty);
+}
+
+// The stage's transformer layers, each resident once for all 2q streams.
+void ZOEngine::walk_layers(const StepWalk& w, const DeviceInputs& in, bool first, bool dirty) {
+  const int q = (int)w.keys.size();
+  for (int li = w.li_lo; li < w.li_hi; ++li) {
+    acquire(li + 1);
+    for (int j = 0; j < q; ++j) {
+      block_pass(li + 1, first && j == 0, &w.keys[j], blk_plus_,
+                 has_minus(j) ? blk_minus_ : nullptr);
+      fwd_.layer(li, model_.layer(li, copy_locator(blk_plus_, nullptr)), h_plus_[j], in.B, in.T,
+                 in.pos, in.key_mask, nullptr);
+      if (has_minus(j))
+        fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], in.B,
+                   in.T, in.pos, in.key_mask, nullptr);
+    }
+    release(li + 1, dirty);
+  }
+}
+
+// The head: final norm, projections, LM head in vocabulary chunks, NLL of the scored rows (a
+// stage without it sends the 2q streams on). A tied LM head is the embedding block's token table.
+void ZOEngine::walk_head(const StepWalk& w, const LossBatch& lb, bool first, bool dirty,
+                         QueryLosses& out) {
+  const int64_t rows = lb.batch.B * lb.batch.T, C = model_.config().hidden_size;
+  const int q = (int)w.keys.size(), last = w.nblocks - 1;
+  if (!w.has_head) {
+    for (int j = 0; j < q; ++j) {
+      io_.send(2 * j, h_plus_[j], rows * C);
+      if (has_minus(j)) io_.send(2 * j + 1, h_minus_[j], rows * C);
+    }
+    return;
+  }
+  // A head stage without the embedding keeps its own copy of the tied table up to date (z is
+  // regenerated from the seed, so the tied weights never cross ranks).
+  if (!w.has_embed && model_.config().tie_embeddings && first)
+    block_pass(0, true, nullptr, nullptr, nullptr);
+  acquire(last);
+  if (lm_block_ != last) acquire(lm_block_);
+  for (int j = 0; j < q; ++j) {
+    block_pass(last, first && j == 0, &w.keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
+    double sp = 0, sm = 0;
+    head_sums(w.keys[j], h_plus_[j], has_minus(j) ? h_minus_[j] : nullptr, rows,
+              lb.targets.data(), sp, sm);
+    out.sum_plus[j] += sp;
+    out.sum_minus[j] += has_minus(j) ? sm : 0.0;
+  }
+  if (lm_block_ != last) release(lm_block_, false);
+  release(last, dirty);
+  out.count += (double)lb.scored();
+}
+
+QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro) {
+  ZOF_CHECK(opt_.perturb, "this ZO engine only applies updates (ZOStepOptions::perturb is off): "
+                          "it has no buffers for perturbed losses");
+  ZOF_CHECK(!micro.empty(), "a ZO step needs at least one batch");
+  const int q = opt_.queries;
+  // Every input is checked before the walk changes anything: the pending update is applied
+  // block by block as the walk goes, so an error part way would leave it half applied.
+  check_loss_batches(micro, model_.config(), max_rows_, "the engine");
+  const StepWalk w = step_walk(step);
+  QueryLosses out;
+  out.sum_plus.assign(q, 0.0);
+  out.sum_minus.assign(q, 0.0);
+  if (stream_) stream_->begin_walk(walk_order(micro.size()));
+  std::vector<int32_t> uniq, local;
   for (size_t mb = 0; mb < micro.size(); ++mb) {
     const Batch& b = micro[mb].batch;
-    const int64_t rows = b.B * b.T;
     // The embedding reads a compact table of the batch's rows: its ids index that.
-    if (has_embed) {
-      token_rows(b.ids.data(), rows, uniq, local);
+    if (w.has_embed) {
+      token_rows(b.ids.data(), b.B * b.T, uniq, local);
       be_.copy_to_device(uniq_dev_, uniq.data(), uniq.size() * sizeof(int32_t), nullptr);
     }
-    const DeviceInputs in = fwd_.upload(b, has_embed ? local.data() : nullptr);
+    const DeviceInputs in = fwd_.upload(b, w.has_embed ? local.data() : nullptr);
     const bool first = mb == 0;
     const bool dirty = first && !pending_.empty();  // the walk applies the update to each block
-    // Block 0: the embedding, with only the batch's rows of the token table perturbed.
-    if (has_embed) {
-      acquire(0);
-      for (int j = 0; j < q; ++j) {
-        block_pass(0, first && j == 0, &keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
-        perturb_rows(keys[j], (int64_t)uniq.size());
-        fwd_.embed(model_.embed(copy_locator(blk_plus_, tok_plus_)), in.ids, in.embed_pos, rows,
-                   h_plus_[j]);
-        if (has_minus(j))
-          fwd_.embed(model_.embed(copy_locator(blk_minus_, tok_minus_)), in.ids, in.embed_pos,
-                     rows, h_minus_[j]);
-      }
-      release(0, dirty);
-    } else {
-      for (int j = 0; j < q; ++j) {
-        io_.recv(2 * j, h_plus_[j], rows * C);
-        if (has_minus(j)) io_.recv(2 * j + 1, h_minus_[j], rows * C);
-      }
-    }
-    // The transformer layers, each resident once for all 2q streams.
-    for (int li = li_lo; li < li_hi; ++li) {
-      acquire(li + 1);
-      for (int j = 0; j < q; ++j) {
-        block_pass(li + 1, first && j == 0, &keys[j], blk_plus_,
-                   has_minus(j) ? blk_minus_ : nullptr);
-        fwd_.layer(li, model_.layer(li, copy_locator(blk_plus_, nullptr)), h_plus_[j], b.B, b.T,
-                   in.pos, in.key_mask, nullptr);
-        if (has_minus(j))
-          fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], b.B,
-                     b.T, in.pos, in.key_mask, nullptr);
-      }
-      release(li + 1, dirty);
-    }
-    if (!has_head) {
-      for (int j = 0; j < q; ++j) {
-        io_.send(2 * j, h_plus_[j], rows * C);
-        if (has_minus(j)) io_.send(2 * j + 1, h_minus_[j], rows * C);
-      }
-      continue;
-    }
-    // A head stage without the embedding keeps its own copy of the tied table up to date (z is
-    // regenerated from the seed, so the tied weights never cross ranks).
-    if (!has_embed && cfg.tie_embeddings && first) block_pass(0, true, nullptr, nullptr, nullptr);
-    // The head: final norm, projections, LM head in vocabulary chunks, NLL of the scored rows.
-    // A tied LM head is the embedding block's token table.
-    acquire(nblocks - 1);
-    if (lm_block_ != nblocks - 1) acquire(lm_block_);
-    for (int j = 0; j < q; ++j) {
-      block_pass(nblocks - 1, first && j == 0, &keys[j], blk_plus_,
-                 has_minus(j) ? blk_minus_ : nullptr);
-      double sp = 0, sm = 0;
-      head_sums(keys[j], h_plus_[j], has_minus(j) ? h_minus_[j] : nullptr, rows,
-                micro[mb].targets.data(), sp, sm);
-      out.sum_plus[j] += sp;
-      out.sum_minus[j] += has_minus(j) ? sm : 0.0;
-    }
-    if (lm_block_ != nblocks - 1) release(lm_block_, false);
-    release(nblocks - 1, dirty);
-    out.count += (double)micro[mb].scored();
+    walk_embed(w, in, (int64_t)uniq.size(), first, dirty);
+    walk_layers(w, in, first, dirty);
+    walk_head(w, micro[mb], first, dirty, out);
   }
+  // One-sided: query 0's second stream runs at theta and serves every query; the others have
+  // only their +eps stream.
   if (opt_.one_sided)
     for (int j = 1; j < q; ++j) out.sum_minus[j] = out.sum_minus[0];  // L(theta), shared
   pending_ = PendingUpdate{};  // applied during the first walk

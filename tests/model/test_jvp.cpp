@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "golden_batch.h"
+#include "model/host_kernels.h"
 #include "zof/backend.h"
 #include "zof/forward.h"
 #include "zof/jvp.h"
@@ -56,7 +57,7 @@ TEST(Jvp, MatchesAutogradGradientDotZ) {
     const int64_t rows = lb.batch.B * lb.batch.T;
     const std::vector<zof::ZKey> keys{{99, 3, 0}, {99, 3, 1}};
     auto be = zof::make_cpu_backend(0);
-    zof::BasicJVPEstimator<double> e64(m, *be, rows);
+    zof::test::OracleJVP e64(m, *be, rows);
     zof::JVPEstimator e32(m, *be, rows);
     const zof::JVPSums s64 = e64.directional_derivatives(keys, {lb});
     const zof::JVPSums s32 = e32.directional_derivatives(keys, {lb});
@@ -92,7 +93,7 @@ TEST(Jvp, EveryArchitectureMatchesCentralDifference) {
     const int64_t rows = lb.batch.B * lb.batch.T;
     const zof::ZKey key{5, 11, 0};
     auto be = zof::make_cpu_backend(0);
-    zof::BasicJVPEstimator<double> e64(m, *be, rows);
+    zof::test::OracleJVP e64(m, *be, rows);
     const zof::JVPSums s = e64.directional_derivatives({key}, {lb});
     const double g = s.gradients()[0];
     // nll_mean_f64 has 8 digits, and transformers' RMSNorm computes in fp32 even in a float64
@@ -190,8 +191,7 @@ TEST(Jvp, BackendOpsEqualPlainLoops) {
     const zof::LossBatch lb = golden_batch(name);
     const std::vector<zof::ZKey> keys{{3, 1, 0}, {3, 1, 1}};
     auto cpu = zof::make_cpu_backend(0);
-    zof::JVPEstimator plain_est(m, *cpu, lb.batch.B * lb.batch.T);
-    plain_est.set_backend_ops(false);
+    zof::test::PlainLoopJVP plain_est(m, *cpu, lb.batch.B * lb.batch.T);
     const zof::JVPSums plain = plain_est.directional_derivatives(keys, {lb});
     auto sim = zof::make_sim_device(zof::make_cpu_backend(0), {});
     for (zof::Backend* be : {cpu.get(), static_cast<zof::Backend*>(sim.get())}) {

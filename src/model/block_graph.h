@@ -1,0 +1,160 @@
+// The graph of each block of the three families, written once: the embedding, the transformer
+// layer (LLaMA-family: pre-RMSNorm, RoPE, GQA, SwiGLU; OPT: learned positions, pre- or post-
+// LayerNorm, ReLU, optional project_in/out; GPT-2: fused QKV, tanh GELU) and the head.
+// Every walk runs these functions; what differs is the ops object they are handed (graph_ops.h):
+// the plain forward and the SPSA dual walk run the primal ops on one stream's buffers, the JVP
+// walk runs the primal ops and then, per direction, the tangent ops over the same graph.
+// Adding an op to a block is one edit here.
+//
+// An ops object O provides, over named values (Value) that it maps to buffers of `rows` rows:
+//   using W = ...;                                      the weight handle (a view's slot type)
+//   norm(y, x, w, b)                                    RMSNorm (LLaMA) or LayerNorm over C
+//   matmul(y, x, w, b, N, K)                            y(rows,N) = x(rows,K) w^T + b
+//   split_qkv(qkv, q, k, v)                             GPT-2's (rows, 3C) into three (rows, C)
+//   rope(x, heads)                                      RoPE in place
+//   attention(out, q, k, v)                             causal masked attention
+//   activation(out, f1, f2)                             silu(f1) * f2 (f2 != kNone), else act(f1)
+//   add(y, a, b)  copy(y, x)
+//   gather(y, table, dim, positions)                    embedding rows of the ids (or positions)
+//   gather_add(y, table, dim)                           += rows of a learned position table
+//   cross_entropy(nll, logits)                          per-row NLL of the targets
+// A value may share a buffer with others only where the graph allows (a walk that keeps them
+// all distinct, as the JVP walk must, is always correct).
+#pragma once
+#include <cstdint>
+
+#include "zof/config.h"
+#include "zof/model.h"
+
+namespace zof::graph {
+
+// The values of the graphs. A layer reads kHIn and leaves its output in kHOut; the embedding
+// writes kHOut; the head reads kHIn.
+enum Value : int {
+  kHIn, kXn1, kQKV, kQ, kK, kV, kAtt, kAttOut, kH1, kX2, kF1, kF2, kAct, kFfnOut, kH2, kHOut,
+  kEmb,     // the embedding's token rows in E dims before project_in (OPT-350m)
+  kHn, kHo, kLogits, kNll,  // the head: final norm, project_out, logits, loss
+  kNumValues,
+  kNone = -1
+};
+
+// What the graphs branch on, from the config.
+struct Dims {
+  int64_t C = 0, E = 0, H = 0, Hkv = 0, D = 0, Hq = 0, Hk = 0, I = 0, V = 0;
+  bool rms_norm = false;  // LLaMA-family: RMSNorm and RoPE; OPT and GPT-2: LayerNorm
+  bool pre_norm = true;   // OPT-350m: post-norm
+  Activation act = Activation::SiLU;
+  float eps = 0.f, rope_theta = 0.f;
+  // E: the LM head's input width (OPT-350m's word_embed_proj_dim), else C.
+  static Dims of(const ModelConfig& c) {
+    Dims d;
+    d.C = c.hidden_size;
+    d.E = c.word_embed_proj_dim > 0 && c.word_embed_proj_dim != c.hidden_size
+              ? c.word_embed_proj_dim
+              : c.hidden_size;
+    d.H = c.num_heads, d.Hkv = c.num_kv_heads, d.D = c.head_dim;
+    d.Hq = d.H * d.D, d.Hk = d.Hkv * d.D;
+    d.I = c.intermediate_size, d.V = c.vocab_size;
+    d.rms_norm = c.arch == Arch::Llama;
+    d.pre_norm = c.arch == Arch::Llama || c.arch == Arch::GPT2 || c.do_layer_norm_before;
+    d.act = c.act;
+    d.eps = c.norm_eps, d.rope_theta = c.rope_theta;
+    return d;
+  }
+};
+
+// Whether a weight slot is present (a null pointer, or a pair whose weight is null, is absent).
+template <class W>
+bool present(const W& w) {
+  if constexpr (requires { w.w; })
+    return w.w != nullptr;
+  else
+    return w != nullptr;
+}
+
+// The embedding: token rows (through project_in when the table is narrower), plus learned
+// positions, into kHOut.
+template <class O, class W>
+void embed(O& o, const Dims& d, const EmbedT<W>& w) {
+  if (present(w.project_in)) {
+    o.gather(kEmb, w.tokens, d.E);
+    o.matmul(kHOut, kEmb, w.project_in, W{}, d.C, d.E);
+  } else {
+    o.gather(kHOut, w.tokens, d.C);
+  }
+  if (present(w.positions)) o.gather_add(kHOut, w.positions, d.C);
+}
+
+// One transformer layer: kHIn -> kHOut.
+template <class O, class W>
+void layer(O& o, const Dims& d, const LayerT<W>& w) {
+  Value x = kHIn;
+  if (d.pre_norm) {
+    o.norm(kXn1, kHIn, w.ln1_w, w.ln1_b);
+    x = kXn1;
+  }
+  if (present(w.qkv_w)) {  // GPT-2's fused c_attn
+    o.matmul(kQKV, x, w.qkv_w, w.qkv_b, 3 * d.C, d.C);
+    o.split_qkv(kQKV, kQ, kK, kV);
+  } else {
+    o.matmul(kQ, x, w.q_w, w.q_b, d.Hq, d.C);
+    o.matmul(kK, x, w.k_w, w.k_b, d.Hk, d.C);
+    o.matmul(kV, x, w.v_w, w.v_b, d.Hk, d.C);
+  }
+  if (d.rms_norm) {
+    o.rope(kQ, d.H);
+    o.rope(kK, d.Hkv);
+  }
+  o.attention(kAtt, kQ, kK, kV);
+  o.matmul(kAttOut, kAtt, w.o_w, w.o_b, d.C, d.Hq);
+  o.add(kH1, kHIn, kAttOut);
+  // Pre-norm: the FFN reads LN2(h1) and adds to h1. Post-norm: h1 is normed by LN1 first, and
+  // the FFN reads and adds to that.
+  if (d.pre_norm)
+    o.norm(kX2, kH1, w.ln2_w, w.ln2_b);
+  else
+    o.norm(kX2, kH1, w.ln1_w, w.ln1_b);
+  const Value mid = d.pre_norm ? kH1 : kX2;
+  const bool gated = present(w.up_w);
+  o.matmul(kF1, kX2, w.fc1_w, w.fc1_b, d.I, d.C);
+  if (gated) o.matmul(kF2, kX2, w.up_w, w.up_b, d.I, d.C);
+  o.activation(kAct, kF1, gated ? kF2 : kNone);
+  o.matmul(kFfnOut, kAct, w.fc2_w, w.fc2_b, d.C, d.I);
+  o.add(kH2, mid, kFfnOut);
+  if (d.pre_norm)
+    o.copy(kHOut, kH2);
+  else
+    o.norm(kHOut, kH2, w.ln2_w, w.ln2_b);
+}
+
+// The head's features (final norm, OPT's project_out) of kHIn: returns the value that holds the
+// LM head's input, (rows, E).
+template <class O, class W>
+Value head_features(O& o, const Dims& d, const HeadT<W>& w) {
+  Value x = kHIn;
+  if (present(w.norm_w)) {
+    o.norm(kHn, x, w.norm_w, w.norm_b);
+    x = kHn;
+  }
+  if (present(w.project_out)) {
+    o.matmul(kHo, x, w.project_out, W{}, d.E, d.C);
+    x = kHo;
+  }
+  return x;
+}
+
+// The head: features, then logits (rows, V) into kLogits.
+template <class O, class W>
+void head_logits(O& o, const Dims& d, const HeadT<W>& w) {
+  const Value x = head_features(o, d, w);
+  o.matmul(kLogits, x, w.lm_head, W{}, d.V, d.E);
+}
+
+// The head and the loss: logits, then the NLL of the targets into kNll.
+template <class O, class W>
+void head_loss(O& o, const Dims& d, const HeadT<W>& w) {
+  head_logits(o, d, w);
+  o.cross_entropy(kNll, kLogits);
+}
+
+}  // namespace zof::graph

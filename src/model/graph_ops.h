@@ -1,0 +1,277 @@
+// The ops objects that run block_graph.h's graphs: Primal (the values themselves) and Tangent
+// (forward-mode AD: each op's tangent rule along one direction, from the primal values the walk
+// kept). Both are written over a kernel set K, the raw ops on buffers of K::T:
+//   BackendKernels (below): fp32 through the Backend interface, the engine's walks on any backend;
+//   tests/model/host_kernels.h: jvp_ops.h's plain loops in float or float64, the oracle.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "model/block_graph.h"
+#include "zof/backend.h"
+#include "zof/error.h"
+
+namespace zof::graph {
+
+// One call's values (each a buffer of the call's rows) and the inputs the ops read.
+template <class T>
+struct Frame {
+  T* v[kNumValues] = {};
+  int64_t rows = 0;                    // B * S
+  int64_t B = 0, S = 0;                // attention's sequences
+  const int32_t* ids = nullptr;        // gather's rows (token ids)
+  const int32_t* embed_pos = nullptr;  // gather_add's rows (a learned position table's)
+  const int32_t* pos = nullptr;        // RoPE positions
+  const uint8_t* key_mask = nullptr;   // (B, S); null: every key valid
+  const int32_t* targets = nullptr;    // cross_entropy's (rows); < 0 not scored
+  // Every value in one buffer (s of several values sharing it).
+  void set(std::initializer_list<Value> vals, T* p) {
+    for (Value x : vals) v[x] = p;
+  }
+};
+
+// The primal: each op on the frame's buffers. Values that share a buffer are updated in place
+// where the op allows it (add, copy, activation); otherwise every value is its own buffer.
+template <class K>
+class Primal {
+ public:
+  using T = typename K::T;
+  using W = const T*;
+  Primal(K& k, const Dims& d, Frame<T>& f) : k_(k), d_(d), f_(f) {}
+
+  void norm(Value y, Value x, W w, W b) {
+    if (d_.rms_norm)
+      k_.rms_norm(v(x), w, v(y), f_.rows, d_.C, d_.eps);
+    else
+      k_.layer_norm(v(x), w, b, v(y), f_.rows, d_.C, d_.eps);
+  }
+  void matmul(Value y, Value x, W w, W b, int64_t N, int64_t Kd) {
+    k_.matmul(v(x), w, b, v(y), f_.rows, N, Kd);
+  }
+  void split_qkv(Value qkv, Value q, Value kk, Value vv) {
+    k_.split_qkv(v(qkv), v(q), v(kk), v(vv), f_.rows, d_.C);
+  }
+  void rope(Value x, int64_t heads) {
+    k_.rope(v(x), f_.pos, f_.rows, heads, d_.D, d_.rope_theta);
+  }
+  void attention(Value out, Value q, Value kk, Value vv) {
+    k_.attention(v(q), v(kk), v(vv), v(out), f_.key_mask, f_.B, f_.S, d_.H, d_.Hkv, d_.D,
+                 K::scale(d_.D));
+  }
+  void activation(Value out, Value f1, Value f2) {
+    const int64_t n = f_.rows * d_.I;
+    if (f2 != kNone) return k_.silu_mul(v(f1), v(f2), v(out), n);
+    if (v(out) != v(f1)) k_.copy(v(out), v(f1), n);
+    k_.activation(d_.act, v(out), n);
+  }
+  // (rows, C) values.
+  void add(Value y, Value a, Value b) {
+    const int64_t n = f_.rows * d_.C;
+    if (v(y) == v(a)) return k_.add(v(y), v(b), n);
+    if (v(y) == v(b)) return k_.add(v(y), v(a), n);
+    k_.copy(v(y), v(a), n);
+    k_.add(v(y), v(b), n);
+  }
+  void copy(Value y, Value x) {
+    if (v(y) != v(x)) k_.copy(v(y), v(x), f_.rows * d_.C);
+  }
+  void gather(Value y, W table, int64_t dim) {
+    k_.embedding(f_.ids, table, v(y), f_.rows, dim, false);
+  }
+  void gather_add(Value y, W table, int64_t dim) {
+    k_.embedding(f_.embed_pos, table, v(y), f_.rows, dim, true);
+  }
+  void cross_entropy(Value nll, Value logits) {
+    k_.cross_entropy(v(logits), f_.targets, v(nll), f_.rows, d_.V);
+  }
+
+ protected:
+  T* v(Value x) const {
+    ZOF_ASSERT(x >= 0 && f_.v[x]);
+    return f_.v[x];
+  }
+  K& k_;
+  const Dims& d_;
+  Frame<T>& f_;
+};
+
+// A weight and its tangent (z, the direction), the tangent ops' weight handle.
+template <class T>
+struct Dual {
+  const T* w = nullptr;
+  const T* z = nullptr;
+};
+
+// The tangent along one direction: each op writes its output's tangent from the primal values
+// (p, as the primal walk left them) and the input tangents (t). Matrix products, RoPE, the
+// embedding and the QKV split are linear: their tangent is the op on the tangents (plus the
+// weight's term).
+template <class K>
+class Tangent {
+ public:
+  using T = typename K::T;
+  using W = Dual<T>;
+  Tangent(K& k, const Dims& d, const Frame<T>& primal, Frame<T>& tangent)
+      : k_(k), d_(d), p_(primal), t_(tangent) {}
+
+  void norm(Value y, Value x, W w, W b) {
+    if (d_.rms_norm)
+      k_.rms_norm_jvp(p(x), t(x), w.w, w.z, t(y), p_.rows, d_.C, d_.eps);
+    else
+      k_.layer_norm_jvp(p(x), t(x), w.w, w.z, b.z, t(y), p_.rows, d_.C, d_.eps);
+  }
+  void matmul(Value y, Value x, W w, W b, int64_t N, int64_t Kd) {
+    k_.matmul_jvp(p(x), t(x), w.w, w.z, b.z, t(y), p_.rows, N, Kd);
+  }
+  void split_qkv(Value qkv, Value q, Value kk, Value vv) {
+    k_.split_qkv(t(qkv), t(q), t(kk), t(vv), p_.rows, d_.C);
+  }
+  void rope(Value x, int64_t heads) {
+    k_.rope(t(x), p_.pos, p_.rows, heads, d_.D, d_.rope_theta);
+  }
+  void attention(Value out, Value q, Value kk, Value vv) {
+    k_.attention_jvp(p(q), t(q), p(kk), t(kk), p(vv), t(vv), t(out), p_.key_mask, p_.B, p_.S,
+                     d_.H, d_.Hkv, d_.D, K::scale(d_.D));
+  }
+  void activation(Value out, Value f1, Value f2) {
+    const int64_t n = p_.rows * d_.I;
+    if (f2 != kNone) return k_.silu_mul_jvp(p(f1), t(f1), p(f2), t(f2), t(out), n);
+    k_.activation_jvp(d_.act, p(f1), t(f1), t(out), n);
+  }
+  void add(Value y, Value a, Value b) {
+    const int64_t n = p_.rows * d_.C;
+    if (t(y) == t(a)) return k_.add(t(y), t(b), n);
+    if (t(y) == t(b)) return k_.add(t(y), t(a), n);
+    k_.copy(t(y), t(a), n);
+    k_.add(t(y), t(b), n);
+  }
+  void copy(Value y, Value x) {
+    if (t(y) != t(x)) k_.copy(t(y), t(x), p_.rows * d_.C);
+  }
+  void gather(Value y, W table, int64_t dim) {
+    k_.embedding(p_.ids, table.z, t(y), p_.rows, dim, false);
+  }
+  void gather_add(Value y, W table, int64_t dim) {
+    k_.embedding(p_.embed_pos, table.z, t(y), p_.rows, dim, true);
+  }
+  void cross_entropy(Value nll, Value logits) {
+    k_.cross_entropy_jvp(p(logits), t(logits), p_.targets, t(nll), p_.rows, d_.V);
+  }
+
+ private:
+  const T* p(Value x) const {
+    ZOF_ASSERT(x >= 0 && p_.v[x]);
+    return p_.v[x];
+  }
+  T* t(Value x) const {
+    ZOF_ASSERT(x >= 0 && t_.v[x]);
+    return t_.v[x];
+  }
+  K& k_;
+  const Dims& d_;
+  const Frame<T>& p_;
+  Frame<T>& t_;
+};
+
+// fp32 kernels through the Backend (any backend: every pointer is its memory), on the default
+// stream.
+struct BackendKernels {
+  using T = float;
+  Backend& be;
+  float* mmtmp = nullptr;  // matmul_jvp's scratch, M * N floats; set by a walk that needs it
+
+  static float scale(int64_t D) { return 1.f / std::sqrt((float)D); }
+
+  void matmul(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N,
+              int64_t K) {
+    be.matmul(x, w, b, y, M, N, K);
+  }
+  // dy = dx w^T + db + x dw^T (every linear layer of a walk has both tangents: z perturbs
+  // every weight).
+  void matmul_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                  const float* db, float* dy, int64_t M, int64_t N, int64_t K) {
+    ZOF_ASSERT(dx && dw && mmtmp);
+    be.matmul(dx, w, db, dy, M, N, K);
+    be.matmul(x, dw, nullptr, mmtmp, M, N, K);
+    be.add(dy, mmtmp, M * N);
+  }
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+    be.rms_norm(x, w, y, rows, dim, eps);
+  }
+  void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                  int64_t dim, float eps) {
+    be.layer_norm(x, w, b, y, rows, dim, eps);
+  }
+  void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
+                    int64_t rows, int64_t dim, float eps) {
+    be.rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps);
+  }
+  void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                      const float* db, float* dy, int64_t rows, int64_t dim, float eps) {
+    be.layer_norm_jvp(x, dx, w, dw, db, dy, rows, dim, eps);
+  }
+  void rope(float* x, const int32_t* pos, int64_t rows, int64_t heads, int64_t D, float theta) {
+    be.rope(x, pos, rows, heads, D, theta);
+  }
+  void attention(const float* q, const float* k, const float* v, float* out,
+                 const uint8_t* mask, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+                 float scale) {
+    be.attention(q, k, v, out, mask, B, S, S, H, Hkv, D, 0, scale);
+  }
+  void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
+                     const float* v, const float* dv, float* dout, const uint8_t* mask,
+                     int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale) {
+    be.attention_jvp(q, dq, k, dk, v, dv, dout, mask, B, S, H, Hkv, D, scale);
+  }
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+    be.silu_mul(gate, up, out, n);
+  }
+  // In place.
+  void activation(Activation act, float* x, int64_t n) {
+    switch (act) {
+      case Activation::ReLU: return be.relu(x, n);
+      case Activation::GeluTanh: return be.gelu_tanh(x, n);
+      case Activation::GeluErf: return be.gelu_erf(x, n);
+      case Activation::SiLU: break;
+    }
+    ZOF_ABORT("SiLU without a gate is not an architecture zof knows");
+  }
+  void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                    float* dout, int64_t n) {
+    be.silu_mul_jvp(gate, dgate, up, dup, dout, n);
+  }
+  void activation_jvp(Activation act, const float* x, const float* dx, float* dy, int64_t n) {
+    switch (act) {
+      case Activation::ReLU: return be.relu_jvp(x, dx, dy, n);
+      case Activation::GeluTanh: return be.gelu_tanh_jvp(x, dx, dy, n);
+      case Activation::GeluErf: return be.gelu_erf_jvp(x, dx, dy, n);
+      case Activation::SiLU: break;
+    }
+    ZOF_ABORT("SiLU without a gate is not an architecture zof knows");
+  }
+  void add(float* y, const float* x, int64_t n) { be.add(y, x, n); }
+  void copy(float* y, const float* x, int64_t n) {
+    be.copy_device(y, x, size_t(n) * sizeof(float), nullptr);
+  }
+  // (rows, 3C) into three (rows, C).
+  void split_qkv(const float* src, float* q, float* k, float* v, int64_t rows, int64_t C) {
+    const size_t row = size_t(C) * sizeof(float);
+    be.copy_device_2d(q, row, src, 3 * row, row, size_t(rows), nullptr);
+    be.copy_device_2d(k, row, src + C, 3 * row, row, size_t(rows), nullptr);
+    be.copy_device_2d(v, row, src + 2 * C, 3 * row, row, size_t(rows), nullptr);
+  }
+  void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+                 bool accumulate) {
+    be.embedding(ids, table, out, n, dim, accumulate);
+  }
+  void cross_entropy(const float* logits, const int32_t* targets, float* nll, int64_t rows,
+                     int64_t V) {
+    be.cross_entropy(logits, targets, nll, rows, V);
+  }
+  void cross_entropy_jvp(const float* logits, const float* dlogits, const int32_t* targets,
+                         float* dnll, int64_t rows, int64_t V) {
+    be.cross_entropy_jvp(logits, dlogits, targets, dnll, rows, V);
+  }
+};
+
+}  // namespace zof::graph
