@@ -127,6 +127,10 @@ class BlockStreamer {
   float* device_plane(int block, int k) const;
   // Every plane of the block between its host masters and its device copy: uploads on the
   // upload stream, write-backs on the write-back stream (the caller orders them with events).
+  // The constructor's two halves: which blocks stay resident and how many slots stream the
+  // rest, then the device memory, streams and events for them.
+  void plan(int planes);
+  void allocate(int planes);
   void upload(int block);
   void write_back(int block);
   // Its next position from pos_ in order_ repeated (positions past the end: the next walk),

@@ -112,11 +112,10 @@ const json* field(const json& entry, const char* key) {
   return it == entry.end() ? nullptr : &*it;
 }
 
-// Parses and validates the header of one mapped file; appends its tensors to out (name -> info).
-void parse_file(const Mapping& m, std::map<std::string, TensorInfo>* out,
-                std::map<std::string, std::string>* metadata) {
+// The header of one mapped file: its JSON object, and n, its length in bytes after the first 8.
+json read_header(const Mapping& m, uint64_t& n) {
   const std::string& path = m.path;
-  uint64_t n = 0;
+  n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | m.addr[i];
   if (n > kMaxHeaderBytes)
     fail(path, "",
@@ -135,91 +134,95 @@ void parse_file(const Mapping& m, std::map<std::string, TensorInfo>* out,
   }
   if (!header.is_object())
     fail(path, "", std::string("header JSON is a ") + header.type_name() + ", not an object; " + kRedownload);
+  return header;
+}
 
-  const uint8_t* data = m.addr + 8 + n;
-  const uint64_t data_size = m.size - 8 - n;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-  };
-  std::vector<Span> spans;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) fail(path, "", "__metadata__ is not a string-to-string map; " + std::string(kRedownload));
-      for (auto mt = v.begin(); mt != v.end(); ++mt) {
-        if (!mt.value().is_string())
-          fail(path, "", "__metadata__ value for key '" + mt.key() + "' is a " + mt.value().type_name() +
-                             ", not a string; " + kRedownload);
-        if (metadata) (*metadata)[mt.key()] = mt.value().get<std::string>();
-      }
-      continue;
-    }
-    if (!v.is_object()) fail(path, name, std::string("header entry is a ") + v.type_name() + ", not an object; " + kRedownload);
-    const json* jd = field(v, "dtype");
-    const json* js = field(v, "shape");
-    const json* jo = field(v, "data_offsets");
-    if (!jd || !js || !jo)
-      fail(path, name,
-           std::string("header entry lacks ") + (!jd ? "dtype" : !js ? "shape" : "data_offsets") + "; " + kRedownload);
-    if (!jd->is_string()) fail(path, name, "dtype is not a string; " + std::string(kRedownload));
-    const std::string ds = jd->get<std::string>();
-    TensorInfo t;
-    t.name = name;
-    t.file = path;
-    if (!parse_dtype(ds, &t.dtype)) {
-      if (known_unsupported_dtype(ds))
-        fail(path, name,
-             "dtype " + ds + " is not supported (zof reads F32, F16 and BF16); convert the checkpoint, e.g. with torch: "
-             "model.to(torch.float32).save_pretrained(dir)");
-      fail(path, name, "unknown dtype '" + ds + "' (zof reads F32, F16 and BF16); " + kRedownload);
-    }
-    if (!js->is_array()) fail(path, name, "shape is not an array; " + std::string(kRedownload));
-    // numel * dtype size must fit the data section; checking each step against it also rules out
-    // overflow.
-    uint64_t bytes = dtype_size(t.dtype);
-    bool too_big = false;
-    for (const json& d : *js) {
-      if (!d.is_number_integer())
-        fail(path, name, "shape " + js->dump() + " holds a non-integer; " + kRedownload);
-      if (d.is_number_unsigned()) {
-        uint64_t u = d.get<uint64_t>();
-        if (u > uint64_t(INT64_MAX)) fail(path, name, "shape " + js->dump() + " has a dimension too large; " + kRedownload);
-        t.shape.push_back(int64_t(u));
-      } else {
-        int64_t s = d.get<int64_t>();
-        if (s < 0) fail(path, name, "shape " + js->dump() + " has a negative dimension; " + kRedownload);
-        t.shape.push_back(s);
-      }
-      uint64_t dim = uint64_t(t.shape.back());
-      if (!too_big && dim != 0 && bytes > data_size / dim) too_big = true;
-      else bytes *= dim;
-    }
-    bool has_zero = std::find(t.shape.begin(), t.shape.end(), int64_t(0)) != t.shape.end();
-    if (has_zero) bytes = 0, too_big = false;
-    if (too_big)
-      fail(path, name,
-           "shape " + shape_str(t.shape) + " of " + ds + " needs more bytes than the data section holds (" +
-               std::to_string(data_size) + "); the file is truncated or corrupt, re-download it");
-    if (!jo->is_array() || jo->size() != 2 || !(*jo)[0].is_number_unsigned() || !(*jo)[1].is_number_unsigned())
-      fail(path, name, "data_offsets " + jo->dump() + " is not a pair of non-negative integers; " + kRedownload);
-    uint64_t b = (*jo)[0].get<uint64_t>(), e = (*jo)[1].get<uint64_t>();
-    if (b > e) fail(path, name, "data_offsets " + jo->dump() + " end before they begin; " + kRedownload);
-    if (e > data_size)
-      fail(path, name,
-           "data_offsets " + jo->dump() + " run past the end of the data section (" + std::to_string(data_size) +
-               " bytes): the file is truncated or corrupt; re-download the file");
-    if (e - b != bytes)
-      fail(path, name,
-           "shape " + shape_str(t.shape) + " of " + ds + " needs " + std::to_string(bytes) +
-               " bytes but data_offsets " + jo->dump() + " span " + std::to_string(e - b) + "; " + kRedownload);
-    t.data = data + b;
-    t.nbytes = size_t(bytes);
-    if (e > b) spans.push_back({b, e, name});
-    if (out->count(name)) fail(path, name, "tensor appears twice");
-    out->emplace(name, std::move(t));
+// __metadata__: a string-to-string map.
+void parse_metadata(const std::string& path, const json& v,
+                    std::map<std::string, std::string>* metadata) {
+  if (!v.is_object()) fail(path, "", "__metadata__ is not a string-to-string map; " + std::string(kRedownload));
+  for (auto mt = v.begin(); mt != v.end(); ++mt) {
+    if (!mt.value().is_string())
+      fail(path, "", "__metadata__ value for key '" + mt.key() + "' is a " + mt.value().type_name() +
+                         ", not a string; " + kRedownload);
+    if (metadata) (*metadata)[mt.key()] = mt.value().get<std::string>();
   }
+}
+
+// One tensor's header entry, checked against the data section (data, data_size bytes): its
+// dtype, shape and data offsets [b, e).
+TensorInfo parse_entry(const std::string& path, const std::string& name, const json& v,
+                       const uint8_t* data, uint64_t data_size, uint64_t& b, uint64_t& e) {
+  if (!v.is_object()) fail(path, name, std::string("header entry is a ") + v.type_name() + ", not an object; " + kRedownload);
+  const json* jd = field(v, "dtype");
+  const json* js = field(v, "shape");
+  const json* jo = field(v, "data_offsets");
+  if (!jd || !js || !jo)
+    fail(path, name,
+         std::string("header entry lacks ") + (!jd ? "dtype" : !js ? "shape" : "data_offsets") + "; " + kRedownload);
+  if (!jd->is_string()) fail(path, name, "dtype is not a string; " + std::string(kRedownload));
+  const std::string ds = jd->get<std::string>();
+  TensorInfo t;
+  t.name = name;
+  t.file = path;
+  if (!parse_dtype(ds, &t.dtype)) {
+    if (known_unsupported_dtype(ds))
+      fail(path, name,
+           "dtype " + ds + " is not supported (zof reads F32, F16 and BF16); convert the checkpoint, e.g. with torch: "
+           "model.to(torch.float32).save_pretrained(dir)");
+    fail(path, name, "unknown dtype '" + ds + "' (zof reads F32, F16 and BF16); " + kRedownload);
+  }
+  if (!js->is_array()) fail(path, name, "shape is not an array; " + std::string(kRedownload));
+  // numel * dtype size must fit the data section; checking each step against it also rules out
+  // overflow.
+  uint64_t bytes = dtype_size(t.dtype);
+  bool too_big = false;
+  for (const json& d : *js) {
+    if (!d.is_number_integer())
+      fail(path, name, "shape " + js->dump() + " holds a non-integer; " + kRedownload);
+    if (d.is_number_unsigned()) {
+      uint64_t u = d.get<uint64_t>();
+      if (u > uint64_t(INT64_MAX)) fail(path, name, "shape " + js->dump() + " has a dimension too large; " + kRedownload);
+      t.shape.push_back(int64_t(u));
+    } else {
+      int64_t s = d.get<int64_t>();
+      if (s < 0) fail(path, name, "shape " + js->dump() + " has a negative dimension; " + kRedownload);
+      t.shape.push_back(s);
+    }
+    uint64_t dim = uint64_t(t.shape.back());
+    if (!too_big && dim != 0 && bytes > data_size / dim) too_big = true;
+    else bytes *= dim;
+  }
+  bool has_zero = std::find(t.shape.begin(), t.shape.end(), int64_t(0)) != t.shape.end();
+  if (has_zero) bytes = 0, too_big = false;
+  if (too_big)
+    fail(path, name,
+         "shape " + shape_str(t.shape) + " of " + ds + " needs more bytes than the data section holds (" +
+             std::to_string(data_size) + "); the file is truncated or corrupt, re-download it");
+  if (!jo->is_array() || jo->size() != 2 || !(*jo)[0].is_number_unsigned() || !(*jo)[1].is_number_unsigned())
+    fail(path, name, "data_offsets " + jo->dump() + " is not a pair of non-negative integers; " + kRedownload);
+  b = (*jo)[0].get<uint64_t>(), e = (*jo)[1].get<uint64_t>();
+  if (b > e) fail(path, name, "data_offsets " + jo->dump() + " end before they begin; " + kRedownload);
+  if (e > data_size)
+    fail(path, name,
+         "data_offsets " + jo->dump() + " run past the end of the data section (" + std::to_string(data_size) +
+             " bytes): the file is truncated or corrupt; re-download the file");
+  if (e - b != bytes)
+    fail(path, name,
+         "shape " + shape_str(t.shape) + " of " + ds + " needs " + std::to_string(bytes) +
+             " bytes but data_offsets " + jo->dump() + " span " + std::to_string(e - b) + "; " + kRedownload);
+  t.data = data + b;
+  t.nbytes = size_t(bytes);
+  return t;
+}
+
+struct Span {
+  uint64_t begin, end;
+  std::string name;
+};
+
+// No two tensors' bytes overlap.
+void check_overlaps(const std::string& path, std::vector<Span>& spans) {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].begin < spans[i - 1].end)
@@ -227,6 +230,30 @@ void parse_file(const Mapping& m, std::map<std::string, TensorInfo>* out,
            "data_offsets [" + std::to_string(spans[i].begin) + ", " + std::to_string(spans[i].end) +
                "] overlap those of " + spans[i - 1].name + " [" + std::to_string(spans[i - 1].begin) + ", " +
                std::to_string(spans[i - 1].end) + "]; " + kRedownload);
+}
+
+// Parses and validates the header of one mapped file; appends its tensors to out (name -> info).
+void parse_file(const Mapping& m, std::map<std::string, TensorInfo>* out,
+                std::map<std::string, std::string>* metadata) {
+  const std::string& path = m.path;
+  uint64_t n = 0;
+  const json header = read_header(m, n);
+  const uint8_t* data = m.addr + 8 + n;
+  const uint64_t data_size = m.size - 8 - n;
+  std::vector<Span> spans;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") {
+      parse_metadata(path, it.value(), metadata);
+      continue;
+    }
+    uint64_t b = 0, e = 0;
+    TensorInfo t = parse_entry(path, name, it.value(), data, data_size, b, e);
+    if (e > b) spans.push_back({b, e, name});
+    if (out->count(name)) fail(path, name, "tensor appears twice");
+    out->emplace(name, std::move(t));
+  }
+  check_overlaps(path, spans);
 }
 
 std::string read_text(const std::string& path) {

@@ -1370,6 +1370,11 @@ struct Tokenizer::Impl {
     if (const auto it = model.vocab.find(token); it != model.vocab.end()) return it->second;
     return -1;
   }
+  // The parts of Tokenizer::load after the model and the pipeline stages: added tokens (and
+  // their matchers), the id -> token tables, and BOS/EOS/PAD from the tokenizer's configs.
+  void load_added_tokens(const Source& src, const json& j);
+  void build_id_tables(const Source& src);
+  void load_special_ids(const std::string& dir);
 };
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
@@ -1418,12 +1423,19 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   im.post_processor = parse_post_processor(src, j.value("post_processor", json()), "post_processor");
   im.decoder = parse_decoder(src, j.value("decoder", json()), "decoder");
 
-  // Added tokens keep the model's id when the model has the token, as tokenizers does.
-  const json& added = j.contains("added_tokens") ? j["added_tokens"] : json::array();
-  if (!added.is_array()) src.fail("added_tokens", "expected a list");
-  for (size_t k = 0; k < added.size(); ++k) {
+  im.load_added_tokens(src, j);
+  im.build_id_tables(src);
+  im.load_special_ids(dir);
+  return tok;
+}
+
+// Added tokens keep the model's id when the model has the token, as tokenizers does.
+void Tokenizer::Impl::load_added_tokens(const Source& src, const json& j) {
+  const json& list = j.contains("added_tokens") ? j["added_tokens"] : json::array();
+  if (!list.is_array()) src.fail("added_tokens", "expected a list");
+  for (size_t k = 0; k < list.size(); ++k) {
     const std::string f = "added_tokens[" + std::to_string(k) + "]";
-    const json& a = added[k];
+    const json& a = list[k];
     AddedToken t;
     t.content = src.str(a, f, "content");
     t.special = src.flag(a, f, "special", false);
@@ -1431,49 +1443,54 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     t.lstrip = src.flag(a, f, "lstrip", false);
     t.rstrip = src.flag(a, f, "rstrip", false);
     t.normalized = src.flag(a, f, "normalized", !t.special);
-    const auto in_model = im.model.vocab.find(t.content);
-    t.id = in_model != im.model.vocab.end() ? in_model->second : src.token_id(src.at(a, f, "id"), f + ".id");
-    if (t.content.empty() || im.added_ids.count(t.content)) continue;
-    im.added_ids[t.content] = t.id;
-    im.added.push_back(std::move(t));
+    const auto in_model = model.vocab.find(t.content);
+    t.id = in_model != model.vocab.end() ? in_model->second : src.token_id(src.at(a, f, "id"), f + ".id");
+    if (t.content.empty() || added_ids.count(t.content)) continue;
+    added_ids[t.content] = t.id;
+    added.push_back(std::move(t));
   }
-  for (const AddedToken& t : im.added) {
+  for (const AddedToken& t : added) {
     if (!t.normalized) {
-      im.raw_matcher.add(t.content, &t);
+      raw_matcher.add(t.content, &t);
     } else {
       std::string pattern = t.content;
-      if (im.normalizer) im.normalizer->apply(pattern);
-      im.normalized_matcher.add(std::move(pattern), &t);
+      if (normalizer) normalizer->apply(pattern);
+      normalized_matcher.add(std::move(pattern), &t);
     }
   }
-  im.raw_matcher.build();
-  im.normalized_matcher.build();
+  raw_matcher.build();
+  normalized_matcher.build();
+}
 
+// id -> token and the id flags (exists, special) over the model's vocabulary and added tokens.
+void Tokenizer::Impl::build_id_tables(const Source& src) {
   int32_t max_id = -1;
-  for (const auto& [token, id] : im.model.vocab) max_id = std::max(max_id, id);
-  for (const AddedToken& t : im.added) max_id = std::max(max_id, t.id);
+  for (const auto& [token, id] : model.vocab) max_id = std::max(max_id, id);
+  for (const AddedToken& t : added) max_id = std::max(max_id, t.id);
   // Ids index tables; the largest real vocabularies have a few hundred thousand tokens.
   constexpr int32_t kMaxTokenId = (1 << 24) - 1;
   if (max_id > kMaxTokenId)
     src.fail("model.vocab", "token id " + std::to_string(max_id) + " is larger than zof accepts (" +
                                 std::to_string(kMaxTokenId) + "); the file is damaged");
-  im.tokens.assign(static_cast<size_t>(max_id + 1), std::string());
-  im.id_flags.assign(static_cast<size_t>(max_id + 1), 0);
-  for (const auto& [token, id] : im.model.vocab) {
-    im.tokens[static_cast<size_t>(id)] = token;
-    im.id_flags[static_cast<size_t>(id)] = 1;
+  tokens.assign(static_cast<size_t>(max_id + 1), std::string());
+  id_flags.assign(static_cast<size_t>(max_id + 1), 0);
+  for (const auto& [token, id] : model.vocab) {
+    tokens[static_cast<size_t>(id)] = token;
+    id_flags[static_cast<size_t>(id)] = 1;
   }
   std::unordered_set<std::string> special;
-  for (const AddedToken& t : im.added) {
-    im.tokens[static_cast<size_t>(t.id)] = t.content;
-    im.id_flags[static_cast<size_t>(t.id)] = 1;
+  for (const AddedToken& t : added) {
+    tokens[static_cast<size_t>(t.id)] = t.content;
+    id_flags[static_cast<size_t>(t.id)] = 1;
     if (t.special) special.insert(t.content);
   }
   // decode's skip_special_tokens goes by the token's text, as tokenizers' is_special_token does.
-  for (size_t id = 0; id < im.tokens.size(); ++id)
-    if (im.id_flags[id] && special.count(im.tokens[id])) im.id_flags[id] |= 2;
+  for (size_t id = 0; id < tokens.size(); ++id)
+    if (id_flags[id] && special.count(tokens[id])) id_flags[id] |= 2;
+}
 
-  // BOS/EOS/PAD: tokenizer_config.json, else special_tokens_map.json.
+// BOS/EOS/PAD: tokenizer_config.json, else special_tokens_map.json.
+void Tokenizer::Impl::load_special_ids(const std::string& dir) {
   std::vector<std::pair<Source, json>> configs;
   for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
     const fs::path p = fs::path(dir) / name;
@@ -1483,14 +1500,13 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     for (const auto& [csrc, cfg] : configs) {
       if (!cfg.is_object() || !cfg.contains(key)) continue;
       const auto name = special_token_name(csrc, cfg, key);
-      return name ? im.find_id(*name) : -1;
+      return name ? find_id(*name) : -1;
     }
     return -1;
   };
-  im.bos = resolve("bos_token");
-  im.eos = resolve("eos_token");
-  im.pad = resolve("pad_token");
-  return tok;
+  bos = resolve("bos_token");
+  eos = resolve("eos_token");
+  pad = resolve("pad_token");
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

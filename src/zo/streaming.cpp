@@ -99,7 +99,6 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
     host_planes_.push_back(p);
   }
   const int planes = num_planes();
-  auto bytes = [&](int b) { return block_bytes(model, b, planes); };
   ZOF_CHECK(budget >= min_bytes(model, planes),
             "a streaming budget of " + format_bytes(budget) + " for the blocks is below the " +
                 format_bytes(min_bytes(model, planes)) +
@@ -111,10 +110,21 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
       param_block_[pi] = b;
       param_off_[pi] = (params[pi].data - model.storage()) - blocks[b].offset;
     }
+  plan(planes);
+  allocate(planes);
+  res_consumed_ = be.create_event();
+  // The weights' master (the Model's storage) is ordinary memory: page-lock it so that uploads
+  // and write-backs overlap the compute (the optimizer-state planes are pinned already).
+  pinned_master_ = be.register_host(model.storage(), size_t(model.storage_size()) * sizeof(float));
+}
 
-  // ---- the plan: which blocks stay, how many slots -------------------------------------------
+// The plan: which blocks stay resident, how many slots the rest stream through.
+void BlockStreamer::plan(int planes) {
+  const int nb = (int)model_.blocks().size();
+  const size_t budget = budget_;
+  auto bytes = [&](int b) { return block_bytes(model_, b, planes); };
   resident_.assign(nb, false);
-  if (all_resident_bytes(model, planes) <= budget) {
+  if (all_resident_bytes(model_, planes) <= budget) {
     resident_.assign(nb, true);
   } else {
     // Largest first (each resident byte is two bytes of traffic saved per walk), as long as the
@@ -151,8 +161,13 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
     slots_.resize(k);
     slot_stride_ = slot_bytes_ / planes / sizeof(float);
   }
+}
 
-  // ---- device memory, streams, events ---------------------------------------------------------
+// Device memory for the resident blocks and the slots, the copy streams and the events.
+void BlockStreamer::allocate(int planes) {
+  Backend& be = be_;
+  const int nb = (int)model_.blocks().size();
+  auto bytes = [&](int b) { return block_bytes(model_, b, planes); };
   compute_ = be.default_stream();
   up_ = be.create_stream();
   down_ = be.create_stream();
@@ -187,10 +202,6 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
       if (s.base) be.free(s.base);
     throw;
   }
-  res_consumed_ = be.create_event();
-  // The weights' master (the Model's storage) is ordinary memory: page-lock it so that uploads
-  // and write-backs overlap the compute (the optimizer-state planes are pinned already).
-  pinned_master_ = be.register_host(model.storage(), size_t(model.storage_size()) * sizeof(float));
 }
 
 BlockStreamer::~BlockStreamer() {
