@@ -227,6 +227,12 @@ zof::Model one_layer_model(const Shape& s) {
   return zof::Model::random(zof::ModelConfig::from_json(j, s.name), 100);
 }
 
+// A streaming budget that keeps every block of m resident: at least the streamer's minimum, two
+// slots of the largest block, which the one layer outweighs the rest of the model by far.
+size_t resident_budget(const zof::Model& m) {
+  return std::max(zof::BlockStreamer::all_resident_bytes(m), zof::BlockStreamer::min_bytes(m));
+}
+
 // The same block in fp32 through src's own definition, zof::Forward::layer over the CUDA
 // backend's fp32 entries (strict fp32 GEMMs, TF32 off; the generic attention): the layer every
 // walk of the trainer runs, its weights resident in device memory.
@@ -235,7 +241,7 @@ class Fp32Block {
   Fp32Block(zof::CudaBackend& be, const Shape& s, int64_t max_tokens)
       : be_(be),
         model_(one_layer_model(s)),
-        weights_(model_, be, zof::BlockStreamer::all_resident_bytes(model_)),
+        weights_(model_, be, resident_budget(model_)),
         fwd_(model_, be, max_tokens) {}
 
   // Median seconds of the layer over T tokens of one sequence (no padding: no key mask).

@@ -7,6 +7,7 @@
 // (Forward::nll, the walk evaluation runs) for comparison.
 // bench/gpu/mezo_peer.py times PyTorch/transformers' MeZO step on the same config and batch.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -66,7 +67,9 @@ int main(int argc, char** argv) {
     zof::ZOEngine zo(model, *be, rows, opt);
     // Room for every block beside the engine's buffers: all resident, as in a run whose model
     // fits (the trainer's --device cuda without --gpu-mem).
-    const size_t blocks = zof::BlockStreamer::all_resident_bytes(model, 1 + zo.state_planes());
+    const int planes = 1 + zo.state_planes();
+    const size_t blocks = std::max(zof::BlockStreamer::all_resident_bytes(model, planes),
+                                   zof::BlockStreamer::min_bytes(model, planes));
     ZOF_CHECK(be->free_memory() >= blocks,
               "zo_bench keeps the whole model on the device: its blocks need " +
                   zof::format_bytes(blocks) + " beside the engine's buffers, the device has " +

@@ -76,12 +76,19 @@ std::vector<std::string> golden_models() {
   return out;
 }
 
+// A streaming budget that keeps every block of m resident (the streamer takes no less than two
+// slots of the largest block, more than the whole of a model that one block dominates).
+size_t resident_budget(const zof::Model& m, int planes = 1) {
+  return std::max(zof::BlockStreamer::all_resident_bytes(m, planes),
+                  zof::BlockStreamer::min_bytes(m, planes));
+}
+
 // Forward on a device backend, the model's blocks all resident in device memory (the engine's
 // evaluation reads them the same way).
 class ResidentForward {
  public:
   ResidentForward(zof::Model& model, zof::Backend& be, int64_t max_rows)
-      : weights_(model, be, zof::BlockStreamer::all_resident_bytes(model)),
+      : weights_(model, be, resident_budget(model)),
         fwd_(model, be, max_rows) {
     fwd_.set_weights(&weights_);
   }
@@ -248,8 +255,8 @@ TEST_P(GpuZOStep, MatchesCpuStep) {
   auto be = zof::make_cuda_backend(0);
   zof::ZOEngine cpu_zo(cpu_model, *cpu, rows, opt);
   zof::ZOEngine gpu_zo(gpu_model, *be, rows, chunked);
-  const size_t blocks = zof::BlockStreamer::all_resident_bytes(gpu_model, 1 + gpu_zo.state_planes());
-  gpu_zo.enable_streaming(gpu_zo.buffer_bytes() + blocks);
+  gpu_zo.enable_streaming(gpu_zo.buffer_bytes() +
+                          resident_budget(gpu_model, 1 + gpu_zo.state_planes()));
   ASSERT_TRUE(gpu_zo.streamer()->all_resident()) << gpu_zo.streamer()->describe();
 
   // Step 0: losses at theta +/- eps z_j.
