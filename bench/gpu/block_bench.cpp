@@ -1,9 +1,11 @@
 // Forward throughput of one transformer block on the GPU, random weights: LLaMA-7B-shaped
 // (RMSNorm, RoPE, MHA, SwiGLU) and OPT-13B-shaped (LayerNorm, biases, ReLU) blocks at several
-// token counts, in bf16 (the CudaBackend bf16 entries: cuBLASLt bf16 GEMMs, the tensor-core flash
-// attention) and in fp32 (the Backend interface, TF32 off). Prints TFLOP/s and MFU against the
-// GPU's dense bf16 peak, the split between GEMMs and attention, and the anchors: pinned
-// host<->device bandwidth and cuBLASLt bf16 GEMM TFLOP/s at LLM shapes. Markdown on stdout.
+// token counts. fp32: src's own layer, zof::Forward::layer, over the CUDA backend's fp32 entries
+// (TF32 off), the block the trainer's walks run. bf16: the CudaBackend bf16 entries (cuBLASLt
+// bf16 GEMMs, the tensor-core flash attention) composed into a block here, since src has no bf16
+// block yet; a peer measurement of those kernels. Prints TFLOP/s and MFU against the GPU's dense
+// bf16 peak, the split between GEMMs and attention, and the anchors: pinned host<->device
+// bandwidth and cuBLASLt bf16 GEMM TFLOP/s at LLM shapes. Markdown on stdout.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -12,13 +14,20 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "zof/config.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
+#include "zof/forward.h"
+#include "zof/model.h"
 #include "zof/philox.h"
+#include "zof/streaming.h"
 
 namespace {
 
@@ -199,57 +208,66 @@ BlockTimes bf16_block(zof::CudaBackend& be, const Shape& s, int64_t T, int iters
   return r;
 }
 
-// The same block through the fp32 Backend interface (strict fp32 GEMMs, generic attention).
-double fp32_block(zof::CudaBackend& be, const Shape& s, int64_t T, int iters) {
-  Pool pool(be);
-  const int64_t C = s.C, Hq = s.H * s.D, Hk = s.Hkv * s.D, I = s.I;
-  uint32_t t = 100;
-  float *wq = pool.normal_f32(Hq * C, 0.02f, t++), *wk = pool.normal_f32(Hk * C, 0.02f, t++);
-  float *wv = pool.normal_f32(Hk * C, 0.02f, t++), *wo = pool.normal_f32(C * Hq, 0.02f, t++);
-  float *w1 = pool.normal_f32(I * C, 0.02f, t++), *w2 = pool.normal_f32(C * I, 0.02f, t++);
-  float* wu = s.llama ? pool.normal_f32(I * C, 0.02f, t++) : nullptr;
-  float *ln_w = pool.fill(C, 1.0f), *ln_b = pool.fill(C, 0.0f);
-  float* bias = s.llama ? nullptr : pool.fill(std::max(I, std::max(C, Hq)), 0.01f);
-  float* h = pool.normal_f32(T * C, 1.0f, t++);
-  float *xn = pool.get<float>(T * C), *q = pool.get<float>(T * Hq), *k = pool.get<float>(T * Hk);
-  float *v = pool.get<float>(T * Hk), *att = pool.get<float>(T * Hq), *tmp = pool.get<float>(T * C);
-  float *f1 = pool.get<float>(T * I), *f2 = pool.get<float>(T * I);
-  std::vector<int32_t> pos_h(T);
-  for (int64_t i = 0; i < T; ++i) pos_h[i] = int32_t(i);
-  int32_t* pos = pool.get<int32_t>(T);
-  be.copy_to_device(pos, pos_h.data(), size_t(T) * 4, nullptr);
-  auto norm = [&](const float* x, float* y) {
-    if (s.llama)
-      be.rms_norm(x, ln_w, y, T, C, 1e-6f);
-    else
-      be.layer_norm(x, ln_w, ln_b, y, T, C, 1e-5f);
-  };
-  auto block = [&] {
-    norm(h, xn);
-    be.matmul(xn, wq, bias, q, T, Hq, C);
-    be.matmul(xn, wk, bias, k, T, Hk, C);
-    be.matmul(xn, wv, bias, v, T, Hk, C);
-    if (s.llama) {
-      be.rope(q, pos, T, s.H, s.D, 10000.0f);
-      be.rope(k, pos, T, s.Hkv, s.D, 10000.0f);
-    }
-    be.attention(q, k, v, att, nullptr, 1, T, T, s.H, s.Hkv, s.D, 0, 1.0f / std::sqrt(float(s.D)));
-    be.matmul(att, wo, bias, tmp, T, C, Hq);
-    be.add(h, tmp, T * C);
-    norm(h, xn);
-    be.matmul(xn, w1, bias, f1, T, I, C);
-    if (s.llama) {
-      be.matmul(xn, wu, nullptr, f2, T, I, C);
-      be.silu_mul(f1, f2, f1, T * I);
-    } else {
-      be.relu(f1, T * I);
-    }
-    be.matmul(f1, w2, bias, tmp, T, C, I);
-    be.add(h, tmp, T * C);
-  };
-  Timer timer(cudaStream_t(be.native_stream(nullptr)));
-  return timer.median(iters, block);
+// A one-layer model of the block's shape with random weights (Model::random), its vocabulary
+// tiny: only the layer runs. The context is the real models' 2048; the bench's longer sequences
+// pass because only Forward::upload checks it and the layer reads no position table.
+zof::Model one_layer_model(const Shape& s) {
+  nlohmann::json j = {{"vocab_size", 64}, {"hidden_size", s.C}, {"num_hidden_layers", 1},
+                      {"num_attention_heads", s.H}, {"max_position_embeddings", 2048},
+                      {"bos_token_id", 1}, {"eos_token_id", 2}, {"tie_word_embeddings", false}};
+  if (s.llama) {
+    j.update({{"model_type", "llama"}, {"intermediate_size", s.I}, {"num_key_value_heads", s.Hkv},
+              {"head_dim", s.D}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
+              {"hidden_act", "silu"}});
+  } else {
+    ZOF_CHECK(s.Hkv == s.H && s.C == s.H * s.D, s.name + ": OPT has neither GQA nor a head_dim");
+    j.update({{"model_type", "opt"}, {"ffn_dim", s.I}, {"do_layer_norm_before", true},
+              {"activation_function", "relu"}, {"enable_bias", true}});
+  }
+  return zof::Model::random(zof::ModelConfig::from_json(j, s.name), 100);
 }
+
+// A streaming budget that keeps every block of m resident: at least the streamer's minimum, two
+// slots of the largest block, which the one layer outweighs the rest of the model by far.
+size_t resident_budget(const zof::Model& m) {
+  return std::max(zof::BlockStreamer::all_resident_bytes(m), zof::BlockStreamer::min_bytes(m));
+}
+
+// The same block in fp32 through src's own definition, zof::Forward::layer over the CUDA
+// backend's fp32 entries (strict fp32 GEMMs, TF32 off; the generic attention): the layer every
+// walk of the trainer runs, its weights resident in device memory.
+class Fp32Block {
+ public:
+  Fp32Block(zof::CudaBackend& be, const Shape& s, int64_t max_tokens)
+      : be_(be),
+        model_(one_layer_model(s)),
+        weights_(model_, be, resident_budget(model_)),
+        fwd_(model_, be, max_tokens) {}
+
+  // Median seconds of the layer over T tokens of one sequence (no padding: no key mask).
+  double time(Timer& timer, int64_t T, int iters) {
+    Pool pool(be_);
+    float* h = pool.normal_f32(T * model_.config().hidden_size, 1.0f, 200);
+    std::vector<int32_t> pos_h(T);
+    for (int64_t i = 0; i < T; ++i) pos_h[i] = int32_t(i);
+    int32_t* pos = pool.get<int32_t>(T);
+    be_.copy_to_device(pos, pos_h.data(), size_t(T) * 4, nullptr);
+    weights_.begin_walk({1});
+    weights_.acquire(1);
+    const zof::LayerWeights w =
+        model_.layer(0, [&](int pi) -> const float* { return weights_.param(pi); });
+    const double t =
+        timer.median(iters, [&] { fwd_.layer(0, w, h, 1, T, pos, nullptr, nullptr); });
+    weights_.release(1, false);
+    return t;
+  }
+
+ private:
+  zof::CudaBackend& be_;
+  zof::Model model_;
+  zof::BlockStreamer weights_;
+  zof::Forward fwd_;
+};
 
 }  // namespace
 
@@ -271,6 +289,8 @@ int main(int argc, char** argv) {
     std::vector<int64_t> tokens;
     std::stringstream ss(tokens_arg);
     for (std::string t; std::getline(ss, t, ',');) tokens.push_back(std::stoll(t));
+    ZOF_CHECK(!tokens.empty() && *std::min_element(tokens.begin(), tokens.end()) > 0,
+              "--tokens: one or more positive token counts, comma-separated");
     auto be = zof::make_cuda_backend(0);
     Timer timer(cudaStream_t(be->native_stream(nullptr)));
 
@@ -279,7 +299,10 @@ int main(int argc, char** argv) {
                 double(info.total_memory) / (1 << 30), info.driver.c_str(), peak);
     std::printf("| block | dtype | tokens | ms | TFLOP/s | MFU | GEMM TFLOP/s | attention TFLOP/s |\n");
     std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
+    const int64_t max_tokens = *std::max_element(tokens.begin(), tokens.end());
     for (const Shape& s : {kLlama7B, kOpt13B}) {
+      std::unique_ptr<Fp32Block> block32;
+      if (fp32) block32 = std::make_unique<Fp32Block>(*be, s, max_tokens);
       for (int64_t T : tokens) {
         const double fg = gemm_flops(s, T), fa = attention_flops(s, T), f = fg + fa;
         const BlockTimes b = bf16_block(*be, s, T, iters);
@@ -288,7 +311,7 @@ int main(int argc, char** argv) {
                     fg / b.gemm / 1e12, fa / b.attention / 1e12);
         std::fflush(stdout);
         if (fp32) {
-          const double t32 = fp32_block(*be, s, T, std::max(1, iters / 2));
+          const double t32 = block32->time(timer, T, std::max(1, iters / 2));
           std::printf("| %s | fp32 (no TF32) | %lld | %.2f | %.1f | — | — | — |\n", s.name.c_str(),
                       (long long)T, t32 * 1e3, f / t32 / 1e12);
           std::fflush(stdout);

@@ -54,8 +54,8 @@ SKIP_N=$(grep -oE "^\[  SKIPPED \] [0-9]+" "$RES/gpu_tests.log" | grep -oE "[0-9
 say "block_bench"
 timeout 240 "$BUILD/block_bench" --tokens 2048,8192,16384 --iters 5 >"$RES/block_bench.md" 2>"$RES/block_bench.err" \
   || { status=1; cat "$RES/block_bench.err" >&2; }
-say "zo_bench (zof, fp32)"
-timeout 180 "$BUILD/zo_bench" --batch 8 --seq 512 --steps 3 >"$RES/zo_bench.json" 2>"$RES/zo_bench.err" \
+say "zo_bench (src's ZOEngine step, fp32, model built on the host and resident on the GPU)"
+timeout 240 "$BUILD/zo_bench" --batch 8 --seq 512 --steps 3 >"$RES/zo_bench.json" 2>"$RES/zo_bench.err" \
   || { status=1; cat "$RES/zo_bench.err" >&2; }
 say "stream_bench (src's engine on the GPU, weights streamed from host memory)"
 timeout 150 "$BUILD/stream_bench" --device cuda --model-config llama-125m --batch 8 --seq 512 \
@@ -88,7 +88,8 @@ timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/me
   echo
   cat "$RES/stream_bench.md" 2>/dev/null
   echo
-  echo "MeZO step, ~1.1B LLaMA-shaped model (bench/gpu/tinyllama_1b.json), fp32 resident, batch 8 x 512:"
+  echo "MeZO step, ~1.1B LLaMA-shaped model (bench/gpu/tinyllama_1b.json), fp32 resident, batch 8 x 512"
+  echo "(zof: src/zo's ZOEngine, the trainer's step, on the CUDA backend):"
   echo
   "$PY" - "$RES/zo_bench.json" "$RES/mezo_peer.json" <<'PYEOF' 2>/dev/null || cat "$RES/zo_bench.json" "$RES/mezo_peer.json"
 import json, sys

@@ -1,18 +1,24 @@
-// ZO step throughput on the GPU: the MeZO step (two-point SPSA, q directions, the previous
-// update fused into the next perturbation) of a ~1B LLaMA-shaped model with random weights,
-// resident in GPU memory in fp32, through tests/gpu/device_walk.h over the CUDA backend.
-// Prints one JSON line: step seconds and tokens/s, and a plain forward's for comparison.
+// ZO step throughput on the GPU: src/zo's ZOEngine step as the trainer runs it (perturbed_losses
+// + projected_gradients + schedule_update: two-point SPSA, q directions, the previous update
+// fused into the next walk) over the CUDA backend, for a ~1B LLaMA-shaped model with random
+// weights built on the host (Model::random) and resident in GPU memory in fp32 (enable_streaming
+// with room for every block, so nothing streams after the first upload).
+// Prints one JSON line: step seconds and tokens/s, and the engine's plain forward with loss
+// (Forward::nll, the walk evaluation runs) for comparison.
 // bench/gpu/mezo_peer.py times PyTorch/transformers' MeZO step on the same config and batch.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <tuple>
+#include <string>
+#include <vector>
 
-#include "gpu/device_walk.h"
 #include "zof/config.h"
 #include "zof/cuda.h"
+#include "zof/error.h"
 #include "zof/model.h"
+#include "zof/streaming.h"
 #include "zof/zo.h"
 
 namespace {
@@ -36,17 +42,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     ZOF_CHECK(zof::cuda_device_count() > 0, "zo_bench needs a CUDA device; none is visible");
-    zof::ModelConfig cfg = zof::ModelConfig::load(config);
-    const int layers = (int)cfg.num_layers;
-    zof::ModelConfig one = cfg;
-    one.num_layers = 1;
-    // One layer built on the host, replicated on the device: the full model never exists on the host.
-    const zof::Model layout = zof::Model::random(one, 1);
-    auto be = zof::make_cuda_backend(0);
-    auto dm = zof::gpu::DeviceModel::replicate(*be, layout, layers);
-    int64_t params = 0;
-    for (const auto& b : dm.blocks)
-      for (const auto& t : b.tensors) params += t.numel;
+    ZOF_CHECK(batch > 0 && seq > 1 && steps > 0 && queries > 0,
+              "--batch, --steps and --queries must be positive, --seq at least 2");
+    const zof::ModelConfig cfg = zof::ModelConfig::load(config);
+    const auto t_build = std::chrono::steady_clock::now();
+    zof::Model model = zof::Model::random(cfg, 1);  // the host master (fp32, ~4.4 GB at 1.1B)
+    std::fprintf(stderr, "zo_bench: %lld parameters built on the host in %.1f s\n",
+                 (long long)model.num_params(), seconds_since(t_build));
 
     std::mt19937 rng(5);
     std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(batch),
@@ -61,31 +63,35 @@ int main(int argc, char** argv) {
     opt.eps = 1e-3f;
     opt.queries = queries;
     opt.seed = 1;
-    zof::gpu::DeviceZO zo(dm, *be, rows, opt, 1024);
-    auto step = [&](uint32_t s, const std::vector<double>& g_prev) {
-      if (s > 0) zo.set_pending(zof::ZOEngine::make_update(opt, s - 1, 1e-6f, g_prev));
-      const zof::QueryLosses l = zo.perturbed_losses(s, micro);
-      std::vector<double> g(l.sum_plus.size());
-      for (size_t j = 0; j < g.size(); ++j) g[j] = (l.sum_plus[j] - l.sum_minus[j]) / l.count / (2.0 * opt.eps);
-      return std::make_pair(g, l.sum_plus[0] / l.count);
-    };
-    std::vector<double> g;
+    auto be = zof::make_cuda_backend(0);
+    zof::ZOEngine zo(model, *be, rows, opt);
+    // Room for every block beside the engine's buffers: all resident, as in a run whose model
+    // fits (the trainer's --device cuda without --gpu-mem).
+    const int planes = 1 + zo.state_planes();
+    const size_t blocks = std::max(zof::BlockStreamer::all_resident_bytes(model, planes),
+                                   zof::BlockStreamer::min_bytes(model, planes));
+    ZOF_CHECK(be->free_memory() >= blocks,
+              "zo_bench keeps the whole model on the device: its blocks need " +
+                  zof::format_bytes(blocks) + " beside the engine's buffers, the device has " +
+                  zof::format_bytes(be->free_memory()) + " free; pick a smaller --model-config");
+    zo.enable_streaming(zo.buffer_bytes() + blocks);
+    ZOF_CHECK(zo.streamer()->all_resident(), "not all resident: " + zo.streamer()->describe());
+
     double loss = 0;
-    std::tie(g, loss) = step(0, {});
+    auto step = [&](uint32_t s) {
+      const zof::QueryLosses l = zo.perturbed_losses(s, micro);
+      zo.schedule_update(s, 1e-6f, zo.projected_gradients(l));
+      loss = l.sum_plus[0] / l.count;
+    };
+    step(0);  // warm-up: uploads the blocks; the timed steps apply the previous update fused
     const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 1; s <= steps; ++s) std::tie(g, loss) = step(uint32_t(s), g);
+    for (int s = 1; s <= steps; ++s) step(uint32_t(s));
     const double step_s = seconds_since(t0) / steps;
 
-    // A plain forward with loss (no perturbation) of the same batch, for the step's overhead.
-    auto& fwd = zo.forward();
-    const auto in = fwd.upload(lb.batch, &lb.targets);
-    zof::gpu::DeviceArray<float> h(*be, rows * cfg.hidden_size), nll(*be, rows);
-    auto forward = [&] {
-      fwd.embed(dm.embed(), in, h.get());
-      for (int i = 0; i < layers; ++i) fwd.layer(dm.layer(i), h.get(), in);
-      fwd.head_nll(dm.head(), h.get(), in, nll.get());
-      be->synchronize(nullptr);
-    };
+    // A plain forward with loss (no perturbation) of the same batch, for the step's overhead: the
+    // engine's own Forward, reading the resident blocks (the pending update stays pending).
+    std::vector<float> nll(static_cast<size_t>(rows));
+    auto forward = [&] { zo.forward().nll(lb.batch, lb.targets.data(), nll.data()); };
     forward();
     const auto t1 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; ++s) forward();
@@ -94,7 +100,7 @@ int main(int argc, char** argv) {
     std::printf("{\"impl\": \"zof\", \"dtype\": \"fp32\", \"params\": %lld, \"batch\": %lld, "
                 "\"seq\": %lld, \"queries\": %d, \"step_s\": %.4f, \"tokens_per_s\": %.1f, "
                 "\"forward_s\": %.4f, \"loss\": %.4f}\n",
-                (long long)params, (long long)batch, (long long)seq, queries, step_s,
+                (long long)model.num_params(), (long long)batch, (long long)seq, queries, step_s,
                 double(rows) / step_s, fwd_s, loss);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zo_bench: %s\n", e.what());

@@ -1,9 +1,12 @@
-// Whole models on the GPU (the device walk of device_walk.h over the CUDA backend): logits of
-// every golden model against transformers' fp64 forward and against the CPU forward, twice with
-// identical bits; the ZO step (dual forward, fused update) against the CPU ZOEngine: losses to
-// fp32 accuracy, the updated weights bit for bit when both apply the same update; and
-// src/zo's ZOEngine itself on the CUDA backend, streaming, against the CPU engine.
+// Whole models on the GPU through src's own classes over the CUDA backend, the weights on the
+// device through a BlockStreamer as the trainer's walks read them: Forward's logits of every
+// golden model against transformers' fp64 forward and against the CPU forward, twice with
+// identical bits, and its per-token NLL over several head chunks against transformers; the
+// ZOEngine step (dual forward, fused update) against the CPU engine, all resident and streamed:
+// losses to fp32 accuracy, the updated weights bit for bit when both apply the same update; the
+// JVP walk against the CPU walk; and `zof finetune --device cuda` against the CPU run.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
-#include "gpu/device_walk.h"
 #include "gpu/gpu_test.h"
+#include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/jvp.h"
 #include "zof/model.h"
@@ -73,16 +76,36 @@ std::vector<std::string> golden_models() {
   return out;
 }
 
-// The model's logits (B*T, V) on the GPU.
-std::vector<float> gpu_logits(zof::Backend& be, const zof::Model& model, const zof::Batch& batch) {
-  auto dm = zof::gpu::DeviceModel::upload(be, model);
-  const int64_t rows = batch.B * batch.T;
-  zof::gpu::DeviceForward fwd(model.config(), be, rows);
-  auto in = fwd.upload(batch);
-  zof::gpu::DeviceArray<float> h(be, rows * model.config().hidden_size);
-  zof::gpu::DeviceArray<float> logits(be, rows * model.config().vocab_size);
-  fwd.logits(dm, in, h.get(), logits.get());
-  return logits.download();
+// A streaming budget that keeps every block of m resident (the streamer takes no less than two
+// slots of the largest block, more than the whole of a model that one block dominates).
+size_t resident_budget(const zof::Model& m, int planes = 1) {
+  return std::max(zof::BlockStreamer::all_resident_bytes(m, planes),
+                  zof::BlockStreamer::min_bytes(m, planes));
+}
+
+// Forward on a device backend, the model's blocks all resident in device memory (the engine's
+// evaluation reads them the same way).
+class ResidentForward {
+ public:
+  ResidentForward(zof::Model& model, zof::Backend& be, int64_t max_rows)
+      : weights_(model, be, resident_budget(model)),
+        fwd_(model, be, max_rows) {
+    fwd_.set_weights(&weights_);
+  }
+  zof::Forward& operator*() { return fwd_; }
+  zof::Forward* operator->() { return &fwd_; }
+
+ private:
+  zof::BlockStreamer weights_;  // declared first: outlives the Forward that reads it
+  zof::Forward fwd_;
+};
+
+// The model's logits (B*T, V) on the device.
+std::vector<float> device_logits(zof::Backend& be, zof::Model& model, const zof::Batch& batch) {
+  ResidentForward fwd(model, be, batch.B * batch.T);
+  std::vector<float> logits;
+  fwd->logits(batch, logits);
+  return logits;
 }
 
 class GpuGolden : public ::testing::TestWithParam<std::string> {};
@@ -96,7 +119,7 @@ TEST_P(GpuGolden, LogitsMatchTransformersAndCpu) {
   zof::Model model = zof::Model::load(g.model_dir);
   const int64_t V = model.config().vocab_size, T_file = g.meta["input_ids"][0].size();
   auto be = zof::make_cuda_backend(0);
-  const std::vector<float> logits = gpu_logits(*be, model, g.batch);
+  const std::vector<float> logits = device_logits(*be, model, g.batch);
   double max_rel = 0;
   for (int64_t b = 0; b < g.batch.B; ++b)
     for (int64_t t = 0; t < g.batch.lengths[b]; ++t) {
@@ -126,22 +149,32 @@ TEST_P(GpuGolden, LogitsMatchTransformersAndCpu) {
       }
   EXPECT_TRUE(zof::gpu_test::close(a, b, 2e-5)) << name << ": GPU vs CPU";
 
-  // Per-token next-token NLL on the device against transformers.
-  auto lb = zof::LossBatch::next_token(g.batch);
-  auto dm = zof::gpu::DeviceModel::upload(*be, model);
-  const int64_t rows = g.batch.B * g.batch.T;
-  zof::gpu::DeviceForward fwd(model.config(), *be, rows, 7);  // 7: several head chunks
-  auto in = fwd.upload(lb.batch, &lb.targets);
-  zof::gpu::DeviceArray<float> h(*be, rows * model.config().hidden_size), nll(*be, rows);
-  fwd.embed(dm.embed(), in, h.get());
-  for (int64_t i = 0; i < dm.num_layers(); ++i) fwd.layer(dm.layer(int(i)), h.get(), in);
-  fwd.head_nll(dm.head(), h.get(), in, nll.get());
-  const auto got = nll.download();
-  for (int64_t r = 0; r < g.batch.B; ++r)
-    for (int64_t t = 0; t + 1 < g.batch.lengths[r]; ++t) {
-      const float ref = g.nll[r * (T_file - 1) + t];
-      EXPECT_NEAR(got[r * g.batch.T + t], ref, 1e-4 * std::max(1.f, std::fabs(ref)));
+  // Per-token next-token NLL on the device against transformers, the golden rows repeated until
+  // more than three times 256 rows are scored: Forward::nll forms the LM head's logits 256
+  // scored rows at a time (forward.cpp), so the head runs in several chunks, the last one ragged.
+  int64_t scored = 0;
+  for (int64_t r = 0; r < g.batch.B; ++r) scored += g.batch.lengths[r] - 1;
+  ASSERT_GT(scored, 0);
+  const int64_t copies = 3 * 256 / scored + 1;
+  std::vector<std::vector<int32_t>> seqs;
+  for (int64_t c = 0; c < copies; ++c)
+    for (int64_t r = 0; r < g.batch.B; ++r) {
+      const int32_t* row = g.batch.ids.data() + r * g.batch.T;
+      seqs.emplace_back(row, row + g.batch.lengths[r]);
     }
+  const zof::Batch repeated = zof::Batch::from_sequences(seqs);
+  ASSERT_EQ(repeated.T, g.batch.T);
+  ResidentForward fwd(model, *be, repeated.B * repeated.T);
+  std::vector<float> nll;
+  fwd->next_token_nll(repeated, nll);
+  for (int64_t c = 0; c < copies; ++c)
+    for (int64_t r = 0; r < g.batch.B; ++r)
+      for (int64_t t = 0; t + 1 < g.batch.lengths[r]; ++t) {
+        const float ref = g.nll[r * (T_file - 1) + t];
+        EXPECT_NEAR(nll[(c * g.batch.B + r) * repeated.T + t], ref,
+                    1e-4 * std::max(1.f, std::fabs(ref)))
+            << "copy " << c << ", row " << r << ", position " << t;
+      }
 }
 
 TEST_P(GpuGolden, Deterministic) {
@@ -152,7 +185,7 @@ TEST_P(GpuGolden, Deterministic) {
   ZOF_REQUIRE_PATH(g.model_dir);
   zof::Model model = zof::Model::load(g.model_dir);
   auto be = zof::make_cuda_backend(0);
-  const auto a = gpu_logits(*be, model, g.batch), b = gpu_logits(*be, model, g.batch);
+  const auto a = device_logits(*be, model, g.batch), b = device_logits(*be, model, g.batch);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
@@ -195,48 +228,60 @@ void expect_losses_close(const zof::QueryLosses& cpu, const zof::QueryLosses& gp
   }
 }
 
+bool same_weights(const zof::Model& a, const zof::Model& b) {
+  return a.storage_size() == b.storage_size() &&
+         std::memcmp(a.storage(), b.storage(), size_t(a.storage_size()) * sizeof(float)) == 0;
+}
+
+// The trainer's step (perturbed_losses, projected_gradients, schedule_update) of src/zo's engine
+// on the CUDA backend, every block resident, against the CPU engine: step 0's losses; step 1's,
+// with step 0's update fused into its perturbation, and the weights after it bit for bit; then
+// an update applied by flush() alone (no perturbation), bit for bit. Both engines schedule the
+// CPU's g (the GPU's differs by fp32 rounding). The GPU engine forms the LM head's logits in
+// vocabulary chunks of 100 rows (several, the last one ragged), the CPU engine in one.
 TEST_P(GpuZOStep, MatchesCpuStep) {
   zof::ZOStepOptions opt;
   opt.eps = 1e-3f;
   opt.queries = 2;
   opt.seed = 20240601;
   opt.weight_decay = 0.1f;
+  zof::ZOStepOptions chunked = opt;
+  chunked.vocab_chunk = 100;
 
   zof::Model cpu_model = zof::Model::load(g.model_dir);
-  zof::Model gpu_twin = zof::Model::load(g.model_dir);  // layout and host copy of the GPU weights
+  zof::Model gpu_model = zof::Model::load(g.model_dir);  // the GPU engine's host master
+  ASSERT_GT(gpu_model.config().vocab_size, 2 * chunked.vocab_chunk);
   auto cpu = zof::make_cpu_backend(0);
   auto be = zof::make_cuda_backend(0);
   zof::ZOEngine cpu_zo(cpu_model, *cpu, rows, opt);
-  auto dm = zof::gpu::DeviceModel::upload(*be, gpu_twin);
-  zof::gpu::DeviceZO gpu_zo(dm, *be, rows, opt, 5);
+  zof::ZOEngine gpu_zo(gpu_model, *be, rows, chunked);
+  gpu_zo.enable_streaming(gpu_zo.buffer_bytes() +
+                          resident_budget(gpu_model, 1 + gpu_zo.state_planes()));
+  ASSERT_TRUE(gpu_zo.streamer()->all_resident()) << gpu_zo.streamer()->describe();
 
   // Step 0: losses at theta +/- eps z_j.
   const zof::QueryLosses c0 = cpu_zo.perturbed_losses(0, micro);
   const zof::QueryLosses g0 = gpu_zo.perturbed_losses(0, micro);
   expect_losses_close(c0, g0, opt.eps);
+  const std::vector<double> grad0 = cpu_zo.projected_gradients(c0);
+  cpu_zo.schedule_update(0, 1e-3f, grad0);
+  gpu_zo.schedule_update(0, 1e-3f, grad0);
 
-  // Both schedule the CPU's update; step 1 applies it fused with the next perturbation.
-  const zof::PendingUpdate upd = zof::ZOEngine::make_update(opt, 0, 1e-3f, cpu_zo.projected_gradients(c0));
-  cpu_zo.set_pending(upd);
-  gpu_zo.set_pending(upd);
+  // Step 1 applies that update fused with its perturbation.
   const zof::QueryLosses c1 = cpu_zo.perturbed_losses(1, micro);
   const zof::QueryLosses g1 = gpu_zo.perturbed_losses(1, micro);
   expect_losses_close(c1, g1, opt.eps);
-  dm.download(*be, gpu_twin);
-  EXPECT_EQ(0, std::memcmp(cpu_model.storage(), gpu_twin.storage(),
-                           size_t(cpu_model.storage_size()) * sizeof(float)))
-      << "weights after the fused update differ";
+  ASSERT_TRUE(gpu_zo.pending().empty());
+  gpu_zo.flush();  // nothing pending: only writes the device copies back to gpu_model
+  EXPECT_TRUE(same_weights(cpu_model, gpu_model)) << "weights after the fused update differ";
 
   // A flushed update (no perturbation) is bit-identical too.
-  const zof::PendingUpdate upd1 = zof::ZOEngine::make_update(opt, 1, 1e-3f, cpu_zo.projected_gradients(c1));
-  cpu_zo.set_pending(upd1);
+  const std::vector<double> grad1 = cpu_zo.projected_gradients(c1);
+  cpu_zo.schedule_update(1, 1e-3f, grad1);
+  gpu_zo.schedule_update(1, 1e-3f, grad1);
   cpu_zo.flush();
-  gpu_zo.set_pending(upd1);
   gpu_zo.flush();
-  dm.download(*be, gpu_twin);
-  EXPECT_EQ(0, std::memcmp(cpu_model.storage(), gpu_twin.storage(),
-                           size_t(cpu_model.storage_size()) * sizeof(float)))
-      << "weights after flush differ";
+  EXPECT_TRUE(same_weights(cpu_model, gpu_model)) << "weights after flush differ";
 }
 
 // src/zo's own engine on the CUDA backend, its weights streamed from host memory (all

@@ -3,9 +3,7 @@
 // kernel's warp butterfly merges it, RoPE angles and rotation, the online softmax of the
 // attention kernels replayed block by block, the cross-entropy from (max, sum of exp), and the
 // tangent kernels (forward-mode AD) against jvp_ops.h's float64 loops.
-// CI has no GPU; this is where the math of the CUDA backend is checked there. Also the GPU
-// tests' device walk (tests/gpu/device_walk.h) run over the CPU backend against Forward and
-// ZOEngine, so that a GPU failure points at the backend, not at the driver.
+// CI has no GPU; this is where the math of the CUDA backend is checked there.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,8 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda/op_math.h"
-#include "golden_batch.h"
-#include "gpu/device_walk.h"
 #include "zof/backend.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
@@ -496,67 +492,5 @@ TEST(CudaMath, DeviceQueryNeverThrows) {
   }
   EXPECT_THROW(zof::make_cuda_backend(n), zof::Error);
 }
-
-// ---- the device walk over the CPU backend -------------------------------------------------------
-
-using zof::test::golden_batch;
-
-class DeviceWalk : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(DeviceWalk, EqualsForwardAndZOEngineOnCpu) {
-  const std::string dir = std::string(ZOF_SOURCE_DIR) + "/tests/golden/" + GetParam();
-  const zof::LossBatch lb = golden_batch(GetParam());
-  const int64_t rows = lb.batch.B * lb.batch.T;
-  auto cpu = zof::make_cpu_backend(1);
-  zof::Model model = zof::Model::load(dir);
-  const int64_t V = model.config().vocab_size;
-
-  zof::Forward fwd(model, *cpu, rows);
-  std::vector<float> want;
-  fwd.logits(lb.batch, want);
-  auto dm = zof::gpu::DeviceModel::upload(*cpu, model);
-  zof::gpu::DeviceForward dfwd(model.config(), *cpu, rows, 5);
-  auto in = dfwd.upload(lb.batch, &lb.targets);
-  zof::gpu::DeviceArray<float> h(*cpu, rows * model.config().hidden_size), logits(*cpu, rows * V);
-  dfwd.logits(dm, in, h.get(), logits.get());
-  std::vector<float> a, b;  // valid positions only (padding rows hold garbage in both)
-  const auto got = logits.download();
-  for (int64_t r = 0; r < lb.batch.B; ++r)
-    for (int64_t t = 0; t < lb.batch.lengths[r]; ++t)
-      for (int64_t v = 0; v < V; ++v) {
-        a.push_back(want[(r * lb.batch.T + t) * V + v]);
-        b.push_back(got[(r * lb.batch.T + t) * V + v]);
-      }
-  EXPECT_TRUE(close(a, b, 1e-6)) << "logits";
-
-  // The ZO step: two steps, the second with the first's update fused in; then a flush.
-  zof::ZOStepOptions opt;
-  opt.queries = 2;
-  opt.seed = 7;
-  opt.weight_decay = 0.1f;
-  zof::Model cpu_model = zof::Model::load(dir), twin = zof::Model::load(dir);
-  zof::ZOEngine zo(cpu_model, *cpu, rows, opt);
-  auto tm = zof::gpu::DeviceModel::upload(*cpu, twin);
-  zof::gpu::DeviceZO dzo(tm, *cpu, rows, opt, 5);
-  const std::vector<zof::LossBatch> micro = {lb, lb};
-  for (uint32_t step = 0; step < 2; ++step) {
-    const zof::QueryLosses lc = zo.perturbed_losses(step, micro), ld = dzo.perturbed_losses(step, micro);
-    for (int j = 0; j < opt.queries; ++j) {
-      EXPECT_NEAR(lc.sum_plus[j], ld.sum_plus[j], 1e-5 * std::fabs(lc.sum_plus[j])) << step;
-      EXPECT_NEAR(lc.sum_minus[j], ld.sum_minus[j], 1e-5 * std::fabs(lc.sum_minus[j])) << step;
-    }
-    const auto upd = zof::ZOEngine::make_update(opt, step, 1e-3f, zo.projected_gradients(lc));
-    zo.set_pending(upd);
-    dzo.set_pending(upd);
-  }
-  zo.flush();
-  dzo.flush();
-  tm.download(*cpu, twin);
-  EXPECT_EQ(0, std::memcmp(cpu_model.storage(), twin.storage(), size_t(cpu_model.storage_size()) * 4));
-}
-
-INSTANTIATE_TEST_SUITE_P(Models, DeviceWalk,
-                         ::testing::Values("llama_gqa", "qwen2_bias", "opt", "opt350_shape", "gpt2"),
-                         [](const auto& info) { return info.param; });
 
 }  // namespace
