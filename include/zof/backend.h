@@ -4,6 +4,10 @@
 // Backends know no model: ops take raw buffers and sizes; the model graph lives in src/model.
 // Every op is asynchronous with respect to the host on its stream; the CPU backend runs it inline.
 // All tensors are row-major, fp32 activations; shapes are given in comments as (rows, cols).
+// Every op is pure virtual: a backend implements all of them (the host backends share theirs
+// through cpu::HostBackend, src/cpu/host_backend.h), so a device backend that misses one does
+// not compile, instead of running a host loop on device pointers. The only slots with a default
+// are marked optional below, and their defaults touch no memory.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -37,28 +41,37 @@ struct Event;
 class Backend {
  public:
   virtual ~Backend() = default;
+  // What the backend runs on, for logs and errors ("cpu", "reference", "cuda:0", "sim:cpu").
   virtual std::string name() const = 0;
 
   // ---- memory ----------------------------------------------------------------------------
   // Device memory (on the CPU backend: 64-byte aligned host memory). Never returns null: throws
   // zof::Error when the budget is exhausted.
   virtual void* alloc(size_t bytes) = 0;
+  // Returns memory from alloc() once the work queued so far on every stream is done; null is
+  // ignored.
   virtual void free(void* ptr) = 0;
   // Page-locked host memory, the source/target of async copies (CPU backend: aligned memory).
   virtual void* alloc_host_pinned(size_t bytes) = 0;
+  // Returns memory from alloc_host_pinned(); the caller makes sure no copy still uses it.
   virtual void free_host_pinned(void* ptr) = 0;
   // Bytes of device memory still free (CPU backend: available physical memory).
   virtual size_t free_memory() const = 0;
-  // Page-locks existing host memory (cudaHostRegister), so that async copies from and to it do
-  // not stage through a bounce buffer and serialize. false when the backend has nothing to do
-  // (host backends) or could not (the copies still work, synchronously); unregister_host undoes
-  // a true.
+  // Optional. Page-locks existing host memory (cudaHostRegister), so that async copies from and
+  // to it do not stage through a bounce buffer and serialize. false when the backend has nothing
+  // to do (host backends) or could not (the copies still work, synchronously). The default does
+  // nothing and answers false.
   virtual bool register_host(void* ptr, size_t bytes) { return false; }
+  // Optional: undoes a register_host that answered true (the default, nothing to undo).
   virtual void unregister_host(void* ptr) {}
 
   // ---- streams and events --------------------------------------------------------------------
+  // Work on one stream runs in the order it was queued; streams are ordered only by events.
+  // The stream every op runs on when given nullptr.
   virtual Stream* default_stream() = 0;
   virtual Stream* create_stream() = 0;  // owned by the backend, lives until it is destroyed
+  // Async copies of bytes on stream s: host (pinned for overlap) to device, device to host,
+  // device to device. The host buffer must stay valid until s has reached the copy.
   virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, Stream* s) = 0;
   virtual void copy_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
@@ -121,18 +134,18 @@ class Backend {
   //     + lr_wd * theta[i]), accumulated with fmaf in j order from lr_wd * theta[i];
   //  2. when cur: plus[i] = theta[i] + eps * z(cur, tensor, i), minus[i] = theta[i] - eps * z.
   // plus/minus may be null (update only). z is z_group() of philox.h, so every backend produces
-  // the same bits. The default runs on host memory (CPU backends); device backends override.
+  // the same bits.
   virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
                        const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                       float eps, float* plus, float* minus, Stream* s = nullptr);
+                       float eps, float* plus, float* minus, Stream* s = nullptr) = 0;
   // Rows of a (rows, width) tensor at theta +/- eps z(cur), in one launch: for k < n_rows, row
   // rows[k] (elements [rows[k] * width, (rows[k] + 1) * width) of the tensor; theta points at
   // its element 0) goes to plus + k * width and minus + k * width (minus may be null). The same
   // bits as zo_pass over each row. rows in device memory (the batch's distinct token ids: the
-  // ZO walk perturbs only the token-table rows a batch reads). The default runs on host memory.
+  // ZO walk perturbs only the token-table rows a batch reads).
   virtual void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
                        uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
-                       Stream* s = nullptr);
+                       Stream* s = nullptr) = 0;
   // The pending update through optimizer state, elements [first, first + n) of the tensor
   // (theta, m and v point at element first; v is unused by momentum):
   //   gh = sum_j upd[j].coef * z(upd[j].key, tensor, i)   (coef = g_j / q; fmaf in j order from 0;
@@ -140,64 +153,55 @@ class Backend {
   //   momentum: m = beta1 m + (gh + wd theta);  theta -= lr m
   //   adam:     m = beta1 m + (1 - beta1) gh;  v = beta2 v + (1 - beta2) gh^2;
   //             theta -= lr (m bc1 / (sqrt(v bc2) + eps) + wd theta)
-  // The default runs on host memory.
   virtual void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                                int64_t first, const ZOUpdateTerm* upd, int n_update,
-                               const ZOOptimizer& o, Stream* s = nullptr);
+                               const ZOOptimizer& o, Stream* s = nullptr) = 0;
   // Online softmax over a vocabulary split into column chunks: folds logits (rows, n), columns
   // [v0, v0 + n) of the full rows, into per-row running state (max, sum of exp(logit - max),
   // logit of the target; targets < 0 are skipped). Start from max = -inf, sum = 0, target = 0;
   // after the last chunk nll = max + log(sum) - target. Each row is folded in column order, so
-  // the result does not depend on threads. The default runs on host memory.
+  // the result does not depend on threads.
   virtual void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows,
                                    int64_t n, int64_t v0, float* max, float* sum, float* target,
-                                   Stream* s = nullptr);
+                                   Stream* s = nullptr) = 0;
 
   // ---- tangents: forward-mode AD of the ops above (jvp.h's estimator) ------------------------
   // Each takes the primal inputs and their tangents along one direction (a null tangent is
   // zero) and writes only the output tangent, fp32 in and out. Matrix products, RoPE and the
   // embedding are linear and need no rule of their own: their tangent is the op applied to the
-  // tangents. The defaults run jvp_ops.h's host loops (double accumulation); device backends
-  // override them.
+  // tangents. The host backends run jvp_ops.h's loops (double accumulation); device backends
+  // are tested against them.
   // dy = (dx r + x dr) w + x r dw, r = (mean(x^2) + eps)^-1/2, dr = -r^3 mean(x dx).
   virtual void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
-                            float* dy, int64_t rows, int64_t dim, float eps, Stream* s = nullptr);
+                            float* dy, int64_t rows, int64_t dim, float eps,
+                            Stream* s = nullptr) = 0;
   // dy = ((dx - dmean) r + (x - mean) dr) w + (x - mean) r dw + db, dr = -r^3 cov(x, dx).
   virtual void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                               const float* db, float* dy, int64_t rows, int64_t dim, float eps,
-                              Stream* s = nullptr);
+                              Stream* s = nullptr) = 0;
   // The tangent of attention() with Tq = Tk = S and q_offset = 0 (a whole causal sequence):
   // with p = softmax(s), s_j = scale q.k_j: dout = sum_j p_j (dv_j + (ds_j - sum_l p_l ds_l) v_j),
   // ds_j = scale (dq.k_j + q.dk_j). Shapes and the key mask as attention(); D <= 256.
   virtual void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                              const float* v, const float* dv, float* dout, const uint8_t* key_mask,
                              int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                             Stream* s = nullptr);
+                             Stream* s = nullptr) = 0;
   // dout = silu'(gate) dgate up + silu(gate) dup.
   virtual void silu_mul_jvp(const float* gate, const float* dgate, const float* up,
-                            const float* dup, float* dout, int64_t n, Stream* s = nullptr);
+                            const float* dup, float* dout, int64_t n, Stream* s = nullptr) = 0;
   // dy = act'(x) dx for the in-place activations above (ReLU's slope is 0 at 0, as torch's).
   virtual void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n,
-                             Stream* s = nullptr);
+                             Stream* s = nullptr) = 0;
   virtual void gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n,
-                            Stream* s = nullptr);
+                            Stream* s = nullptr) = 0;
   virtual void relu_jvp(const float* x, const float* dx, float* dy, int64_t n,
-                        Stream* s = nullptr);
+                        Stream* s = nullptr) = 0;
   // dnll(rows) = sum_v softmax(logits[r])_v dlogits[r][v] - dlogits[r][targets[r]]; targets < 0
   // give 0.
   virtual void cross_entropy_jvp(const float* logits, const float* dlogits, const int32_t* targets,
-                                 float* dnll, int64_t rows, int64_t vocab, Stream* s = nullptr);
+                                 float* dnll, int64_t rows, int64_t vocab,
+                                 Stream* s = nullptr) = 0;
 };
-
-// The host implementation of Backend::zo_pass (OpenMP over chunks of 64 elements).
-void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-                  int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
-                  float* minus);
-
-// The host implementation of Backend::zo_update_state.
-void zo_update_state_host(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
-                          int64_t first, const ZOUpdateTerm* upd, int n_update,
-                          const ZOOptimizer& o);
 
 // The CPU backend (oneDNN matrix products, OpenMP elsewhere). threads <= 0: OpenMP's default.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

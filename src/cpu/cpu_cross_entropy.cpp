@@ -4,7 +4,6 @@
 
 #include "cpu/cpu_ops.h"
 #include "cpu/vec_math.h"
-#include "zof/backend.h"
 #include "zof/error.h"
 
 namespace zof::cpu {
@@ -39,14 +38,9 @@ void cross_entropy(const float* logits, const int32_t* targets, float* nll, int6
   }
 }
 
-}  // namespace zof::cpu
-
-namespace zof {
-
-void Backend::cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows,
-                                  int64_t n, int64_t v0, float* max, float* sum, float* target,
-                                  Stream*) {
-#pragma omp parallel for schedule(static) if (rows * n >= cpu::kMinParallelWork)
+void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
+                         int64_t v0, float* max, float* sum, float* target) {
+#pragma omp parallel for schedule(static) if (rows * n >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t t = targets[r];
     if (t < 0) continue;
@@ -56,12 +50,12 @@ void Backend::cross_entropy_chunk(const float* logits, const int32_t* targets, i
     for (int64_t j = 0; j < n; ++j) mx = mx > lr[j] ? mx : lr[j];
     float s = 0.0f;
 #pragma omp simd simdlen(16) reduction(+ : s)
-    for (int64_t j = 0; j < n; ++j) s += cpu::exp_f32(lr[j] - mx);
+    for (int64_t j = 0; j < n; ++j) s += exp_f32(lr[j] - mx);
     // exp(-inf - mx) = 0 on the first chunk.
-    sum[r] = sum[r] * cpu::exp_f32(max[r] - mx) + s;
+    sum[r] = sum[r] * exp_f32(max[r] - mx) + s;
     max[r] = mx;
     if (t >= v0 && t < v0 + n) target[r] = lr[t - v0];
   }
 }
 
-}  // namespace zof
+}  // namespace zof::cpu

@@ -39,6 +39,10 @@ void embedding(const int32_t* ids, const float* table, float* out, int64_t n, in
                bool accumulate, int threads);
 void cross_entropy(const float* logits, const int32_t* targets, float* nll, int64_t rows,
                    int64_t vocab, int threads);
+// Backend::cross_entropy_chunk, for both host backends: OpenMP's default team over rows (each
+// row is folded by one thread, so the bits do not depend on it).
+void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
+                         int64_t v0, float* max, float* sum, float* target);
 
 // Below this many elements of work an op runs on the calling thread: an OpenMP fork/join costs
 // a few microseconds, more than the op itself.

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cmath>
 
-#include "zof/backend.h"
+#include "cpu/cpu_zo.h"
 
 // Box-Muller's float math vectorizes across 16 lanes; let GCC use full 512-bit vectors here.
 #pragma GCC target("prefer-vector-width=512")
@@ -19,7 +19,7 @@
 // intrinsic headers as "maybe uninitialized" once these helpers are inlined: a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-namespace zof {
+namespace zof::cpu {
 namespace {
 
 #if defined(__AVX512F__)
@@ -160,9 +160,8 @@ inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int6
 
 }  // namespace
 
-void zo_update_state_host(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
-                          int64_t first, const ZOUpdateTerm* upd, int n_update,
-                          const ZOOptimizer& o) {
+void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
+                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o) {
   if (n <= 0 || n_update <= 0) return;
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
@@ -174,15 +173,8 @@ void zo_update_state_host(float* theta, float* m, float* v, int64_t n, uint32_t 
   }
 }
 
-void Backend::zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
-                              int64_t first, const ZOUpdateTerm* upd, int n_update,
-                              const ZOOptimizer& o, Stream*) {
-  zo_update_state_host(theta, m, v, n, tensor, first, upd, n_update, o);
-}
-
-void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-                  int n_update, float lr_wd, const ZKey* cur, float eps, float* plus,
-                  float* minus) {
+void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+             int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus) {
   if (n <= 0 || (n_update <= 0 && !cur)) return;
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
@@ -204,21 +196,14 @@ void zo_pass_host(float* theta, int64_t n, uint32_t tensor, int64_t first, const
   }
 }
 
-void Backend::zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
-                      const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                      float eps, float* plus, float* minus, Stream*) {
-  zo_pass_host(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus);
-}
-
-void Backend::zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
-                      uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
-                      Stream*) {
+void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+             uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus) {
   for (int64_t k = 0; k < n_rows; ++k) {
     const int64_t first = int64_t(rows[k]) * width;
     // No update terms: theta is only read.
-    zo_pass_host(const_cast<float*>(theta) + first, width, tensor, first, nullptr, 0, 0.f, &cur,
-                 eps, plus + k * width, minus ? minus + k * width : nullptr);
+    zo_pass(const_cast<float*>(theta) + first, width, tensor, first, nullptr, 0, 0.f, &cur, eps,
+            plus + k * width, minus ? minus + k * width : nullptr);
   }
 }
 
-}  // namespace zof
+}  // namespace zof::cpu

@@ -1,5 +1,6 @@
-// Memory and stream slots of the host backends: aligned_alloc, memcpy, and streams and events
-// that only exist to be handed back, since host ops complete before they return.
+// The shared slots of the host backends: aligned_alloc, memcpy, streams and events that only
+// exist to be handed back (host ops complete before they return), and the shared ops, each a
+// call of its host loop.
 #include "cpu/host_backend.h"
 
 #include <unistd.h>
@@ -10,6 +11,9 @@
 #include <sstream>
 #include <string>
 
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_zo.h"
+#include "cpu/jvp_ops.h"
 #include "zof/error.h"
 
 namespace zof::cpu {
@@ -75,5 +79,60 @@ Event* HostBackend::create_event() {
 void HostBackend::record(Event*, Stream*) {}
 void HostBackend::wait(Stream*, Event*) {}
 void HostBackend::synchronize(Stream*) {}
+
+void HostBackend::zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+                          const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
+                          float eps, float* plus, float* minus, Stream*) {
+  cpu::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus);
+}
+void HostBackend::zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+                          uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+                          Stream*) {
+  cpu::zo_rows(theta, width, rows, n_rows, tensor, cur, eps, plus, minus);
+}
+void HostBackend::zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                                  int64_t first, const ZOUpdateTerm* upd, int n_update,
+                                  const ZOOptimizer& o, Stream*) {
+  cpu::zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o);
+}
+void HostBackend::cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows,
+                                      int64_t n, int64_t v0, float* max, float* sum,
+                                      float* target, Stream*) {
+  cpu::cross_entropy_chunk(logits, targets, rows, n, v0, max, sum, target);
+}
+
+void HostBackend::rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                               float* dy, int64_t rows, int64_t dim, float eps, Stream*) {
+  jvp::rms_norm_jvp<float>(x, dx, w, dw, dy, rows, dim, eps);
+}
+void HostBackend::layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                                 const float* db, float* dy, int64_t rows, int64_t dim, float eps,
+                                 Stream*) {
+  jvp::layer_norm_jvp<float>(x, dx, w, dw, db, dy, rows, dim, eps);
+}
+void HostBackend::attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
+                                const float* v, const float* dv, float* dout,
+                                const uint8_t* key_mask, int64_t B, int64_t S, int64_t H,
+                                int64_t Hkv, int64_t D, float scale, Stream*) {
+  jvp::attention_jvp<float>(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, double(scale));
+}
+void HostBackend::silu_mul_jvp(const float* gate, const float* dgate, const float* up,
+                               const float* dup, float* dout, int64_t n, Stream*) {
+  jvp::silu_mul_jvp<float>(gate, dgate, up, dup, dout, n);
+}
+void HostBackend::gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream*) {
+  jvp::activation_jvp<float>(Activation::GeluTanh, x, dx, dy, n);
+}
+void HostBackend::gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream*) {
+  jvp::activation_jvp<float>(Activation::GeluErf, x, dx, dy, n);
+}
+void HostBackend::relu_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream*) {
+  jvp::activation_jvp<float>(Activation::ReLU, x, dx, dy, n);
+}
+void HostBackend::cross_entropy_jvp(const float* logits, const float* dlogits,
+                                    const int32_t* targets, float* dnll, int64_t rows,
+                                    int64_t vocab, Stream*) {
+  jvp::cross_entropy_jvp<float>(logits, dlogits, targets, dnll, rows, vocab);
+}
 
 }  // namespace zof::cpu

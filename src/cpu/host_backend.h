@@ -1,8 +1,11 @@
-// Memory and stream slots shared by the two host backends (reference and cpu): 64-byte aligned
-// host memory, copies as memcpy, and trivial streams and events since every op runs inline.
+// The slots shared by the two host backends (reference and cpu): 64-byte aligned host memory,
+// copies as memcpy, trivial streams and events since every op runs inline, and the host loops of
+// the ops both run the same way (the ZO passes, the chunked loss, the tangents). They live here,
+// not in Backend, so that a device backend has no host loop to fall back on by accident.
 // Each backend keeps its own handle types and hands them out cast to the opaque zof::Stream and
 // zof::Event, so no backend ever defines those names (the CUDA backend must do the same).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -32,6 +35,37 @@ class HostBackend : public Backend {
   void record(Event* e, Stream* s) override;
   void wait(Stream* s, Event* e) override;
   void synchronize(Stream* s) override;
+
+  // Ops on host memory that both host backends share (backend.h says what each computes).
+  // The ZO passes and the chunked loss: cpu_zo.h and cpu_ops.h, OpenMP's default team.
+  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+               int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
+               Stream* s) override;
+  void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+               uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
+               Stream* s) override;
+  void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                       int64_t first, const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
+                       Stream* s) override;
+  void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
+                           int64_t v0, float* max, float* sum, float* target, Stream* s) override;
+  // The tangents: jvp_ops.h's loops in fp32 (double accumulation).
+  void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
+                    int64_t rows, int64_t dim, float eps, Stream* s) override;
+  void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                      const float* db, float* dy, int64_t rows, int64_t dim, float eps,
+                      Stream* s) override;
+  void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
+                     const float* v, const float* dv, float* dout, const uint8_t* key_mask,
+                     int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
+                     Stream* s) override;
+  void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                    float* dout, int64_t n, Stream* s) override;
+  void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override;
+  void gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override;
+  void relu_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override;
+  void cross_entropy_jvp(const float* logits, const float* dlogits, const int32_t* targets,
+                         float* dnll, int64_t rows, int64_t vocab, Stream* s) override;
 
  private:
   struct HostStream {

@@ -1,5 +1,5 @@
-// The tangent rules of jvp_ops.h as host loops (OpenMP, double accumulation), and Backend's
-// default tangent ops, which run them in fp32.
+// The tangent rules of jvp_ops.h as host loops (OpenMP, double accumulation), in float and
+// double; the host backends' tangent ops run them in fp32 (host_backend.cpp).
 #include "cpu/jvp_ops.h"
 
 #include <algorithm>
@@ -10,7 +10,6 @@
 #include <numbers>
 #include <type_traits>
 
-#include "zof/backend.h"
 #include "zof/error.h"
 
 namespace zof {
@@ -524,39 +523,5 @@ ZOF_JVP_INSTANTIATE(double)
 #undef ZOF_JVP_INSTANTIATE
 
 }  // namespace jvp
-
-// ---- Backend's host defaults ----------------------------------------------------------------------
-void Backend::rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
-                           float* dy, int64_t rows, int64_t dim, float eps, Stream*) {
-  jvp::rms_norm_jvp<float>(x, dx, w, dw, dy, rows, dim, eps);
-}
-void Backend::layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
-                             const float* db, float* dy, int64_t rows, int64_t dim, float eps,
-                             Stream*) {
-  jvp::layer_norm_jvp<float>(x, dx, w, dw, db, dy, rows, dim, eps);
-}
-void Backend::attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
-                            const float* v, const float* dv, float* dout, const uint8_t* key_mask,
-                            int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                            Stream*) {
-  jvp::attention_jvp<float>(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, double(scale));
-}
-void Backend::silu_mul_jvp(const float* gate, const float* dgate, const float* up,
-                           const float* dup, float* dout, int64_t n, Stream*) {
-  jvp::silu_mul_jvp<float>(gate, dgate, up, dup, dout, n);
-}
-void Backend::gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream*) {
-  jvp::activation_jvp<float>(Activation::GeluTanh, x, dx, dy, n);
-}
-void Backend::gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream*) {
-  jvp::activation_jvp<float>(Activation::GeluErf, x, dx, dy, n);
-}
-void Backend::relu_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream*) {
-  jvp::activation_jvp<float>(Activation::ReLU, x, dx, dy, n);
-}
-void Backend::cross_entropy_jvp(const float* logits, const float* dlogits, const int32_t* targets,
-                                float* dnll, int64_t rows, int64_t vocab, Stream*) {
-  jvp::cross_entropy_jvp<float>(logits, dlogits, targets, dnll, rows, vocab);
-}
 
 }  // namespace zof

@@ -1,7 +1,7 @@
 // The tangent rules (Jacobian-vector products) of every op of the transformer forward, as plain
 // host loops, templated on float and double so that tests can run whole walks in float64. The
-// primal and its tangent side by side; Backend's tangent ops (backend.h) default to these, and
-// device backends are tested against them.
+// primal and its tangent side by side; the host backends' tangent ops (host_backend.h) run
+// these, and device backends are tested against them.
 #pragma once
 #include <cstdint>
 

@@ -30,7 +30,7 @@ __global__ void cross_entropy_kernel(const float* logits, const int32_t* targets
 }
 
 // One block per row: the chunk's max, then its sum of e^(x - max), folded into the running
-// state as Backend::cross_entropy_chunk's host default does.
+// state as the host backends' cpu::cross_entropy_chunk does.
 __global__ void cross_entropy_chunk_kernel(const float* logits, const int32_t* targets, int64_t n,
                                            int64_t v0, float* max, float* sum, float* target) {
   __shared__ float scratch[32];

@@ -1,5 +1,5 @@
 // ZO pass kernel: one thread per group of 4 elements (one Philox block gives 4 normals), the
-// same arithmetic in the same order as zo_pass_host (src/cpu/cpu_zo.cpp). Compiled with
+// same arithmetic in the same order as cpu::zo_pass (src/cpu/cpu_zo.cpp). Compiled with
 // --fmad=false (CMakeLists.txt) so that no multiply-add is fused where the host's is not.
 #include "cuda/zo.cuh"
 
@@ -30,7 +30,7 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
       for (int j = 0; j < n_update; ++j) {
         float z[4];
         z_group(upd.t[j].key, tensor, (uint32_t)g, z);
-        const float mk = upd.t[j].key.mask;  // Sparse MeZO: as zo_pass_host
+        const float mk = upd.t[j].key.mask;  // Sparse MeZO: as cpu::zo_pass
         for (int l = 0; l < 4; ++l) z[l] = fabsf(th[l]) > mk ? 0.0f : z[l];
         for (int l = 0; l < 4; ++l) acc[l] = fmaf(upd.t[j].coef, z[l], acc[l]);
       }
@@ -77,7 +77,7 @@ __global__ void zo_rows_kernel(const float* theta, int64_t width, const int32_t*
   }
 }
 
-// Backend::zo_update_state: one thread per group of 4, the arithmetic of zo_update_state_host.
+// Backend::zo_update_state: one thread per group of 4, the arithmetic of cpu::zo_update_state.
 __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first, int64_t n,
                                 uint32_t tensor, const Terms upd, int n_update, ZOOptimizer o) {
   const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;

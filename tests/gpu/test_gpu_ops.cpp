@@ -11,6 +11,7 @@
 #include <random>
 
 #include "gpu/gpu_test.h"
+#include "cpu/cpu_zo.h"
 #include "zof/backend.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
@@ -581,7 +582,7 @@ TEST(GpuZO, FusedUpdateAndPerturbationEqualHost) {
       const float lr_wd = n_update ? 3e-6f : 0.0f, eps = 1e-3f;
       auto th_host = theta0;
       std::vector<float> plus_host(static_cast<size_t>(n)), minus_host(static_cast<size_t>(n));
-      zof::zo_pass_host(th_host.data(), n, 17, 0, upd.data(), n_update, lr_wd, &cur, eps,
+      zof::cpu::zo_pass(th_host.data(), n, 17, 0, upd.data(), n_update, lr_wd, &cur, eps,
                         plus_host.data(), minus_host.data());
       Device dev(*be);
       float* th = dev.put(theta0);
@@ -593,7 +594,7 @@ TEST(GpuZO, FusedUpdateAndPerturbationEqualHost) {
       EXPECT_TRUE(bit_identical(minus_host, dev.get(minus, size_t(n)))) << "minus";
       // Update only (flush): no perturbed copies.
       auto th2_host = theta0;
-      zof::zo_pass_host(th2_host.data(), n, 17, 0, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
+      zof::cpu::zo_pass(th2_host.data(), n, 17, 0, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
       float* th2 = dev.put(theta0);
       be->zo_pass(th2, n, 17, 0, upd.data(), n_update, lr_wd, nullptr, 0.f, nullptr, nullptr);
       EXPECT_TRUE(bit_identical(th2_host, dev.get(th2, size_t(n)))) << "update only";
@@ -627,7 +628,7 @@ TEST(GpuZO, SubRangeRademacherMaskAndOptimizerStateEqualHost) {
         // The fused SGD pass.
         auto th_host = theta0;
         std::vector<float> ph(static_cast<size_t>(n)), mh(static_cast<size_t>(n));
-        zof::zo_pass_host(th_host.data() + first, n, 9, first, upd.data(), 2, 1e-5f, &cur, 1e-3f,
+        zof::cpu::zo_pass(th_host.data() + first, n, 9, first, upd.data(), 2, 1e-5f, &cur, 1e-3f,
                           ph.data(), mh.data());
         Device dev(*be);
         float* th = dev.put(theta0);
@@ -651,7 +652,7 @@ TEST(GpuZO, SubRangeRademacherMaskAndOptimizerStateEqualHost) {
           float* m_dev = dev.put(m_host);
           float* v_dev = dev.put(v_host);
           for (int rep = 0; rep < 2; ++rep) {
-            zof::zo_update_state_host(t_host.data() + first, m_host.data() + first,
+            zof::cpu::zo_update_state(t_host.data() + first, m_host.data() + first,
                                       v_host.data() + first, n, 9, first, upd.data(), 2, o);
             be->zo_update_state(t_dev + first, m_dev + first, v_dev + first, n, 9, first,
                                 upd.data(), 2, o);
@@ -724,7 +725,7 @@ TEST(GpuOps, CrossEntropyChunkEqualsHost) {
 }
 
 
-// ---- tangents: the CUDA kernels of src/cuda/jvp.cu against the host loops (Backend's defaults,
+// ---- tangents: the CUDA kernels of src/cuda/jvp.cu against the host loops (the host backends',
 // jvp_ops.h, double accumulation), on the shapes of the JVP walk and their edges ----------------
 
 TEST(GpuJvp, TangentOpsEqualHost) {

@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "golden_batch.h"
+#include "cpu/cpu_zo.h"
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zof/philox.h"
@@ -27,7 +28,7 @@ TEST(ZDistribution, RademacherIsPlusMinusOneAndBalanced) {
   std::vector<float> theta(n, 0.f), plus(n), minus(n);
   zof::ZKey key{99, 4, 1};
   key.dist = zof::kZRademacher;
-  zof::zo_pass_host(theta.data(), n, 3, 0, nullptr, 0, 0.f, &key, 1.f, plus.data(), minus.data());
+  zof::cpu::zo_pass(theta.data(), n, 3, 0, nullptr, 0, 0.f, &key, 1.f, plus.data(), minus.data());
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_TRUE(plus[i] == 1.f || plus[i] == -1.f) << i;
@@ -88,7 +89,7 @@ TEST(ZDistribution, SparseMaskZeroesLargeWeights) {
   zof::ZOUpdateTerm upd{zof::ZKey{5, 5, 0}, 0.1f};
   upd.key.mask = 0.5f;
   std::vector<float> theta = theta0, plus(n), minus(n);
-  zof::zo_pass_host(theta.data(), n, 2, 0, &upd, 1, 0.f, &cur, 0.01f, plus.data(), minus.data());
+  zof::cpu::zo_pass(theta.data(), n, 2, 0, &upd, 1, 0.f, &cur, 0.01f, plus.data(), minus.data());
   int64_t kept = 0;
   for (int64_t i = 0; i < n; ++i) {
     const bool small0 = std::fabs(theta0[i]) <= 0.5f;

@@ -9,6 +9,8 @@ For every model it writes <out>/<name>/ holding
   config.json, model.safetensors  (random-weight models only; written by save_pretrained)
   golden.json                     (inputs, metadata, scalar results)
   golden.safetensors              ("logits", "logits_f64", "nll"; all F32)
+and for stories260K also perplexity.json (`zof eval` on a TinyStories sample, as zof windows it).
+--only NAME[,NAME...] regenerates just those directories.
 The output is deterministic: rerunning with the same torch/transformers gives identical bytes.
 Everything runs on the CPU.
 """
@@ -96,6 +98,12 @@ STORIES_TEXTS = [
     "The cat sat on the mat.",
     "Tom was happy.",
 ]
+
+
+# `zof eval --model stories260K --text <this> --json` (tests/model/test_cli.cpp) is checked
+# against perplexity.json.
+PPL_TEXT = "data/tinystories/tinystories_sample_cs336.txt"
+PPL_SEP = "<|endoftext|>"
 
 
 def fmt(x, digits=8):
@@ -324,6 +332,73 @@ def make_stories(out_root, assets):
     meta["greedy_from_bos_text"] = tok.decode([1] + toks, skip_special_tokens=True)
     meta["greedy_min_margin"] = fmt(margin, 4)
     write_golden(out_dir, meta, tensors)
+    ppl = make_stories_perplexity(out_dir, assets)
+    print(f"{name:14s} eval {PPL_TEXT}: nll={ppl['nll']:.6f} ppl={ppl['ppl']:.6f} "
+          f"tokens={ppl['tokens']} windows={ppl['windows']}")
+    return meta
+
+
+def eval_windows(text, tok, bos, seq_len):
+    """The windows `zof eval` scores (tools/zof.cpp, src/model/perplexity.cpp): the text split
+    at <|endoftext|>, each document stripped of surrounding whitespace and encoded alone without
+    special tokens, then cut into non-overlapping windows of BOS + seq_len - 1 tokens that never
+    cross a document boundary."""
+    windows = []
+    for doc in text.split(PPL_SEP):
+        doc = doc.strip(" \t\r\n")
+        if not doc:
+            continue
+        ids = tok.encode(doc, add_special_tokens=False).ids
+        body = seq_len - 1
+        for i in range(0, len(ids), body):
+            w = [bos] + ids[i:i + body]
+            if len(w) >= 2:
+                windows.append(w)
+    return windows
+
+
+def perplexity_golden(model_dir, text_path, seq_len):
+    """Mean next-token NLL over every text token of the windows (each predicted from BOS and the
+    tokens before it in its window), from the fp32 and the float64 forward."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    with open(text_path, encoding="utf-8") as f:
+        text = f.read()
+    windows = eval_windows(text, tok, 1, seq_len)
+    out = {}
+    for dtype, key in ((torch.float32, "nll"), (torch.float64, "nll_f64")):
+        m = load(model_dir, dtype)
+        total, tokens = 0.0, 0
+        for w in windows:
+            ids = torch.tensor([w])
+            with torch.no_grad():
+                logits = m(input_ids=ids, use_cache=False).logits
+            nll, _ = nll_from_logits(logits, ids, torch.ones_like(ids))
+            total += nll.sum().item()
+            tokens += nll.numel()
+        out[key] = fmt(total / tokens, 10)
+        out["tokens"] = tokens
+    out["ppl"] = fmt(math.exp(out["nll"]), 10)
+    out["windows"] = len(windows)
+    return out
+
+
+def make_stories_perplexity(out_dir, assets):
+    src = os.path.join(assets, "models", "stories260K")
+    seq_len = 512   # zof eval's default: the context (512), at most 512
+    meta = {
+        "format": FORMAT,
+        "model_dir": "assets:models/stories260K",
+        "text": "assets:" + PPL_TEXT,
+        "seq_len": seq_len,
+        "bos_id": 1,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+    }
+    meta.update(perplexity_golden(src, os.path.join(assets, PPL_TEXT), seq_len))
+    with open(os.path.join(out_dir, "perplexity.json"), "w") as f:
+        json.dump(meta, f, sort_keys=True, indent=1)
+        f.write("\n")
     return meta
 
 
@@ -331,7 +406,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="tests/golden")
     ap.add_argument("--assets", default="../shared/assets")
+    ap.add_argument("--only", default="", help="comma-separated directories to regenerate")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    known = set(tiny_models()) | {"stories260K"}
+    if only - known:
+        ap.error(f"--only: unknown {sorted(only - known)}; known: {sorted(known)}")
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     torch.set_num_threads(1)
@@ -342,8 +422,10 @@ def main():
 
     metas = []
     for i, (name, (cfg, dtype)) in enumerate(tiny_models().items()):
-        metas.append(make_tiny(name, cfg, dtype, args.out, i))
-    metas.append(make_stories(args.out, args.assets))
+        if not only or name in only:
+            metas.append(make_tiny(name, cfg, dtype, args.out, i))
+    if not only or "stories260K" in only:
+        metas.append(make_stories(args.out, args.assets))
     for m in metas:
         print(f"{m['model']:14s} params={m['n_params']:7d} nll_mean={m['nll_mean']:.6f} "
               f"fp64_vs_fp32 max_rel={m['fp64_vs_fp32_max_rel']:.3g} "

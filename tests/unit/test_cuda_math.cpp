@@ -486,7 +486,18 @@ TEST(CudaMath, TangentCrossEntropy) {
 // Without a GPU (or a CUDA build) the query answers 0 and the factory says what to do.
 TEST(CudaMath, DeviceQueryNeverThrows) {
   const int n = zof::cuda_device_count();
-  EXPECT_GE(n, 0);
+#if !defined(ZOF_WITH_CUDA)
+  EXPECT_EQ(n, 0);  // a build without the backend sees no device, whatever the machine holds
+#endif
+  // Every counted device can be described, and the count's bound is exact.
+  for (int d = 0; d < n; ++d) {
+    const zof::CudaDeviceInfo info = zof::cuda_device_info(d);
+    EXPECT_EQ(info.device, d);
+    EXPECT_GT(info.sm_count, 0) << info.name;
+    EXPECT_GT(info.total_memory, 0u) << info.name;
+  }
+  EXPECT_THROW(zof::cuda_device_info(n), zof::Error);
+  EXPECT_THROW(zof::cuda_device_info(-1), zof::Error);
   if (n == 0) {
     EXPECT_THROW(zof::make_cuda_backend(0), zof::Error);
   }

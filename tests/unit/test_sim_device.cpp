@@ -1,6 +1,7 @@
 // The simulated device (sim_device.h): its memory budget, the in-order worker streams, events
 // that order streams (and the default stream) without the host waiting, and the hazard checker
 // that reports an access no event orders after a conflicting one.
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -139,23 +140,37 @@ TEST(SimDevice, OneStreamRunsInOrder) {
 // time it waited is counted as compute waiting on transfers.
 TEST(SimDevice, DefaultStreamOpsRunAfterItsWaits) {
   const size_t n = 1 << 18;
-  auto d = sim(16 << 20, 20e6);
+  const double bandwidth = 5e6;
+  // The copy stream sleeps until the copy has taken bytes / bandwidth (0.21 s) from its start,
+  // which follows its queuing; the add, queued `gap` later, blocks at least until then.
+  const double copy_s = n * 4 / bandwidth;
+  auto d = sim(16 << 20, bandwidth);
   zof::Stream* up = d->create_stream();
   zof::Event* e = d->create_event();
   const std::vector<float> src = iota(n);
   float* dev = (float*)d->alloc(n * 4);
   float* acc = (float*)d->alloc(n * 4);
   std::memset(acc, 0, n * 4);
+  using Clock = std::chrono::steady_clock;
+  const auto t_copy = Clock::now();
   d->copy_to_device(dev, src.data(), n * 4, up);
   d->record(e, up);
   d->wait(d->default_stream(), e);  // returns at once: the default stream waits, not the host
+  const auto t_add = Clock::now();
   d->add(acc, dev, (int64_t)n);     // runs once the upload is done
+  const double add_s = std::chrono::duration<double>(Clock::now() - t_add).count();
+  const double gap = std::chrono::duration<double>(t_add - t_copy).count();
   std::vector<float> back(n);
   d->copy_to_host(back.data(), acc, n * 4, nullptr);
   d->synchronize(nullptr);
   EXPECT_EQ(back, src);  // the add saw the uploaded data: it ran after the copy
   const auto st = d->stats();
-  EXPECT_GE(st.compute_wait_s, 0.0);  // how long is up to the machine's load: not asserted
+  // Only the add blocked on an event, inside its call. The lower bound leaves 0.05 s for the
+  // add's own checks before it waits (a descheduled host); a host that took longer than the
+  // copy to queue the add may find the upload done and not wait at all.
+  EXPECT_LE(st.compute_wait_s, add_s);
+  if (gap < copy_s) EXPECT_GE(st.compute_wait_s, copy_s - gap - 0.05) << "gap " << gap;
+  EXPECT_GE(st.copy_busy_s, copy_s - 1e-6);  // less a nanosecond of duration_cast
   EXPECT_EQ(st.hazards, 0) << st.first_hazard;
   d->free(dev);
   d->free(acc);

@@ -1,0 +1,21 @@
+// The zeroth-order passes on host memory (cpu_zo.cpp): what the host backends' zo_pass, zo_rows
+// and zo_update_state run (backend.h says what each computes), and the oracle that tests hold
+// the device passes to. OpenMP's default team; the bits do not depend on it.
+#pragma once
+#include <cstdint>
+
+#include "zof/backend.h"
+
+namespace zof::cpu {
+
+// Backend::zo_pass on host memory (OpenMP over chunks of 64 elements).
+void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+             int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus);
+// Backend::zo_rows on host memory: zo_pass over each row.
+void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+             uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus);
+// Backend::zo_update_state on host memory.
+void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
+                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o);
+
+}  // namespace zof::cpu
