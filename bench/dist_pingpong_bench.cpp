@@ -14,6 +14,7 @@
 
 #include "zof/dist.h"
 #include "zof/error.h"
+#include "zof/runtime.h"
 
 namespace {
 
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", as_json, "End with one JSON line");
   CLI11_PARSE(app, argc, argv);
   try {
-    auto comm = zof::dist::connect_world(0);
+    auto comm = zof::connect_job(0);
     const int rank = comm->rank(), size = comm->size();
     ZOF_CHECK(size >= 2, "start with mpirun -np 2 (or more): the ping-pong needs two ranks; this is " +
                              comm->name());

@@ -10,7 +10,6 @@
 //   + LM head 2 * V * C * tokens (all B*T positions, though next_token_nll skips the last of each
 //     row: 1 row in T, under 1% at T=128).
 // Norms, biases, activations, softmax and the loss are not counted.
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,6 +32,7 @@
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/model.h"
+#include "zof/runtime.h"
 
 using json = nlohmann::json;
 
@@ -72,12 +72,14 @@ struct Args {
 int run(const Args& a) {
   ZOF_CHECK(a.batch > 0 && a.seq > 0, "--batch and --seq must be positive");
   ZOF_CHECK(a.iters > 0 && a.warmup >= 0, "--iters must be positive and --warmup non-negative");
-  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  const int threads = a.threads > 0 ? a.threads : zof::default_host_threads();
   const zof::ModelConfig cfg = config_named(a.model_config);
   ZOF_CHECK(a.seq <= cfg.max_position, "--seq " + std::to_string(a.seq) +
                                            " exceeds the model's context of " +
                                            std::to_string(cfg.max_position));
-  auto backend = zof::make_cpu_backend(threads);
+  zof::BackendOptions bo;
+  bo.threads = threads;
+  auto backend = zof::make_backend(bo);
 
   // The machine's practical fp32 GEMM rate through the same backend: the MLP up-projection of a
   // 768-wide model at 1024 tokens. Timed (best of 5) after every timed forward and reported as

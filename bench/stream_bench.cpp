@@ -9,14 +9,12 @@
 // achieved bandwidth, the fraction of the step the compute stream waited on transfers, and the
 // peak device memory against the budget. --optimizer momentum|adam streams the optimizer state
 // with the blocks (two or three planes per block), so the same fractions hold 2-3x the bytes.
-#include <omp.h>
 
 #include <CLI/CLI.hpp>
 
 #include "bench_common.h"
-#include "zof/cuda.h"
 #include "zof/model.h"
-#include "cpu/sim_device.h"
+#include "zof/runtime.h"
 #include "zof/streaming.h"
 #include "zof/zo.h"
 
@@ -90,21 +88,15 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
     rows = std::max(rows, m.batch.B * m.batch.T);
     tokens += m.batch.B * m.batch.T;
   }
-  std::unique_ptr<zof::Backend> be;
-  if (a.device == "cuda")
-    be = zof::make_cuda_backend(0);
-  else
-    be = zof::make_cpu_backend(threads);
-  zof::SimDevice* sim = nullptr;
-  if (budget > 0 && a.device != "cuda") {
-    zof::SimDeviceOptions so;
-    so.budget = budget;
-    so.copy_bandwidth = a.copy_gbps * 1e9;
-    so.check_hazards = a.check;
-    auto d = zof::make_sim_device(std::move(be), so);
-    sim = d.get();
-    be = std::move(d);
-  }
+  zof::BackendOptions bo;
+  bo.device = a.device == "cuda" ? "cuda" : "cpu";
+  bo.threads = threads;
+  bo.sim_device = budget > 0 && a.device != "cuda";
+  bo.sim_budget = budget;
+  bo.sim_copy_bandwidth = a.copy_gbps * 1e9;
+  bo.sim_check_hazards = a.check;
+  std::unique_ptr<zof::Backend> be = zof::make_backend(bo);
+  const bool sim = bo.sim_device;
   const zof::ZOStepOptions o = step_options(a);
   Row r;
   r.name = name;
@@ -121,7 +113,7 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
     ++step;
   };
   for (int i = 0; i < a.warmup; ++i) one_step();
-  if (sim) sim->reset_counters();
+  if (sim) zof::reset_sim_device_counters(*be);
   const zof::StreamingStats s0 = budget ? eng.streamer()->stats() : zof::StreamingStats{};
   std::vector<double> times;
   for (int i = 0; i < a.iters; ++i) {
@@ -139,7 +131,7 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
     r.down_per_step = double(s1.bytes_written_back - s0.bytes_written_back) / a.iters;
   }
   if (sim) {
-    const zof::SimDeviceStats ss = sim->stats();
+    const zof::SimDeviceReport ss = *zof::sim_device_report(*be);
     r.copy_gbps = ss.copy_busy_s > 0 ? double(ss.bytes_to_device + ss.bytes_to_host) / ss.copy_busy_s * 1e-9 : 0;
     r.wait_frac = ss.compute_wait_s / total;
     r.peak = ss.peak;
@@ -152,8 +144,7 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
 int run(const Args& a) {
   ZOF_CHECK(a.batch > 0 && a.seq > 1 && a.iters > 0 && a.micro_batches > 0,
             "--batch, --seq, --iters and --micro-batches must be positive (--seq at least 2)");
-  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
-  omp_set_num_threads(threads);
+  const int threads = zof::setup_host_threads(a.threads > 0 ? a.threads : zof::default_host_threads(), 1);
   const zof::ModelConfig cfg = a.model_config == "llama-8x512"
                                    ? zof::ModelConfig::from_json(json::parse(kLlama8x512), a.model_config)
                                    : config_named(a.model_config);
@@ -161,10 +152,12 @@ int run(const Args& a) {
   size_t buffers = 0, minimum = 0, whole = 0;
   {
     zof::Model model = zof::Model::random(cfg, a.seed);
-    zof::SimDeviceOptions so;
-    so.budget = size_t(1) << 40;
-    so.check_hazards = false;
-    auto sim = zof::make_sim_device(zof::make_cpu_backend(threads), so);
+    zof::BackendOptions bo;
+    bo.threads = threads;
+    bo.sim_device = true;
+    bo.sim_budget = size_t(1) << 40;
+    bo.sim_check_hazards = false;
+    auto sim = zof::make_backend(bo);
     zof::ZOEngine eng(model, *sim, std::max<int64_t>(1, a.batch / a.micro_batches) * a.seq,
                       step_options(a));
     buffers = eng.buffer_bytes();
@@ -175,7 +168,7 @@ int run(const Args& a) {
   ZOF_CHECK(a.device == "sim" || a.device == "cuda", "--device must be sim or cuda");
   // On the GPU the weights must be on the device: no unstreamed row there.
   if (a.device != "cuda")
-    rows.push_back(measure(a, cfg, "plain " + zof::make_cpu_backend(1)->name(), 0, threads));
+    rows.push_back(measure(a, cfg, "plain " + zof::make_backend({.threads = 1})->name(), 0, threads));
   for (double f : {1.0, 0.5, 0.25}) {
     size_t budget = buffers + (size_t)(f * (double)whole);
     std::string name = f == 1.0 ? "whole model" : f == 0.5 ? "1/2 model" : "1/4 model";

@@ -8,13 +8,13 @@
 // activations. bench/zo_peer.py times MeZO's step in PyTorch; bench/run_zo_step.sh runs both.
 //
 // FLOPs per step: 2 x the forward count of bench_common.h (two forwards per query).
-#include <omp.h>
 
 #include <CLI/CLI.hpp>
 
 #include "bench_common.h"
 #include "zof/forward.h"
 #include "zof/model.h"
+#include "zof/runtime.h"
 #include "zof/zo.h"
 
 namespace {
@@ -33,8 +33,10 @@ struct Args {
 int run(const Args& a) {
   ZOF_CHECK(a.batch > 0 && a.seq > 0, "--batch and --seq must be positive");
   ZOF_CHECK(a.iters > 0 && a.warmup >= 0, "--iters must be positive and --warmup non-negative");
-  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
-  auto backend = zof::make_cpu_backend(threads);
+  const int threads = a.threads > 0 ? a.threads : zof::default_host_threads();
+  zof::BackendOptions bo;
+  bo.threads = threads;
+  auto backend = zof::make_backend(bo);
 
   // The GEMM rate, sampled before and after the steps; its buffers exist before the memory
   // baseline is read.

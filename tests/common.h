@@ -1,10 +1,14 @@
-// Shared test helpers: where the assets are, and the rule that a missing asset fails under CI.
+// Shared test helpers: where the assets are, the rule that a missing asset fails under CI, the
+// backends through the runtime, running the binary, and Tiny Shakespeare run directories.
 #pragma once
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
+
+#include "zof/runtime.h"
 
 namespace zof::test {
 
@@ -14,6 +18,19 @@ inline std::string binary_dir() { return ZOF_BINARY_DIR; }
 inline bool in_ci() {
   const char* ci = std::getenv("CI");
   return ci && std::string(ci) == "true";
+}
+
+// Backends as the CLI builds them, through the runtime (zof/runtime.h): the CPU backend with
+// `threads` (0: all cores), and the scalar reference backend.
+inline std::unique_ptr<Backend> cpu_backend(int threads = 0) {
+  BackendOptions b;
+  b.threads = threads;
+  return make_backend(b);
+}
+inline std::unique_ptr<Backend> reference_backend() {
+  BackendOptions b;
+  b.device = "reference";
+  return make_backend(b);
 }
 
 }  // namespace zof::test

@@ -1,5 +1,6 @@
-// zof command line: generate, eval (and later finetune). Every user-caused problem ends as one
-// line "zof: error: ..." and a non-zero exit; --json makes the last line one JSON object.
+// zof command line: generate, eval, finetune, replay, each with one function declaring its flags
+// and one running it. Every user-caused problem ends as one line "zof: error: ..." and a
+// non-zero exit; --json makes the last line one JSON object.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "zof/generate.h"
 #include "zof/model.h"
 #include "zof/perplexity.h"
+#include "zof/runtime.h"
 #include "zof/tokenizer.h"
 #include "zof/trainer.h"
 #include "zof/version.h"
@@ -49,8 +51,15 @@ struct GenerateArgs {
   bool json = false;
 };
 
+// The host backend for generate and eval: --threads cores.
+std::unique_ptr<zof::Backend> cpu_backend(int threads) {
+  zof::BackendOptions b;
+  b.threads = threads;
+  return zof::make_backend(b);
+}
+
 int run_generate(const GenerateArgs& a) {
-  auto backend = zof::make_cpu_backend(a.threads);
+  auto backend = cpu_backend(a.threads);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
   std::vector<int32_t> prompt = tok.encode(a.prompt, true);
@@ -104,7 +113,7 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
-  auto backend = zof::make_cpu_backend(a.threads);
+  auto backend = cpu_backend(a.threads);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
   const std::string text = read_text_file(a.text, "--text");
@@ -202,14 +211,18 @@ std::vector<std::string> expand_config(int argc, char** argv) {
   return out;
 }
 
-}  // namespace
+struct FinetuneArgs {
+  zof::TrainOptions t;
+  std::string config_file;  // applied by expand_config() before parsing
+};
 
-int main(int argc, char** argv) {
-  CLI::App app{"zof: fine-tune Hugging Face causal LMs with forward passes only"};
-  app.set_version_flag("--version", std::string("zof ") + zof::version());
-  app.require_subcommand(1);
+struct ReplayArgs {
+  std::string model, log, out;
+  int threads = 0;
+  bool json = false;
+};
 
-  GenerateArgs g;
+CLI::App* add_generate(CLI::App& app, GenerateArgs& g) {
   auto* gen = app.add_subcommand("generate", "Generate text from a prompt");
   gen->add_option("--model", g.model, "Hugging Face model directory")->required();
   gen->add_option("--prompt", g.prompt, "Prompt text (default: empty, start from BOS)");
@@ -223,8 +236,10 @@ int main(int argc, char** argv) {
   gen->add_option("--threads", g.threads, "CPU threads (0: all cores)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
   gen->add_flag("--json", g.json, "Print one JSON object as the last line");
+  return gen;
+}
 
-  EvalArgs e;
+CLI::App* add_eval(CLI::App& app, EvalArgs& e) {
   auto* ev = app.add_subcommand("eval", "Perplexity of a model on a text file: mean next-token NLL over windows of --seq-len tokens, "
       "each from BOS; '<|endoftext|>' separates documents, and windows never cross one");
   ev->add_option("--model", e.model, "Hugging Face model directory")->required();
@@ -238,12 +253,15 @@ int main(int argc, char** argv) {
   ev->add_option("--threads", e.threads, "CPU threads (0: all cores)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
   ev->add_flag("--json", e.json, "Print one JSON object as the last line");
+  return ev;
+}
 
-  zof::TrainOptions t;
+// What a run computes: the flags saved in run.json.
+CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f) {
+  zof::TrainOptions& t = f.t;
   auto* ft = app.add_subcommand("finetune", "Fine-tune every parameter with forward passes only (MeZO)");
-  std::string config_file;  // applied by expand_config() before parsing
   ft->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  ft->add_option("--config", config_file, "Read options from a file of `key = value` lines (flag "
+  ft->add_option("--config", f.config_file, "Read options from a file of `key = value` lines (flag "
                  "names without dashes, # comments); command-line flags override it");
   ft->add_option("--model", t.model, "Hugging Face model directory");
   ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")->capture_default_str();
@@ -292,6 +310,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(int64_t(2), int64_t(1) << 20));
   ft->add_option("--max-bad-steps", t.max_bad_steps, "Stop after this many non-finite steps in a row")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  return ft;
+}
+
+// Where and how a run runs (threads, ranks, device): not saved, they may change on --resume.
+void add_finetune_layout(CLI::App* ft, zof::TrainOptions& t) {
   ft->add_option("--threads", t.threads, "CPU threads (0: all cores)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
   ft->add_flag("--json", t.json, "Print one JSON object as the last line");
@@ -310,23 +333,63 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ft->add_flag("--sim-device", t.sim_device, "Run on the simulated device (host memory with the "
                "--gpu-mem budget, threads as copy streams): the streaming schedule without a GPU");
+}
 
-  std::string rp_model, rp_log, rp_out;
-  int rp_threads = 0;
-  bool rp_json = false;
+CLI::App* add_replay(CLI::App& app, ReplayArgs& r) {
   auto* rp = app.add_subcommand("replay", "Rebuild fine-tuned weights from a base model and a run's step log");
-  rp->add_option("--model", rp_model, "The base model the run started from")->required();
-  rp->add_option("--log", rp_log, "The run directory (its zo_log.jsonl)")->required();
-  rp->add_option("--out", rp_out, "Directory for the rebuilt model")->required();
-  rp->add_option("--threads", rp_threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
-  rp->add_flag("--json", rp_json, "Print one JSON object as the last line");
+  rp->add_option("--model", r.model, "The base model the run started from")->required();
+  rp->add_option("--log", r.log, "The run directory (its zo_log.jsonl)")->required();
+  rp->add_option("--out", r.out, "Directory for the rebuilt model")->required();
+  rp->add_option("--threads", r.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
+  rp->add_flag("--json", r.json, "Print one JSON object as the last line");
+  return rp;
+}
+
+int run_finetune(const zof::TrainOptions& t) {
+  if (t.resume.empty()) {
+    ZOF_CHECK(!t.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
+    ZOF_CHECK(!t.out.empty(), "finetune needs --out DIR, the run directory to write");
+    ZOF_CHECK(!t.data.empty(), "finetune needs --data PATH, the task's data file or directory");
+  }
+  auto summary = zof::finetune(t);
+  // The run's result: always one JSON line, from rank 0 alone under mpirun.
+  if (!summary.contains("rank")) std::cout << summary.dump() << "\n";
+  return summary.value("interrupted", false) ? 130 : 0;
+}
+
+int run_replay(const ReplayArgs& r) {
+  auto summary = zof::replay(r.model, r.log, r.out, r.threads);
+  std::cout << (r.json ? summary.dump() : summary.dump(1)) << "\n";
+  return 0;
+}
+
+// Every user-caused problem ends here: one line on stderr and exit status 1.
+int error_exit(const char* what) {
+  std::fprintf(stderr, "zof: error: %s\n", what);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zof: fine-tune Hugging Face causal LMs with forward passes only"};
+  app.set_version_flag("--version", std::string("zof ") + zof::version());
+  app.require_subcommand(1);
+  GenerateArgs g;
+  EvalArgs e;
+  FinetuneArgs f;
+  ReplayArgs r;
+  CLI::App* gen = add_generate(app, g);
+  CLI::App* ev = add_eval(app, e);
+  CLI::App* ft = add_finetune(app, f);
+  add_finetune_layout(ft, f.t);
+  CLI::App* rp = add_replay(app, r);
 
   std::vector<std::string> args;
   try {
     args = expand_config(argc, argv);
   } catch (const zof::Error& err) {
-    std::fprintf(stderr, "zof: error: %s\n", err.what());
-    return 1;
+    return error_exit(err.what());
   }
   try {
     std::vector<std::string> rev(args.rbegin(), args.rend() - 1);  // CLI11 wants them reversed
@@ -337,31 +400,14 @@ int main(int argc, char** argv) {
   try {
     if (gen->parsed()) return run_generate(g);
     if (ev->parsed()) return run_eval(e);
-    if (ft->parsed()) {
-      if (t.resume.empty()) {
-        ZOF_CHECK(!t.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
-        ZOF_CHECK(!t.out.empty(), "finetune needs --out DIR, the run directory to write");
-        ZOF_CHECK(!t.data.empty(), "finetune needs --data PATH, the task's data file or directory");
-      }
-      auto summary = zof::finetune(t);
-      // The run's result: always one JSON line, from rank 0 alone under mpirun.
-      if (!summary.contains("rank")) std::cout << summary.dump() << "\n";
-      return summary.value("interrupted", false) ? 130 : 0;
-    }
-    if (rp->parsed()) {
-      auto summary = zof::replay(rp_model, rp_log, rp_out, rp_threads);
-      std::cout << (rp_json ? summary.dump() : summary.dump(1)) << "\n";
-      return 0;
-    }
+    if (ft->parsed()) return run_finetune(f.t);
+    if (rp->parsed()) return run_replay(r);
   } catch (const zof::Error& err) {
-    std::fprintf(stderr, "zof: error: %s\n", err.what());
-    return 1;
+    return error_exit(err.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "zof: error: out of memory (try a smaller --batch or --seq-len)\n");
-    return 1;
+    return error_exit("out of memory (try a smaller --batch or --seq-len)");
   } catch (const std::exception& err) {
-    std::fprintf(stderr, "zof: error: %s\n", err.what());
-    return 1;
+    return error_exit(err.what());
   }
   return 0;
 }

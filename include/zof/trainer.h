@@ -1,5 +1,6 @@
 // `zof finetune`: the training loop around ZOEngine: schedules, evaluation, metrics, progress,
 // atomic checkpoints and exact resume, the (seed, g) step log, and replay from that log.
+// The parts live in src/train/, one file each (see the first lines of each).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -78,17 +79,57 @@ class TrainData {
 std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
                                            int64_t context);
 
-// The engine's options from the run's; bad values throw zof::Error naming the flag.
+// Every field of the options, alone and together, checked once before anything is created: a bad
+// value throws zof::Error naming the flag and the fix. (That --batch covers every data-parallel
+// replica is checked once the ranks are known.)
+void validate_options(const TrainOptions& opt);
+
+// The device memory budget of --gpu-mem in bytes (0: none given; the device's free memory).
+uint64_t device_memory_budget(const TrainOptions& opt);
+
+// The engine's options from the run's (which passed validate_options).
 ZOStepOptions zo_step_options(const TrainOptions& opt);
 
 // Learning rate at step (0-based) under the options' schedule and warm-up.
 float learning_rate(const TrainOptions& opt, int64_t step);
 
+// What the step loop reports to a sink after each step (on rank 0).
+struct StepReport {
+  int64_t step = 0;        // steps done: the step just finished is step - 1
+  int64_t steps = 0;       // the run's --steps
+  int64_t first_step = 0;  // where this process started (a resumed run: the checkpoint's step)
+  bool evaluated = false;  // an evaluation ran after this step
+  double recent_loss = 0;  // mean training loss of the last 50 finite steps (NaN: none yet)
+  std::string metric;      // the latest evaluation ("ppl", "accuracy", "nll") and its value
+  double metric_value = 0;
+  double tokens_per_s = 0;  // over the run's steps so far (resumed runs included)
+  double elapsed_s = 0;     // wall time since this process's first step
+  const nlohmann::json* record = nullptr;  // the step's metrics.jsonl record
+};
+
+// Where a run's progress goes: the terminal (make_terminal_sink), or a caller's own (a Python
+// binding's on_step callback). Called on rank 0 only.
+class TrainSink {
+ public:
+  virtual ~TrainSink() = default;
+  // One line for the user: the run's description, evaluations, skipped steps, interruptions.
+  virtual void message(const std::string& line) = 0;
+  // After every step. true asks the run to stop as SIGINT does (a checkpoint, then a summary
+  // with "interrupted"): the request joins the next step's reduction, so that every rank of
+  // the job stops after that same step.
+  virtual bool on_step(const StepReport& report) = 0;
+  virtual void finish() = 0;  // the loop is over (the terminal ends its progress line)
+};
+
+// Progress on stderr: a line every 2% of the steps and at evaluations, or one line rewritten in
+// place after every step when stderr is a terminal.
+std::unique_ptr<TrainSink> make_terminal_sink();
+
 // Runs (or resumes) a fine-tuning run; returns the final JSON summary. Throws zof::Error.
 // Started by mpirun, the ranks of the job train one model together (see TrainOptions); rank 0
 // alone writes the run directory and returns the summary, the other ranks return
-// {"rank": r} only.
-nlohmann::json finetune(TrainOptions opt);
+// {"rank": r} only. sink: rank 0's progress (null: the terminal).
+nlohmann::json finetune(TrainOptions opt, TrainSink* sink = nullptr);
 
 // Rebuilds fine-tuned weights from a base model and a run's step log; writes a model directory.
 nlohmann::json replay(const std::string& base_model, const std::string& run_dir,

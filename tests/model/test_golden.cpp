@@ -70,7 +70,7 @@ TEST_P(GoldenLogits, MatchTransformers) {
   zof::Model model = zof::Model::load(g.model_dir);
   const int64_t V = model.config().vocab_size;
   const int64_t T_file = g.meta["input_ids"][0].size();
-  for (auto make : {zof::make_reference_backend, +[]() { return zof::make_cpu_backend(0); }}) {
+  for (auto make : {zof::test::reference_backend, +[]() { return zof::test::cpu_backend(0); }}) {
     auto be = make();
     zof::Forward fwd(model, *be, g.batch.B * g.batch.T);
     std::vector<float> logits;
@@ -117,7 +117,7 @@ TEST_P(GoldenLogits, Deterministic) {
   Golden g = load_golden(name);
   ZOF_REQUIRE_PATH(g.model_dir);
   zof::Model model = zof::Model::load(g.model_dir);
-  auto be = zof::make_cpu_backend(0);
+  auto be = zof::test::cpu_backend(0);
   zof::Forward fwd(model, *be, g.batch.B * g.batch.T);
   std::vector<float> a, b;
   fwd.logits(g.batch, a);
@@ -158,7 +158,7 @@ TEST(GoldenGenerate, GreedyMatchesTransformers) {
       FAIL() << name << " golden has no greedy generation record";
     }
     zof::Model model = zof::Model::load(g.model_dir);
-    auto be = zof::make_cpu_backend(0);
+    auto be = zof::test::cpu_backend(0);
     zof::Forward fwd(model, *be, (int64_t)prompt.size());
     zof::SampleOptions opt;
     opt.max_new_tokens = (int64_t)expect.size();

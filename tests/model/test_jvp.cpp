@@ -56,7 +56,7 @@ TEST(Jvp, MatchesAutogradGradientDotZ) {
     const zof::LossBatch lb = golden_batch(name);
     const int64_t rows = lb.batch.B * lb.batch.T;
     const std::vector<zof::ZKey> keys{{99, 3, 0}, {99, 3, 1}};
-    auto be = zof::make_cpu_backend(0);
+    auto be = zof::test::cpu_backend(0);
     zof::test::OracleJVP e64(m, *be, rows);
     zof::JVPEstimator e32(m, *be, rows);
     const zof::JVPSums s64 = e64.directional_derivatives(keys, {lb});
@@ -92,7 +92,7 @@ TEST(Jvp, EveryArchitectureMatchesCentralDifference) {
     const zof::LossBatch lb = golden_batch(name);
     const int64_t rows = lb.batch.B * lb.batch.T;
     const zof::ZKey key{5, 11, 0};
-    auto be = zof::make_cpu_backend(0);
+    auto be = zof::test::cpu_backend(0);
     zof::test::OracleJVP e64(m, *be, rows);
     const zof::JVPSums s = e64.directional_derivatives({key}, {lb});
     const double g = s.gradients()[0];
@@ -127,7 +127,7 @@ TEST(Jvp, SpsaConvergesToJvp) {
     const int64_t rows = lb.batch.B * lb.batch.T;
     const uint64_t seed = 42;
     const uint32_t step = 2;
-    auto be = zof::make_cpu_backend(0);
+    auto be = zof::test::cpu_backend(0);
     zof::JVPEstimator jvp(m, *be, rows);
     const double g = jvp.directional_derivatives({zof::ZKey{seed, step, 0}}, {lb}).gradients()[0];
     std::vector<double> err;
@@ -158,7 +158,7 @@ TEST(Jvp, QueriesAndMicroBatchesAdd) {
   const auto whole = zof::LossBatch::next_token(zof::Batch::from_sequences(seqs));
   std::vector<zof::LossBatch> parts;
   for (auto& s : seqs) parts.push_back(zof::LossBatch::next_token(zof::Batch::from_sequences({s})));
-  auto be = zof::make_cpu_backend(0);
+  auto be = zof::test::cpu_backend(0);
   zof::JVPEstimator est(m, *be, whole.batch.B * whole.batch.T);
   const std::vector<zof::ZKey> keys{{7, 0, 0}, {7, 0, 1}, {7, 0, 2}};
   const zof::JVPSums all = est.directional_derivatives(keys, {whole});
@@ -190,10 +190,10 @@ TEST(Jvp, BackendOpsEqualPlainLoops) {
     zof::Model m = zof::Model::load(golden_dir(name));
     const zof::LossBatch lb = golden_batch(name);
     const std::vector<zof::ZKey> keys{{3, 1, 0}, {3, 1, 1}};
-    auto cpu = zof::make_cpu_backend(0);
+    auto cpu = zof::test::cpu_backend(0);
     zof::test::PlainLoopJVP plain_est(m, *cpu, lb.batch.B * lb.batch.T);
     const zof::JVPSums plain = plain_est.directional_derivatives(keys, {lb});
-    auto sim = zof::make_sim_device(zof::make_cpu_backend(0), {});
+    auto sim = zof::make_sim_device(zof::test::cpu_backend(0), {});
     for (zof::Backend* be : {cpu.get(), static_cast<zof::Backend*>(sim.get())}) {
       zof::JVPEstimator est(m, *be, lb.batch.B * lb.batch.T);
       const zof::JVPSums fast = est.directional_derivatives(keys, {lb});
@@ -215,7 +215,7 @@ TEST(Jvp, StreamedOnADeviceEqualsTheCpuWalk) {
     const zof::LossBatch lb = golden_batch(name);
     const std::vector<zof::LossBatch> micro{lb, lb};
     const std::vector<zof::ZKey> keys{{3, 1, 0}, {3, 1, 1}};
-    auto cpu = zof::make_cpu_backend(0);
+    auto cpu = zof::test::cpu_backend(0);
     zof::JVPEstimator host(m, *cpu, lb.batch.B * lb.batch.T);
     const zof::JVPSums want = host.directional_derivatives(keys, micro);
     for (bool tight : {false, true}) {
@@ -224,7 +224,7 @@ TEST(Jvp, StreamedOnADeviceEqualsTheCpuWalk) {
                                   : zof::BlockStreamer::all_resident_bytes(m);
       zof::SimDeviceOptions so;
       so.budget = budget + (size_t(64) << 20);  // and the walk's buffers
-      auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+      auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
       zof::JVPEstimator est(m, *sim, lb.batch.B * lb.batch.T);
       zof::BlockStreamer streamer(m, *sim, budget);
       EXPECT_EQ(streamer.all_resident(), !tight) << streamer.describe();

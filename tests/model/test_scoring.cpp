@@ -53,7 +53,7 @@ TEST(Scoring, CandidateScoresMatchAHandComputation) {
   ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
   const zof::Model model = zof::Model::load(model_dir());
   const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
-  auto be = zof::make_cpu_backend(1);
+  auto be = zof::test::cpu_backend(1);
   const int64_t max_len = 32, batch_rows = 48;  // small: several padded forwards
   zof::Forward fwd(model, *be, std::max<int64_t>(batch_rows, 64));
   const auto ex = copa_style();
@@ -90,7 +90,7 @@ TEST(Scoring, ModelsFavouriteIsPredicted) {
   ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
   const zof::Model model = zof::Model::load(model_dir());
   const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
-  auto be = zof::make_cpu_backend(1);
+  auto be = zof::test::cpu_backend(1);
   zof::Forward fwd(model, *be, 256);
   const std::vector<zof::Example> ex = {
       {"Once upon a", {" banana", " time"}, 1},
@@ -106,7 +106,7 @@ TEST(Scoring, TrainingTargetsScoreExactlyTheAnswer) {
   ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
   const zof::Model model = zof::Model::load(model_dir());
   const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
-  auto be = zof::make_cpu_backend(1);
+  auto be = zof::test::cpu_backend(1);
   zof::Forward fwd(model, *be, 256);
   const auto ex = copa_style();
   const auto t = zof::tokenize_examples(tok, ex, 32);
@@ -143,7 +143,7 @@ TEST(Scoring, HeldOutWindowsMatchPerplexity) {
   ZOF_REQUIRE_PATH(text_path);
   const zof::Model model = zof::Model::load(model_dir());
   const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
-  auto be = zof::make_cpu_backend(1);
+  auto be = zof::test::cpu_backend(1);
   zof::Forward fwd(model, *be, 4 * 64);
   const auto td = zof::load_text(text_path, tok, 64, 0.1);
   std::vector<int32_t> held;  // the held-out windows' text tokens, re-windowed by perplexity()

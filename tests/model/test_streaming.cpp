@@ -90,11 +90,11 @@ RunResult run_steps(const std::string& name, const zof::ZOStepOptions& o, size_t
     zof::SimDeviceOptions so;
     so.budget = budget;
     so.copy_bandwidth = bandwidth;
-    auto s = zof::make_sim_device(zof::make_cpu_backend(0), so);
+    auto s = zof::make_sim_device(zof::test::cpu_backend(0), so);
     sim = s.get();
     be = std::move(s);
   } else {
-    be = zof::make_cpu_backend(0);
+    be = zof::test::cpu_backend(0);
   }
   RunResult r;
   {
@@ -131,7 +131,7 @@ Sizes sizes(const std::string& name, const zof::ZOStepOptions& o) {
   const auto mb = micro_batches(name);
   zof::SimDeviceOptions so;
   so.budget = size_t(1) << 30;
-  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
   zof::ZOEngine eng(m, *sim, max_rows(mb), o);
   const int planes = 1 + eng.state_planes();
   return {eng.streaming_minimum(),
@@ -278,7 +278,7 @@ TEST(Streaming, OptimizerStateStreamsWithItsBlocks) {
   // A budget that fits SGD's slots but not Adam's is refused, naming the flag and the fix.
   zof::SimDeviceOptions so;
   so.budget = adam.minimum - 1;
-  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
   const auto mb = micro_batches("stories260K");
   zof::ZOEngine eng(m, *sim, max_rows(mb), o);
   for (size_t budget : {sgd.minimum, adam.minimum - 1}) {
@@ -321,8 +321,8 @@ TEST(Streaming, OptimizerStateResumesExactly) {
       zof::SimDeviceOptions so;
       so.budget = budget;
       std::unique_ptr<zof::Backend> be =
-          budget ? std::unique_ptr<zof::Backend>(zof::make_sim_device(zof::make_cpu_backend(0), so))
-                 : zof::make_cpu_backend(0);
+          budget ? std::unique_ptr<zof::Backend>(zof::make_sim_device(zof::test::cpu_backend(0), so))
+                 : zof::test::cpu_backend(0);
       State out;
       {
         zof::ZOEngine eng(m, *be, max_rows(mb), o);
@@ -382,7 +382,7 @@ TEST(Streaming, BudgetBelowTheMinimumIsRefused) {
   const auto mb = micro_batches("llama_gqa");
   zof::SimDeviceOptions so;
   so.budget = sz.minimum - 1;
-  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
   zof::ZOEngine eng(m, *sim, max_rows(mb), o);
   try {
     eng.enable_streaming(sz.minimum - 1);
@@ -399,7 +399,7 @@ TEST(Streaming, BudgetBelowTheMinimumIsRefused) {
   int part_way = 0;
   for (size_t budget : {size_t(1024), sz.minimum / 8, sz.minimum / 3, sz.minimum / 2}) {
     so.budget = budget;
-    auto tiny = zof::make_sim_device(zof::make_cpu_backend(0), so);
+    auto tiny = zof::make_sim_device(zof::test::cpu_backend(0), so);
     try {
       zof::ZOEngine e2(m, *tiny, max_rows(mb), o);
       FAIL() << "the engine's buffers fit in " << budget << " bytes";
@@ -429,8 +429,8 @@ TEST(Streaming, AWalkCutShortLeavesNothingHeld) {
     zof::SimDeviceOptions so;
     so.budget = budget;
     std::unique_ptr<zof::Backend> be = budget ? std::unique_ptr<zof::Backend>(zof::make_sim_device(
-                                                    zof::make_cpu_backend(0), so))
-                                              : zof::make_cpu_backend(0);
+                                                    zof::test::cpu_backend(0), so))
+                                              : zof::test::cpu_backend(0);
     zof::ZOEngine eng(m, *be, max_rows(mb), o);
     if (budget) eng.enable_streaming(budget);
     EXPECT_THROW(eng.perturbed_losses(0, bad), zof::Error);
@@ -457,7 +457,7 @@ TEST(Streaming, WriteBacksReachTheHost) {
   const size_t ones_bytes = (span * 4 + 63) / 64 * 64;
   so.budget = ones_bytes + zof::BlockStreamer::min_bytes(m) + 1024;
   so.copy_bandwidth = 100e6;
-  auto sim = zof::make_sim_device(zof::make_cpu_backend(0), so);
+  auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
   float* ones = (float*)sim->alloc(span * 4);
   const std::vector<float> host_ones(span, 1.f);
   sim->copy_to_device(ones, host_ones.data(), span * 4, nullptr);

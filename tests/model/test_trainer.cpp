@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "zof/trainer.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -294,3 +295,46 @@ TEST_F(Finetune, BadInputIsAClearErrorAndOverwritesNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+// A sink as a Python binding's on_step would be: it sees every step and asks to stop at one.
+class StopAtStep : public zof::TrainSink {
+ public:
+  explicit StopAtStep(int64_t at) : at_(at) {}
+  void message(const std::string&) override {}
+  bool on_step(const zof::StepReport& r) override {
+    steps.push_back(r.step);
+    EXPECT_NE(r.record, nullptr);
+    return r.step == at_;
+  }
+  void finish() override { finished = true; }
+  std::vector<int64_t> steps;
+  bool finished = false;
+
+ private:
+  int64_t at_;
+};
+
+}  // namespace
+
+// A sink's stop request joins the next step's reduction: the run stops after that step with a
+// checkpoint, as a signal stops it, and resumes from there.
+TEST_F(Finetune, SinkStopsTheRunAfterTheNextStep) {
+  zof::TrainOptions o;
+  o.model = stories();
+  o.data = (dir_ / "text.txt").string();
+  o.out = (dir_ / "run").string();
+  o.steps = 10;
+  o.batch = 4;
+  o.seq_len = 32;
+  o.eval_examples = 8;
+  o.threads = 1;
+  StopAtStep sink(3);
+  const json s = zof::finetune(o, &sink);
+  EXPECT_TRUE(s.value("interrupted", false)) << s.dump();
+  EXPECT_EQ(s["steps"], 4);
+  EXPECT_EQ(sink.steps, (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(sink.finished);
+  EXPECT_EQ(zof::test::read_file((dir_ / "run" / "latest").string()), "checkpoint-4\n");
+}

@@ -34,7 +34,7 @@ struct Reference {
 
 Reference reference_step(zof::Model& m, const zof::LossBatch& lb, const zof::ZOStepOptions& o,
                          uint32_t step, float lr) {
-  auto be = zof::make_reference_backend();
+  auto be = zof::test::reference_backend();
   const std::vector<float> theta0(m.storage(), m.storage() + m.storage_size());
   auto& params = m.params();
   Reference r;
@@ -86,7 +86,7 @@ TEST_P(ZOStepVsReference, LossesGradientAndWeightsAgree) {
   Reference ref = reference_step(ref_model, lb, o, step, lr);
 
   zof::Model m = zof::Model::load(golden_dir(c.model));
-  auto be = zof::make_cpu_backend(0);
+  auto be = zof::test::cpu_backend(0);
   zof::ZOEngine eng(m, *be, lb.batch.B * lb.batch.T, o);
   auto ql = eng.perturbed_losses(step, {lb});
   auto g = eng.projected_gradients(ql);
@@ -138,7 +138,7 @@ TEST(ZOStep, SpsaApproachesDirectionalDerivative) {
     const zof::ZKey key{seed, 3, 0};
     const double dd = zof::test::autograd_dot_z(m, name, key);
     const zof::LossBatch lb = golden_batch(name);
-    auto be = zof::make_cpu_backend(0);
+    auto be = zof::test::cpu_backend(0);
     std::vector<double> err;
     double loss = 0;
     // Measured: llama_gqa err 0.61, 0.053, 0.0058 (dd 7.35); gpt2 0.035, 9e-4, 6e-5 to 2.6e-4
@@ -167,7 +167,7 @@ TEST(ZOStep, FusedUpdateEqualsImmediateFlush) {
   zof::ZOStepOptions o{1e-2f, 0.01f, 2, 5};
   zof::Model a = zof::Model::load(golden_dir("llama_gqa"));
   zof::Model b = zof::Model::load(golden_dir("llama_gqa"));
-  auto be = zof::make_cpu_backend(0);
+  auto be = zof::test::cpu_backend(0);
   zof::ZOEngine ea(a, *be, lb.batch.B * lb.batch.T, o), eb(b, *be, lb.batch.B * lb.batch.T, o);
   for (uint32_t step = 0; step < 3; ++step) {
     auto la = ea.perturbed_losses(step, {lb});
@@ -191,7 +191,7 @@ TEST(ZOStep, IdenticalAtAnyThreadCount) {
   std::vector<std::vector<float>> weights;
   for (int threads : {1, 2}) {
     zof::Model m = zof::Model::load(golden_dir("gpt2"));
-    auto be = zof::make_cpu_backend(threads);
+    auto be = zof::test::cpu_backend(threads);
     zof::ZOEngine eng(m, *be, lb.batch.B * lb.batch.T, o);
     std::vector<double> l;
     for (uint32_t step = 0; step < 3; ++step) {
@@ -223,7 +223,7 @@ TEST(ZOStep, MicroBatchesAccumulate) {
   std::vector<zof::LossBatch> parts;
   for (auto& s : seqs) parts.push_back(zof::LossBatch::next_token(zof::Batch::from_sequences({s})));
   zof::Model m = zof::Model::load(golden_dir("llama_gqa"));
-  auto be = zof::make_cpu_backend(0);
+  auto be = zof::test::cpu_backend(0);
   zof::ZOEngine eng(m, *be, whole.batch.B * whole.batch.T, zof::ZOStepOptions{1e-2f, 0.f, 1, 3});
   auto g1 = eng.projected_gradients(eng.perturbed_losses(0, {whole}));
   auto g2 = eng.projected_gradients(eng.perturbed_losses(0, parts));

@@ -63,7 +63,7 @@ TEST(ZOEngine, UpdateOnlyEngineAppliesTheSameUpdates) {
     zof::SimDeviceOptions so;
     so.budget = size_t(1) << 30;
     so.check_pointers = false;
-    auto be = zof::make_sim_device(zof::make_cpu_backend(0), so);
+    auto be = zof::make_sim_device(zof::test::cpu_backend(0), so);
     zof::ZOEngine full(a, *be, rows, o), apply(b, *be, rows, u);
     EXPECT_GT(apply.buffer_bytes(), 0u);
     EXPECT_LT(apply.buffer_bytes(), full.buffer_bytes() / 2);
@@ -142,8 +142,8 @@ TEST_P(ZOOptionsVsReference, ThreeStepsAgree) {
 
   zof::Model m = zof::Model::load(golden_dir(name));
   zof::Model ref = zof::Model::load(golden_dir(name));
-  auto cpu = zof::make_cpu_backend(0);
-  auto scalar = zof::make_reference_backend();
+  auto cpu = zof::test::cpu_backend(0);
+  auto scalar = zof::test::reference_backend();
   zof::ZOEngine eng(m, *cpu, lb.batch.B * lb.batch.T, o);
   auto& params = ref.params();
 

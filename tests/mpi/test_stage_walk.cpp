@@ -45,7 +45,7 @@ TEST_P(StageWalk, ChainedStagesEqualTheWholeWalk) {
   const Case c = GetParam();
   ZOF_REQUIRE_PATH(model_dir(c.model) + "/model.safetensors");
   const zof::ZOStepOptions o{1e-2f, 0.01f, 2, 9};
-  auto be = zof::make_cpu_backend(0);
+  auto be = zof::test::cpu_backend(0);
   zof::Model whole = zof::Model::load(model_dir(c.model));
   const auto micro = micro_batches(whole.config().vocab_size);
   const int64_t rows = 64;
@@ -119,7 +119,7 @@ TEST(DistLayout, RanksStagesReplicasAndBlockSplit) {
   EXPECT_THROW(zof::dist::stage_blocks(2, 3), zof::Error);
   // Not started by mpirun: one process.
   if (!zof::dist::launched_by_mpi()) {
-    auto c = zof::dist::connect_world(0);
+    auto c = zof::connect_job(0);
     EXPECT_EQ(c->size(), 1);
     double v[2] = {1.5, 2.5};
     c->allreduce_sum_ordered(v, 2);

@@ -1,0 +1,75 @@
+// The runtime layer (zof/runtime.h): the backend a device name asks for, the job's communicator,
+// and the host threads. The only code outside the backends that includes their headers or omp.h.
+#include "zof/runtime.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "cpu/sim_device.h"
+#include "zof/cuda.h"
+#include "zof/error.h"
+
+namespace zof {
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
+  ZOF_CHECK(o.device == "cpu" || o.device == "reference" || o.device == "cuda",
+            "unknown device '" + o.device + "': use cpu, reference or cuda");
+  ZOF_CHECK(!o.sim_device || o.device == "cpu",
+            "the simulated device runs over the cpu backend, not '" + o.device + "'");
+  std::unique_ptr<Backend> be;
+  if (o.device == "cuda")
+    be = make_cuda_backend(o.local_rank % std::max(1, cuda_device_count()));
+  else if (o.device == "reference")
+    be = make_reference_backend();
+  else
+    be = make_cpu_backend(o.threads);
+  if (!o.sim_device) return be;
+  SimDeviceOptions so;
+  so.budget = o.sim_budget;
+  so.copy_bandwidth = o.sim_copy_bandwidth;
+  so.check_hazards = o.sim_check_hazards;
+  so.check_pointers = o.sim_check_pointers;
+  return make_sim_device(std::move(be), so);
+}
+
+std::unique_ptr<dist::Communicator> connect_job(double timeout_s) {
+  return dist::connect_world(timeout_s);
+}
+
+int setup_host_threads(int requested, int ranks_on_node) {
+  int threads = requested;
+  if (threads == 0 && ranks_on_node > 1) threads = std::max(1, omp_get_num_procs() / ranks_on_node);
+  if (threads > 0) omp_set_num_threads(threads);
+  return threads;
+}
+
+int default_host_threads() { return omp_get_max_threads(); }
+
+std::optional<SimDeviceReport> sim_device_report(const Backend& be) {
+  const auto* sim = dynamic_cast<const SimDevice*>(&be);
+  if (!sim) return std::nullopt;
+  const SimDeviceStats s = sim->stats();
+  SimDeviceReport r;
+  r.budget = s.budget;
+  r.in_use = s.in_use;
+  r.peak = s.peak;
+  r.bytes_to_device = s.bytes_to_device;
+  r.bytes_to_host = s.bytes_to_host;
+  r.copies = s.copies;
+  r.copy_busy_s = s.copy_busy_s;
+  r.compute_wait_s = s.compute_wait_s;
+  r.hazards = s.hazards;
+  r.first_hazard = s.first_hazard;
+  r.foreign = s.foreign;
+  r.first_foreign = s.first_foreign;
+  return r;
+}
+
+bool reset_sim_device_counters(Backend& be) {
+  auto* sim = dynamic_cast<SimDevice*>(&be);
+  if (sim) sim->reset_counters();
+  return sim != nullptr;
+}
+
+}  // namespace zof

@@ -1,0 +1,87 @@
+// The two estimators of estimator.h: SPSA through ZOEngine's perturbed walk, JVP through the
+// forward-mode walk of jvp.h, both reduced as QueryLosses so the loop treats them alike.
+#include "train/estimator.h"
+
+#include "zof/backend.h"
+#include "zof/jvp.h"
+#include "zof/model.h"
+
+namespace zof::train {
+namespace {
+
+class SpsaEstimator : public Estimator {
+ public:
+  explicit SpsaEstimator(ZOEngine& engine) : engine_(engine) {}
+  QueryLosses sums(uint32_t step, const std::vector<LossBatch>& micro) override {
+    return engine_.perturbed_losses(step, micro);
+  }
+  std::vector<double> gradients(const QueryLosses& all) const override {
+    return engine_.projected_gradients(all);
+  }
+  double loss(const QueryLosses&, double lp, double lm) const override { return 0.5 * (lp + lm); }
+  std::string not_finite(double lp, double lm) const override {
+    return "loss is not finite (+eps " + std::to_string(lp) + ", -eps " + std::to_string(lm);
+  }
+  bool perturbed() const override { return true; }
+
+ private:
+  ZOEngine& engine_;
+};
+
+// g_j from forward-mode AD instead of two perturbed losses; the engine still schedules and
+// applies the updates, so the step log and replay are the same.
+class JvpEstimator : public Estimator {
+ public:
+  JvpEstimator(ZOEngine& engine, const Model& model, Backend& backend, int64_t max_rows,
+               int queries, uint64_t seed)
+      : engine_(engine), queries_(queries), seed_(seed) {
+    const size_t before = backend.free_memory();
+    jvp_ = std::make_unique<JVPEstimator>(model, backend, max_rows, queries);
+    const size_t after = backend.free_memory();
+    engine.add_buffer_bytes(before > after ? before - after : 0);  // in the streaming budget
+  }
+  QueryLosses sums(uint32_t step, const std::vector<LossBatch>& micro) override {
+    // The walk reads theta: the previous step's update goes in first (on the device, when
+    // streaming: the JVP walk reads the streamer's blocks, not the host copy).
+    engine_.flush(/*to_host=*/false);
+    std::vector<ZKey> keys;
+    for (int j = 0; j < queries_; ++j) keys.push_back(ZKey{seed_, step, (uint32_t)j});
+    const JVPSums js = jvp_->directional_derivatives(keys, micro);
+    // The + slots carry the directional derivatives, the - slots the loss at theta (the same
+    // number in each).
+    QueryLosses ql;
+    ql.sum_plus = js.sum_dir;
+    ql.sum_minus.assign(queries_, js.sum_loss);
+    ql.count = js.count;
+    return ql;
+  }
+  std::vector<double> gradients(const QueryLosses& all) const override {
+    return JVPSums{all.sum_minus[0], all.sum_plus, all.count}.gradients();
+  }
+  double loss(const QueryLosses& all, double, double) const override {
+    return all.sum_minus[0] / all.count;  // at theta
+  }
+  std::string not_finite(double lp, double lm) const override {
+    return "loss or directional derivative is not finite (loss " + std::to_string(lm) +
+           ", mean derivative " + std::to_string(lp);
+  }
+  bool perturbed() const override { return false; }
+  void use_streamer(BlockStreamer* s) override { jvp_->set_weights(s); }
+
+ private:
+  ZOEngine& engine_;
+  const int queries_;
+  const uint64_t seed_;
+  std::unique_ptr<JVPEstimator> jvp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Estimator> make_estimator(const TrainOptions& opt, ZOEngine& engine,
+                                          const Model& model, Backend& backend, int64_t max_rows) {
+  if (opt.estimator == "jvp")
+    return std::make_unique<JvpEstimator>(engine, model, backend, max_rows, opt.queries, opt.seed);
+  return std::make_unique<SpsaEstimator>(engine);
+}
+
+}  // namespace zof::train

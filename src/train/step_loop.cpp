@@ -1,0 +1,210 @@
+// The step loop (step_loop.h). A step is a pure function of (seed, step) and the weights, so
+// a resumed run, any thread count and any number of ranks take the same steps bit for bit.
+#include "train/step_loop.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+
+#include "train/clock.h"
+#include "train/estimator.h"
+#include "train/evaluation.h"
+#include "train/job.h"
+#include "zof/error.h"
+#include "zof/model.h"
+
+using json = nlohmann::json;
+
+namespace zof::train {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// SIGINT and SIGTERM set g_stop_signal while the loop runs; the old handlers come back after.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Test hooks for the failure tests: ZOF_FAULT_KILL_AT_STEP / ZOF_FAULT_TERM_AT_STEP /
+// ZOF_FAULT_HANG_AT_STEP = step make rank ZOF_FAULT_RANK (every rank when unset) die by SIGKILL,
+// receive SIGTERM, or stop answering at the start of that step.
+void inject_step_fault(int rank, int64_t step) {
+  const char* r = std::getenv("ZOF_FAULT_RANK");
+  if (r && std::atoi(r) != rank) return;
+  if (const char* k = std::getenv("ZOF_FAULT_KILL_AT_STEP"); k && std::atoll(k) == step)
+    ::raise(SIGKILL);
+  if (const char* t = std::getenv("ZOF_FAULT_TERM_AT_STEP"); t && std::atoll(t) == step)
+    ::raise(SIGTERM);
+  if (const char* h = std::getenv("ZOF_FAULT_HANG_AT_STEP"); h && std::atoll(h) == step)
+    for (;;) ::pause();
+}
+
+}  // namespace
+
+// One step's numbers, reduced over the job.
+struct StepLoop::Outcome {
+  float lr = 0;
+  QueryLosses ql;
+  double tokens = 0;       // real (unpadded) tokens of the step, every replica's
+  double lp = 0, lm = 0;   // mean over directions of the + and - slots
+  double loss = 0;
+  std::vector<double> g;   // empty when skipped
+  bool finite = false, stop = false;
+  double dt = 0;
+};
+
+StepLoop::StepLoop(const TrainOptions& opt, Job& job, RunDir& dir, ZOEngine& engine,
+                   Model& model, Estimator& estimator, TrainData& data, Evaluator& eval,
+                   TrainSink& sink, RunCounters& c)
+    : opt_(opt), job_(job), dir_(dir), engine_(engine), model_(model), est_(estimator),
+      data_(data), eval_(eval), sink_(sink), c_(c), start_(c.step) {}
+
+double StepLoop::recent_loss() const {
+  double avg = 0;
+  for (double x : recent_) avg += x;
+  return recent_.empty() ? NAN : avg / recent_.size();
+}
+
+void StepLoop::save_checkpoint(int64_t step) {
+  job_.gather_weights(engine_, model_);
+  if (!job_.root) return;
+  RunCounters at = c_;
+  at.step = step;
+  dir_.save_checkpoint(at, model_, engine_, opt_.optimizer);
+}
+
+LoopEnd StepLoop::run() {
+  if (c_.eval_before.is_null()) c_.eval_before = eval_.evaluate(start_, "before");
+  StopSignals signals;
+  last_eval_ = c_.eval_before;
+  t_step0_ = now_s();
+  LoopEnd end;
+  int64_t step = start_;
+  for (; step < opt_.steps; ++step) {
+    inject_step_fault(job_.rank, step);
+    const Outcome s = estimate(step);
+    const json rec = record(step, s);
+    check_bad_run(step);
+    const bool evaluated =
+        opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 < opt_.steps;
+    if (evaluated) last_eval_ = eval_.evaluate(step + 1, "during");
+    if (job_.root) report(step, rec, evaluated);
+    if (s.stop) {
+      end.interrupted = true;
+      ++step;
+      break;
+    }
+    if (opt_.save_every > 0 && (step + 1) % opt_.save_every == 0 && step + 1 < opt_.steps)
+      save_checkpoint(step + 1);
+  }
+  end.step = step;
+  end.signal = g_stop_signal;
+  end.sink_stop = sink_stop_;
+  end.step_bytes = step_bytes_;
+  return end;
+}
+
+StepLoop::Outcome StepLoop::estimate(int64_t step) {
+  Outcome s;
+  const double t0 = now_s();
+  const uint64_t bytes0 = job_.comm.bytes_sent();
+  s.lr = learning_rate(opt_, step);
+  std::vector<LossBatch> micro = data_.batch((uint64_t)step, job_.replica, job_.layout.replicas);
+  for (auto& mb : micro)
+    for (auto l : mb.batch.lengths) s.tokens += l;
+  s.ql = est_.sums((uint32_t)step, micro);
+  s.stop = job_.reduce_step(opt_.queries, s.ql, s.tokens, g_stop_signal || sink_stop_);
+  step_bytes_ += job_.comm.bytes_sent() - bytes0;
+  s.finite = s.ql.count > 0;
+  for (int j = 0; j < opt_.queries; ++j) {
+    s.lp += s.ql.sum_plus[j] / s.ql.count / opt_.queries;
+    s.lm += s.ql.sum_minus[j] / s.ql.count / opt_.queries;
+    s.finite = s.finite && std::isfinite(s.ql.sum_plus[j]) && std::isfinite(s.ql.sum_minus[j]);
+  }
+  if (s.finite) {
+    s.g = est_.gradients(s.ql);
+    engine_.schedule_update((uint32_t)step, s.lr, s.g);
+    c_.bad_run = 0;
+  } else {
+    ++c_.bad_run;
+    if (job_.root)
+      sink_.message("step " + std::to_string(step) + ": " + est_.not_finite(s.lp, s.lm) +
+                    "); update skipped");
+  }
+  s.dt = now_s() - t0;
+  s.loss = est_.loss(s.ql, s.lp, s.lm);
+  return s;
+}
+
+// The step log (what replay needs), the metrics record, and the recent losses.
+json StepLoop::record(int64_t step, const Outcome& s) {
+  c_.tokens += s.tokens;
+  c_.train_s += s.dt;
+  if (job_.root)
+    dir_.zo_log().write(json{{"step", step}, {"seed", opt_.seed}, {"lr", s.lr}, {"g", s.g},
+                             {"wd", opt_.weight_decay}, {"skipped", !s.finite}});
+  json rec{{"type", "step"}, {"step", step}, {"loss", s.finite ? json(s.loss) : json()},
+           {"loss_plus", s.finite ? json(s.lp) : json()},
+           {"loss_minus", s.finite ? json(s.lm) : json()}, {"g", s.g}, {"lr", s.lr},
+           {"tokens", s.tokens}, {"step_s", s.dt},
+           {"tokens_per_s", s.tokens / std::max(s.dt, 1e-9)}};
+  if (!est_.perturbed()) {  // no perturbed losses: "loss" is the loss at theta
+    rec.erase("loss_plus");
+    rec.erase("loss_minus");
+  }
+  if (job_.root) dir_.metrics().write(rec);
+  if (s.finite) {
+    recent_.push_back(s.loss);
+    if (recent_.size() > 50) recent_.erase(recent_.begin());
+  }
+  return rec;
+}
+
+// No checkpoint after too many non-finite steps: the weights that gave these losses are the
+// problem. The latest checkpoint (if any) still holds weights from before it, and --resume
+// starts there.
+void StepLoop::check_bad_run(int64_t step) {
+  if (c_.bad_run < opt_.max_bad_steps) return;
+  job_.comm.barrier();
+  const fs::path last = latest_checkpoint(dir_.path());
+  throw Error("the loss was not finite for " + std::to_string(c_.bad_run) +
+              " steps in a row (step " + std::to_string(step) + "); lower --lr or --eps." +
+              (last.empty() ? std::string(" No checkpoint was saved before it.")
+                            : " The latest checkpoint before it is " + last.string()));
+}
+
+void StepLoop::report(int64_t step, const json& rec, bool evaluated) {
+  StepReport r;
+  r.step = step + 1;
+  r.steps = opt_.steps;
+  r.first_step = start_;
+  r.evaluated = evaluated;
+  r.recent_loss = recent_loss();
+  r.metric = last_eval_["metric"].get<std::string>();
+  r.metric_value = last_eval_["value"].get<double>();
+  r.tokens_per_s = c_.tokens / std::max(c_.train_s, 1e-9);
+  r.elapsed_s = now_s() - t_step0_;
+  r.record = &rec;
+  if (sink_.on_step(r)) sink_stop_ = true;
+}
+
+}  // namespace zof::train
