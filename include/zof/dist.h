@@ -107,9 +107,9 @@ std::unique_ptr<Communicator> make_nccl_single(int device, double timeout_s = 0)
 // each rank on CUDA device `device` (the caller's choice: its rank on the node, say); `world`
 // itself otherwise. buffers_on_device() says which memory send/recv then take.
 // Not used yet: the CUDA backend cannot run the trainer (the forward keeps activations in host
-// buffers), so the trainer calls connect_world. Once the forward runs on the device, the trainer
-// calls connect_devices(connect_world(timeout), true, local rank, timeout) and hands the
-// pipeline's send/recv device buffers.
+// buffers), so the runtime (src/runtime, for the trainer) calls connect_world. Once the forward
+// runs on the device, it calls connect_devices(connect_world(timeout), true, local rank, timeout)
+// and hands the pipeline's send/recv device buffers.
 std::unique_ptr<Communicator> connect_devices(std::unique_ptr<Communicator> world,
                                               bool cuda_backend, int device, double timeout_s);
 

@@ -13,6 +13,7 @@
 #include "zof/model.h"
 #include "zof/philox.h"
 #include "zof/zo.h"
+
 namespace zof {
 
 // Sums over micro-batches, kept as sums so that data-parallel ranks can add them (as QueryLosses).
@@ -34,7 +35,7 @@ struct JVPSums {
 template <class K>
 class JVPWalk;
 namespace graph {
-struct BackendKernels;
+struct JvpBackendKernels;
 }
 
 class JVPEstimator {
@@ -60,7 +61,7 @@ class JVPEstimator {
   void set_weights(BlockStreamer* s);
 
  private:
-  std::unique_ptr<JVPWalk<graph::BackendKernels>> walk_;
+  std::unique_ptr<JVPWalk<graph::JvpBackendKernels>> walk_;
 };
 
 }  // namespace zof

@@ -99,6 +99,10 @@ auto zip_slots(const View<A>& a, const View<B>& b, F f) {
 using LayerWeights = LayerT<const float*>;
 using EmbedWeights = EmbedT<const float*>;
 using HeadWeights = HeadT<const float*>;
+// slots() lists every field (a field left out would be dropped by map_slots/zip_slots).
+static_assert(sizeof(LayerWeights) == LayerWeights::slots().size() * sizeof(const float*));
+static_assert(sizeof(EmbedWeights) == EmbedWeights::slots().size() * sizeof(const float*));
+static_assert(sizeof(HeadWeights) == HeadWeights::slots().size() * sizeof(const float*));
 
 class Model {
  public:

@@ -125,12 +125,12 @@ class BlockStreamer {
   size_t span_bytes(int block) const { return (size_t)model_.blocks()[block].span * sizeof(float); }
   // Plane k of the block's device copy (resident, or in its slot).
   float* device_plane(int block, int k) const;
-  // Every plane of the block between its host masters and its device copy: uploads on the
-  // upload stream, write-backs on the write-back stream (the caller orders them with events).
   // The constructor's two halves: which blocks stay resident and how many slots stream the
   // rest, then the device memory, streams and events for them.
   void plan(int planes);
   void allocate(int planes);
+  // Every plane of the block between its host masters and its device copy: uploads on the
+  // upload stream, write-backs on the write-back stream (the caller orders them with events).
   void upload(int block);
   void write_back(int block);
   // Its next position from pos_ in order_ repeated (positions past the end: the next walk),

@@ -15,7 +15,6 @@
 namespace zof {
 namespace {
 enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, HID, HS, NLL, NBUF };
-constexpr int64_t kHeadChunk = 256;  // rows of logits formed at once (M of the LM-head GEMM)
 }  // namespace
 
 Batch Batch::from_sequences(const std::vector<std::vector<int32_t>>& seqs, int32_t pad_id) {
@@ -98,12 +97,14 @@ namespace {
 // Forward's buffers for one layer: the hidden state updated in place, one normed copy, the
 // attention's q/k/v/out, one projection output and the FFN's two halves (the fused QKV shares the
 // first; an ungated activation runs in place).
-graph::Frame<float> layer_frame(float* const* bufs, float* h, int64_t B, int64_t T,
-                                const int32_t* pos, const uint8_t* key_mask) {
+graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float* h, int64_t B,
+                                int64_t T, const int32_t* pos, const uint8_t* key_mask) {
   graph::Frame<float> f;
   using namespace graph;
   f.set({kHIn, kH1, kH2, kHOut}, h);
-  f.set({kXn1, kX2}, bufs[XN]);
+  f.v[kXn1] = bufs[XN];
+  // Pre-norm: LN2(h1) beside h1 (the residual); post-norm: h1 normed in place is the residual.
+  f.v[kX2] = d.pre_norm ? bufs[XN] : h;
   f.set({kQKV, kF1, kAct}, bufs[FF1]);
   f.set({kAttOut, kFfnOut}, bufs[TMP]);
   f.v[kQ] = bufs[Q], f.v[kK] = bufs[K], f.v[kV] = bufs[V], f.v[kAtt] = bufs[ATT];
@@ -158,7 +159,7 @@ void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t 
                     const int32_t* pos, const uint8_t* key_mask, KVCache* cache) {
   ZOF_ASSERT(B * T <= max_rows_);
   const graph::Dims d = graph::Dims::of(cfg_);
-  graph::Frame<float> f = layer_frame(bufs_.data(), h, B, T, pos, key_mask);
+  graph::Frame<float> f = layer_frame(d, bufs_.data(), h, B, T, pos, key_mask);
   graph::BackendKernels k{be_};
   if (cache) {
     CachedPrimal o(k, d, f, *cache, li);

@@ -24,20 +24,21 @@ struct Frame {
   const int32_t* pos = nullptr;        // RoPE positions
   const uint8_t* key_mask = nullptr;   // (B, S); null: every key valid
   const int32_t* targets = nullptr;    // cross_entropy's (rows); < 0 not scored
-  // Every value in one buffer (s of several values sharing it).
+  // Several values in one buffer.
   void set(std::initializer_list<Value> vals, T* p) {
     for (Value x : vals) v[x] = p;
   }
 };
 
 // The primal: each op on the frame's buffers. Values that share a buffer are updated in place
-// where the op allows it (add, copy, activation); otherwise every value is its own buffer.
+// where the op allows it (norm, add, copy, activation; see block_graph.h for which may share).
 template <class K>
 class Primal {
  public:
   using T = typename K::T;
   using W = const T*;
   Primal(K& k, const Dims& d, Frame<T>& f) : k_(k), d_(d), f_(f) {}
+  Primal(K& k, const Dims& d, Frame<T>&& f) = delete;  // the frame must outlive the ops
 
   void norm(Value y, Value x, W w, W b) {
     if (d_.rms_norm)
@@ -91,7 +92,7 @@ class Primal {
     return f_.v[x];
   }
   K& k_;
-  const Dims& d_;
+  const Dims d_;
   Frame<T>& f_;
 };
 
@@ -113,6 +114,8 @@ class Tangent {
   using W = Dual<T>;
   Tangent(K& k, const Dims& d, const Frame<T>& primal, Frame<T>& tangent)
       : k_(k), d_(d), p_(primal), t_(tangent) {}
+  Tangent(K& k, const Dims& d, const Frame<T>&& primal, Frame<T>& tangent) = delete;
+  Tangent(K& k, const Dims& d, const Frame<T>& primal, Frame<T>&& tangent) = delete;
 
   void norm(Value y, Value x, W w, W b) {
     if (d_.rms_norm)
@@ -168,7 +171,7 @@ class Tangent {
     return t_.v[x];
   }
   K& k_;
-  const Dims& d_;
+  const Dims d_;
   const Frame<T>& p_;
   Frame<T>& t_;
 };
@@ -272,6 +275,13 @@ struct BackendKernels {
                          float* dnll, int64_t rows, int64_t V) {
     be.cross_entropy_jvp(logits, dlogits, targets, dnll, rows, V);
   }
+};
+
+// The JVP walk's kernels: BackendKernels with the attention scale the JVP has always used,
+// float(1 / sqrt(double(D))), which differs from Forward's 1.f / sqrtf(D) by an ulp for some D
+// (not 8, 16, 32, 64, 80, 128, 256; e.g. 6, 24, 96): kept so that JVP runs stay bit-identical.
+struct JvpBackendKernels : BackendKernels {
+  static float scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
 };
 
 }  // namespace zof::graph

@@ -10,6 +10,9 @@
 
 namespace zof {
 
+// Rows of logits a head forms at once (the M of the LM-head GEMM), for evaluation and the JVP walk.
+inline constexpr int64_t kHeadChunk = 256;
+
 struct ScoredRows {
   std::vector<int32_t> rows, targets;
   // targets (n); zof::Error for a target outside a vocabulary of V.

@@ -125,7 +125,8 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
 }  // namespace
 
 json finetune(TrainOptions opt, TrainSink* user_sink) {
-  RunDir dir(opt);  // --resume: the run's saved options from here on
+  validate_options(opt);  // the flags as given: a bad one is refused under --resume too
+  RunDir dir(opt);        // --resume: the run's saved options from here on
   validate_options(opt);
   const uint64_t gpu_mem = device_memory_budget(opt);
   auto comm = connect_job(opt.dist_timeout);

@@ -14,8 +14,8 @@ std::vector<double> JVPSums::gradients() const {
 }
 
 JVPEstimator::JVPEstimator(const Model& model, Backend& backend, int64_t max_rows, int directions)
-    : walk_(std::make_unique<JVPWalk<graph::BackendKernels>>(model, backend, max_rows, directions,
-                                                             graph::BackendKernels{backend})) {}
+    : walk_(std::make_unique<JVPWalk<graph::JvpBackendKernels>>(
+          model, backend, max_rows, directions, graph::JvpBackendKernels{{backend}})) {}
 
 JVPEstimator::~JVPEstimator() = default;
 

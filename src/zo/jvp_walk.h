@@ -21,7 +21,6 @@
 namespace zof {
 
 namespace jvp_detail {
-constexpr int64_t kHeadChunk = 256;  // rows of logits formed at once, as Forward::head_nll
 
 // z(key, tensor, i) for i < n: philox.h's lane-parallel z_groups16 on whole chunks of 64, the
 // scalar z_group on the tail, the same bits as Backend::zo_pass perturbs with.
@@ -142,7 +141,7 @@ class JVPWalk {
       qkv_.reserve(be_, R * 3 * d_.C);
       dqkv_.reserve(be_, R * 3 * d_.C);
     }
-    const int64_t HC = jvp_detail::kHeadChunk;
+    const int64_t HC = kHeadChunk;
     if constexpr (kFp32) {
       // The largest product: a layer's (R rows) or the LM head's (kHeadChunk rows of V).
       mmtmp_.reserve(be_, std::max(R * std::max({3 * d_.C, d_.I, d_.Hq, CE}), HC * d_.V));
@@ -289,7 +288,9 @@ class JVPWalk {
     f.v[kQ] = dq_.data(), f.v[kK] = dk_.data(), f.v[kV] = dv_.data(), f.v[kAtt] = datt_.data();
     f.set({kAttOut, kFfnOut}, dtmp_.data());
     f.v[kH1] = dh1_.data(), f.v[kX2] = dx2_.data(), f.v[kF1] = df1_.data();
-    f.v[kF2] = df2_.data(), f.v[kAct] = da_.data(), f.v[kH2] = dh2_.data();
+    f.v[kF2] = df2_.data(), f.v[kAct] = da_.data();
+    // Pre-norm: the last add writes the output tangent in place (kHIn is last read before it).
+    f.v[kH2] = d_.pre_norm ? dh : dh2_.data();
     f.v[kEmb] = dx_.data();
     return f;
   }
@@ -383,7 +384,6 @@ void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
   // Block 0: the embedding, its primal then each direction's tangent.
   Frame p = layer_primal_frame();
   set_inputs(p, b.B, b.T);
-  p.v[graph::kHOut] = h_.data();
   const EmbedT<const T*> ew = embed_view(w_emb);
   {
     graph::Primal<K> po(k_, d_, p);
@@ -425,8 +425,8 @@ void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
       block_z(nblocks - 1, keys[j], z_block_);
       hz = head_view(z_block_.data(), z_embed_[j].data());
     }
-    for (size_t s0 = 0; s0 < sel.size(); s0 += jvp_detail::kHeadChunk) {
-      const int64_t n = std::min<int64_t>(jvp_detail::kHeadChunk, (int64_t)(sel.size() - s0));
+    for (size_t s0 = 0; s0 < sel.size(); s0 += kHeadChunk) {
+      const int64_t n = std::min<int64_t>(kHeadChunk, (int64_t)(sel.size() - s0));
       // The chunk's rows gathered by the embedding op (the hidden states as its table).
       be_.copy_to_device(sel_.data(), sel.data() + s0, size_t(n) * 4, nullptr);
       be_.copy_to_device(tg_.data(), tg.data() + s0, size_t(n) * 4, nullptr);

@@ -1,12 +1,11 @@
 // The ZO step as a walk over blocks with both perturbed hidden states (see zo.h).
 #include "zof/zo.h"
 
-#include "model/scored_rows.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "model/scored_rows.h"
 #include "zof/error.h"
 #include "zof/streaming.h"
 
