@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what zof needs on Debian 12 (build tools, oneDNN, OpenMP, JSON, CLI11, GoogleTest,
 # Open MPI) and a Python virtual environment (build/venv) with the reference packages the tests
-# compare against.
+# compare against and the zof Python package (pyproject.toml) built from this tree.
 # Idempotent: installs only what is missing. Run as root or with sudo available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev python3 python3-venv python3-pip
+      python3-dev  # Python.h for the zof Python module (pip install .)
       openmpi-bin libopenmpi-dev  # MPI: data- and pipeline-parallel finetune, tests/mpi
       ocl-icd-opencl-dev opencl-headers)  # Debian's dnnl-config.cmake calls find_package(OpenCL)
 missing=()
@@ -22,7 +23,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Python reference packages: tokenizers (tokenizer tests), safetensors and numpy (file checks).
+# Python reference packages: tokenizers (tokenizer tests), safetensors and numpy (file checks);
+# the zof package's build backend and binding generator (the pins of pyproject.toml, here so
+# that it builds without isolation into a build directory it keeps) and pytest.
 # torch and transformers are only needed to regenerate golden files and for the benchmarks'
 # peer (ZOF_PY_FULL=1).
 VENV=${ZOF_VENV:-build/venv}
@@ -30,10 +33,21 @@ if [ ! -x "$VENV/bin/python" ]; then
   mkdir -p "$(dirname "$VENV")"
   python3 -m venv "$VENV"
 fi
-want="tokenizers==0.23.3 safetensors numpy"
+want="tokenizers==0.23.3 safetensors numpy scikit-build-core==1.1.2 nanobind==3.1.0 pytest==9.2.0"
 [ "${ZOF_PY_FULL:-0}" = 1 ] && want="$want torch transformers"
-if ! "$VENV/bin/python" -c "import tokenizers, safetensors, numpy" 2>/dev/null ||
+if ! "$VENV/bin/python" -c "import tokenizers, safetensors, numpy, scikit_build_core, nanobind, pytest" 2>/dev/null ||
    { [ "${ZOF_PY_FULL:-0}" = 1 ] && ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; }; then
   echo "setup: installing Python packages into $VENV: $want"
   "$VENV/bin/pip" install -q --disable-pip-version-check $want
+fi
+
+# The zof package over the same C++ library as the CLI, built in build/py (kept: a rerun compiles
+# only what changed). The sanitizer pass leaves it out: it tests the plain build's package.
+if [ "${ZOF_SANITIZE:-0}" != 1 ]; then
+  echo "setup: building and installing the zof Python package into $VENV"
+  t0=$SECONDS
+  args=(install -q --disable-pip-version-check --no-build-isolation .)
+  command -v ccache >/dev/null && args+=(-Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  nice -n 10 "$VENV/bin/pip" "${args[@]}"
+  echo "setup: zof Python package installed in $((SECONDS - t0)) s"
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian machine to a passing test suite: installs what is needed,
-# builds, writes the Hugging Face tokenizer reference, runs ctest (all CPU labels).
+# builds, writes the Hugging Face tokenizer reference, runs ctest (all CPU labels), then the
+# Python package's tests (tests/python) against transformers' goldens and the CLI just built.
 # ZOF_SANITIZE=1 runs the same suite built with AddressSanitizer and UBSan in build-asan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,3 +36,14 @@ EXCLUDE=gpu
 # It also leaves out mpi: LeakSanitizer reports Open MPI's own allocations in MPI_Init.
 [ "${ZOF_SANITIZE:-0}" = 1 ] && EXCLUDE="gpu|slow|mpi"
 ctest --output-on-failure -j 2 -LE "$EXCLUDE" "$@"
+cd ..
+# setup.sh installs the package in the plain pass only. pytest's exit 5 (no tests collected)
+# fails the suite as any other.
+if [ "${ZOF_SANITIZE:-0}" != 1 ]; then
+  rc=0
+  ZOF_CLI="$PWD/build/zof" "$ZOF_PYTHON" -m pytest tests/python -q -p no:cacheprovider || rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "test.sh: the Python tests failed (pytest exit status $rc)" >&2
+    exit 1
+  fi
+fi

@@ -1,7 +1,6 @@
 // zof command line: generate, eval, finetune, replay, each with one function declaring its flags
 // and one running it. Every user-caused problem ends as one line "zof: error: ..." and a
 // non-zero exit; --json makes the last line one JSON object.
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,11 +13,9 @@
 
 #include "zof/backend.h"
 #include "zof/error.h"
-#include "zof/forward.h"
-#include "zof/generate.h"
 #include "zof/model.h"
-#include "zof/perplexity.h"
 #include "zof/runtime.h"
+#include "zof/text.h"
 #include "zof/tokenizer.h"
 #include "zof/trainer.h"
 #include "zof/version.h"
@@ -27,11 +24,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string read_text_file(const std::string& path, const std::string& flag) {
   ZOF_CHECK(fs::is_regular_file(path), flag + " " + path + ": no such file");
@@ -62,45 +54,25 @@ int run_generate(const GenerateArgs& a) {
   auto backend = cpu_backend(a.threads);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
-  std::vector<int32_t> prompt = tok.encode(a.prompt, true);
-  if (prompt.empty()) {
-    const int32_t start = tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id();
-    ZOF_CHECK(start >= 0, "the prompt is empty and the tokenizer in " + a.model +
-                              " has neither a BOS nor an EOS token to start from; give --prompt");
-    prompt.push_back(start);
-  }
   zof::SampleOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
   opt.temperature = a.temperature;
   opt.top_p = a.top_p;
   opt.seed = a.seed;
-  opt.eos_id = tok.eos_id();
-  zof::Forward fwd(model, *backend, std::max<int64_t>((int64_t)prompt.size(), 1));
-  std::vector<int32_t> all = prompt;
-  std::string printed = tok.decode(prompt, true);
-  if (!a.json) std::cout << printed << std::flush;
-  const double t0 = now_s();
-  auto out = zof::generate(fwd, prompt, opt, [&](int32_t t) {
-    all.push_back(t);
+  size_t shown = 0;  // bytes of the text already printed
+  json j = zof::generate_text(model, tok, *backend, a.prompt, opt, [&](const std::string& text) {
     if (a.json) return;
-    // Decode the whole text each time so multi-token characters print once complete.
-    std::string text = tok.decode(all, true);
-    if (text.size() >= printed.size() && text.compare(0, printed.size(), printed) == 0) {
-      std::cout << text.substr(printed.size()) << std::flush;
-      printed = text;
-    }
+    std::cout << text.substr(shown) << std::flush;
+    shown = text.size();
   });
-  const double dt = now_s() - t0;
-  const std::string completion = tok.decode(out, true);
   if (a.json) {
-    json j{{"prompt", a.prompt},           {"completion", completion},
-           {"text", tok.decode(all, true)}, {"new_tokens", out.size()},
-           {"ids", out},                   {"tokens_per_s", out.size() / std::max(dt, 1e-9)}};
     std::cout << j.dump() << "\n";
   } else {
     std::cout << "\n";
-    std::fprintf(stderr, "zof: %zu tokens in %.2f s (%.1f tokens/s)\n", out.size(), dt,
-                 out.size() / std::max(dt, 1e-9));
+    const size_t n = j["new_tokens"];
+    const double tps = j["tokens_per_s"];
+    std::fprintf(stderr, "zof: %zu tokens in %.2f s (%.1f tokens/s)\n", n, n / std::max(tps, 1e-9),
+                 tps);
   }
   return 0;
 }
@@ -117,48 +89,15 @@ int run_eval(const EvalArgs& a) {
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
   const std::string text = read_text_file(a.text, "--text");
-  ZOF_CHECK(!text.empty(), "--text " + a.text + " is empty");
-  const double t0 = now_s();
-  // "<|endoftext|>" separates documents (TinyStories, GPT-2 style corpora): each is encoded
-  // alone and scored from its own BOS, as the model saw documents in training.
-  std::vector<std::vector<int32_t>> docs;
-  const std::string sep = "<|endoftext|>";
-  for (size_t pos = 0; pos <= text.size();) {
-    size_t end = text.find(sep, pos);
-    if (end == std::string::npos) end = text.size();
-    std::string doc = text.substr(pos, end - pos);
-    if (doc.find_first_not_of(" \t\r\n") != std::string::npos) {
-      const size_t a = doc.find_first_not_of(" \t\r\n"), b = doc.find_last_not_of(" \t\r\n");
-      docs.push_back(tok.encode(doc.substr(a, b - a + 1), false));
-    }
-    pos = end + sep.size();
-  }
-  ZOF_CHECK(!docs.empty(), "--text " + a.text + " holds no text");
-  const double t_tok = now_s() - t0;
-  const int64_t ctx = model.config().max_position;
-  const int64_t seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(ctx, 512);
-  ZOF_CHECK(seq_len <= ctx, "--seq-len " + std::to_string(seq_len) +
-                                " exceeds the model's context of " + std::to_string(ctx) +
-                                " tokens; use --seq-len " + std::to_string(ctx) + " or less");
-  ZOF_CHECK(a.batch >= 1, "--batch must be at least 1");
-  zof::Forward fwd(model, *backend, seq_len * a.batch);
-  const double t1 = now_s();
-  auto r = zof::perplexity(fwd, docs, tok.bos_id(), seq_len, a.batch, a.max_windows);
-  const double dt = now_s() - t1;
-  json j{{"nll", r.nll},
-         {"ppl", r.ppl},
-         {"tokens", r.tokens},
-         {"windows", r.windows},
-         {"seq_len", seq_len},
-         {"tokenize_s", t_tok},
-         {"eval_s", dt},
-         {"tokens_per_s", r.tokens / std::max(dt, 1e-9)}};
+  json j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
+                              a.max_windows);
   if (a.json) {
     std::cout << j.dump() << "\n";
   } else {
     std::printf("%s: nll %.4f  perplexity %.3f  over %lld tokens in %lld windows of %lld (%.2f s)\n",
-                a.text.c_str(), r.nll, r.ppl, (long long)r.tokens, (long long)r.windows,
-                (long long)seq_len, dt);
+                a.text.c_str(), j["nll"].get<double>(), j["ppl"].get<double>(),
+                (long long)j["tokens"].get<int64_t>(), (long long)j["windows"].get<int64_t>(),
+                (long long)j["seq_len"].get<int64_t>(), j["eval_s"].get<double>());
   }
   return 0;
 }

@@ -1,0 +1,33 @@
+// The CLI's text commands as library calls, shared by tools/zof.cpp and the Python module:
+// `zof eval` (perplexity over a text's documents) and `zof generate` (from a prompt string).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zof/backend.h"
+#include "zof/generate.h"
+#include "zof/model.h"
+#include "zof/tokenizer.h"
+
+namespace zof {
+
+// Perplexity of text, documents separated by "<|endoftext|>" (each encoded alone and scored
+// from its own BOS). seq_len 0: the context, at most 512. source names the text in errors
+// ("--text FILE"). Returns `zof eval --json`'s object: nll, ppl, tokens, windows, seq_len,
+// tokenize_s, eval_s, tokens_per_s.
+nlohmann::json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
+                             const std::string& text, const std::string& source, int64_t seq_len,
+                             int64_t batch, int64_t max_windows);
+
+// Generation after prompt (empty: from BOS, else EOS). on_text receives the decoded text so far
+// (prompt included) each time it grows by whole characters. Returns `zof generate --json`'s
+// object: prompt, completion, text, new_tokens, ids, tokens_per_s.
+nlohmann::json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
+                             const std::string& prompt, SampleOptions opt,
+                             const std::function<void(const std::string&)>& on_text = nullptr);
+
+}  // namespace zof

@@ -1,0 +1,102 @@
+// `zof eval` and `zof generate` over strings: tokenization, documents, and the JSON results the
+// CLI prints and the Python module returns.
+#include "zof/text.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "zof/error.h"
+#include "zof/forward.h"
+#include "zof/perplexity.h"
+
+using json = nlohmann::json;
+
+namespace zof {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
+                   const std::string& text, const std::string& source, int64_t seq_len_arg,
+                   int64_t batch, int64_t max_windows) {
+  ZOF_CHECK(!text.empty(), source + " is empty");
+  const double t0 = now_s();
+  // "<|endoftext|>" separates documents (TinyStories, GPT-2 style corpora): each is encoded
+  // alone and scored from its own BOS, as the model saw documents in training.
+  std::vector<std::vector<int32_t>> docs;
+  const std::string sep = "<|endoftext|>";
+  for (size_t pos = 0; pos <= text.size();) {
+    size_t end = text.find(sep, pos);
+    if (end == std::string::npos) end = text.size();
+    std::string doc = text.substr(pos, end - pos);
+    if (doc.find_first_not_of(" \t\r\n") != std::string::npos) {
+      const size_t a = doc.find_first_not_of(" \t\r\n"), b = doc.find_last_not_of(" \t\r\n");
+      docs.push_back(tok.encode(doc.substr(a, b - a + 1), false));
+    }
+    pos = end + sep.size();
+  }
+  ZOF_CHECK(!docs.empty(), source + " holds no text");
+  const double t_tok = now_s() - t0;
+  const int64_t ctx = model.config().max_position;
+  const int64_t seq_len = seq_len_arg > 0 ? seq_len_arg : std::min<int64_t>(ctx, 512);
+  ZOF_CHECK(seq_len >= 2, "--seq-len must be at least 2");
+  ZOF_CHECK(seq_len <= ctx, "--seq-len " + std::to_string(seq_len) +
+                                " exceeds the model's context of " + std::to_string(ctx) +
+                                " tokens; use --seq-len " + std::to_string(ctx) + " or less");
+  ZOF_CHECK(batch >= 1, "--batch must be at least 1");
+  ZOF_CHECK(max_windows >= 0, "--max-windows must be 0 (all) or more");
+  Forward fwd(model, backend, seq_len * batch);
+  const double t1 = now_s();
+  auto r = perplexity(fwd, docs, tok.bos_id(), seq_len, batch, max_windows);
+  const double dt = now_s() - t1;
+  return json{{"nll", r.nll},
+              {"ppl", r.ppl},
+              {"tokens", r.tokens},
+              {"windows", r.windows},
+              {"seq_len", seq_len},
+              {"tokenize_s", t_tok},
+              {"eval_s", dt},
+              {"tokens_per_s", r.tokens / std::max(dt, 1e-9)}};
+}
+
+json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
+                   const std::string& prompt_text, SampleOptions opt,
+                   const std::function<void(const std::string&)>& on_text) {
+  std::vector<int32_t> prompt = tok.encode(prompt_text, true);
+  if (prompt.empty()) {
+    const int32_t start = tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id();
+    ZOF_CHECK(start >= 0, "the prompt is empty and the tokenizer in " + model.source() +
+                              " has neither a BOS nor an EOS token to start from; give --prompt");
+    prompt.push_back(start);
+  }
+  opt.eos_id = tok.eos_id();
+  Forward fwd(model, backend, std::max<int64_t>((int64_t)prompt.size(), 1));
+  std::vector<int32_t> all = prompt;
+  std::string printed = tok.decode(prompt, true);
+  if (on_text) on_text(printed);
+  const double t0 = now_s();
+  auto out = generate(fwd, prompt, opt, [&](int32_t t) {
+    all.push_back(t);
+    if (!on_text) return;
+    // Decode the whole text each time so multi-token characters show once complete.
+    std::string text = tok.decode(all, true);
+    if (text.size() >= printed.size() && text.compare(0, printed.size(), printed) == 0) {
+      printed = text;
+      on_text(printed);
+    }
+  });
+  const double dt = now_s() - t0;
+  return json{{"prompt", prompt_text},
+              {"completion", tok.decode(out, true)},
+              {"text", tok.decode(all, true)},
+              {"new_tokens", out.size()},
+              {"ids", out},
+              {"tokens_per_s", out.size() / std::max(dt, 1e-9)}};
+}
+
+}  // namespace zof

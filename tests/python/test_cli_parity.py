@@ -1,0 +1,93 @@
+# zof from Python against the CLI (build/zof) with the same options: the same fine-tuned bytes,
+# step log and summary keys; eval and generate give the CLI's JSON; errors the CLI's message.
+import json
+import subprocess
+
+import pytest
+
+import zof
+from conftest import CLI, SHAKESPEARE, STORIES, require
+
+OPTS = dict(task="text", steps=4, batch=2, seq_len=32, lr=1e-3, eps=1e-3, seed=7,
+            eval_examples=4, train_examples=64, threads=2)
+
+
+def cli(*args):
+    return subprocess.run([str(require(CLI)), *map(str, args)], capture_output=True, text=True)
+
+
+def flags(opts):
+    out = []
+    for k, v in opts.items():
+        out += ["--" + k.replace("_", "-"), str(v)]
+    return out
+
+
+def test_finetune_equals_cli(tmp_path):
+    require(STORIES), require(SHAKESPEARE)
+    r = cli("finetune", "--model", STORIES, "--data", SHAKESPEARE, "--out", tmp_path / "cli",
+            *flags(OPTS), "--json")
+    assert r.returncode == 0, r.stderr
+    cli_summary = json.loads(r.stdout.strip().splitlines()[-1])
+    summary = zof.finetune(model=STORIES, data=SHAKESPEARE, out=tmp_path / "py", **OPTS)
+    assert summary.keys() == cli_summary.keys()
+    assert summary["steps"] == cli_summary["steps"] == OPTS["steps"]
+    assert summary["train_loss"] == cli_summary["train_loss"]
+    assert summary["eval"] == cli_summary["eval"]
+    for f in ("model.safetensors", "zo_log.jsonl"):
+        assert (tmp_path / "py" / f).read_bytes() == (tmp_path / "cli" / f).read_bytes(), f
+    # replay from Python rebuilds the CLI run's weights.
+    rep = zof.replay(STORIES, tmp_path / "cli", tmp_path / "replayed", threads=2)
+    assert isinstance(rep, dict)
+    assert ((tmp_path / "replayed" / "model.safetensors").read_bytes() ==
+            (tmp_path / "cli" / "model.safetensors").read_bytes())
+
+
+def test_eval_and_generate_equal_cli():
+    require(STORIES)
+    text = require(SHAKESPEARE.parent.parent / "tinystories" / "tinystories_sample_cs336.txt")
+    r = cli("eval", "--model", STORIES, "--text", text, "--seq-len", 64, "--max-windows", 8,
+            "--json")
+    assert r.returncode == 0, r.stderr
+    want = json.loads(r.stdout.strip().splitlines()[-1])
+    m = zof.Model.load(STORIES)
+    got = m.eval(text, seq_len=64, max_windows=8)
+    assert got.keys() == want.keys()
+    for k in ("nll", "ppl", "tokens", "windows", "seq_len"):
+        assert got[k] == want[k], k
+    r = cli("generate", "--model", STORIES, "--prompt", "Once upon a time", "--max-new-tokens", 20,
+            "--temperature", 0.8, "--seed", 3, "--json")
+    assert r.returncode == 0, r.stderr
+    want = json.loads(r.stdout.strip().splitlines()[-1])
+    got = m.generate("Once upon a time", max_new_tokens=20, temperature=0.8, seed=3)
+    assert isinstance(got, str) and got == want["completion"]
+
+
+def cli_error(*args):
+    r = cli(*args)
+    assert r.returncode == 1
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("zof: error: ")
+    return line[len("zof: error: "):]
+
+
+def test_errors_are_the_cli_message(tmp_path):
+    require(STORIES), require(SHAKESPEARE)
+    # A bad option value, found by the library's validation.
+    want = cli_error("finetune", "--model", STORIES, "--data", SHAKESPEARE, "--out",
+                     tmp_path / "a", "--estimator", "adagrad")
+    with pytest.raises(zof.Error) as e:
+        zof.finetune(model=STORIES, data=SHAKESPEARE, out=tmp_path / "b", estimator="adagrad")
+    assert str(e.value) == want and isinstance(e.value, ValueError)
+    # A check the CLI makes before the library is called.
+    want = cli_error("finetune", "--model", STORIES, "--out", tmp_path / "c")
+    with pytest.raises(zof.Error, match="^finetune needs --data") as e:
+        zof.finetune(model=STORIES, out=tmp_path / "d")
+    assert str(e.value) == want
+    # A model directory that does not exist.
+    want = cli_error("eval", "--model", tmp_path / "none", "--text", SHAKESPEARE)
+    with pytest.raises(zof.Error) as e:
+        zof.Model.load(tmp_path / "none")
+    assert str(e.value) == want
+    with pytest.raises(TypeError, match="unexpected keyword 'stepz'"):
+        zof.finetune(model=STORIES, data=SHAKESPEARE, out=tmp_path / "e", stepz=3)
