@@ -42,8 +42,9 @@ if ! "$VENV/bin/python" -c "import tokenizers, safetensors, numpy, scikit_build_
 fi
 
 # The zof package over the same C++ library as the CLI, built in build/py (kept: a rerun compiles
-# only what changed). The sanitizer pass leaves it out: it tests the plain build's package.
-if [ "${ZOF_SANITIZE:-0}" != 1 ]; then
+# only what changed), when asked (ZOF_PY_PACKAGE=1: scripts/test.sh asks; the demo does not wait
+# for it). The sanitizer pass leaves it out: it tests the plain build's package.
+if [ "${ZOF_PY_PACKAGE:-0}" = 1 ] && [ "${ZOF_SANITIZE:-0}" != 1 ]; then
   echo "setup: building and installing the zof Python package into $VENV"
   t0=$SECONDS
   args=(install -q --disable-pip-version-check --no-build-isolation .)

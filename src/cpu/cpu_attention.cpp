@@ -87,6 +87,114 @@ void attend_row(const float* qi, const float* kb, const float* vb, const uint8_t
   for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] * inv;
 }
 
+// One item's tile steps, in the order the item runs them for each block of keys j0 .. j0+len-1.
+// kb/vb: the item's kv head (key j at kb + j * kv_stride).
+
+// s(jj, r) = q_r . k_j, four keys at a time to hide the FMA latency (masked keys are scored too
+// and overwritten by hide_keys: simpler than compacting the block).
+inline void score_block(Tiles& t, const float* kb, int64_t kv_stride, int64_t j0, int64_t len,
+                        int64_t D) {
+  int64_t jj = 0;
+  for (; jj + 4 <= len; jj += 4) {
+    const float* k0 = kb + (j0 + jj) * kv_stride;
+    const float *k1 = k0 + kv_stride, *k2 = k1 + kv_stride, *k3 = k2 + kv_stride;
+    v16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const v16 qd = load16(&t.qt[d * kRows]);
+      a0 += k0[d] * qd;
+      a1 += k1[d] * qd;
+      a2 += k2[d] * qd;
+      a3 += k3[d] * qd;
+    }
+    store16(&t.s[(jj + 0) * kRows], a0);
+    store16(&t.s[(jj + 1) * kRows], a1);
+    store16(&t.s[(jj + 2) * kRows], a2);
+    store16(&t.s[(jj + 3) * kRows], a3);
+  }
+  for (; jj < len; ++jj) {
+    const float* kj = kb + (j0 + jj) * kv_stride;
+    v16 a = {};
+    for (int64_t d = 0; d < D; ++d) a += kj[d] * load16(&t.qt[d * kRows]);
+    store16(&t.s[jj * kRows], a);
+  }
+}
+
+// Hide masked keys and, past all_see, the keys after each row's causal limit.
+inline void hide_keys(Tiles& t, const uint8_t* mask, int64_t j0, int64_t len, int64_t all_see) {
+  for (int64_t jj = 0; jj < len; ++jj) {
+    const int64_t j = j0 + jj;
+    float* sj = &t.s[jj * kRows];
+    if (mask && mask[j] == 0) {
+      std::fill(sj, sj + kRows, kNegInf);
+    } else if (j > all_see) {
+      for (int64_t rr = 0; rr < kRows; ++rr)
+        if (j > t.lim[rr]) sj[rr] = kNegInf;
+    }
+  }
+}
+
+// The online softmax over the block, all rows at once: scores become exp(s - running max),
+// the running sums are updated, and correction[r] rescales what the row accumulated before.
+inline void softmax_block(Tiles& t, int64_t len, float* correction) {
+  float block_max[kRows], shift[kRows], block_sum[kRows];
+  for (int64_t rr = 0; rr < kRows; ++rr) block_max[rr] = kNegInf;
+  for (int64_t jj = 0; jj < len; ++jj) {
+#pragma omp simd
+    for (int64_t rr = 0; rr < kRows; ++rr)
+      block_max[rr] = std::max(block_max[rr], t.s[jj * kRows + rr]);
+  }
+#pragma omp simd
+  for (int64_t rr = 0; rr < kRows; ++rr) {
+    const float m_new = std::max(t.m[rr], block_max[rr]);
+    shift[rr] = m_new == kNegInf ? 0.0f : m_new;  // a row with no key yet: exp(-inf) = 0
+    correction[rr] = exp_f32(t.m[rr] - shift[rr]);
+    t.m[rr] = m_new;
+    block_sum[rr] = 0.0f;
+  }
+  for (int64_t jj = 0; jj < len; ++jj) {
+    float* sj = &t.s[jj * kRows];
+#pragma omp simd
+    for (int64_t rr = 0; rr < kRows; ++rr) {
+      sj[rr] = exp_f32(sj[rr] - shift[rr]);
+      block_sum[rr] += sj[rr];
+    }
+  }
+  for (int64_t rr = 0; rr < kRows; ++rr) t.l[rr] = t.l[rr] * correction[rr] + block_sum[rr];
+}
+
+// o(d, r) = o(d, r) * correction_r + sum_j v_j[d] p(j, r), four d at a time. Masked keys are
+// skipped, not multiplied by 0, so garbage in a padding slot's v cannot leak in.
+inline void accumulate_block(Tiles& t, const float* vb, const uint8_t* mask, int64_t kv_stride,
+                             int64_t j0, int64_t len, int64_t D, const float* correction) {
+  const v16 corr = load16(correction);
+  int64_t d = 0;
+  for (; d + 4 <= D; d += 4) {
+    v16 a0 = load16(&t.o[(d + 0) * kRows]) * corr, a1 = load16(&t.o[(d + 1) * kRows]) * corr;
+    v16 a2 = load16(&t.o[(d + 2) * kRows]) * corr, a3 = load16(&t.o[(d + 3) * kRows]) * corr;
+    for (int64_t jj = 0; jj < len; ++jj) {
+      if (mask && mask[j0 + jj] == 0) continue;
+      const v16 p = load16(&t.s[jj * kRows]);
+      const float* vj = vb + (j0 + jj) * kv_stride + d;
+      a0 += vj[0] * p;
+      a1 += vj[1] * p;
+      a2 += vj[2] * p;
+      a3 += vj[3] * p;
+    }
+    store16(&t.o[(d + 0) * kRows], a0);
+    store16(&t.o[(d + 1) * kRows], a1);
+    store16(&t.o[(d + 2) * kRows], a2);
+    store16(&t.o[(d + 3) * kRows], a3);
+  }
+  for (; d < D; ++d) {
+    v16 a = load16(&t.o[d * kRows]) * corr;
+    for (int64_t jj = 0; jj < len; ++jj) {
+      if (mask && mask[j0 + jj] == 0) continue;
+      a += vb[(j0 + jj) * kv_stride + d] * load16(&t.s[jj * kRows]);
+    }
+    store16(&t.o[d * kRows], a);
+  }
+}
+
 }  // namespace
 
 void attention(const float* q, const float* k, const float* v, float* out,
@@ -146,96 +254,11 @@ void attention(const float* q, const float* k, const float* v, float* out,
 
       for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
         const int64_t len = std::min(kKeyBlock, n_keys - j0);
-        // Scores s(jj, r) = q_r . k_j, four keys at a time to hide the FMA latency (masked keys
-        // are scored too and overwritten below: simpler than compacting the block).
-        int64_t jj = 0;
-        for (; jj + 4 <= len; jj += 4) {
-          const float* k0 = kb + (j0 + jj) * kv_stride;
-          const float *k1 = k0 + kv_stride, *k2 = k1 + kv_stride, *k3 = k2 + kv_stride;
-          v16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-          for (int64_t d = 0; d < D; ++d) {
-            const v16 qd = load16(&t.qt[d * kRows]);
-            a0 += k0[d] * qd;
-            a1 += k1[d] * qd;
-            a2 += k2[d] * qd;
-            a3 += k3[d] * qd;
-          }
-          store16(&t.s[(jj + 0) * kRows], a0);
-          store16(&t.s[(jj + 1) * kRows], a1);
-          store16(&t.s[(jj + 2) * kRows], a2);
-          store16(&t.s[(jj + 3) * kRows], a3);
-        }
-        for (; jj < len; ++jj) {
-          const float* kj = kb + (j0 + jj) * kv_stride;
-          v16 a = {};
-          for (int64_t d = 0; d < D; ++d) a += kj[d] * load16(&t.qt[d * kRows]);
-          store16(&t.s[jj * kRows], a);
-        }
-        // Hide masked keys and, past all_see, the keys after each row's causal limit.
-        for (jj = 0; jj < len; ++jj) {
-          const int64_t j = j0 + jj;
-          float* sj = &t.s[jj * kRows];
-          if (mask && mask[j] == 0) {
-            std::fill(sj, sj + kRows, kNegInf);
-          } else if (j > all_see) {
-            for (int64_t rr = 0; rr < kRows; ++rr)
-              if (j > t.lim[rr]) sj[rr] = kNegInf;
-          }
-        }
-        // Online softmax, all rows at once.
-        float block_max[kRows], shift[kRows], correction[kRows], block_sum[kRows];
-        for (int64_t rr = 0; rr < kRows; ++rr) block_max[rr] = kNegInf;
-        for (jj = 0; jj < len; ++jj) {
-#pragma omp simd
-          for (int64_t rr = 0; rr < kRows; ++rr)
-            block_max[rr] = std::max(block_max[rr], t.s[jj * kRows + rr]);
-        }
-#pragma omp simd
-        for (int64_t rr = 0; rr < kRows; ++rr) {
-          const float m_new = std::max(t.m[rr], block_max[rr]);
-          shift[rr] = m_new == kNegInf ? 0.0f : m_new;  // a row with no key yet: exp(-inf) = 0
-          correction[rr] = exp_f32(t.m[rr] - shift[rr]);
-          t.m[rr] = m_new;
-          block_sum[rr] = 0.0f;
-        }
-        for (jj = 0; jj < len; ++jj) {
-          float* sj = &t.s[jj * kRows];
-#pragma omp simd
-          for (int64_t rr = 0; rr < kRows; ++rr) {
-            sj[rr] = exp_f32(sj[rr] - shift[rr]);
-            block_sum[rr] += sj[rr];
-          }
-        }
-        for (int64_t rr = 0; rr < kRows; ++rr) t.l[rr] = t.l[rr] * correction[rr] + block_sum[rr];
-        // o(d, r) = o(d, r) * correction_r + sum_j v_j[d] p(j, r), four d at a time. Masked keys
-        // are skipped, not multiplied by 0, so garbage in a padding slot's v cannot leak in.
-        const v16 corr = load16(correction);
-        int64_t d = 0;
-        for (; d + 4 <= D; d += 4) {
-          v16 a0 = load16(&t.o[(d + 0) * kRows]) * corr, a1 = load16(&t.o[(d + 1) * kRows]) * corr;
-          v16 a2 = load16(&t.o[(d + 2) * kRows]) * corr, a3 = load16(&t.o[(d + 3) * kRows]) * corr;
-          for (jj = 0; jj < len; ++jj) {
-            if (mask && mask[j0 + jj] == 0) continue;
-            const v16 p = load16(&t.s[jj * kRows]);
-            const float* vj = vb + (j0 + jj) * kv_stride + d;
-            a0 += vj[0] * p;
-            a1 += vj[1] * p;
-            a2 += vj[2] * p;
-            a3 += vj[3] * p;
-          }
-          store16(&t.o[(d + 0) * kRows], a0);
-          store16(&t.o[(d + 1) * kRows], a1);
-          store16(&t.o[(d + 2) * kRows], a2);
-          store16(&t.o[(d + 3) * kRows], a3);
-        }
-        for (; d < D; ++d) {
-          v16 a = load16(&t.o[d * kRows]) * corr;
-          for (jj = 0; jj < len; ++jj) {
-            if (mask && mask[j0 + jj] == 0) continue;
-            a += vb[(j0 + jj) * kv_stride + d] * load16(&t.s[jj * kRows]);
-          }
-          store16(&t.o[d * kRows], a);
-        }
+        float correction[kRows];
+        score_block(t, kb, kv_stride, j0, len, D);
+        hide_keys(t, mask, j0, len, all_see);
+        softmax_block(t, len, correction);
+        accumulate_block(t, vb, mask, kv_stride, j0, len, D, correction);
       }
       for (int64_t rr = 0; rr < n_rows; ++rr) {
         const float inv = t.l[rr] > 0.0f ? 1.0f / t.l[rr] : 0.0f;  // no visible key: zeros

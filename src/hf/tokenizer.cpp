@@ -769,7 +769,16 @@ class Bpe {
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
+  // A word's symbols, linked left to right as merges join them.
+  struct Symbol {
+    int32_t id;
+    int32_t prev, next;
+    size_t len;  // bytes; 0 once merged into its left neighbour
+  };
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
+  // The word's characters as vocabulary symbols (with the subword prefix/suffix, byte fallback
+  // and unknown-token fusing), before any merge.
+  void initial_symbols(std::string_view word, std::vector<Symbol>& symbols) const;
 
   std::unordered_map<uint64_t, MergeInfo> merges_;
   std::array<int32_t, 256> byte_ids_{};  // id of "<0xAB>", -1 if absent
@@ -865,29 +874,14 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
 
 // Word::merge_all of tokenizers: apply the lowest-ranked merge present, leftmost first, until none
 // applies; a heap of candidate merges over a linked list of symbols, stale entries skipped.
-void Bpe::merge_word(std::string_view word, std::vector<int32_t>& out) const {
-  struct Symbol {
-    int32_t id;
-    int32_t prev, next;
-    size_t len;  // bytes; 0 once merged into its left neighbour
-  };
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;
-    int32_t new_id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  thread_local std::vector<Symbol> symbols;
-  thread_local std::vector<Candidate> heap;
+void Bpe::initial_symbols(std::string_view word, std::vector<Symbol>& symbols) const {
   thread_local std::string key;
   symbols.clear();
-  heap.clear();
   auto add = [&](int32_t id, size_t len) {
     const int32_t n = static_cast<int32_t>(symbols.size());
     if (n > 0) symbols.back().next = n;
     symbols.push_back({id, n - 1, -1, len});
   };
-
   int32_t unk_id = -1;  // pending unknown token, if >= 0, and its byte length
   size_t unk_len = 0;
   for (size_t i = 0; i < word.size();) {
@@ -927,6 +921,19 @@ void Bpe::merge_word(std::string_view word, std::vector<int32_t>& out) const {
     }
   }
   if (unk_id >= 0) add(unk_id, unk_len);
+}
+
+void Bpe::merge_word(std::string_view word, std::vector<int32_t>& out) const {
+  struct Candidate {
+    int32_t rank;
+    int32_t pos;
+    int32_t new_id;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<Candidate> heap;
+  heap.clear();
+  initial_symbols(word, symbols);
 
   auto lookup = [&](int32_t a, int32_t b) -> const MergeInfo* {
     const auto it = merges_.find(pair_key(a, b));

@@ -30,6 +30,15 @@ struct Frame {
   }
 };
 
+// y = a + b (n elements) where y may be a or b: in place when it is, else a copy and an add.
+template <class K, class T>
+void add_into(K& k, T* y, const T* a, const T* b, int64_t n) {
+  if (y == a) return k.add(y, b, n);
+  if (y == b) return k.add(y, a, n);
+  k.copy(y, a, n);
+  k.add(y, b, n);
+}
+
 // The primal: each op on the frame's buffers. Values that share a buffer are updated in place
 // where the op allows it (norm, add, copy, activation; see block_graph.h for which may share).
 template <class K>
@@ -66,13 +75,7 @@ class Primal {
     k_.activation(d_.act, v(out), n);
   }
   // (rows, C) values.
-  void add(Value y, Value a, Value b) {
-    const int64_t n = f_.rows * d_.C;
-    if (v(y) == v(a)) return k_.add(v(y), v(b), n);
-    if (v(y) == v(b)) return k_.add(v(y), v(a), n);
-    k_.copy(v(y), v(a), n);
-    k_.add(v(y), v(b), n);
-  }
+  void add(Value y, Value a, Value b) { add_into(k_, v(y), v(a), v(b), f_.rows * d_.C); }
   void copy(Value y, Value x) {
     if (v(y) != v(x)) k_.copy(v(y), v(x), f_.rows * d_.C);
   }
@@ -141,13 +144,7 @@ class Tangent {
     if (f2 != kNone) return k_.silu_mul_jvp(p(f1), t(f1), p(f2), t(f2), t(out), n);
     k_.activation_jvp(d_.act, p(f1), t(f1), t(out), n);
   }
-  void add(Value y, Value a, Value b) {
-    const int64_t n = p_.rows * d_.C;
-    if (t(y) == t(a)) return k_.add(t(y), t(b), n);
-    if (t(y) == t(b)) return k_.add(t(y), t(a), n);
-    k_.copy(t(y), t(a), n);
-    k_.add(t(y), t(b), n);
-  }
+  void add(Value y, Value a, Value b) { add_into(k_, t(y), t(a), t(b), p_.rows * d_.C); }
   void copy(Value y, Value x) {
     if (t(y) != t(x)) k_.copy(t(y), t(x), p_.rows * d_.C);
   }

@@ -169,7 +169,9 @@ TEST(SimDevice, DefaultStreamOpsRunAfterItsWaits) {
   // add's own checks before it waits (a descheduled host); a host that took longer than the
   // copy to queue the add may find the upload done and not wait at all.
   EXPECT_LE(st.compute_wait_s, add_s);
-  if (gap < copy_s) EXPECT_GE(st.compute_wait_s, copy_s - gap - 0.05) << "gap " << gap;
+  if (gap < copy_s) {
+    EXPECT_GE(st.compute_wait_s, copy_s - gap - 0.05) << "gap " << gap;
+  }
   EXPECT_GE(st.copy_busy_s, copy_s - 1e-6);  // less a nanosecond of duration_cast
   EXPECT_EQ(st.hazards, 0) << st.first_hazard;
   d->free(dev);
