@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what zof needs on Debian 12 (build tools, oneDNN, OpenMP, JSON, CLI11, GoogleTest,
-# Open MPI) and a Python virtual environment (build/venv) with the reference packages the tests
-# compare against.
+# Open MPI, Chromium for the report's screenshot test) and a Python virtual environment
+# (build/venv) with the reference packages the tests compare against.
 # Idempotent: installs only what is missing. Run as root or with sudo available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-dev libcli11-dev
       libgtest-dev python3 python3-venv python3-pip
       openmpi-bin libopenmpi-dev  # MPI: data- and pipeline-parallel finetune, tests/mpi
-      ocl-icd-opencl-dev opencl-headers)  # Debian's dnnl-config.cmake calls find_package(OpenCL)
+      ocl-icd-opencl-dev opencl-headers  # Debian's dnnl-config.cmake calls find_package(OpenCL)
+      chromium)  # headless screenshots of `zof report` pages (tests/model/test_report.cpp)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -444,8 +444,10 @@ void label_runs(std::vector<ReportRun>& runs) {
     }
   for (size_t i = 0; i < runs.size(); ++i) {
     std::string extra;
-    for (size_t k = 0; k < differ.size() && k < 3; ++k)
-      extra += (k ? ", " : "") + differ[k] + " " + option_text(runs[i].run["options"].value(differ[k], json()));
+    for (size_t k = 0; k < differ.size() && k < 3; ++k) {
+      const json v = runs[i].run["options"].value(differ[k], json());
+      if (!v.is_null()) extra += (extra.empty() ? "" : ", ") + differ[k] + " " + option_text(v);
+    }
     runs[i].label = (unique ? names[i] : runs[i].dir) + (extra.empty() ? "" : " (" + extra + ")");
   }
 }
