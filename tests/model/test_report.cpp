@@ -32,7 +32,7 @@ class ReportCli : public zof::test::ShakespeareRunTest {
                                  "/models/stories260K --task text --data " +
                                  (dir_ / "text.txt").string() + " --out " + run.string() +
                                  " --steps 30 --batch 4 --seq-len 32 --lr 1e-4 --eval-examples 8 "
-                                 "--eval-every 10 --threads 2 " + extra));
+                                 "--eval-every 10 --threads 1 " + extra));
     EXPECT_EQ(r.code, 0) << r.err;
     return run;
   }
