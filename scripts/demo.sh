@@ -16,5 +16,6 @@ OUT=runs/demo-$(date +%Y%m%d-%H%M%S)
 echo "demo: fine-tuning $MODEL on $DATA into $OUT"
 ./build/zof finetune --model "$MODEL" --task text --data "$DATA" --out "$OUT" \
   --steps 1000 --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 --eval-examples 64 --eval-every 250 "$@"
+echo "demo: the run as pictures: $OUT/report.html (zof report)"
 echo "demo: a sample from the fine-tuned model:"
 ./build/zof generate --model "$OUT" --prompt "ROMEO:" --max-new-tokens 80 --temperature 0.8 --seed 1

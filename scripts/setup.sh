@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what zof needs on Debian 12 (build tools, oneDNN, OpenMP, JSON, CLI11, GoogleTest,
-# Open MPI) and a Python virtual environment (build/venv) with the reference packages the tests
-# compare against and the zof Python package (pyproject.toml) built from this tree.
+# Open MPI, Chromium for the report's screenshot test) and a Python virtual environment
+# (build/venv) with the reference packages the tests compare against and, for the tests, the zof
+# Python package (pyproject.toml) built from this tree.
 # Idempotent: installs only what is missing. Run as root or with sudo available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,9 @@ PKGS=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-de
       python3-dev  # Python.h for the zof Python module (pip install .)
       openmpi-bin libopenmpi-dev  # MPI: data- and pipeline-parallel finetune, tests/mpi
       ocl-icd-opencl-dev opencl-headers)  # Debian's dnnl-config.cmake calls find_package(OpenCL)
+# What only the tests need (ZOF_SETUP_FOR_TESTS=1, which scripts/test.sh sets): Chromium for the
+# headless screenshots of `zof report` pages (tests/model/test_report.cpp).
+[ "${ZOF_SETUP_FOR_TESTS:-0}" = 1 ] && PKGS+=(chromium)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -42,9 +46,9 @@ if ! "$VENV/bin/python" -c "import tokenizers, safetensors, numpy, scikit_build_
 fi
 
 # The zof package over the same C++ library as the CLI, built in build/py (kept: a rerun compiles
-# only what changed), when asked (ZOF_PY_PACKAGE=1: scripts/test.sh asks; the demo does not wait
-# for it). The sanitizer pass leaves it out: it tests the plain build's package.
-if [ "${ZOF_PY_PACKAGE:-0}" = 1 ] && [ "${ZOF_SANITIZE:-0}" != 1 ]; then
+# only what changed), for the tests (ZOF_SETUP_FOR_TESTS=1; the demo does not wait for it). The
+# sanitizer pass leaves it out: it tests the plain build's package.
+if [ "${ZOF_SETUP_FOR_TESTS:-0}" = 1 ] && [ "${ZOF_SANITIZE:-0}" != 1 ]; then
   echo "setup: building and installing the zof Python package into $VENV"
   t0=$SECONDS
   args=(install -q --disable-pip-version-check --no-build-isolation .)

@@ -5,7 +5,7 @@
 # ZOF_SANITIZE=1 runs the same suite built with AddressSanitizer and UBSan in build-asan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ZOF_PY_PACKAGE=1 bash scripts/setup.sh
+ZOF_SETUP_FOR_TESTS=1 bash scripts/setup.sh
 BUILD=build
 EXTRA=()
 # The sanitizer build leaves out the CUDA backend: its device code is not host code ASan can

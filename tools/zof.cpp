@@ -1,5 +1,5 @@
-// zof command line: generate, eval, finetune, replay, each with one function declaring its flags
-// and one running it. Every user-caused problem ends as one line "zof: error: ..." and a
+// zof command line: generate, eval, finetune, replay, report, each with one function declaring
+// its flags and one running it. Every user-caused problem ends as one line "zof: error: ..." and a
 // non-zero exit; --json makes the last line one JSON object.
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +14,7 @@
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zof/model.h"
+#include "zof/report.h"
 #include "zof/runtime.h"
 #include "zof/text.h"
 #include "zof/tokenizer.h"
@@ -161,6 +162,11 @@ struct ReplayArgs {
   bool json = false;
 };
 
+struct ReportArgs {
+  std::vector<std::string> runs;
+  std::string out;
+};
+
 CLI::App* add_generate(CLI::App& app, GenerateArgs& g) {
   auto* gen = app.add_subcommand("generate", "Generate text from a prompt");
   gen->add_option("--model", g.model, "Hugging Face model directory")->required();
@@ -257,6 +263,8 @@ void add_finetune_layout(CLI::App* ft, zof::TrainOptions& t) {
   ft->add_option("--threads", t.threads, "CPU threads (0: all cores)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
   ft->add_flag("--json", t.json, "Print one JSON object as the last line");
+  ft->add_flag("--no-report", t.no_report, "Do not write report.html (zof report) into the run "
+               "directory at the end");
   ft->add_option("--pipeline-stages", t.pipeline_stages, "Under mpirun: split the blocks into this many "
                  "pipeline stages on consecutive ranks (ranks = stages x data-parallel replicas)")
       ->capture_default_str()->check(CLI::Range(1, 4096));
@@ -282,6 +290,27 @@ CLI::App* add_replay(CLI::App& app, ReplayArgs& r) {
   rp->add_option("--threads", r.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
   rp->add_flag("--json", r.json, "Print one JSON object as the last line");
   return rp;
+}
+
+CLI::App* add_report(CLI::App& app, ReportArgs& r) {
+  auto* rp = app.add_subcommand("report", "Write one self-contained HTML page of a run's curves "
+      "(loss, held-out metric, throughput, memory), options and summary; several runs are overlaid");
+  rp->add_option("runs", r.runs, "Run directories (written by zof finetune; a run in progress too)")
+      ->required();
+  rp->add_option("--out", r.out, "The HTML file (default: RUN_DIR/report.html; required for "
+                 "several runs)");
+  return rp;
+}
+
+int run_report(const ReportArgs& r) {
+  ZOF_CHECK(r.runs.size() == 1 || !r.out.empty(),
+            "report of " + std::to_string(r.runs.size()) + " runs needs --out FILE.html (where "
+            "the comparison goes)");
+  const std::string out =
+      r.out.empty() ? (fs::path(r.runs[0]) / "report.html").string() : r.out;
+  zof::write_report(r.runs, out);
+  std::fprintf(stderr, "zof: wrote %s\n", out.c_str());
+  return 0;
 }
 
 int run_finetune(const zof::TrainOptions& t) {
@@ -318,11 +347,13 @@ int main(int argc, char** argv) {
   EvalArgs e;
   FinetuneArgs f;
   ReplayArgs r;
+  ReportArgs rep;
   CLI::App* gen = add_generate(app, g);
   CLI::App* ev = add_eval(app, e);
   CLI::App* ft = add_finetune(app, f);
   add_finetune_layout(ft, f.t);
   CLI::App* rp = add_replay(app, r);
+  CLI::App* rpt = add_report(app, rep);
 
   std::vector<std::string> args;
   try {
@@ -341,6 +372,7 @@ int main(int argc, char** argv) {
     if (ev->parsed()) return run_eval(e);
     if (ft->parsed()) return run_finetune(f.t);
     if (rp->parsed()) return run_replay(r);
+    if (rpt->parsed()) return run_report(rep);
   } catch (const zof::Error& err) {
     return error_exit(err.what());
   } catch (const std::bad_alloc&) {

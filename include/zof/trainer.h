@@ -40,6 +40,7 @@ struct TrainOptions {
   int64_t max_bad_steps = 10;         // consecutive non-finite losses before giving up
   int threads = 0;
   bool json = false;
+  bool no_report = false;  // --no-report: no report.html at the end (not saved: output only)
   std::string resume;  // run directory to continue
   // How the job is laid out, not what it computes (not saved in run.json: a run may resume on
   // another number of ranks or stages). Under mpirun, ranks = pipeline_stages x replicas; each

@@ -135,6 +135,7 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
                 ", not --model " + opt.model + "; resume with the same model or start a new run");
   s.threads = opt.threads;
   s.json = opt.json;
+  s.no_report = opt.no_report;
   s.pipeline_stages = opt.pipeline_stages;
   s.gpu_mem = opt.gpu_mem;
   s.sim_device = opt.sim_device;

@@ -12,6 +12,7 @@
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zof/model.h"
+#include "zof/report.h"
 #include "zof/runtime.h"
 #include "zof/streaming.h"
 #include "zof/tokenizer.h"
@@ -122,6 +123,21 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   return summary;
 }
 
+// The run as pictures (report.h) in its directory, unless --no-report: a report that cannot be
+// written costs a warning, never the run. Read back from the run's files, it changes none of them.
+void write_run_report(const TrainOptions& opt, const RunDir& dir, const json& summary,
+                      const Backend& backend, TrainSink& sink) {
+  if (opt.no_report) return;
+  json info = summary;
+  info["device"] = backend.name();
+  const std::string out = (dir.path() / "report.html").string();
+  try {
+    write_report({dir.path().string()}, out, info);
+  } catch (const std::exception& e) {
+    sink.message(std::string("warning: no report.html (the run is unaffected): ") + e.what());
+  }
+}
+
 }  // namespace
 
 json finetune(TrainOptions opt, TrainSink* user_sink) {
@@ -172,7 +188,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   const LoopEnd end = loop.run();
   sink.finish();
   Run run{opt, dir, job, *backend, model, engine, eval, loop, sink, c};
-  return finish(run, end, start);
+  json summary = finish(run, end, start);
+  if (job.root) write_run_report(opt, dir, summary, *backend, sink);
+  return summary;
 }
 
 }  // namespace zof

@@ -70,7 +70,7 @@ TEST(Cli, PerplexityOfStories260K) {
 }
 
 TEST(Cli, EveryCommandHasHelp) {
-  for (const char* cmd : {"", " generate", " eval", " finetune", " replay"}) {
+  for (const char* cmd : {"", " generate", " eval", " finetune", " replay", " report"}) {
     auto r = run_command(zof::test::zof_binary() + cmd + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_NE(r.out.find("--"), std::string::npos) << cmd;

@@ -232,6 +232,30 @@ TEST_F(Finetune, SameSeedSameLossesAtAnyThreadCount) {
   EXPECT_TRUE(weights(dir_ / "t1") == weights(dir_ / "t2"));
 }
 
+// report.html at the end, read back from the run's files: the step log, the model and run.json
+// are byte for byte those of a --no-report run.
+TEST_F(Finetune, ReportIsWrittenAndChangesNothingElse) {
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(a.string(), 8, 2)).code, 0);
+  auto rb = run_command(zof::test::zof_binary() + " " + args(b.string(), 8, 2) + " --no-report");
+  ASSERT_EQ(rb.code, 0) << rb.err;
+  EXPECT_TRUE(fs::exists(a / "report.html"));
+  EXPECT_FALSE(fs::exists(b / "report.html"));
+  EXPECT_EQ(rb.err.find("report"), std::string::npos) << rb.err;
+  EXPECT_TRUE(zof::test::read_file((a / "zo_log.jsonl").string()) ==
+              zof::test::read_file((b / "zo_log.jsonl").string()));
+  EXPECT_TRUE(weights(a) == weights(b));
+  EXPECT_EQ(steps_of(a), steps_of(b));
+  json ja = json::parse(zof::test::read_file((a / "run.json").string()));
+  json jb = json::parse(zof::test::read_file((b / "run.json").string()));
+  ja["options"].erase("out");
+  jb["options"].erase("out");
+  EXPECT_EQ(ja, jb);
+  const std::string page = zof::test::read_file((a / "report.html").string());
+  EXPECT_NE(page.find("finetune: tokens_per_s"), std::string::npos);  // the run's own summary
+  EXPECT_NE(page.find("peak RSS"), std::string::npos);
+}
+
 TEST_F(Finetune, ConfigFileWithCommandLineOverrides) {
   std::ofstream(dir_ / "run.toml") << "# a run\nsteps = 9\nbatch = 3\nseq_len = 24\nlr = 2e-5\n"
                                    << "task = \"text\"\n";
