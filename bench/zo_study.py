@@ -7,8 +7,9 @@ steps that spends the same number of forward passes:
   two-point SPSA: 2q passes per step; one-sided: q + 1; JVP: 1 pass that also carries a tangent
   (costlier than a plain forward: the wall-time column shows by how much).
 Writes, into --out: curves.csv (variant, step, forward passes, training loss, held-out ppl where
-evaluated), curves.svg (training loss, smoothed, and held-out ppl against forward passes) and
-table.md (final held-out ppl, wall time, peak memory, command), and prints the table.
+evaluated), report.html (`zof report` over every variant's run: the curves against steps and
+forward passes) and table.md (final held-out ppl, wall time, peak memory, command), and prints
+the table.
 
   python3 bench/zo_study.py                      # defaults: 2000 forward passes per variant
   python3 bench/zo_study.py --passes 4000 --only spsa,adam
@@ -91,56 +92,13 @@ def run_variant(a, name, flags, per_step):
     }
 
 
-def smooth(ys, k=25):
-    out, acc = [], []
-    for y in ys:
-        acc.append(y)
-        if len(acc) > k:
-            acc.pop(0)
-        out.append(sum(acc) / len(acc))
+def report(a, results):
+    """The curves through `zof report`, the one way zof draws runs: every variant's run overlaid
+    (training loss raw and smoothed, held-out ppl, against steps and forward passes)."""
+    out = os.path.join(a.out, "report.html")
+    runs = [os.path.join(a.out, r["name"]) for r in results]
+    subprocess.run([a.zof, "report", *runs, "--out", out], check=True)
     return out
-
-
-def svg(results, path, passes):
-    W, H, pad = 900, 380, 50
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-              "#7f7f7f", "#bcbd22", "#17becf"]
-    panels = [("training loss (moving average of 25 steps)", 2), ("held-out perplexity", 3)]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{2 * H}" '
-             f'font-family="sans-serif" font-size="12">',
-             f'<rect width="{W}" height="{2 * H}" fill="white"/>']
-    for pi, (title, col) in enumerate(panels):
-        oy = pi * H
-        series = []
-        for r in results:
-            pts = [(x, y) for (_, x, *vals) in r["rows"] for y in [vals[col - 2]] if y != ""]
-            if col == 2:
-                pts = list(zip([p[0] for p in pts], smooth([p[1] for p in pts])))
-            series.append(pts)
-        ys = [y for s in series for _, y in s]
-        if not ys:
-            continue
-        y0, y1 = min(ys), max(ys)
-        y1 = y1 if y1 > y0 else y0 + 1
-        sx = lambda x: pad + (W - 2 * pad - 150) * x / passes
-        sy = lambda y: oy + H - pad - (H - 2 * pad) * (y - y0) / (y1 - y0)
-        parts.append(f'<text x="{pad}" y="{oy + 25}" font-size="14">{title} vs forward passes</text>')
-        parts.append(f'<line x1="{pad}" y1="{oy + H - pad}" x2="{W - pad - 150}" y2="{oy + H - pad}" stroke="black"/>')
-        parts.append(f'<line x1="{pad}" y1="{oy + pad}" x2="{pad}" y2="{oy + H - pad}" stroke="black"/>')
-        for t in range(5):
-            xv = passes * t / 4
-            yv = y0 + (y1 - y0) * t / 4
-            parts.append(f'<text x="{sx(xv):.0f}" y="{oy + H - pad + 15}" text-anchor="middle">{xv:.0f}</text>')
-            parts.append(f'<text x="{pad - 5}" y="{sy(yv):.0f}" text-anchor="end">{yv:.3g}</text>')
-        for i, (r, pts) in enumerate(zip(results, series)):
-            c = colors[i % len(colors)]
-            if pts:
-                d = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-                parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{d}"/>')
-            parts.append(f'<text x="{W - pad - 140}" y="{oy + pad + 16 * i}" fill="{c}">{r["name"]}</text>')
-    parts.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(parts))
 
 
 def main():
@@ -171,7 +129,7 @@ def main():
         for r in results:
             for row in r["rows"]:
                 w.writerow([r["name"], *row])
-    svg(results, os.path.join(a.out, "curves.svg"), a.passes)
+    page = report(a, results)
     lines = [f"Budget: {a.passes} forward passes per variant; batch {a.batch} x {a.seq_len} tokens; "
              f"held-out ppl on {a.eval_examples} windows.", "",
              "| variant | flags | steps | passes/step | held-out ppl before | after | train s | wall s "
@@ -180,7 +138,8 @@ def main():
         lines.append(f"| {r['name']} | `{r['flags']}` | {r['steps']} | {r['per_step']} | "
                      f"{r['before']:.1f} | {r['after']:.1f} | {r['train_s']:.1f} | "
                      f"{r['wall_s']:.1f} | {r['peak_mb']:.0f} |")
-    lines += ["", "Commands:", ""] + [f"    {r['cmd']}" for r in results]
+    lines += ["", f"Curves: {page} (zof report)", "", "Commands:", ""] + \
+        [f"    {r['cmd']}" for r in results]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "table.md"), "w") as f:
         f.write(text)

@@ -74,6 +74,15 @@ ReportRun load_report_run(const std::string& dir) {
             "report: " + (d / "run.json").string() + " has no \"options\" object; the run "
             "directory is damaged or not written by zof finetune");
   read_metrics(d / "metrics.jsonl", r);
+  // A finished run's summary (finetune writes it as the run ends): device, memory, streaming.
+  if (fs::is_regular_file(d / "summary.json")) {
+    try {
+      r.summary = json::parse(read_all(d / "summary.json"));
+    } catch (const json::exception& e) {
+      throw Error("report: " + (d / "summary.json").string() + " is not valid JSON (" + e.what() +
+                  "); delete it (the report then rebuilds what it can from metrics.jsonl)");
+    }
+  }
   return r;
 }
 

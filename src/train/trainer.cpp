@@ -2,6 +2,8 @@
 // options and the run directory, the job's ranks, the backend (from the runtime), the model, the
 // task's data, the engine and the estimator, the checkpoint to continue from, then the step loop
 // and the run's summary. Each part lives in its own file of src/train/.
+#include <sys/resource.h>
+
 #include <cmath>
 
 #include "train/estimator.h"
@@ -123,13 +125,21 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   return summary;
 }
 
-// The run as pictures (report.h) in its directory, unless --no-report: a report that cannot be
-// written costs a warning, never the run. Read back from the run's files, it changes none of them.
+// The run's summary.json and, unless --no-report, the run as pictures (report.h) in its
+// directory: a file that cannot be written costs a warning, never the run. Read back from the run's files, it changes none of them.
 void write_run_report(const TrainOptions& opt, const RunDir& dir, const json& summary,
                       const Backend& backend, TrainSink& sink) {
-  if (opt.no_report) return;
   json info = summary;
   info["device"] = backend.name();
+  rusage ru{};
+  if (::getrusage(RUSAGE_SELF, &ru) == 0) info["peak_rss_bytes"] = (double)ru.ru_maxrss * 1024.0;
+  // summary.json: what only this process knows (device, memory, streaming), for later reports.
+  try {
+    write_file_atomic(dir.path() / "summary.json", info.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    sink.message(std::string("warning: no summary.json (the run is unaffected): ") + e.what());
+  }
+  if (opt.no_report) return;
   const std::string out = (dir.path() / "report.html").string();
   try {
     write_report({dir.path().string()}, out, info);

@@ -254,6 +254,20 @@ TEST_F(Finetune, ReportIsWrittenAndChangesNothingElse) {
   const std::string page = zof::test::read_file((a / "report.html").string());
   EXPECT_NE(page.find("finetune: tokens_per_s"), std::string::npos);  // the run's own summary
   EXPECT_NE(page.find("peak RSS"), std::string::npos);
+  // summary.json keeps what only the run's process knew, with or without --no-report: a later
+  // `zof report` of the finished run shows it too.
+  for (const fs::path& d : {a, b}) {
+    const json s = json::parse(zof::test::read_file((d / "summary.json").string()));
+    EXPECT_EQ(s["steps"], 8) << d;
+    EXPECT_GT(s["peak_rss_bytes"].get<double>(), 1e6) << d;
+    EXPECT_EQ(s["device"], "cpu") << d;
+  }
+  const fs::path later = dir_ / "later.html";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " report " + b.string() + " --out " +
+                        later.string()).code, 0);
+  const std::string page_b = zof::test::read_file(later.string());
+  EXPECT_NE(page_b.find("finetune: tokens_per_s"), std::string::npos);
+  EXPECT_NE(page_b.find("peak RSS"), std::string::npos);
 }
 
 TEST_F(Finetune, ConfigFileWithCommandLineOverrides) {
