@@ -154,8 +154,9 @@ mkdir -p "$ROOT/work/zof"
 git -C "$REPO" archive --format=tar "$COMMIT" | tar -x -C "$ROOT/work/zof"
 cp -a "$SHARED" "$ROOT/work/shared"
 # apt: the host's Debian sources replace debootstrap's one-line sources.list (so the root gets
-# bookworm-updates and bookworm-security as a real install does), and its Acquire:: settings
-# (proxies, validity checks) go along.
+# bookworm-updates and bookworm-security as a real install does), and the apt settings that say
+# how the mirror is reached (proxies, TLS, release-date checks) go along; the rest (an image's
+# own tweaks) does not.
 srcs=$(host_sources)
 if [ -n "$srcs" ]; then
   rm -f "$ROOT/etc/apt/sources.list"
@@ -166,7 +167,7 @@ if [ -n "$srcs" ]; then
   done
 fi
 for f in /etc/apt/apt.conf /etc/apt/apt.conf.d/*; do
-  [ -f "$f" ] && grep -q 'Acquire::' "$f" || continue
+  [ -f "$f" ] && grep -Eiq '^[^/#]*(proxy|Check-Valid-Until|Check-Date|Verify-P|CaInfo|SslCert|SslKey)' "$f" || continue
   cp "$f" "$ROOT$f"; copied+=("$f")
 done
 # CA certificates: the host's extra ones (ca-certificates' postinst adds them to the bundle when
