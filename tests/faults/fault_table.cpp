@@ -110,6 +110,16 @@ fs::path cached_run(const std::string& extra) {
   return base / "run";
 }
 
+// The process's directory (cached runs, sandboxes) goes when the tests end.
+class Cleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(process_dir(), ec);
+  }
+};
+[[maybe_unused]] const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
+
 }  // namespace
 
 Sandbox::Sandbox(const std::string& name) : root_(process_dir() / ("case_" + name)) {
