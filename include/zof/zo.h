@@ -8,6 +8,7 @@
 // as the weights and goes where they go: whole on the device, or, with streaming, in host memory
 // with each block's share travelling with the block.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +35,15 @@ struct LossBatch {
 void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& cfg,
                         int64_t max_rows, const char* who);
 
+// Every per-row loss (and JVP directional derivative) enters a sum rounded to a multiple of
+// 2^-24 (about 6e-8; finer than a float's ulp for any loss above 0.5). Sums of such values are
+// exact in double while their magnitude stays below 2^29 (5.4e8: a million tokens at a loss of
+// 500), so a step's totals are the same bits whatever the order of rows, micro-batches and
+// data-parallel ranks: bit identity across layouts by construction, for any mix of confident
+// (near-zero loss) and uncertain tokens.
+constexpr double kRowQuantum = 0x1p-24;
+inline double row_quantized(double v) { return std::nearbyint(v * 0x1p24) * kRowQuantum; }
+
 // Sums over micro-batches, kept as sums so that data-parallel ranks can add them.
 struct QueryLosses {
   std::vector<double> sum_plus, sum_minus;  // (q) summed NLL at theta +/- eps z_j
@@ -52,9 +62,15 @@ struct ZOStepOptions {
   // g_j = (L(theta + eps z_j) - L(theta)) / eps (q + 1 forwards) instead of two-point ones (2q).
   uint32_t dist = kZGaussian;
   bool one_sided = false;
-  // Sparse MeZO: in each weight matrix the fraction `sparsity` of entries with the largest
-  // |theta| (thresholds from the weights the engine starts from) is neither perturbed nor
-  // moved by z (weight decay still applies); 0: dense. Vectors (norms, biases) stay dense.
+  // Sparse MeZO (Liu et al. 2024): z is zeroed where |theta_t| > h, so that the entries of
+  // each weight matrix with large magnitudes are neither perturbed nor moved by z (weight decay
+  // still applies); 0: dense. Vectors (norms, biases) stay dense. The decision, as the paper's
+  // on-the-fly mask: h is fixed per matrix, the (1 - sparsity) quantile of |theta| of the
+  // weights the engine is built from (the base model: a resumed run and `zof replay` build it
+  // from the base too, never from a checkpoint), and the mask is evaluated from the current
+  // weights at every step, the same theta_t for a step's perturbation and for its update. So
+  // entries move in and out of the mask as the weights move (tested against a plain reference
+  // through such moves), and no mask is stored.
   float sparsity = 0.f;
   // The optimizer the pending update goes through: ZO-SGD (MeZO), ZO-SGD with momentum, ZO-Adam.
   enum class Optimizer { SGD, Momentum, Adam } optimizer = Optimizer::SGD;

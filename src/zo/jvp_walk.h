@@ -16,6 +16,7 @@
 #include "model/scored_rows.h"
 #include "zof/error.h"
 #include "zof/jvp.h"
+#include "zof/zo.h"
 #include "zof/streaming.h"
 
 namespace zof {
@@ -223,7 +224,9 @@ class JVPWalk {
   void done_with(int b, const ZKey* shift_key) {
     if (kFp32 && weights_ && !shift_key) weights_->release(b, false);
   }
-  // The sum of n values in double (fp32: read back from the backend first).
+  // The sum of n per-row values in double. fp32 (the product's walk): read back, each rounded
+  // to the row quantum (zo.h), so that the total does not depend on the order of rows, chunks
+  // or ranks. The float64 oracle keeps every digit (its central differences need them).
   double sum_of(const T* x, int64_t n) {
     std::vector<double> hx(size_t(std::max<int64_t>(n, 0)));
     if constexpr (kFp32) {
@@ -235,7 +238,7 @@ class JVPWalk {
       std::copy(x, x + n, hx.begin());
     }
     double s = 0;
-    for (double v : hx) s += v;
+    for (double v : hx) s += kFp32 ? row_quantized(v) : v;
     return s;
   }
 

@@ -351,12 +351,11 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
   mp = st.data(), sp = mp + n, tp = sp + n, mm = tp + n, sm = mm + n, tm = sm + n;
   for (int64_t i = 0; i < n; ++i) {
     // Each row's nll is formed in double (max and target logit are large and close: GPT-2's
-    // logits sit near -100, where a float sum would round at 1e-5) and then rounded to float:
-    // sums of floats in double are exact here, so the total does not depend on how rows are
-    // split between micro-batches or data-parallel ranks.
-    sum_plus += (double)(float)(((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]));
+    // logits sit near -100, where a float sum would round at 1e-5), then rounded to the row
+    // quantum, so that the totals do not depend on how rows are split (row_quantized, zo.h).
+    sum_plus += row_quantized(((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]));
     if (minus)
-      sum_minus += (double)(float)(((double)mm[i] - (double)tm[i]) + std::log((double)sm[i]));
+      sum_minus += row_quantized(((double)mm[i] - (double)tm[i]) + std::log((double)sm[i]));
   }
 }
 
@@ -648,7 +647,7 @@ double ZOEngine::loss(const std::vector<LossBatch>& micro) {
   for (const auto& lb : micro) {
     std::vector<float> nll(lb.batch.B * lb.batch.T);
     fwd_.nll(lb.batch, lb.targets.data(), nll.data());
-    for (float x : nll) sum += x;
+    for (float x : nll) sum += row_quantized(x);
     count += (double)lb.scored();
   }
   ZOF_CHECK(count > 0, "the batch has no scored tokens");

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -228,6 +231,112 @@ TEST(ZOStep, MicroBatchesAccumulate) {
   auto g1 = eng.projected_gradients(eng.perturbed_losses(0, {whole}));
   auto g2 = eng.projected_gradients(eng.perturbed_losses(0, parts));
   EXPECT_NEAR(g1[0], g2[0], 1e-3 * std::max(1.0, std::fabs(g1[0])));
+}
+
+}  // namespace
+
+namespace {
+
+// Data-parallel ranks and micro-batches add their partial sums in an order of their own. Rows
+// of confident tokens (losses far below the batch's total) used to make the total depend on
+// that order; rounded to the row quantum (zo.h), the sums are exact and the order is moot.
+TEST(ZOStep, SumsDoNotDependOnTheOrderOfMicroBatchesWithConfidentTokens) {
+  const std::string name = "llama_gqa";
+  ZOF_REQUIRE_PATH(golden_dir(name) + "/model.safetensors");
+  std::ifstream f(golden_dir(name) + "/golden.json");
+  json gj = json::parse(f);
+  std::vector<std::vector<int32_t>> seqs;
+  for (size_t b = 0; b < gj["input_ids"].size(); ++b) {
+    std::vector<int32_t> s;
+    for (int t = 0; t < gj["lengths"][b].get<int>(); ++t) s.push_back(gj["input_ids"][b][t]);
+    seqs.push_back(s);
+  }
+  zof::Model m = zof::Model::load(golden_dir(name));
+  auto be = zof::test::cpu_backend(0);
+  zof::Param* head = nullptr;
+  for (auto& p : m.params())
+    if (p.name == "lm_head.weight") head = &p;
+  ASSERT_NE(head, nullptr);
+  // Sharpen the head until the predicted token of a typical row has an NLL below 1e-6; every
+  // other row keeps its real next token (an ordinary, larger loss).
+  const int64_t V = m.config().vocab_size;
+  std::vector<zof::LossBatch> parts;
+  double median = 1;
+  for (int doubling = 0; doubling < 12 && median >= 1e-6; ++doubling) {
+    for (int64_t i = 0; i < head->numel; ++i) head->data[i] *= 2.f;
+    parts.clear();
+    std::vector<double> tiny;
+    for (const auto& s : seqs) {
+      zof::LossBatch lb = zof::LossBatch::next_token(zof::Batch::from_sequences({s}));
+      zof::Forward fwd(m, *be, lb.batch.B * lb.batch.T);
+      std::vector<float> logits;
+      fwd.logits(lb.batch, logits);
+      for (int64_t r = 0; r < lb.batch.T; r += 2) {
+        if (lb.targets[r] < 0) continue;
+        const float* l = logits.data() + r * V;
+        const int64_t best = std::max_element(l, l + V) - l;
+        double z = 0;
+        for (int64_t v = 0; v < V; ++v) z += std::exp((double)l[v] - (double)l[best]);
+        lb.targets[r] = (int32_t)best;
+        tiny.push_back(std::log(z));
+      }
+      parts.push_back(lb);
+    }
+    std::nth_element(tiny.begin(), tiny.begin() + tiny.size() / 2, tiny.end());
+    median = tiny[tiny.size() / 2];
+  }
+  ASSERT_LT(median, 1e-6);
+  // More, smaller parts: each sequence four times, scoring every fourth pair of rows (the rows'
+  // losses do not change; only how they are grouped).
+  {
+    std::vector<zof::LossBatch> split;
+    for (const auto& lb : parts)
+      for (int k = 0; k < 4; ++k) {
+        zof::LossBatch p = lb;
+        for (size_t r = 0; r < p.targets.size(); ++r)
+          if ((int)((r / 2) % 4) != k) p.targets[r] = -1;
+        split.push_back(p);
+      }
+    parts = split;
+  }
+  int64_t rows = 0;
+  for (const auto& p : parts) rows = std::max<int64_t>(rows, p.batch.B * p.batch.T);
+  // The old way, each row's loss rounded to float and summed in double, depends on the order
+  // here: the data exercises the problem.
+  std::vector<double> part_sums;
+  for (const auto& lb : parts) {
+    zof::Forward fwd(m, *be, rows);
+    std::vector<float> nll(lb.batch.B * lb.batch.T);
+    fwd.nll(lb.batch, lb.targets.data(), nll.data());
+    double s = 0;
+    for (float x : nll) s += x;
+    part_sums.push_back(s);
+  }
+  std::vector<size_t> order(parts.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937 rng(5);
+  std::set<double> naive;
+  for (int trial = 0; trial < 64; ++trial) {
+    std::shuffle(order.begin(), order.end(), rng);
+    double s = 0;
+    for (size_t i : order) s += part_sums[i];
+    naive.insert(s);
+  }
+  EXPECT_GT(naive.size(), 1u) << "the data no longer shows the order dependence";
+  zof::ZOStepOptions o{1e-2f, 0.f, 2, 7};
+  zof::ZOEngine eng(m, *be, rows, o);
+  const zof::QueryLosses a = eng.perturbed_losses(0, parts);
+  const double loss = eng.loss(parts);
+  for (int trial = 0; trial < 64; ++trial) {
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<zof::LossBatch> shuffled;
+    for (size_t i : order) shuffled.push_back(parts[i]);
+    const zof::QueryLosses b = eng.perturbed_losses(0, shuffled);
+    ASSERT_EQ(a.sum_plus, b.sum_plus) << "order " << trial;
+    ASSERT_EQ(a.sum_minus, b.sum_minus) << "order " << trial;
+    ASSERT_EQ(eng.projected_gradients(a), eng.projected_gradients(b));
+    ASSERT_EQ(loss, eng.loss(shuffled));
+  }
 }
 
 }  // namespace

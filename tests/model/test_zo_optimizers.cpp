@@ -267,6 +267,22 @@ TEST_P(ZOOptionsVsReference, ThreeStepsAgree) {
   if (has_v) {
     EXPECT_LT(state_err(ev, vel), 1e-4);
   }
+  // Sparse MeZO's mask is |theta_t| <= h, from the thresholds of the starting weights and the
+  // weights of each step (zo.h): entries move in and out of it as the weights move, and the
+  // engine followed the reference through those moves.
+  if (c.sparsity > 0) {
+    int64_t moved = 0;
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      if (params[pi].shape.size() < 2) continue;
+      const int64_t off = params[pi].data - ref.storage();
+      for (int64_t e = 0; e < params[pi].numel; ++e)
+        moved += (std::fabs(base.storage()[off + e]) <= thr[pi]) !=
+                 (std::fabs(ref.storage()[off + e]) <= thr[pi]);
+    }
+    std::printf("  %s: %lld entries crossed a Sparse MeZO threshold in 3 steps\n",
+                c.name.c_str(), (long long)moved);
+    EXPECT_GT(moved, 0);
+  }
   // Sparse MeZO leaves about `sparsity` of each matrix untouched (weight decay aside); dense
   // updates touch almost all.
   const double frac = (double)unchanged / (double)matrix_elems;
