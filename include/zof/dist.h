@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -40,6 +41,16 @@ class Communicator {
   // (MPI, single process). allreduce_sum_ordered and broadcast take host memory everywhere.
   virtual bool buffers_on_device() const { return false; }
   virtual void barrier() = 0;
+  // Work rank 0 does alone while the others wait for it (the held-out evaluation, writing a
+  // checkpoint): rank 0 runs fn, the others return when it has finished. While it works, rank 0
+  // sends a heartbeat every quarter of the watchdog's timeout, so that the waiting ranks'
+  // watchdog (--dist-timeout) stops the job only when rank 0 has gone silent, not when its work
+  // takes long. An exception from fn reaches rank 0's caller, and the others get a zof::Error
+  // saying rank 0 failed in `what`.
+  virtual void run_on_root(const char* what, const std::function<void()>& fn) {
+    (void)what;
+    if (rank() == 0) fn();
+  }
   // Ends every rank of the job now with exit code `code`, after printing why on this rank.
   [[noreturn]] virtual void abort(int code, const std::string& why) = 0;
 

@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -147,6 +149,32 @@ class MpiWorld : public Communicator {
     ZOF_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   }
 
+  void run_on_root(const char* what, const std::function<void()>& fn) override {
+    if (size_ == 1) {
+      fn();
+      return;
+    }
+    if (rank_ != 0) {
+      wait_for_root(what);
+      return;
+    }
+    std::exception_ptr failed;
+    {
+      Heartbeat beat(*this);
+      try {
+        fn();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    // After the last heartbeat on the same tag: messages between two ranks with one tag arrive
+    // in the order sent.
+    const char done = failed ? kRootFailed : kRootDone;
+    for (int r = 1; r < size_; ++r)
+      ZOF_MPI_CHECK(MPI_Send(&done, 1, MPI_CHAR, r, kRootTag, MPI_COMM_WORLD));
+    if (failed) std::rethrow_exception(failed);
+  }
+
   [[noreturn]] void abort(int code, const std::string& why) override {
     std::fprintf(stderr, "zof: error: rank %d of %d: %s\n", rank_, size_, why.c_str());
     std::fflush(stderr);
@@ -167,6 +195,63 @@ class MpiWorld : public Communicator {
     MpiWorld& w_;
   };
 
+  // run_on_root's messages from rank 0: a heartbeat, or the end of its work.
+  static constexpr int kRootTag = 30001;  // beside job.cpp's 30000, below MPI's least MPI_TAG_UB
+  static constexpr char kRootBeat = 0, kRootDone = 1, kRootFailed = 2;
+
+  // Rank 0, while it works alone: a thread sends a heartbeat to every rank every quarter of the
+  // timeout. Without MPI_THREAD_MULTIPLE (no second thread may call MPI), or without a timeout,
+  // it sends none and the others wait unwatched (wait_for_root).
+  class Heartbeat {
+   public:
+    explicit Heartbeat(MpiWorld& w) : w_(w) {
+      if (!w_.beats()) return;
+      thread_ = std::thread([this] {
+        const auto period = std::chrono::duration<double>(std::max(0.01, w_.timeout_s_ / 4));
+        std::unique_lock<std::mutex> lk(mu_);
+        while (!cv_.wait_for(lk, period, [this] { return stop_; })) {
+          for (int r = 1; r < w_.size_; ++r)
+            ZOF_MPI_CHECK(MPI_Send(&kRootBeat, 1, MPI_CHAR, r, kRootTag, MPI_COMM_WORLD));
+        }
+      });
+    }
+    ~Heartbeat() {
+      if (!thread_.joinable()) return;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      thread_.join();
+    }
+
+   private:
+    MpiWorld& w_;
+    std::thread thread_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+  };
+
+  bool beats() const { return timeout_s_ > 0 && thread_level_ >= MPI_THREAD_MULTIPLE; }
+
+  // A rank other than 0 until rank 0's work ends: each heartbeat restarts the watchdog's clock.
+  void wait_for_root(const char* what) {
+    root_wait_ = std::string("waiting for rank 0's ") + what + " (it sends a heartbeat)";
+    for (;;) {
+      char m = kRootBeat;
+      {
+        std::optional<Waiting> w;
+        if (beats()) w.emplace(*this, root_wait_.c_str());
+        MPI_Status st;
+        ZOF_MPI_CHECK(MPI_Recv(&m, 1, MPI_CHAR, 0, kRootTag, MPI_COMM_WORLD, &st));
+      }
+      if (m == kRootDone) return;
+      ZOF_CHECK(m == kRootBeat, "rank 0 failed during its " + std::string(what) +
+                                    " (its own message says why); this rank stops too");
+    }
+  }
+
   void watch() {
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
@@ -177,8 +262,8 @@ class MpiWorld : public Communicator {
       if (waited < timeout_s_) continue;
       char msg[512];
       std::snprintf(msg, sizeof msg,
-                    "%s has waited %.0f s for the other ranks (--dist-timeout %g): a rank died "
-                    "or hung; aborting the job. Resume from the last checkpoint with "
+                    "%s: no word from the other ranks for %.0f s (--dist-timeout %g): a rank "
+                    "died or hung; aborting the job. Resume from the last checkpoint with "
                     "zof finetune --resume RUN_DIR",
                     op, waited, timeout_s_);
       if (thread_level_ >= MPI_THREAD_MULTIPLE) abort(3, msg);
@@ -192,7 +277,7 @@ class MpiWorld : public Communicator {
 
   double timeout_s_;
   int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0, thread_level_ = 0;
-  std::string name_;
+  std::string name_, root_wait_;
   std::atomic<const char*> op_{nullptr};
   std::atomic<double> since_{0};
   std::thread watchdog_;

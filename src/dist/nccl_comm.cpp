@@ -177,6 +177,11 @@ class NcclComm final : public Communicator {
     wait();
   }
 
+  // Rank 0's lone work is host work: its heartbeat goes through the bootstrap.
+  void run_on_root(const char* what, const std::function<void()>& fn) override {
+    boot_->run_on_root(what, fn);
+  }
+
   // Through the bootstrap (MPI_Abort ends every rank). ncclCommAbort is not called first: it
   // can itself wait on a lost network peer, and the process exit releases the communicator.
   [[noreturn]] void abort(int code, const std::string& why) override {

@@ -1,8 +1,10 @@
 // Evaluation during a run: rank 0 scores the task's held-out set with the whole model (its
 // blocks gathered from the pipeline stages first), records it in metrics.jsonl and tells the
-// sink; the other ranks send their blocks and go on to the next step.
+// sink; the other ranks send their blocks and wait for it (its heartbeat keeps their watchdog
+// from ending the job however long the evaluation takes).
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -31,5 +33,8 @@ class Evaluator {
   JsonlLog* metrics_;
   TrainSink* sink_;
 };
+
+// Rank 0 writes a checkpoint (save) while the other ranks wait for it under the watchdog.
+void run_checkpoint_on_root(Job& job, const std::function<void()>& save);
 
 }  // namespace zof::train

@@ -86,10 +86,11 @@ double StepLoop::recent_loss() const {
 
 void StepLoop::save_checkpoint(int64_t step) {
   job_.gather_weights(engine_, model_);
-  if (!job_.root) return;
-  RunCounters at = c_;
-  at.step = step;
-  dir_.save_checkpoint(at, model_, engine_, opt_.optimizer);
+  run_checkpoint_on_root(job_, [&] {
+    RunCounters at = c_;
+    at.step = step;
+    dir_.save_checkpoint(at, model_, engine_, opt_.optimizer);
+  });
 }
 
 LoopEnd StepLoop::run() {

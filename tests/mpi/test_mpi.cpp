@@ -182,6 +182,21 @@ TEST_F(Mpi, HungRankTimesOutAndTheRunResumesInOneProcess) {
   expect_same_run(ref, run);
 }
 
+// Rank 0 evaluates and writes checkpoints alone. However long that takes (here 3 s each, twice
+// the watchdog's timeout), its heartbeat keeps the waiting rank's watchdog from ending a
+// healthy job, and the run is the one a single process makes.
+TEST_F(Mpi, SlowEvaluationsAndCheckpointsOnRankZeroDoNotTripTheWatchdog) {
+  const fs::path ref = dir_ / "ref", run = dir_ / "run";
+  ASSERT_EQ(run_command(zof() + " " + args(ref, 6, "--eval-every 3")).code, 0);
+  const double t0 = now_s();
+  auto r = run_command("ZOF_FAULT_SLOW_ROOT_S=3 " + mpirun(2) + " " +
+                       args(run, 6, "--eval-every 3 --dist-timeout 1.5"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Three evaluations (before, at step 3, after) and two checkpoints (5, 6), 3 s each.
+  EXPECT_GT(now_s() - t0, 15.0);
+  expect_same_run(ref, run);
+}
+
 TEST_F(Mpi, SignalToOneRankStopsEveryRankAfterTheSameStep) {
   const fs::path ref = dir_ / "ref", run = dir_ / "run";
   ASSERT_EQ(run_command(zof() + " " + args(ref, 16)).code, 0);
