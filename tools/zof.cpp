@@ -211,6 +211,10 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f) {
   ft->add_option("--model", t.model, "Hugging Face model directory");
   ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")->capture_default_str();
   ft->add_option("--data", t.data, "Data file or directory of the task");
+  ft->add_option("--objective", t.objective, "What sst2/rte/cb/copa train on: lm (the correct "
+                 "answer's tokens) | classification (MeZO's cross-entropy over the candidates' "
+                 "mean log-likelihoods) | auto (MeZO's choice: classification for sst2, rte and "
+                 "cb, lm for copa; lm for text and jsonl)")->capture_default_str();
   ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the fine-tuned model");
   ft->add_option("--resume", t.resume, "Continue the run in this directory");
   ft->add_option("--steps", t.steps, "ZO steps")->capture_default_str()->check(CLI::PositiveNumber);

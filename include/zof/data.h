@@ -113,6 +113,17 @@ std::vector<TokenizedExample> tokenize_examples(const Tokenizer& tok,
 LossBatch make_loss_batch(const std::vector<TokenizedExample>& examples,
                           const std::vector<int64_t>& indices, int32_t pad_id = 0);
 
+// MeZO's classification objective: every candidate of each example (tokenize_example of prompt +
+// candidate), in candidate order. *truncated (if given): how many examples had a prompt cut.
+std::vector<std::vector<TokenizedExample>> tokenize_candidates(
+    const Tokenizer& tok, const std::vector<Example>& examples, int64_t max_len,
+    int64_t* truncated = nullptr);
+// The LossBatch of examples[indices] with all their candidates, consecutive, scored as in
+// make_loss_batch, and one LossBatch::Choice per example labelled labels[i].
+LossBatch make_choice_batch(const std::vector<std::vector<TokenizedExample>>& candidates,
+                            const std::vector<int>& labels, const std::vector<int64_t>& indices,
+                            int32_t pad_id = 0);
+
 // "text": the whole file encoded without special tokens, cut into non-overlapping windows of
 // seq_len tokens: BOS (when the tokenizer has one) then seq_len - 1 text tokens (seq_len without
 // BOS), as zof/perplexity.h cuts them; a final shorter window is kept when it has 2 tokens or

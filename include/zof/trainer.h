@@ -18,6 +18,10 @@ class Tokenizer;
 
 struct TrainOptions {
   std::string model, task = "text", data, out;
+  // What a candidate task trains on (training_objective): lm, the correct answer's tokens; or
+  // classification, MeZO's cross-entropy over the candidates (LossBatch::choices); auto:
+  // MeZO's choice for the task.
+  std::string objective = "auto";
   int64_t steps = 1000;
   float lr = 1e-6f, eps = 1e-3f, weight_decay = 0.f;
   int64_t batch = 16;        // examples (or text windows) per step
@@ -59,6 +63,11 @@ struct TrainOptions {
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);
 };
+
+// The objective a run trains on: "lm" or "classification". auto is MeZO's choice
+// (--train_as_classification for SST-2, RTE and CB; not for COPA, nor for jsonl and text, which
+// have no candidates to compare).
+std::string training_objective(const TrainOptions& o);
 
 // What a task supplies to the loop: deterministic batches per step and an evaluation.
 class TrainData {

@@ -21,14 +21,30 @@
 namespace zof {
 
 // A batch with the positions that count: targets (B*T), the token to predict at each position
-// (-1: not scored). The loss is the mean NLL over scored positions.
+// (-1: not scored). The loss is the mean NLL over scored positions, or, with choices, MeZO's
+// classification objective (--train_as_classification): the batch's sequences are the
+// candidates of its examples, and an example's loss is the cross-entropy over its candidates of
+// their scores, each the mean log-likelihood of its scored tokens, with the correct one as the
+// label; the loss is the mean over examples.
 struct LossBatch {
+  struct Choice {
+    int32_t first = 0, count = 0;  // the example's candidates: sequences [first, first + count)
+    int32_t label = 0;             // the correct one, 0 <= label < count
+  };
   Batch batch;
   std::vector<int32_t> targets;
+  std::vector<Choice> choices;  // empty: language modelling on the scored tokens
   int64_t scored() const;
+  // What the loss is a mean over: scored tokens, or examples with choices.
+  double units() const { return choices.empty() ? (double)scored() : (double)choices.size(); }
   // Next-token targets over every real token of the batch (language modelling).
   static LossBatch next_token(Batch b);
 };
+
+// The batch's summed loss (LossBatch) from the NLL of each of its B*T rows (unscored rows are
+// not read): each unit's loss (a token's NLL, or an example's cross-entropy) rounded to the row
+// quantum (row_quantized, below) and added.
+double loss_sum(const LossBatch& lb, const double* row_nll);
 
 // Checks micro-batches against a walk's capacity (max_rows tokens) and the model: context,
 // vocabulary, targets. zof::Error naming what is wrong; `who` names the walk ("the engine").
@@ -47,7 +63,7 @@ inline double row_quantized(double v) { return std::nearbyint(v * 0x1p24) * kRow
 // Sums over micro-batches, kept as sums so that data-parallel ranks can add them.
 struct QueryLosses {
   std::vector<double> sum_plus, sum_minus;  // (q) summed NLL at theta +/- eps z_j
-  double count = 0;                         // scored tokens
+  double count = 0;                         // scored tokens, or examples (LossBatch::units)
 };
 
 struct ZOStepOptions {
@@ -210,8 +226,8 @@ class ZOEngine {
   // Summed NLL at theta +/- eps z(key) of the scored rows of hp/hm (hidden states after the
   // last layer), with the head block's small parameters already in blk_plus_/blk_minus_: the
   // LM head is perturbed and multiplied one vocabulary chunk at a time with an online softmax.
-  void head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
-                 const int32_t* targets, double& sum_plus, double& sum_minus);
+  void head_sums(const ZKey& key, const float* hp, const float* hm, const LossBatch& lb,
+                 double& sum_plus, double& sum_minus);
   Model::ParamLocator copy_locator(const float* base, const float* tokens) const;
   void release_buffers();  // frees every buffer allocated so far
   // The key of query j at step with this engine's distribution, and a key's copy with tensor

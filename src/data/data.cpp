@@ -140,6 +140,44 @@ LossBatch make_loss_batch(const std::vector<TokenizedExample>& examples,
   return lb;
 }
 
+std::vector<std::vector<TokenizedExample>> tokenize_candidates(
+    const Tokenizer& tok, const std::vector<Example>& examples, int64_t max_len,
+    int64_t* truncated) {
+  std::vector<std::vector<TokenizedExample>> out(examples.size());
+  int64_t cut = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const Example& ex = examples[i];
+    ZOF_CHECK(ex.label >= 0 && ex.label < (int)ex.candidates.size(),
+              "example " + std::to_string(i) + " has no valid label (" + std::to_string(ex.label) +
+                  ") to train on");
+    bool any_cut = false;
+    for (const std::string& c : ex.candidates) {
+      out[i].push_back(tokenize_example(tok, ex.prompt, c, max_len, (int64_t)i));
+      any_cut = any_cut || out[i].back().truncated;
+    }
+    cut += any_cut;
+  }
+  if (truncated) *truncated = cut;
+  return out;
+}
+
+LossBatch make_choice_batch(const std::vector<std::vector<TokenizedExample>>& candidates,
+                            const std::vector<int>& labels, const std::vector<int64_t>& indices,
+                            int32_t pad_id) {
+  std::vector<TokenizedExample> seqs;
+  std::vector<LossBatch::Choice> choices;
+  for (int64_t i : indices) {
+    ZOF_ASSERT(i >= 0 && i < (int64_t)candidates.size() && i < (int64_t)labels.size());
+    choices.push_back({(int32_t)seqs.size(), (int32_t)candidates[i].size(), labels[i]});
+    seqs.insert(seqs.end(), candidates[i].begin(), candidates[i].end());
+  }
+  std::vector<int64_t> all(seqs.size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = (int64_t)k;
+  LossBatch lb = make_loss_batch(seqs, all, pad_id);
+  lb.choices = std::move(choices);
+  return lb;
+}
+
 // ---- text ---------------------------------------------------------------------------------------
 
 TextData load_text(const std::string& path, const Tokenizer& tok, int64_t seq_len,

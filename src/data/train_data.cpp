@@ -20,6 +20,7 @@ LossBatch pad_to(LossBatch lb, int64_t T, int32_t pad) {
   o.batch.B = B;
   o.batch.T = T;
   o.batch.lengths = lb.batch.lengths;
+  o.choices = lb.choices;
   o.batch.ids.assign(B * T, pad);
   o.targets.assign(B * T, -1);
   for (int64_t b = 0; b < B; ++b)
@@ -93,26 +94,46 @@ class TextTask : public TrainData {
   BatchSampler sampler_;
 };
 
-// MeZO's classification / multiple-choice tasks (teacher forcing on the correct answer, accuracy
-// by candidate scoring) and users' prompt/completion JSONL (perplexity of completions).
+// MeZO's classification / multiple-choice tasks (teacher forcing on the correct answer, or the
+// cross-entropy over the candidates with --objective classification; accuracy by candidate
+// scoring) and users' prompt/completion JSONL (perplexity of completions).
 class ExampleTask : public TrainData {
  public:
   ExampleTask(const TrainOptions& o, const Tokenizer& tok, int64_t context)
       : opt_(o), tok_(tok), kind_(task_kind(o.task)),
+        classify_(training_objective(o) == "classification"),
         data_(load_task(o.task, o.data, DataOptions{o.train_examples, o.eval_examples, o.seed})),
         sampler_((int64_t)data_.train.size(), o.batch, o.seed) {
     max_len_ = std::min<int64_t>(o.seq_len, context);
     int64_t cut = 0;
-    train_ = tokenize_examples(tok, data_.train, max_len_, &cut);
+    if (classify_) {
+      cands_ = tokenize_candidates(tok, data_.train, max_len_, &cut);
+      for (const Example& e : data_.train) labels_.push_back(e.label);
+      for (const auto& c : cands_) {
+        width_ = std::max<int64_t>(width_, (int64_t)c.size());
+        for (const auto& t : c) longest_ = std::max<int64_t>(longest_, (int64_t)t.ids.size());
+      }
+    } else {
+      train_ = tokenize_examples(tok, data_.train, max_len_, &cut);
+      for (auto& t : train_) longest_ = std::max<int64_t>(longest_, (int64_t)t.ids.size());
+    }
     if (cut > 0)
       std::fprintf(stderr,
                    "zof: warning: %lld of %zu training examples are longer than --seq-len %lld; "
                    "their prompts were cut on the left\n",
-                   (long long)cut, train_.size(), (long long)max_len_);
-    for (auto& t : train_) longest_ = std::max<int64_t>(longest_, (int64_t)t.ids.size());
+                   (long long)cut, data_.train.size(), (long long)max_len_);
   }
   std::vector<LossBatch> batch(uint64_t step, int replica, int replicas) override {
     const int32_t pad = std::max(0, tok_.pad_id());
+    if (classify_)
+      return step_micro_batches(
+          sampler_, step, replica, replicas, opt_.micro_batches, pad,
+          [&](int64_t i) {
+            int64_t n = 0;
+            for (const auto& t : cands_[i]) n = std::max<int64_t>(n, (int64_t)t.ids.size());
+            return n;
+          },
+          [&](const std::vector<int64_t>& i) { return make_choice_batch(cands_, labels_, i, pad); });
     return step_micro_batches(
         sampler_, step, replica, replicas, opt_.micro_batches, pad,
         [&](int64_t i) { return (int64_t)train_[i].ids.size(); },
@@ -124,26 +145,35 @@ class ExampleTask : public TrainData {
     return {"accuracy", candidate_accuracy(fwd, tok_, data_.eval, max_len_, max_rows())};
   }
   int64_t max_rows() const override {
-    return std::max(micro_rows(opt_, longest_), 4 * max_len_);
+    // With choices every example brings all its candidates (at most width_ of them).
+    return std::max(micro_rows(opt_, longest_) * width_, 4 * max_len_);
   }
   std::string describe() const override {
     return opt_.task + " " + opt_.data + ": " + std::to_string(data_.train.size()) + " of " +
            std::to_string(data_.train_available) + " training and " +
            std::to_string(data_.eval.size()) + " of " + std::to_string(data_.eval_available) +
-           " evaluation examples";
+           " evaluation examples" + (classify_ ? ", objective classification" : "");
   }
 
  private:
   TrainOptions opt_;
   const Tokenizer& tok_;
   TaskKind kind_;
+  bool classify_;
   TaskData data_;
   BatchSampler sampler_;
-  std::vector<TokenizedExample> train_;
-  int64_t max_len_ = 0, longest_ = 1;
+  std::vector<TokenizedExample> train_;                 // lm: the correct candidates
+  std::vector<std::vector<TokenizedExample>> cands_;    // classification: every candidate
+  std::vector<int> labels_;
+  int64_t max_len_ = 0, longest_ = 1, width_ = 1;
 };
 
 }  // namespace
+
+std::string training_objective(const TrainOptions& o) {
+  if (o.objective != "auto") return o.objective;
+  return o.task == "sst2" || o.task == "rte" || o.task == "cb" ? "classification" : "lm";
+}
 
 std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
                                            int64_t context) {

@@ -45,6 +45,19 @@ void validate_options(const TrainOptions& o) {
   ZOF_CHECK(o.lr >= 0 && std::isfinite(o.lr), "--lr must be a non-negative number");
   ZOF_CHECK(o.schedule == "constant" || o.schedule == "linear" || o.schedule == "cosine",
             "--schedule must be constant, linear or cosine, not '" + o.schedule + "'");
+  ZOF_CHECK(o.objective == "auto" || o.objective == "lm" || o.objective == "classification",
+            "--objective must be auto, lm or classification, not '" + o.objective + "'");
+  const bool candidates = o.task == "sst2" || o.task == "rte" || o.task == "cb" || o.task == "copa";
+  ZOF_CHECK(o.objective != "classification" || candidates,
+            "--objective classification compares a task's candidate answers, and --task " +
+                o.task + " has none; use it with sst2, rte, cb or copa, or --objective lm");
+  ZOF_CHECK(o.estimator != "jvp" || training_objective(o) == "lm",
+            "--estimator jvp differentiates the token loss only, not --objective "
+            "classification" +
+                std::string(o.objective == "auto" ? " (MeZO's choice for --task " + o.task +
+                                                        ", the default)"
+                                                  : "") +
+                "; add --objective lm, or use --estimator spsa");
 }
 
 // --gpu-mem / --sim-device / --device: the device budget in bytes (0: none given).
@@ -90,6 +103,7 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
 json TrainOptions::to_json() const {
   return nlohmann::json{{"model", model},
               {"task", task},
+              {"objective", objective},
               {"data", data},
               {"out", out},
               {"steps", steps},
@@ -125,6 +139,9 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   };
   get("model", o.model);
   get("task", o.task);
+  // Runs from before --objective trained every task on the answer's tokens.
+  o.objective = "lm";
+  get("objective", o.objective);
   get("data", o.data);
   get("out", o.out);
   get("steps", o.steps);

@@ -111,6 +111,9 @@ class JVPWalk {
   JVPSums directional_derivatives(const std::vector<ZKey>& keys,
                                   const std::vector<LossBatch>& micro) {
     ZOF_CHECK(!keys.empty(), "the JVP estimator needs at least one direction (--queries >= 1)");
+    for (const LossBatch& lb : micro)
+      ZOF_CHECK(lb.choices.empty(), "--estimator jvp differentiates the token loss only: use "
+                                    "--objective lm with it, or --estimator spsa");
     return walk(keys, nullptr, 0.0, micro);
   }
   JVPSums loss_along(const ZKey& key, double shift, const std::vector<LossBatch>& micro) {

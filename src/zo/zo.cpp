@@ -17,6 +17,33 @@ int64_t LossBatch::scored() const {
   return n;
 }
 
+double loss_sum(const LossBatch& lb, const double* row_nll) {
+  const int64_t T = lb.batch.T;
+  double sum = 0;
+  if (lb.choices.empty()) {
+    for (size_t i = 0; i < lb.targets.size(); ++i)
+      if (lb.targets[i] >= 0) sum += row_quantized(row_nll[i]);
+    return sum;
+  }
+  std::vector<double> score;
+  for (const LossBatch::Choice& c : lb.choices) {
+    score.assign(c.count, 0.0);
+    for (int32_t k = 0; k < c.count; ++k) {
+      const int64_t b = c.first + k;
+      double s = 0;
+      int64_t n = 0;
+      for (int64_t t = 0; t < T; ++t)
+        if (lb.targets[b * T + t] >= 0) s += row_nll[b * T + t], ++n;
+      score[k] = -s / (double)std::max<int64_t>(n, 1);  // mean log-likelihood
+    }
+    const double top = *std::max_element(score.begin(), score.end());
+    double z = 0;
+    for (double x : score) z += std::exp(x - top);
+    sum += row_quantized(top + std::log(z) - score[c.label]);
+  }
+  return sum;
+}
+
 LossBatch LossBatch::next_token(Batch b) {
   LossBatch lb;
   lb.targets.assign(b.B * b.T, -1);
@@ -300,8 +327,10 @@ void ZOEngine::perturb_rows(const ZKey& key, int64_t n_uniq) {
   if (opt_.one_sided) be_.embedding(uniq_dev_, table, tok_minus_, n_uniq, E, false);
 }
 
-void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int64_t rows,
-                         const int32_t* targets, double& sum_plus, double& sum_minus) {
+void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, const LossBatch& lb,
+                         double& sum_plus, double& sum_minus) {
+  const int64_t rows = lb.batch.B * lb.batch.T;
+  const int32_t* targets = lb.targets.data();
   const bool minus = hm != nullptr;  // one-sided, query > 0: the theta stream is query 0's
   const Param& lm = model_.params()[lm_];
   const int64_t V = lm.shape[0], E = lm.shape[1];
@@ -349,14 +378,18 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, int6
   be_.copy_to_host(st.data(), ce_state_, 6 * n * sizeof(float), nullptr);
   be_.synchronize(nullptr);
   mp = st.data(), sp = mp + n, tp = sp + n, mm = tp + n, sm = mm + n, tm = sm + n;
-  for (int64_t i = 0; i < n; ++i) {
-    // Each row's nll is formed in double (max and target logit are large and close: GPT-2's
-    // logits sit near -100, where a float sum would round at 1e-5), then rounded to the row
-    // quantum, so that the totals do not depend on how rows are split (row_quantized, zo.h).
-    sum_plus += row_quantized(((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]));
-    if (minus)
-      sum_minus += row_quantized(((double)mm[i] - (double)tm[i]) + std::log((double)sm[i]));
-  }
+  // Each row's nll is formed in double (max and target logit are large and close: GPT-2's
+  // logits sit near -100, where a float sum would round at 1e-5), then the batch's loss from
+  // them (loss_sum: each token's or example's loss rounded to the row quantum, so that the
+  // totals do not depend on how rows are split).
+  std::vector<double> nll(rows, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    nll[sel[i]] = ((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]);
+  sum_plus = loss_sum(lb, nll.data());
+  if (!minus) return;
+  for (int64_t i = 0; i < n; ++i)
+    nll[sel[i]] = ((double)mm[i] - (double)tm[i]) + std::log((double)sm[i]);
+  sum_minus = loss_sum(lb, nll.data());
 }
 
 void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& cfg,
@@ -367,6 +400,17 @@ void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& 
     ZOF_CHECK(rows <= max_rows, "batch of " + std::to_string(rows) + " tokens exceeds " + who +
                                     "'s capacity of " + std::to_string(max_rows));
     ZOF_ASSERT((int64_t)lb.targets.size() == rows && (int64_t)lb.batch.ids.size() == rows);
+    int64_t next = 0;  // choices cover consecutive sequences, each with a scored token
+    for (const LossBatch::Choice& c : lb.choices) {
+      ZOF_ASSERT(c.first == next && c.count >= 1 && c.first + c.count <= lb.batch.B &&
+                 c.label >= 0 && c.label < c.count);
+      next = c.first + c.count;
+      for (int32_t k = 0; k < c.count; ++k) {
+        const int32_t* t = lb.targets.data() + (int64_t)(c.first + k) * lb.batch.T;
+        ZOF_ASSERT(std::any_of(t, t + lb.batch.T, [](int32_t x) { return x >= 0; }));
+      }
+    }
+    ZOF_ASSERT(lb.choices.empty() || next == lb.batch.B);
     ZOF_CHECK(lb.batch.T <= cfg.max_position,
               "a sequence of " + std::to_string(lb.batch.T) + " tokens is beyond the model's " +
                   "context of " + std::to_string(cfg.max_position) +
@@ -460,14 +504,13 @@ void ZOEngine::walk_head(const StepWalk& w, const LossBatch& lb, bool first, boo
   for (int j = 0; j < q; ++j) {
     block_pass(last, first && j == 0, &w.keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
     double sp = 0, sm = 0;
-    head_sums(w.keys[j], h_plus_[j], has_minus(j) ? h_minus_[j] : nullptr, rows,
-              lb.targets.data(), sp, sm);
+    head_sums(w.keys[j], h_plus_[j], has_minus(j) ? h_minus_[j] : nullptr, lb, sp, sm);
     out.sum_plus[j] += sp;
     out.sum_minus[j] += has_minus(j) ? sm : 0.0;
   }
   if (lm_block_ != last) release(lm_block_, false);
   release(last, dirty);
-  out.count += (double)lb.scored();
+  out.count += lb.units();
 }
 
 QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro) {
@@ -647,8 +690,9 @@ double ZOEngine::loss(const std::vector<LossBatch>& micro) {
   for (const auto& lb : micro) {
     std::vector<float> nll(lb.batch.B * lb.batch.T);
     fwd_.nll(lb.batch, lb.targets.data(), nll.data());
-    for (float x : nll) sum += row_quantized(x);
-    count += (double)lb.scored();
+    const std::vector<double> row(nll.begin(), nll.end());
+    sum += loss_sum(lb, row.data());
+    count += lb.units();
   }
   ZOF_CHECK(count > 0, "the batch has no scored tokens");
   return sum / count;

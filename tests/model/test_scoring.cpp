@@ -9,7 +9,9 @@
 #include "zof/forward.h"
 #include "zof/model.h"
 #include "zof/perplexity.h"
+#include "zof/philox.h"
 #include "zof/tokenizer.h"
+#include "zof/zo.h"
 
 namespace {
 
@@ -156,4 +158,67 @@ TEST(Scoring, HeldOutWindowsMatchPerplexity) {
   // A trained model on its own kind of text (about 3.5 on plain TinyStories; this sample's
   // "<|endoftext|>" markers are spelled out in bytes), far below the 512-token vocabulary.
   EXPECT_LT(got.ppl, 30.0);
+}
+
+// MeZO's classification objective (--objective classification) against the same loss written
+// plainly: each candidate scored alone by the scalar reference backend, the cross-entropy of the
+// scores in double. At theta (ZOEngine::loss) and at theta +/- eps z (the perturbed walk, whose
+// head sums per-row losses by loss_sum), against the whole model perturbed by hand.
+TEST(Scoring, ClassificationObjectiveIsTheCrossEntropyOverCandidateScores) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  auto ref = zof::test::reference_backend();
+  auto cpu = zof::test::cpu_backend(1);
+  auto ex = copa_style();
+  ex.push_back({"Once upon a time, there was a little", {" girl", " spaceship", " banana"}, 2});
+  auto by_hand = [&](zof::Model& m) {
+    zof::Forward fwd(m, *ref, 256);
+    double sum = 0;
+    for (const auto& e : ex) {
+      std::vector<double> s;
+      for (const auto& c : e.candidates) s.push_back(score_by_hand(fwd, tok, e.prompt, c));
+      double z = 0;
+      for (double x : s) z += std::exp(x);
+      sum += std::log(z) - s[e.label];
+    }
+    return sum / (double)ex.size();
+  };
+  const auto cands = zof::tokenize_candidates(tok, ex, 64);
+  std::vector<int> labels;
+  for (const auto& e : ex) labels.push_back(e.label);
+  // Two micro-batches: examples 0-2, and 3-5 with the three-way one.
+  const std::vector<zof::LossBatch> micro = {zof::make_choice_batch(cands, labels, {0, 1, 2}),
+                                             zof::make_choice_batch(cands, labels, {3, 4, 5})};
+  EXPECT_EQ(micro[1].choices.size(), 3u);
+  EXPECT_EQ(micro[1].choices[2].count, 3);
+  EXPECT_EQ(micro[1].units(), 3.0);
+  const double want = by_hand(model);
+  int64_t rows = 0;
+  for (const auto& lb : micro) rows = std::max<int64_t>(rows, lb.batch.B * lb.batch.T);
+  zof::ZOStepOptions o;
+  o.eps = 1e-2f;
+  o.seed = 17;
+  zof::ZOEngine eng(model, *cpu, rows, o);
+  EXPECT_NEAR(eng.loss(micro), want, 1e-5 * want);
+  const zof::QueryLosses ql = eng.perturbed_losses(0, micro);
+  EXPECT_EQ(ql.count, (double)ex.size());
+  // theta +/- eps z for the whole model, written plainly.
+  const std::vector<float> theta(model.storage(), model.storage() + model.storage_size());
+  for (int sign : {1, -1}) {
+    const zof::ZKey key{o.seed, 0, 0};
+    for (size_t pi = 0; pi < model.params().size(); ++pi) {
+      const auto& p = model.params()[pi];
+      const int64_t off = p.data - model.storage();
+      for (int64_t e = 0; e < p.numel; ++e)
+        model.storage()[off + e] = (float)((double)theta[off + e] +
+                                           sign * (double)o.eps *
+                                               zof::z_element(key, (uint32_t)pi, (uint64_t)e));
+    }
+    const double l = by_hand(model);
+    std::copy(theta.begin(), theta.end(), model.storage());
+    const double got = (sign > 0 ? ql.sum_plus[0] : ql.sum_minus[0]) / ql.count;
+    EXPECT_NEAR(got, l, 1e-5 * l) << "sign " << sign;
+    EXPECT_GT(std::fabs(l - want), 1e-5) << "z should move the loss";
+  }
 }

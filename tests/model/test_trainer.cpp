@@ -209,13 +209,48 @@ TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
   }
 }
 
+// SST-2 trains with MeZO's classification objective by default (run.json says so), and such a
+// run resumes after SIGKILL and replays bit for bit like any other; --objective lm trains on the
+// answer's tokens, a different run from the same seed.
+TEST_F(Finetune, ClassificationObjectiveResumesAndReplaysExactly) {
+  const std::string sst2 = zof::test::assets_dir() + "/data/sst2";
+  ZOF_REQUIRE_PATH(sst2 + "/train.tsv");
+  auto cmd = [&](const fs::path& out, const std::string& extra) {
+    return zof::test::zof_binary() + " finetune --model " + stories() + " --task sst2 --data " +
+           sst2 + " --out " + out.string() +
+           " --steps 8 --batch 4 --seq-len 64 --lr 1e-3 --eps 1e-3 --seed 3 --save-every 3 "
+           "--train-examples 64 --eval-examples 16 --threads 1 --no-report" + extra;
+  };
+  const fs::path a = dir_ / "a", b = dir_ / "b", lm = dir_ / "lm", r = dir_ / "r";
+  auto ra = run_command(cmd(a, ""));
+  ASSERT_EQ(ra.code, 0) << ra.err;
+  EXPECT_NE(ra.err.find("objective classification"), std::string::npos) << ra.err;
+  const json run = json::parse(zof::test::read_file((a / "run.json").string()));
+  EXPECT_EQ(run["options"]["objective"], "auto");
+  auto rb = run_command("ZOF_FAULT_KILL_AT_STEP=5 " + cmd(b, ""));
+  ASSERT_EQ(rb.code, 128 + SIGKILL) << rb.err;
+  auto rb2 = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
+  ASSERT_EQ(rb2.code, 0) << rb2.err;
+  EXPECT_EQ(steps_of(a), steps_of(b));
+  EXPECT_TRUE(weights(a) == weights(b)) << "resumed weights differ";
+  auto rr = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +
+                        a.string() + " --out " + r.string());
+  ASSERT_EQ(rr.code, 0) << rr.err;
+  EXPECT_TRUE(weights(a) == weights(r)) << "replayed weights differ";
+  auto rl = run_command(cmd(lm, " --objective lm"));
+  ASSERT_EQ(rl.code, 0) << rl.err;
+  EXPECT_NE(steps_of(a)[0]["loss"], steps_of(lm)[0]["loss"]);
+}
+
 TEST_F(Finetune, BadOptimizerFlagsAreClearErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--optimizer adagrad", "--optimizer must be sgd, momentum or adam"},
       {"--z uniform", "--z must be gaussian or rademacher"},
       {"--sparsity 1.5", "--sparsity must be in [0, 1)"},
       {"--optimizer adam --beta2 1", "--beta2 must be in [0, 1)"},
-      {"--estimator jvp --one-sided", "--estimator jvp takes Gaussian, dense directions"}};
+      {"--estimator jvp --one-sided", "--estimator jvp takes Gaussian, dense directions"},
+      {"--objective classification", "--objective classification compares a task's candidate"},
+      {"--objective mse", "--objective must be auto, lm or classification"}};
   for (auto& [flags, msg] : cases) {
     const fs::path out = dir_ / "bad";
     auto r = run_command(zof::test::zof_binary() + " " + args(out.string(), 3) + " " + flags);
