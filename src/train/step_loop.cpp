@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <csignal>
 #include <cstdlib>
 
@@ -107,7 +108,10 @@ LoopEnd StepLoop::run() {
     check_bad_run(step);
     const bool evaluated =
         opt_.eval_every > 0 && (step + 1) % opt_.eval_every == 0 && step + 1 < opt_.steps;
-    if (evaluated) last_eval_ = eval_.evaluate(step + 1, "during");
+    if (evaluated) {
+      last_eval_ = eval_.evaluate(step + 1, "during");
+      hint_if_stalled();
+    }
     if (job_.root) report(step, rec, evaluated);
     if (s.stop) {
       end.interrupted = true;
@@ -191,6 +195,23 @@ void StepLoop::check_bad_run(int64_t step) {
               " steps in a row (step " + std::to_string(step) + "); lower --lr or --eps." +
               (last.empty() ? std::string(" No checkpoint was saved before it.")
                             : " The latest checkpoint before it is " + last.string()));
+}
+
+// After the second evaluation during the steps, once: a held-out metric that has not moved
+// (within 0.1%) from the one before the first step, with a learning rate below 1e-4, is most
+// often MeZO's 1e-6/1e-7 (chosen for 13B-class models) given to a small model.
+void StepLoop::hint_if_stalled() {
+  if (!job_.root || ++evals_during_ != 2 || opt_.lr >= 1e-4f) return;
+  const double before = c_.eval_before["value"].get<double>();
+  const double now = last_eval_["value"].get<double>();
+  if (std::fabs(now - before) > 1e-3 * std::max(std::fabs(before), 1e-12)) return;
+  char b[400];
+  std::snprintf(b, sizeof b,
+                "hint: the held-out %s has not moved in two evaluations (%.4g before the first "
+                "step, %.4g now): --lr %g may be too small for this model. MeZO's 1e-6 and 1e-7 "
+                "are for 13B-class models; small ones need larger steps (stories260K: 1e-4)",
+                last_eval_["metric"].get<std::string>().c_str(), before, now, (double)opt_.lr);
+  sink_.message(b);
 }
 
 void StepLoop::report(int64_t step, const json& rec, bool evaluated) {

@@ -44,6 +44,7 @@ class StepLoop {
   nlohmann::json record(int64_t step, const Outcome& s);
   void check_bad_run(int64_t step);
   void report(int64_t step, const nlohmann::json& record, bool evaluated);
+  void hint_if_stalled();
 
   const TrainOptions& opt_;
   Job& job_;
@@ -61,6 +62,7 @@ class StepLoop {
   uint64_t step_bytes_ = 0;
   double t_step0_ = 0;
   bool sink_stop_ = false;
+  int evals_during_ = 0;  // evaluations during this process's steps
 };
 
 }  // namespace zof::train

@@ -242,6 +242,21 @@ TEST_F(Finetune, ClassificationObjectiveResumesAndReplaysExactly) {
   EXPECT_NE(steps_of(a)[0]["loss"], steps_of(lm)[0]["loss"]);
 }
 
+// A held-out metric that has not moved after two evaluations, at a learning rate meant for
+// 13B-class models, gets one hint naming --lr; a run that learns gets none.
+TEST_F(Finetune, StalledMetricAtATinyLearningRateGetsAHint) {
+  auto slow = run_command(zof::test::zof_binary() + " " + args((dir_ / "slow").string(), 6) +
+                          " --lr 1e-9 --eval-every 2");
+  ASSERT_EQ(slow.code, 0) << slow.err;
+  EXPECT_NE(slow.err.find("hint: the held-out ppl has not moved in two evaluations"),
+            std::string::npos) << slow.err;
+  EXPECT_NE(slow.err.find("--lr 1e-09 may be too small"), std::string::npos) << slow.err;
+  auto fine = run_command(zof::test::zof_binary() + " " + args((dir_ / "fine").string(), 6) +
+                          " --lr 1e-4 --eval-every 2");
+  ASSERT_EQ(fine.code, 0) << fine.err;
+  EXPECT_EQ(fine.err.find("hint:"), std::string::npos) << fine.err;
+}
+
 TEST_F(Finetune, BadOptimizerFlagsAreClearErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--optimizer adagrad", "--optimizer must be sgd, momentum or adam"},
