@@ -16,6 +16,7 @@
 #include "zof/model.h"
 #include "zof/report.h"
 #include "zof/runtime.h"
+#include "zof/streaming.h"
 #include "zof/text.h"
 #include "zof/tokenizer.h"
 #include "zof/trainer.h"
@@ -35,7 +36,15 @@ std::string read_text_file(const std::string& path, const std::string& flag) {
   return ss.str();
 }
 
+// Where generate and eval run: --device cpu (the model's storage), or a device (--device cuda,
+// --sim-device) that the weights stream through within --gpu-mem.
+struct DeviceArgs {
+  std::string device = "cpu", gpu_mem;
+  bool sim_device = false;
+};
+
 struct GenerateArgs {
+  DeviceArgs where;
   std::string model, prompt;
   int64_t max_new_tokens = 128;
   float temperature = 0.f, top_p = 1.f;
@@ -44,15 +53,41 @@ struct GenerateArgs {
   bool json = false;
 };
 
-// The host backend for generate and eval: --threads cores.
-std::unique_ptr<zof::Backend> cpu_backend(int threads) {
+// The backend for generate and eval (--threads cores on the host) and where it reads the
+// weights.
+std::unique_ptr<zof::Backend> text_backend(const DeviceArgs& d, int threads,
+                                           zof::WeightPlacement& place) {
+  ZOF_CHECK(d.device == "cpu" || d.device == "cuda",
+            "--device must be cpu or cuda, not '" + d.device + "'");
+  ZOF_CHECK(d.device == "cpu" || !d.sim_device,
+            "--sim-device simulates a GPU on the CPU: drop it with --device cuda");
+  const bool device = d.sim_device || d.device == "cuda";
+  ZOF_CHECK(device || d.gpu_mem.empty(),
+            "--gpu-mem budgets device memory, and --device cpu has none; add --device cuda, or "
+            "--sim-device to run the streaming schedule on the simulated device");
+  place.stream = device;
+  place.budget = d.gpu_mem.empty() ? 0 : zof::parse_memory_size(d.gpu_mem, "--gpu-mem");
   zof::BackendOptions b;
+  b.device = d.device;
   b.threads = threads;
+  b.sim_device = d.sim_device;
+  b.sim_budget = place.budget;
   return zof::make_backend(b);
 }
 
+void add_device_flags(CLI::App* app, DeviceArgs& d) {
+  app->add_option("--device", d.device, "cpu, or cuda: the weights streamed from host memory "
+                  "through the GPU within --gpu-mem (all resident if they fit)")
+      ->capture_default_str();
+  app->add_option("--gpu-mem", d.gpu_mem, "Device memory budget, e.g. 16GiB or 512MiB (default: "
+                  "what the device has free)");
+  app->add_flag("--sim-device", d.sim_device, "Run on the simulated device (host memory with the "
+                "--gpu-mem budget): the streaming schedule without a GPU");
+}
+
 int run_generate(const GenerateArgs& a) {
-  auto backend = cpu_backend(a.threads);
+  zof::WeightPlacement place;
+  auto backend = text_backend(a.where, a.threads, place);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
   zof::SampleOptions opt;
@@ -65,7 +100,7 @@ int run_generate(const GenerateArgs& a) {
     if (a.json) return;
     std::cout << text.substr(shown) << std::flush;
     shown = text.size();
-  });
+  }, place);
   if (a.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -79,6 +114,7 @@ int run_generate(const GenerateArgs& a) {
 }
 
 struct EvalArgs {
+  DeviceArgs where;
   std::string model, text;
   int64_t seq_len = 0, batch = 8, max_windows = 0;
   int threads = 0;
@@ -86,12 +122,13 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
-  auto backend = cpu_backend(a.threads);
+  zof::WeightPlacement place;
+  auto backend = text_backend(a.where, a.threads, place);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
   const std::string text = read_text_file(a.text, "--text");
   json j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
-                              a.max_windows);
+                              a.max_windows, place);
   if (a.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -181,6 +218,7 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& g) {
   gen->add_option("--threads", g.threads, "CPU threads (0: all cores)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
   gen->add_flag("--json", g.json, "Print one JSON object as the last line");
+  add_device_flags(gen, g.where);
   return gen;
 }
 
@@ -198,6 +236,7 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& e) {
   ev->add_option("--threads", e.threads, "CPU threads (0: all cores)")->capture_default_str()
       ->check(CLI::Range(0, 4096));
   ev->add_flag("--json", e.json, "Print one JSON object as the last line");
+  add_device_flags(ev, e.where);
   return ev;
 }
 

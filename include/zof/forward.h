@@ -34,9 +34,22 @@ struct DeviceInputs {
 class BlockStreamer;  // streaming.h
 
 // Host backends only: the cache lives in host memory.
+// Keys and values of the positions decoded so far, per layer (B, capacity, num_kv_heads *
+// head_dim), in the memory of the backend that made it (Forward::make_cache): host memory on
+// the CPU, device memory on a GPU or the simulated device. Move-only; frees its buffers.
 struct KVCache {
   int64_t B = 0, capacity = 0, length = 0;  // length: positions filled so far
-  std::vector<std::vector<float>> k, v;
+  std::vector<float*> k, v;
+  Backend* backend = nullptr;
+  KVCache() = default;
+  KVCache(KVCache&& o) noexcept { *this = std::move(o); }
+  KVCache& operator=(KVCache&& o) noexcept;
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+  ~KVCache();
+
+ private:
+  void release();
 };
 
 class Forward {

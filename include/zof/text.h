@@ -15,19 +15,31 @@
 
 namespace zof {
 
+// Where eval and generate read the weights: the model's storage (a host backend, the default),
+// or, on a device (--device cuda, --sim-device), blocks streamed through it from the model's
+// storage within `budget` bytes of device memory in all (the forward's buffers included; 0:
+// what the device has free), every block resident when they fit: a model larger than the
+// device is evaluated and sampled from as the ZO walk streams it.
+struct WeightPlacement {
+  bool stream = false;
+  uint64_t budget = 0;
+};
+
 // Perplexity of text, documents separated by "<|endoftext|>" (each encoded alone and scored
 // from its own BOS). seq_len 0: the context, at most 512. source names the text in errors
 // ("--text FILE"). Returns `zof eval --json`'s object: nll, ppl, tokens, windows, seq_len,
-// tokenize_s, eval_s, tokens_per_s.
+// tokenize_s, eval_s, tokens_per_s, device (and streaming, when the weights streamed).
 nlohmann::json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                              const std::string& text, const std::string& source, int64_t seq_len,
-                             int64_t batch, int64_t max_windows);
+                             int64_t batch, int64_t max_windows,
+                             const WeightPlacement& place = {});
 
 // Generation after prompt (empty: from BOS, else EOS). on_text receives the decoded text so far
 // (prompt included) each time it grows by whole characters. Returns `zof generate --json`'s
 // object: prompt, completion, text, new_tokens, ids, tokens_per_s.
 nlohmann::json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                              const std::string& prompt, SampleOptions opt,
-                             const std::function<void(const std::string&)>& on_text = nullptr);
+                             const std::function<void(const std::string&)>& on_text = nullptr,
+                             const WeightPlacement& place = {});
 
 }  // namespace zof

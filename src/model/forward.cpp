@@ -113,7 +113,7 @@ graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float*
   return f;
 }
 
-// The primal ops with attention over a host KV cache (incremental decoding): the layer's keys and
+// The primal ops with attention over a KV cache (incremental decoding): the layer's keys and
 // values are appended at cache.length and each query attends to all length + T keys.
 class CachedPrimal : public graph::Primal<graph::BackendKernels> {
  public:
@@ -125,13 +125,13 @@ class CachedPrimal : public graph::Primal<graph::BackendKernels> {
     const int64_t start = cache_.length, Tk = start + T;
     ZOF_CHECK(Tk <= cache_.capacity, "generation ran past the KV cache capacity of " +
                                          std::to_string(cache_.capacity) + " tokens");
-    auto& kc = cache_.k[layer_];
-    auto& vc = cache_.v[layer_];
+    float* kc = cache_.k[layer_];
+    float* vc = cache_.v[layer_];
     for (int64_t b = 0; b < B; ++b) {
-      float* kb = kc.data() + b * cache_.capacity * Hk;
-      float* vb = vc.data() + b * cache_.capacity * Hk;
-      std::memcpy(kb + start * Hk, v(kk) + b * T * Hk, T * Hk * sizeof(float));
-      std::memcpy(vb + start * Hk, v(vv) + b * T * Hk, T * Hk * sizeof(float));
+      float* kb = kc + b * cache_.capacity * Hk;
+      float* vb = vc + b * cache_.capacity * Hk;
+      k_.be.copy_device(kb + start * Hk, v(kk) + b * T * Hk, T * Hk * sizeof(float), nullptr);
+      k_.be.copy_device(vb + start * Hk, v(vv) + b * T * Hk, T * Hk * sizeof(float), nullptr);
       k_.be.attention(v(q) + b * T * Hq, kb, vb, v(out) + b * T * Hq, nullptr, 1, T, Tk, d_.H,
                       d_.Hkv, d_.D, start, graph::BackendKernels::scale(d_.D));
     }
@@ -313,20 +313,44 @@ void Forward::next_token_nll(const Batch& batch, std::vector<float>& out) {
   nll(batch, targets.data(), out.data());
 }
 
+KVCache& KVCache::operator=(KVCache&& o) noexcept {
+  if (this != &o) {
+    release();
+    B = o.B, capacity = o.capacity, length = o.length;
+    k = std::move(o.k), v = std::move(o.v);
+    backend = o.backend;
+    o.k.clear(), o.v.clear();
+    o.backend = nullptr;
+  }
+  return *this;
+}
+
+void KVCache::release() {
+  if (backend) {
+    for (float* p : k) backend->free(p);
+    for (float* p : v) backend->free(p);
+  }
+  k.clear(), v.clear();
+}
+
+KVCache::~KVCache() { release(); }
+
 KVCache Forward::make_cache(int64_t B, int64_t capacity) const {
   KVCache c;
   c.B = B;
   c.capacity = std::min(capacity, cfg_.max_position);
-  const int64_t n = B * c.capacity * cfg_.num_kv_heads * cfg_.head_dim;
-  c.k.assign(cfg_.num_layers, std::vector<float>(n));
-  c.v.assign(cfg_.num_layers, std::vector<float>(n));
+  c.backend = &be_;
+  const size_t bytes = (size_t)(B * c.capacity * cfg_.num_kv_heads * cfg_.head_dim) * sizeof(float);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    c.k.push_back((float*)be_.alloc(std::max<size_t>(bytes, 4)));
+    c.v.push_back((float*)be_.alloc(std::max<size_t>(bytes, 4)));
+  }
   return c;
 }
 
 void Forward::decode_step(const int32_t* ids, int64_t B, int64_t T, KVCache& cache,
                           std::vector<float>& last_logits) {
   const int64_t rows = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size;
-  ZOF_CHECK(!weights_, "generation keeps its KV cache in host memory: it runs on the CPU backend");
   ZOF_CHECK(B == cache.B, "batch size differs from the KV cache's");
   ZOF_CHECK(rows <= max_rows_, "decode step of " + std::to_string(rows) +
                                    " tokens exceeds this forward's capacity");
@@ -349,9 +373,21 @@ void Forward::decode_step(const int32_t* ids, int64_t B, int64_t T, KVCache& cac
   be_.copy_to_device(ibuf(kPos), pos.data(), rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibuf(kEmbedPos), embed_pos.data(), rows * sizeof(int32_t), nullptr);
   float* h = buf(HID);
-  embed(model_.embed(), ibuf(kIds), ibuf(kEmbedPos), rows, h);
-  for (int i = 0; i < cfg_.num_layers; ++i)
-    layer(i, model_.layer(i), h, B, T, ibuf(kPos), nullptr, &cache);
+  // From the model's storage, or block by block from the streamer (a device backend).
+  if (weights_) {
+    std::vector<int> order;
+    for (int b = 0; b <= (int)cfg_.num_layers; ++b) order.push_back(b);
+    for (int b : head_blocks()) order.push_back(b);
+    weights_->begin_walk(std::move(order));
+  }
+  acquire(0);
+  embed(embed_weights(), ibuf(kIds), ibuf(kEmbedPos), rows, h);
+  release(0);
+  for (int i = 0; i < cfg_.num_layers; ++i) {
+    acquire(i + 1);
+    layer(i, layer_weights(i), h, B, T, ibuf(kPos), nullptr, &cache);
+    release(i + 1);
+  }
   cache.length += T;
   // Each row's last position.
   be_.copy_device_2d(buf(HS), C * sizeof(float), h + (T - 1) * C, T * C * sizeof(float),

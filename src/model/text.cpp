@@ -8,6 +8,7 @@
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/perplexity.h"
+#include "zof/streaming.h"
 
 using json = nlohmann::json;
 
@@ -19,11 +20,51 @@ double now_s() {
       .count();
 }
 
+// A Forward over the backend and, on a device, the streamer it reads the weights from: the
+// forward's buffers first, then the blocks within what the budget leaves.
+struct Placed {
+  std::unique_ptr<Forward> fwd;
+  std::unique_ptr<BlockStreamer> weights;
+  json describe(const Backend& be) const {
+    json j{{"device", be.name()}};
+    if (weights)
+      j["streaming"] = json{{"describe", weights->describe()},
+                            {"device_bytes", weights->device_bytes()},
+                            {"bytes_uploaded", weights->stats().bytes_uploaded}};
+    return j;
+  }
+};
+
+Placed place_forward(const Model& model, Backend& be, int64_t rows, const WeightPlacement& p) {
+  Placed out;
+  const size_t free0 = be.free_memory();
+  out.fwd = std::make_unique<Forward>(model, be, rows);
+  if (!p.stream) return out;
+  const size_t free1 = be.free_memory();
+  const size_t buffers = free0 > free1 ? free0 - free1 : 0;
+  // No --gpu-mem: what the device has free, less the engine's margin (ZOEngine::enable_streaming).
+  const size_t margin = p.budget > 0 ? 0 : std::max<size_t>(size_t(256) << 20, free1 / 50);
+  const size_t blocks = p.budget > 0 ? (p.budget > buffers ? p.budget - buffers : 0)
+                                     : (free1 > margin ? free1 - margin : 0);
+  const size_t need = BlockStreamer::min_bytes(model);
+  ZOF_CHECK(blocks >= need,
+            "--gpu-mem " + format_bytes(p.budget > 0 ? p.budget : free1) +
+                " leaves " + format_bytes(blocks) + " for the weights after " +
+                format_bytes(buffers) + " of activation buffers, below the " + format_bytes(need) +
+                " (two slots of the largest block) that streaming needs; raise --gpu-mem, or "
+                "lower --batch or --seq-len");
+  // The streamer only reads the weights here (every release is clean): the host master is
+  // never written.
+  out.weights = std::make_unique<BlockStreamer>(const_cast<Model&>(model), be, blocks);
+  out.fwd->set_weights(out.weights.get());
+  return out;
+}
+
 }  // namespace
 
 json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                    const std::string& text, const std::string& source, int64_t seq_len_arg,
-                   int64_t batch, int64_t max_windows) {
+                   int64_t batch, int64_t max_windows, const WeightPlacement& place) {
   ZOF_CHECK(!text.empty(), source + " is empty");
   const double t0 = now_s();
   // "<|endoftext|>" separates documents (TinyStories, GPT-2 style corpora): each is encoded
@@ -50,11 +91,11 @@ json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                                 " tokens; use --seq-len " + std::to_string(ctx) + " or less");
   ZOF_CHECK(batch >= 1, "--batch must be at least 1");
   ZOF_CHECK(max_windows >= 0, "--max-windows must be 0 (all) or more");
-  Forward fwd(model, backend, seq_len * batch);
+  Placed p = place_forward(model, backend, seq_len * batch, place);
   const double t1 = now_s();
-  auto r = perplexity(fwd, docs, tok.bos_id(), seq_len, batch, max_windows);
+  auto r = perplexity(*p.fwd, docs, tok.bos_id(), seq_len, batch, max_windows);
   const double dt = now_s() - t1;
-  return json{{"nll", r.nll},
+  json j{{"nll", r.nll},
               {"ppl", r.ppl},
               {"tokens", r.tokens},
               {"windows", r.windows},
@@ -62,11 +103,14 @@ json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
               {"tokenize_s", t_tok},
               {"eval_s", dt},
               {"tokens_per_s", r.tokens / std::max(dt, 1e-9)}};
+  j.update(p.describe(backend));
+  return j;
 }
 
 json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                    const std::string& prompt_text, SampleOptions opt,
-                   const std::function<void(const std::string&)>& on_text) {
+                   const std::function<void(const std::string&)>& on_text,
+                   const WeightPlacement& place) {
   std::vector<int32_t> prompt = tok.encode(prompt_text, true);
   if (prompt.empty()) {
     const int32_t start = tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id();
@@ -75,7 +119,8 @@ json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
     prompt.push_back(start);
   }
   opt.eos_id = tok.eos_id();
-  Forward fwd(model, backend, std::max<int64_t>((int64_t)prompt.size(), 1));
+  Placed p = place_forward(model, backend, std::max<int64_t>((int64_t)prompt.size(), 1), place);
+  Forward& fwd = *p.fwd;
   std::vector<int32_t> all = prompt;
   std::string printed = tok.decode(prompt, true);
   if (on_text) on_text(printed);
@@ -91,12 +136,14 @@ json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
     }
   });
   const double dt = now_s() - t0;
-  return json{{"prompt", prompt_text},
+  json j{{"prompt", prompt_text},
               {"completion", tok.decode(out, true)},
               {"text", tok.decode(all, true)},
               {"new_tokens", out.size()},
               {"ids", out},
               {"tokens_per_s", out.size() / std::max(dt, 1e-9)}};
+  j.update(p.describe(backend));
+  return j;
 }
 
 }  // namespace zof

@@ -399,4 +399,32 @@ TEST_F(GpuFinetune, CudaRunMatchesCpuRun) {
   EXPECT_NE(bad.err.find("--sim-device"), std::string::npos) << bad.err;
 }
 
+// `zof eval` and `zof generate --device cuda`: the weights streamed through the GPU (tightly, and
+// all resident) give the CPU's perplexity within fp32 rounding and its greedy text.
+TEST(GpuText, EvalAndGenerateOnTheGpuMatchTheCpu) {
+  ZOF_REQUIRE_GPU();
+  const std::string m = zof::test::assets_dir() + "/models/stories260K";
+  const std::string t = zof::test::assets_dir() + "/data/tinystories/tinystories_sample_cs336.txt";
+  auto last = [](const std::string& out) {
+    const size_t end = out.find_last_not_of('\n');
+    const size_t start = out.rfind('\n', end);
+    return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+  };
+  const std::string zof = zof::test::zof_binary();
+  const std::string eval = zof + " eval --model " + m + " --text " + t + " --seq-len 128 --json";
+  const std::string gen = zof + " generate --model " + m + " --max-new-tokens 24 --json";
+  auto ec = zof::test::run_command(eval), gc = zof::test::run_command(gen);
+  ASSERT_EQ(ec.code, 0) << ec.err;
+  ASSERT_EQ(gc.code, 0) << gc.err;
+  for (const char* budget : {"", " --gpu-mem 12MiB"}) {
+    auto ed = zof::test::run_command(eval + " --device cuda" + budget);
+    auto gd = zof::test::run_command(gen + " --device cuda" + budget);
+    ASSERT_EQ(ed.code, 0) << ed.err;
+    ASSERT_EQ(gd.code, 0) << gd.err;
+    const double want = last(ec.out)["nll"].get<double>();
+    EXPECT_NEAR(last(ed.out)["nll"].get<double>(), want, 1e-5 * want) << budget;
+    EXPECT_EQ(last(gd.out)["ids"], last(gc.out)["ids"]) << budget;
+  }
+}
+
 }  // namespace

@@ -674,3 +674,52 @@ TEST_F(StreamingCli, BadBudgetsAreRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// `zof eval` and `zof generate` on a device: the weights stream through it from the model's
+// storage within --gpu-mem. On the simulated device (the host's kernels) the numbers are the
+// CPU's bit for bit, at a budget that streams most blocks and at one that holds them all.
+TEST(StreamingText, EvalAndGenerateOnTheDeviceEqualTheCpu) {
+  const std::string m = zof::test::assets_dir() + "/models/stories260K";
+  const std::string t = zof::test::assets_dir() + "/data/tinystories/tinystories_sample_cs336.txt";
+  ZOF_REQUIRE_PATH(m + "/model.safetensors");
+  ZOF_REQUIRE_PATH(t);
+  auto last = [](const std::string& out) {
+    const size_t end = out.find_last_not_of('\n');
+    const size_t start = out.rfind('\n', end);
+    return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+  };
+  const std::string zof = zof::test::zof_binary();
+  const std::string eval = zof + " eval --model " + m + " --text " + t + " --seq-len 128 --batch 2 --json";
+  const std::string gen = zof + " generate --model " + m + " --max-new-tokens 24 --json";
+  auto ec = zof::test::run_command(eval);
+  auto gc = zof::test::run_command(gen);
+  ASSERT_EQ(ec.code, 0) << ec.err;
+  ASSERT_EQ(gc.code, 0) << gc.err;
+  for (const char* budget : {"2MiB", "64MiB"}) {
+    SCOPED_TRACE(budget);
+    auto ed = zof::test::run_command(eval + " --sim-device --gpu-mem " + budget);
+    auto gd = zof::test::run_command(gen + " --sim-device --gpu-mem " + budget);
+    ASSERT_EQ(ed.code, 0) << ed.err;
+    ASSERT_EQ(gd.code, 0) << gd.err;
+    const json je = last(ed.out), jg = last(gd.out);
+    EXPECT_EQ(je["nll"].get<double>(), last(ec.out)["nll"].get<double>());
+    EXPECT_EQ(jg["ids"], last(gc.out)["ids"]);
+    EXPECT_EQ(je["device"], "sim:cpu");
+    ASSERT_TRUE(je.contains("streaming")) << je.dump();
+    EXPECT_GT(je["streaming"]["bytes_uploaded"].get<double>(), 0);
+    const bool tight = std::string(budget) == "2MiB";
+    EXPECT_EQ(je["streaming"]["describe"].get<std::string>().find("7 of 7 blocks resident") !=
+                  std::string::npos, !tight) << je.dump();
+  }
+  // A budget below what streaming needs is one line naming --gpu-mem.
+  auto small = zof::test::run_command(eval + " --sim-device --gpu-mem 1700KiB");
+  EXPECT_EQ(small.code, 1);
+  EXPECT_EQ(small.err.rfind("zof: error: --gpu-mem", 0), 0u) << small.err;
+  auto cpu_mem = zof::test::run_command(eval + " --gpu-mem 1GiB");
+  EXPECT_EQ(cpu_mem.code, 1);
+  EXPECT_NE(cpu_mem.err.find("--device cpu has none"), std::string::npos) << cpu_mem.err;
+}
+
+}  // namespace
