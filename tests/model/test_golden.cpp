@@ -1,6 +1,7 @@
 // Whole-model logits against Hugging Face transformers: the golden files in tests/golden were
 // written by tests/reference/make_golden.py (inputs, logits in fp32 and fp64, per-token NLL).
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -8,6 +9,7 @@
 
 #include "common.h"
 #include "zof/backend.h"
+#include "zof/config.h"
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/generate.h"
@@ -140,9 +142,40 @@ std::vector<std::string> golden_models() {
 INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::ValuesIn(golden_models()),
                          [](const auto& info) { return info.param; });
 
+// The RoPE table zof computes from config.json (rope scaling included, in either spelling)
+// against transformers' fp32 inv_freq buffer, and scaled where the config says so. Within 4 ulp:
+// transformers rounds the exponent 2i/D to fp32 before an fp32 pow, zof forms theta^(-2i/D) in
+// double and rounds once (the bits zof has always used); measured: llama_linear bit-equal,
+// llama3_scaled 1 ulp, qwen3 2 ulp (D = 12: 8/12 and 10/12 are not fp32 numbers).
+TEST(GoldenRope, TableMatchesTransformers) {
+  for (const char* name : {"llama3_scaled", "llama_linear", "qwen3"}) {
+    const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
+    ZOF_REQUIRE_PATH(dir / "golden.json");
+    std::ifstream f(dir / "golden.json");
+    const json meta = json::parse(f);
+    ASSERT_TRUE(meta.contains("rope_inv_freq")) << name;
+    const zof::ModelConfig c = zof::ModelConfig::load((dir / "config.json").string());
+    const auto& want = meta["rope_inv_freq"];
+    ASSERT_EQ(c.rope_inv_freq.size(), want.size()) << name;
+    const std::vector<float> plain = zof::rope_default_inv_freq(c.rope_theta, c.rotary_dim);
+    int scaled = 0;
+    double max_ulp = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float w = (float)want[i].get<double>();
+      const double ulp = std::fabs(c.rope_inv_freq[i] - w) / (std::nextafter(w, INFINITY) - w);
+      max_ulp = std::max(max_ulp, ulp);
+      EXPECT_LE(ulp, 4) << name << " inv_freq[" << i << "]";
+      scaled += std::fabs(c.rope_inv_freq[i] - plain[i]) > 1e-3f * plain[i];
+    }
+    std::printf("  %-13s RoPE table vs transformers: max %.0f ulp, %d of %zu scaled\n", name,
+                max_ulp, scaled, want.size());
+    if (std::string(name) != "qwen3") EXPECT_GT(scaled, 0) << name << ": the scaling matters";
+  }
+}
+
 // Greedy decoding with the KV cache reproduces transformers' generate().
 TEST(GoldenGenerate, GreedyMatchesTransformers) {
-  for (const char* name : {"stories260K", "llama_gqa"}) {
+  for (const char* name : {"stories260K", "llama_gqa", "llama3_scaled", "llama_linear", "qwen3"}) {
     const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
     ZOF_REQUIRE_PATH(dir / "golden.json");
     Golden g = load_golden(name);
