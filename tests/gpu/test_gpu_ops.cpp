@@ -329,6 +329,17 @@ TEST(GpuOpsConform, Rope) {
           conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
                       " head_dim=" + std::to_string(head_dim),
                   [&](Backend& be) { return run_rope(be, x, pos, rows, heads, head_dim, theta); });
+          if (head_dim >= 8) {  // partial rotary, with a scaled table
+            const int64_t rd = head_dim / 2 - (head_dim / 2) % 2;
+            std::vector<float> inv = zof::rope_default_inv_freq(theta, rd);
+            for (size_t i = 0; i < inv.size(); ++i) inv[i] /= float(1 + i % 3);
+            conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
+                        " head_dim=" + std::to_string(head_dim) + " rotary_dim=" +
+                        std::to_string(rd),
+                    [&](Backend& be) {
+                      return run_rope_table(be, x, pos, rows, heads, head_dim, rd, inv);
+                    });
+          }
         }
       }
     }

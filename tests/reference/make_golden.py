@@ -11,6 +11,8 @@ For every model it writes <out>/<name>/ holding
   golden.safetensors              ("logits", "logits_f64", "nll"; all F32)
 and for stories260K also perplexity.json (`zof eval` on a TinyStories sample, as zof windows it).
 --only NAME[,NAME...] regenerates just those directories.
+--check-reload DIR... loads models that zof fine-tuned and wrote (tests/model/test_golden.cpp,
+GoldenSave, with ZOF_RELOAD_OUT set) with transformers and compares the logits with zof's.
 The output is deterministic: rerunning with the same torch/transformers gives identical bytes.
 Everything runs on the CPU.
 """
@@ -457,12 +459,43 @@ def make_stories_perplexity(out_dir, assets):
     return meta
 
 
+def check_reload(dirs):
+    """Loads each model zof wrote (tests/model/test_golden.cpp GoldenSave with ZOF_RELOAD_OUT)
+    with transformers and compares its fp32 logits on the golden rows with zof's
+    (zof_logits.safetensors), at the golden tests' tolerance. Returns the number of failures."""
+    from safetensors.torch import load_file
+    bad = 0
+    for d in dirs:
+        meta = json.load(open(os.path.join(d, "golden.json")))
+        ids = torch.tensor(meta["input_ids"])
+        mask = torch.tensor(meta["attention_mask"])
+        zof_logits = load_file(os.path.join(d, "zof_logits.safetensors"))["logits"].double()
+        m = load(d, torch.float32)
+        ours = forward(m, ids, mask, meta["model_type"]).double()
+        worst = 0.0
+        for b, n in enumerate(meta["lengths"]):
+            want, got = ours[b, :n], zof_logits[b, :n]
+            scale = want.abs().amax(-1, keepdim=True).clamp_min(1e-6)
+            worst = max(worst, ((got - want).abs() / scale).max().item())
+        ok = worst < 2e-5
+        bad += not ok
+        print(f"{os.path.basename(d.rstrip('/')):14s} transformers {transformers.__version__} reload: "
+              f"max rel |zof - transformers| = {worst:.2e} {'ok' if ok else 'FAIL'}")
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="tests/golden")
     ap.add_argument("--assets", default="../shared/assets")
     ap.add_argument("--only", default="", help="comma-separated directories to regenerate")
+    ap.add_argument("--check-reload", nargs="+", metavar="DIR",
+                    help="instead: check models zof wrote (see check_reload) and exit")
     args = ap.parse_args()
+    if args.check_reload:
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        return 1 if check_reload(args.check_reload) else 0
     only = set(filter(None, args.only.split(",")))
     known = set(tiny_models()) | {"stories260K"}
     if only - known:
