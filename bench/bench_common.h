@@ -177,9 +177,9 @@ class TimingBackend : public zof::Backend {
                   int64_t dim, float eps, zof::Stream* s) override {
     timed("layer_norm", 0, [&] { in_.layer_norm(x, w, b, y, rows, dim, eps, s); });
   }
-  void rope(float* x, const int32_t* pos, int64_t rows, int64_t nh, int64_t hd, float theta,
-            zof::Stream* s) override {
-    timed("rope", 0, [&] { in_.rope(x, pos, rows, nh, hd, theta, s); });
+  void rope(float* x, const int32_t* pos, int64_t rows, int64_t nh, int64_t hd, int64_t rd,
+            const float* inv_freq, zof::Stream* s) override {
+    timed("rope", 0, [&] { in_.rope(x, pos, rows, nh, hd, rd, inv_freq, s); });
   }
   void attention(const float* q, const float* k, const float* v, float* out, const uint8_t* mask,
                  int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,

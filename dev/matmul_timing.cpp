@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "zof/backend.h"
+#include "zof/config.h"
 
 static double best_seconds(int reps, const std::function<void()>& f) {
   f();  // warm-up: primitive creation, page faults
@@ -119,8 +120,10 @@ int main(int argc, char** argv) {
                 }));
     std::vector<int32_t> pos(rows);
     for (int64_t r = 0; r < rows; ++r) pos[r] = int32_t(r % 128);
-    std::printf("rope 1024x12x64: %.3f ms\n",
-                1e3 * best_seconds(10, [&] { be->rope(x.data(), pos.data(), rows, 12, 64, 1e4f); }));
+    const std::vector<float> inv = zof::rope_default_inv_freq(1e4f, 64);
+    std::printf("rope 1024x12x64: %.3f ms\n", 1e3 * best_seconds(10, [&] {
+                  be->rope(x.data(), pos.data(), rows, 12, 64, 64, inv.data());
+                }));
     const int64_t V = 50257, R = 256;
     auto logits = random_vec(R * V);
     std::vector<int32_t> tg(R, 7);

@@ -159,6 +159,9 @@ BlockTimes bf16_block(zof::CudaBackend& be, const Shape& s, int64_t T, int iters
   for (int64_t i = 0; i < T; ++i) pos_h[i] = int32_t(i);
   int32_t* pos = pool.get<int32_t>(T);
   be.copy_to_device(pos, pos_h.data(), size_t(T) * 4, nullptr);
+  const std::vector<float> inv_h = zof::rope_default_inv_freq(10000.0f, s.D);
+  float* inv_freq = pool.get<float>((int64_t)inv_h.size());
+  be.copy_to_device(inv_freq, inv_h.data(), inv_h.size() * sizeof(float), nullptr);
   const float scale = 1.0f / std::sqrt(float(s.D));
 
   auto norm = [&](const uint16_t* x, uint16_t* y) {
@@ -183,8 +186,8 @@ BlockTimes bf16_block(zof::CudaBackend& be, const Shape& s, int64_t T, int iters
     be.matmul_bf16(xn, wk, bk, k, T, Hk, C);
     be.matmul_bf16(xn, wv, bv, v, T, Hk, C);
     if (s.llama) {
-      be.rope_bf16(q, pos, T, s.H, s.D, 10000.0f);
-      be.rope_bf16(k, pos, T, s.Hkv, s.D, 10000.0f);
+      be.rope_bf16(q, pos, T, s.H, s.D, s.D, inv_freq);
+      be.rope_bf16(k, pos, T, s.Hkv, s.D, s.D, inv_freq);
     }
     attention();
     be.matmul_bf16(att, wo, bo, tmp, T, C, Hq);

@@ -94,13 +94,17 @@ class Backend {
   // y(rows,dim) = (x - mean) / sqrt(var + eps) * w + b (biased variance). y may alias x.
   virtual void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                           int64_t dim, float eps, Stream* s = nullptr) = 0;
-  // Rotary embedding in place, Hugging Face rotate_half convention: within each head the pairs
-  // are (i, i + head_dim/2), angle = pos * theta^(-2i/head_dim). x (rows, n_heads, head_dim),
-  // pos (rows); head_dim even. As in Hugging Face the angle is an fp32 product,
-  // float(pos) * float(theta^(-2i/head_dim)), so every backend rotates by the same rounded angle
+  // Rotary embedding in place, Hugging Face rotate_half convention over the first rotary_dim
+  // dims of each head: the pairs are (i, i + rotary_dim/2) for i < rotary_dim/2, rotated by
+  // angle = pos * inv_freq[i]; dims [rotary_dim, head_dim) pass through (partial rotary).
+  // x (rows, n_heads, head_dim), pos (rows), inv_freq (rotary_dim/2) fp32 in device memory: the
+  // model's table (ModelConfig::rope_inv_freq, theta^(-2i/rotary_dim) and any rope scaling),
+  // computed once at load. rotary_dim even and <= head_dim. As in Hugging Face the angle is an
+  // fp32 product, float(pos) * inv_freq[i], so every backend rotates by the same rounded angle
   // (at pos ~4000 the rounding is ~1e-4 rad, more than the fp32 tolerance between backends).
   virtual void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads,
-                    int64_t head_dim, float theta, Stream* s = nullptr) = 0;
+                    int64_t head_dim, int64_t rotary_dim, const float* inv_freq,
+                    Stream* s = nullptr) = 0;
   // Causal softmax attention with grouped-query heads (query head h reads kv head
   // h / (H / Hkv)). q (B,Tq,H,D), k and v (B,Tk,Hkv,D), out (B,Tq,H,D). Query i sits at position
   // q_offset + i and sees key j iff j <= q_offset + i and key_mask[b*Tk + j] != 0 (key_mask null:

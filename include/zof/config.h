@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -9,12 +10,12 @@
 
 namespace zof {
 
-enum class Arch { Llama, OPT, GPT2 };  // Llama also covers Mistral and Qwen2
+enum class Arch { Llama, OPT, GPT2 };  // Llama also covers Mistral, Qwen2 and Qwen3
 enum class Activation { SiLU, ReLU, GeluTanh, GeluErf };
 
 struct ModelConfig {
   Arch arch = Arch::Llama;
-  std::string model_type;    // "llama", "mistral", "qwen2", "opt", "gpt2"
+  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "opt", "gpt2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;  // GPT-2: n_inner or 4*n_embd; OPT: ffn_dim
@@ -25,6 +26,12 @@ struct ModelConfig {
   int64_t max_position = 0;  // context length
   float norm_eps = 1e-5f;
   float rope_theta = 10000.f;  // Llama family only
+  // RoPE (Llama family): the dims rotated in each head (head_dim; partial rotary would rotate
+  // fewer) and their rotary_dim/2 fp32 inverse frequencies, theta^(-2i/rotary_dim) with the
+  // config's RoPE scaling (linear, llama3) applied, computed once here; the rope op reads it.
+  int64_t rotary_dim = 0;
+  std::vector<float> rope_inv_freq;
+  bool qk_norm = false;  // Qwen3: RMSNorm over head_dim of each head's q and k, before RoPE
   Activation act = Activation::SiLU;
   bool qkv_bias = false;   // Qwen2: true; Llama: attention_bias; OPT/GPT-2: true
   bool o_bias = false;     // Llama: attention_bias; OPT/GPT-2: true
@@ -44,5 +51,9 @@ struct ModelConfig {
 
   int64_t num_params() const;  // parameters the architecture defines (tied counted once)
 };
+
+// RoPE's default table: theta^(-2i/dim) for i < dim/2, in double from the fp32 theta, rounded to
+// fp32 (the bits zof's kernels have always used; transformers forms it in fp32, within an ulp).
+std::vector<float> rope_default_inv_freq(float theta, int64_t dim);
 
 }  // namespace zof

@@ -47,7 +47,8 @@ class CudaBackend : public Backend {
   virtual void layer_norm_bf16(const uint16_t* x, const float* w, const float* b, uint16_t* y,
                                int64_t rows, int64_t dim, float eps, Stream* s = nullptr) = 0;
   virtual void rope_bf16(uint16_t* x, const int32_t* pos, int64_t rows, int64_t n_heads,
-                         int64_t head_dim, float theta, Stream* s = nullptr) = 0;
+                         int64_t head_dim, int64_t rotary_dim, const float* inv_freq,
+                         Stream* s = nullptr) = 0;
   virtual void silu_mul_bf16(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
                              Stream* s = nullptr) = 0;
   virtual void relu_bf16(uint16_t* x, int64_t n, Stream* s = nullptr) = 0;

@@ -31,9 +31,9 @@ class CpuBackend final : public HostBackend {
     cpu::layer_norm(x, w, b, y, rows, dim, eps, threads_);
   }
   void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-            float theta, Stream*) override {
-    ZOF_ASSERT(head_dim % 2 == 0);
-    cpu::rope(x, pos, rows, n_heads, head_dim, theta, threads_);
+            int64_t rotary_dim, const float* inv_freq, Stream*) override {
+    ZOF_ASSERT(rotary_dim % 2 == 0 && rotary_dim <= head_dim);
+    cpu::rope(x, pos, rows, n_heads, head_dim, rotary_dim, inv_freq, threads_);
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,

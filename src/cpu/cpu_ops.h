@@ -26,7 +26,7 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t di
 void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                 int64_t dim, float eps, int threads);
 void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-          float theta, int threads);
+          int64_t rotary_dim, const float* inv_freq, int threads);
 void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                int64_t Hkv, int64_t D, int64_t q_offset, float scale, int threads);

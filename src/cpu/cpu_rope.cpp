@@ -1,20 +1,17 @@
-// The CPU backend's rotary embedding (Hugging Face rotate_half pairs (i, i + head_dim/2)):
-// cos and sin once per (row, i) for a chunk of i, then applied to every head of the row.
+// The CPU backend's rotary embedding (Hugging Face rotate_half pairs (i, i + rotary_dim/2) over
+// the first rotary_dim dims of each head; the rest pass through): cos and sin once per (row, i)
+// for a chunk of i, then applied to every head of the row.
 #include <cmath>
-#include <vector>
 
 #include "cpu/cpu_ops.h"
 
 namespace zof::cpu {
 
 void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-          float theta, int threads) {
-  const int64_t half = head_dim / 2;
-  // The same fp32 frequencies and angles as the reference and Hugging Face (see backend.h).
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = float(1.0 / std::pow(double(theta), double(2 * i) / double(head_dim)));
-  const float* f = inv_freq.data();
+          int64_t rotary_dim, const float* inv_freq, int threads) {
+  const int64_t half = rotary_dim / 2;
+  // The model's fp32 frequencies; the fp32 angle as the reference and Hugging Face (backend.h).
+  const float* f = inv_freq;
   constexpr int64_t kChunk = 128;
 #pragma omp parallel for num_threads(threads) schedule(static) \
     if (rows * n_heads * head_dim >= kMinParallelWork)

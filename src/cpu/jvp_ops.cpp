@@ -141,12 +141,10 @@ void layer_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, const T* d
 }
 
 template <class T>
-void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim, float theta) {
-  ZOF_ASSERT(head_dim % 2 == 0);
-  const int64_t half = head_dim / 2;
-  std::vector<float> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = float(1.0 / std::pow(double(theta), double(2 * i) / double(head_dim)));
+void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
+          int64_t rotary_dim, const float* inv_freq) {
+  ZOF_ASSERT(rotary_dim % 2 == 0 && rotary_dim <= head_dim);
+  const int64_t half = rotary_dim / 2;  // dims [rotary_dim, head_dim) pass through
 #pragma omp parallel for schedule(static) if (rows * n_heads * head_dim >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < half; ++i) {
@@ -505,7 +503,7 @@ void cross_entropy_jvp(const T* logits, const T* dlogits, const int32_t* targets
   template void layer_norm<T>(const T*, const T*, const T*, T*, int64_t, int64_t, float);        \
   template void layer_norm_jvp<T>(const T*, const T*, const T*, const T*, const T*, T*, int64_t, \
                                   int64_t, float);                                               \
-  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, float);                   \
+  template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, const float*);  \
   template void attention<T>(const T*, const T*, const T*, T*, const uint8_t*, int64_t, int64_t, \
                              int64_t, int64_t, int64_t, double);                                 \
   template void attention_jvp<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, \

@@ -36,11 +36,13 @@ template <class T>
 void layer_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, const T* db, T* dy,
                     int64_t rows, int64_t dim, float eps);
 
-// RoPE in place, backend.h's convention (fp32 angle float(pos) * float(inv_freq)); cos and sin
-// are rounded to fp32 as transformers forms them even in a float64 model. RoPE is linear in x:
-// its tangent is rope() of the tangent.
+// RoPE in place, backend.h's convention (the first rotary_dim dims of each head, fp32 angle
+// float(pos) * inv_freq[i] from the model's table of rotary_dim/2); cos and sin are rounded to
+// fp32 as transformers forms them even in a float64 model. RoPE is linear in x: its tangent is
+// rope() of the tangent.
 template <class T>
-void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim, float theta);
+void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
+          int64_t rotary_dim, const float* inv_freq);
 
 // Causal GQA softmax attention over one sequence length S (queries and keys at positions
 // 0..S-1): q (B,S,H,D), k and v (B,S,Hkv,D), out (B,S,H,D); key_mask (B,S) or null. A query

@@ -53,14 +53,13 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, int64_
 }
 
 void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-          float theta) {
-  const int64_t half = head_dim / 2;
+          int64_t rotary_dim, const float* inv_freq) {
+  const int64_t half = rotary_dim / 2;  // dims [rotary_dim, head_dim) pass through
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < half; ++i) {
       // The angle is rounded to fp32 as Hugging Face computes it (see backend.h); after that
       // everything is exact to double.
-      float inv_freq = float(1.0 / std::pow(double(theta), double(2 * i) / double(head_dim)));
-      float angle = float(pos[r]) * inv_freq;
+      float angle = float(pos[r]) * inv_freq[i];
       double c = std::cos(double(angle)), s = std::sin(double(angle));
       for (int64_t h = 0; h < n_heads; ++h) {
         float* xh = x + (r * n_heads + h) * head_dim;
@@ -188,9 +187,9 @@ class ReferenceBackend final : public cpu::HostBackend {
     ref::layer_norm(x, w, b, y, rows, dim, eps);
   }
   void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-            float theta, Stream*) override {
-    ZOF_ASSERT(head_dim % 2 == 0);
-    ref::rope(x, pos, rows, n_heads, head_dim, theta);
+            int64_t rotary_dim, const float* inv_freq, Stream*) override {
+    ZOF_ASSERT(rotary_dim % 2 == 0 && rotary_dim <= head_dim);
+    ref::rope(x, pos, rows, n_heads, head_dim, rotary_dim, inv_freq);
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,

@@ -245,9 +245,11 @@ class SimDeviceImpl final : public SimDevice {
            [=, h = host_.get()] { h->layer_norm(x, w, b, y, rows, dim, eps, nullptr); });
   }
   void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-            float theta, Stream* s) override {
-    submit(s, {W(x, rows * n_heads * head_dim * F), R(pos, rows * 4)},
-           [=, h = host_.get()] { h->rope(x, pos, rows, n_heads, head_dim, theta, nullptr); });
+            int64_t rotary_dim, const float* inv_freq, Stream* s) override {
+    submit(s, {W(x, rows * n_heads * head_dim * F), R(pos, rows * 4), R(inv_freq, rotary_dim / 2 * F)},
+           [=, h = host_.get()] {
+             h->rope(x, pos, rows, n_heads, head_dim, rotary_dim, inv_freq, nullptr);
+           });
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,

@@ -200,10 +200,10 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::layer_norm(x, w, b, y, rows, dim, eps, st(s));
   }
   void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-            float theta, Stream* s) override {
-    ZOF_ASSERT(head_dim % 2 == 0 && rows >= 0 && n_heads >= 0);
+            int64_t rotary_dim, const float* inv_freq, Stream* s) override {
+    ZOF_ASSERT(rotary_dim % 2 == 0 && rotary_dim <= head_dim && rows >= 0 && n_heads >= 0);
     use();
-    cuda::rope(x, pos, rows, n_heads, head_dim, theta, st(s));
+    cuda::rope(x, pos, rows, n_heads, head_dim, rotary_dim, inv_freq, st(s));
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
@@ -353,10 +353,10 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::layer_norm(as_bf16(x), w, b, as_bf16(y), rows, dim, eps, st(s));
   }
   void rope_bf16(uint16_t* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-                 float theta, Stream* s) override {
-    ZOF_ASSERT(head_dim % 2 == 0 && rows >= 0 && n_heads >= 0);
+                 int64_t rotary_dim, const float* inv_freq, Stream* s) override {
+    ZOF_ASSERT(rotary_dim % 2 == 0 && rotary_dim <= head_dim && rows >= 0 && n_heads >= 0);
     use();
-    cuda::rope(as_bf16(x), pos, rows, n_heads, head_dim, theta, st(s));
+    cuda::rope(as_bf16(x), pos, rows, n_heads, head_dim, rotary_dim, inv_freq, st(s));
   }
   void silu_mul_bf16(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
                      Stream* s) override {

@@ -57,8 +57,9 @@ ZOF_HD Welford welford_merge(const Welford& a, const Welford& b) {
 ZOF_HD float layer_norm_inv(const Welford& w, float eps) { return 1.0f / sqrtf(w.m2 / w.n + eps); }
 
 // ---- rotary embedding ---------------------------------------------------------------------------
-// theta^(-2i/head_dim) rounded to fp32, and the fp32 angle float(pos) * inv_freq, exactly as
-// Hugging Face and the CPU backends form them (see backend.h).
+// theta^(-2i/head_dim) rounded to fp32 (the default table, ModelConfig::rope_inv_freq, which the
+// kernels read), and the fp32 angle float(pos) * inv_freq, exactly as Hugging Face and the CPU
+// backends form them (see backend.h).
 ZOF_HD float rope_inv_freq(int64_t i, int64_t head_dim, float theta) {
   return (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)head_dim));
 }

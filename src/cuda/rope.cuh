@@ -1,4 +1,5 @@
-// Rotary embedding in place (Hugging Face rotate_half pairs (i, i + head_dim/2)) on fp32 or bf16.
+// Rotary embedding in place (Hugging Face rotate_half pairs (i, i + rotary_dim/2) over the first
+// rotary_dim dims of each head) on fp32 or bf16.
 #pragma once
 #include <cstdint>
 
@@ -6,9 +7,10 @@
 
 namespace zof::cuda {
 
-// x (rows, n_heads, head_dim), pos (rows) on the device; head_dim even.
+// x (rows, n_heads, head_dim), pos (rows) and inv_freq (rotary_dim/2) on the device; rotary_dim
+// even and <= head_dim.
 template <class T>
-void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim, float theta,
-          cudaStream_t s);
+void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
+          int64_t rotary_dim, const float* inv_freq, cudaStream_t s);
 
 }  // namespace zof::cuda

@@ -3,9 +3,11 @@
 // zof does not implement (RoPE scaling, sliding windows, cross-attention, ...).
 #include "zof/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "zof/error.h"
 
@@ -108,23 +110,37 @@ int64_t divide(const Fields& f, int64_t hidden, const std::string& hidden_key, i
   return hidden / heads;
 }
 
-// Accepts plain RoPE only: rope_scaling (transformers 4) or rope_parameters (transformers 5) absent,
-// null, or of rope_type "default". Returns rope_theta.
-double parse_rope(const Fields& f) {
+// RoPE: rope_theta and the scaling of rope_scaling (transformers 4) or rope_parameters
+// (transformers 5, rope_theta inside), each absent, null, or of rope_type "default", "linear"
+// (factor) or "llama3" (factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings); every other rope_type and every field zof does not
+// implement is refused by name. Sets rope_theta, rotary_dim and the table rope_inv_freq, as
+// transformers' _compute_default_rope_parameters, _compute_linear_scaling_rope_parameters and
+// _compute_llama3_parameters form it (these return attention_factor 1: cos and sin unscaled).
+void parse_rope(const Fields& f, ModelConfig& c) {
   double theta = f.positive_number_or("rope_theta", 10000.0);
+  std::string type = "default", type_key;  // type_key: the field that set a non-default type
+  json params = json::object();              // the scaling's numbers
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const json* r = f.get(key);
     if (!r) continue;
     if (!r->is_object()) f.fail(key, "must be an object or null, got " + r->dump());
-    std::string type = "default";
+    std::string t = "default";
     for (const char* tk : {"rope_type", "type"})
       if (r->contains(tk)) {
         if (!(*r)[tk].is_string()) f.fail(key, std::string("has a non-string ") + tk);
-        type = (*r)[tk].get<std::string>();
+        t = (*r)[tk].get<std::string>();
       }
-    if (type != "default")
-      f.fail(key, "asks for RoPE scaling of type \"" + type +
-                      "\", which zof does not support yet; use a model with plain RoPE (rope_scaling null)");
+    if (t != "default" && t != "linear" && t != "llama3")
+      f.fail(key, "has rope_type \"" + t +
+                      "\", which zof does not support; supported: default, linear and llama3 (use "
+                      "a model whose config.json has one of these)");
+    if (t != "default") {
+      if (!type_key.empty() && t != type)
+        f.fail(key, "has rope_type \"" + t + "\" but " + type_key + " has \"" + type +
+                        "\"; fix config.json so that they agree");
+      type = t, type_key = key;
+    }
     for (auto it = r->begin(); it != r->end(); ++it) {
       const std::string& k = it.key();
       if (k == "rope_type" || k == "type") continue;
@@ -132,13 +148,76 @@ double parse_rope(const Fields& f) {
         if (!it->is_number() || !(it->get<double>() > 0)) f.fail(key, "has a rope_theta that is not a positive number");
         theta = it->get<double>();
       } else if (k == "partial_rotary_factor" && it->is_number() && it->get<double>() == 1.0) {
+      } else if ((t == "linear" || t == "llama3") && k == "factor") {
+        params[k] = *it;
+      } else if (t == "llama3" && (k == "low_freq_factor" || k == "high_freq_factor" ||
+                                   k == "original_max_position_embeddings")) {
+        params[k] = *it;
       } else {
-        f.fail(key, "sets \"" + k + "\", which zof does not support yet; use a model with plain RoPE");
+        f.fail(key, "sets \"" + k + "\", which zof does not support for rope_type \"" + t +
+                        "\"; fix config.json or use a model with plain RoPE");
       }
     }
   }
-  return theta;
+  // A number of the scaling: present, a number, positive.
+  auto number = [&](const char* k) {
+    auto it = params.find(k);
+    if (it == params.end()) f.fail(type_key, "has rope_type \"" + type + "\" but no \"" + k + "\"; fix config.json");
+    if (!it->is_number() || !(it->get<double>() > 0))
+      f.fail(type_key, std::string("has \"") + k + "\" = " + it->dump() + ", which must be a positive number; fix config.json");
+    return it->get<double>();
+  };
+  c.rope_theta = float(theta);
+  c.rotary_dim = c.head_dim;
+  if (c.rotary_dim % 2 != 0)
+    f.fail("head_dim", "is " + std::to_string(c.head_dim) + ", which is odd; RoPE needs an even head_dim");
+  c.rope_inv_freq = rope_default_inv_freq(c.rope_theta, c.rotary_dim);
+  std::vector<float>& inv = c.rope_inv_freq;
+  // transformers scales the fp32 table with fp32 tensor ops: each step below is one fp32
+  // operation (an fp32 op is the double op on the fp32 operands rounded once to fp32).
+  auto f32 = [](double x) { return float(x); };
+  if (type == "linear") {
+    const float factor = f32(number("factor"));
+    for (float& x : inv) x = f32(double(x) / factor);
+  } else if (type == "llama3") {
+    const float factor = f32(number("factor"));
+    const double lo = number("low_freq_factor"), hi = number("high_freq_factor");
+    const json& om = params.contains("original_max_position_embeddings")
+                         ? params["original_max_position_embeddings"] : json();
+    if (!om.is_number_integer() || om.get<int64_t>() <= 0)
+      f.fail(type_key, "has rope_type \"llama3\" but \"original_max_position_embeddings\" is " +
+                           (om.is_null() ? std::string("missing") : om.dump()) +
+                           "; it must be a positive integer (fix config.json)");
+    if (!(hi > lo))
+      f.fail(type_key, "has high_freq_factor (" + std::to_string(hi) + ") not above low_freq_factor (" +
+                           std::to_string(lo) + "); fix config.json");
+    const double old_ctx = double(om.get<int64_t>());
+    const float low_wavelen = f32(old_ctx / lo), high_wavelen = f32(old_ctx / hi);
+    const float two_pi = f32(2 * 3.14159265358979323846);
+    for (float& x : inv) {
+      const float wavelen = f32(double(two_pi) / x);
+      const float scaled = wavelen > low_wavelen ? f32(double(x) / factor) : x;
+      // smooth = (old_ctx / wavelen - lo) / (hi - lo);
+      // smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+      const float smooth = f32(double(f32(double(f32(old_ctx / wavelen)) - f32(lo))) / f32(hi - lo));
+      const float a = f32(double(f32(1.0 - smooth)) * scaled), b = f32(double(a) / factor);
+      const float smoothed = f32(double(b) + double(f32(double(smooth) * scaled)));
+      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      x = medium ? smoothed : scaled;
+    }
+  }
 }
+
+}  // namespace
+
+std::vector<float> rope_default_inv_freq(float theta, int64_t dim) {
+  std::vector<float> inv(size_t(dim > 0 ? dim / 2 : 0));
+  for (int64_t i = 0; i < (int64_t)inv.size(); ++i)
+    inv[i] = float(1.0 / std::pow(double(theta), double(2 * i) / double(dim)));
+  return inv;
+}
+
+namespace {
 
 DType parse_torch_dtype(const Fields& f) {
   const char* key = f.has("dtype") ? "dtype" : "torch_dtype";  // transformers 5 writes "dtype"
@@ -160,13 +239,15 @@ void parse_llama(const Fields& f, ModelConfig& c) {
   if (c.num_heads % c.num_kv_heads != 0)
     f.fail("num_key_value_heads", "(" + std::to_string(c.num_kv_heads) + ") does not divide num_attention_heads (" +
                                       std::to_string(c.num_heads) + "); fix config.json");
+  // Qwen3Config's head_dim defaults to 128, not hidden_size / heads.
   c.head_dim = f.has("head_dim") ? f.positive("head_dim")
+               : mt == "qwen3"   ? 128
                                  : divide(f, c.hidden_size, "hidden_size", c.num_heads, "num_attention_heads");
   // transformers' defaults differ by family.
-  const int64_t def_pos = mt == "mistral" ? 4096 * 32 : mt == "qwen2" ? 32768 : 2048;
+  const int64_t def_pos = mt == "mistral" ? 4096 * 32 : mt == "qwen2" || mt == "qwen3" ? 32768 : 2048;
   c.max_position = f.positive_or("max_position_embeddings", def_pos);
   c.norm_eps = float(f.positive_number_or("rms_norm_eps", 1e-6));
-  c.rope_theta = float(parse_rope(f));
+  parse_rope(f, c);
   std::string act = f.string_or("hidden_act", "silu");
   if (act != "silu" && act != "swish")
     f.fail("hidden_act", "is \"" + act + "\"; zof supports only \"silu\" for " + mt + " models");
@@ -174,6 +255,10 @@ void parse_llama(const Fields& f, ModelConfig& c) {
   if (mt == "llama") {  // Mistral and Qwen2 hard-code their biases and ignore these fields
     c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
     c.mlp_bias = f.boolean_or("mlp_bias", false);
+  } else if (mt == "qwen3") {  // attention_bias as Llama's; no MLP bias; q_norm and k_norm
+    c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
+    c.mlp_bias = false;
+    c.qk_norm = true;
   } else if (mt == "qwen2") {
     c.qkv_bias = true;
     c.o_bias = false;
@@ -186,13 +271,13 @@ void parse_llama(const Fields& f, ModelConfig& c) {
   // Sliding-window attention changes the mask on long inputs; accept only configs where it never
   // applies. Mistral uses sliding_window (default 4096) as given; Qwen2 only with use_sliding_window
   // and only on layers from max_window_layers on (or as layer_types says).
-  if (mt == "mistral" || mt == "qwen2") {
+  if (mt == "mistral" || mt == "qwen2" || mt == "qwen3") {
     const json* sw = f.get("sliding_window");
     int64_t window = 0;  // 0: none
     if (!f.j.contains("sliding_window")) window = 4096;
     else if (sw) window = f.positive("sliding_window");
     bool applies = window > 0 && window < c.max_position;
-    if (applies && mt == "qwen2") {
+    if (applies && (mt == "qwen2" || mt == "qwen3")) {
       if (!f.boolean_or("use_sliding_window", false)) {
         applies = false;
       } else if (const json* lt = f.get("layer_types")) {
@@ -268,14 +353,16 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   Fields f{j, source};
   ModelConfig c;
   const json* mt = f.get("model_type");
-  if (!mt) f.fail("model_type", "is missing; zof supports llama, mistral, qwen2, opt and gpt2");
+  if (!mt) f.fail("model_type", "is missing; zof supports llama, mistral, qwen2, qwen3, opt and gpt2");
   if (!mt->is_string()) f.fail("model_type", "must be a string, got " + mt->dump());
   c.model_type = mt->get<std::string>();
-  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2") parse_llama(f, c);
+  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
+      c.model_type == "qwen3")
+    parse_llama(f, c);
   else if (c.model_type == "opt") parse_opt(f, c);
   else if (c.model_type == "gpt2") parse_gpt2(f, c);
   else
-    f.fail("model_type", "is \"" + c.model_type + "\", which zof does not support; supported: llama, mistral, qwen2, opt, gpt2");
+    f.fail("model_type", "is \"" + c.model_type + "\", which zof does not support; supported: llama, mistral, qwen2, qwen3, opt, gpt2");
   c.vocab_size = f.positive("vocab_size");
   c.bos_token_id = f.token_id("bos_token_id");
   c.eos_token_id = f.token_id("eos_token_id");
@@ -308,6 +395,7 @@ int64_t ModelConfig::num_params() const {
       int64_t layer = H * q + 2 * H * kv + q * H  // q, k, v, o
                       + 3 * H * I                 // gate, up, down
                       + 2 * H;                    // input and post-attention RMSNorm
+      if (qk_norm) layer += 2 * head_dim;  // Qwen3's q_norm and k_norm
       if (qkv_bias) layer += q + 2 * kv;
       if (o_bias) layer += H;
       if (mlp_bias) layer += 2 * I + H;

@@ -1,6 +1,7 @@
 // The graph of each block of the three families, written once: the embedding, the transformer
-// layer (LLaMA-family: pre-RMSNorm, RoPE, GQA, SwiGLU; OPT: learned positions, pre- or post-
-// LayerNorm, ReLU, optional project_in/out; GPT-2: fused QKV, tanh GELU) and the head.
+// layer (LLaMA-family: pre-RMSNorm, RoPE, GQA, SwiGLU, Qwen3's per-head q/k RMSNorm; OPT:
+// learned positions, pre- or post-LayerNorm, ReLU, optional project_in/out; GPT-2: fused QKV,
+// tanh GELU) and the head.
 // Every walk runs these functions; what differs is the ops object they are handed (graph_ops.h):
 // the plain forward and the SPSA dual walk run the primal ops on one stream's buffers, the JVP
 // walk runs the primal ops and then, per direction, the tangent ops over the same graph.
@@ -9,9 +10,10 @@
 // An ops object O provides, over named values (Value) that it maps to buffers of `rows` rows:
 //   using W = ...;                                      the weight handle (a view's slot type)
 //   norm(y, x, w, b)                                    RMSNorm (LLaMA) or LayerNorm over C
+//   head_norm(y, x, w, heads)                           RMSNorm over each head's D (Qwen3's q/k)
 //   matmul(y, x, w, b, N, K)                            y(rows,N) = x(rows,K) w^T + b
 //   split_qkv(qkv, q, k, v)                             GPT-2's (rows, 3C) into three (rows, C)
-//   rope(x, heads)                                      RoPE in place
+//   rope(x, heads)                                      RoPE in place (the first Dr dims per head)
 //   attention(out, q, k, v)                             causal masked attention
 //   activation(out, f1, f2)                             silu(f1) * f2 (f2 != kNone), else act(f1)
 //   add(y, a, b)  copy(y, x)
@@ -34,6 +36,7 @@ enum Value : int {
   kHIn, kXn1, kQKV, kQ, kK, kV, kAtt, kAttOut, kH1, kX2, kF1, kF2, kAct, kFfnOut, kH2, kHOut,
   kEmb,     // the embedding's token rows in E dims before project_in (OPT-350m)
   kHn, kHo, kLogits, kNll,  // the head: final norm, project_out, logits, loss
+  kQp, kKp,  // q and k as projected, before Qwen3's q_norm/k_norm (which write kQ and kK)
   kNumValues,
   kNone = -1
 };
@@ -41,10 +44,12 @@ enum Value : int {
 // What the graphs branch on, from the config.
 struct Dims {
   int64_t C = 0, E = 0, H = 0, Hkv = 0, D = 0, Hq = 0, Hk = 0, I = 0, V = 0;
+  int64_t Dr = 0;         // RoPE's rotated dims per head (<= D); its table is the frame's
   bool rms_norm = false;  // LLaMA-family: RMSNorm and RoPE; OPT and GPT-2: LayerNorm
   bool pre_norm = true;   // OPT-350m: post-norm
+  bool qk_norm = false;   // Qwen3: RMSNorm of each head of q and k before RoPE
   Activation act = Activation::SiLU;
-  float eps = 0.f, rope_theta = 0.f;
+  float eps = 0.f;
   // E: the LM head's input width (OPT-350m's word_embed_proj_dim), else C.
   static Dims of(const ModelConfig& c) {
     Dims d;
@@ -58,7 +63,9 @@ struct Dims {
     d.rms_norm = c.arch == Arch::Llama;
     d.pre_norm = c.arch == Arch::Llama || c.arch == Arch::GPT2 || c.do_layer_norm_before;
     d.act = c.act;
-    d.eps = c.norm_eps, d.rope_theta = c.rope_theta;
+    d.eps = c.norm_eps;
+    d.Dr = c.rotary_dim;
+    d.qk_norm = c.qk_norm;
     return d;
   }
 };
@@ -97,9 +104,13 @@ void layer(O& o, const Dims& d, const LayerT<W>& w) {
     o.matmul(kQKV, x, w.qkv_w, w.qkv_b, 3 * d.C, d.C);
     o.split_qkv(kQKV, kQ, kK, kV);
   } else {
-    o.matmul(kQ, x, w.q_w, w.q_b, d.Hq, d.C);
-    o.matmul(kK, x, w.k_w, w.k_b, d.Hk, d.C);
+    o.matmul(d.qk_norm ? kQp : kQ, x, w.q_w, w.q_b, d.Hq, d.C);
+    o.matmul(d.qk_norm ? kKp : kK, x, w.k_w, w.k_b, d.Hk, d.C);
     o.matmul(kV, x, w.v_w, w.v_b, d.Hk, d.C);
+  }
+  if (d.qk_norm) {  // Qwen3: q_norm and k_norm over each head, before RoPE
+    o.head_norm(kQ, kQp, w.q_norm, d.H);
+    o.head_norm(kK, kKp, w.k_norm, d.Hkv);
   }
   if (d.rms_norm) {
     o.rope(kQ, d.H);

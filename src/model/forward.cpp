@@ -14,7 +14,8 @@
 
 namespace zof {
 namespace {
-enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, HID, HS, NLL, NBUF };
+// ROPE: the model's RoPE frequency table (ModelConfig::rope_inv_freq), uploaded once.
+enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, HID, HS, NLL, ROPE, NBUF };
 }  // namespace
 
 Batch Batch::from_sequences(const std::vector<std::vector<int32_t>>& seqs, int32_t pad_id) {
@@ -41,13 +42,19 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_rows)
   const int64_t sizes[NBUF] = {max_rows * E,  max_rows * Hq, max_rows * Hk,
                                max_rows * Hk, max_rows * Hq, max_rows * E,
                                max_rows * F,  max_rows * F,  kHeadChunk * cfg_.vocab_size,
-                               max_rows * C,  R * C,         R};
+                               max_rows * C,  R * C,         R,
+                               std::max<int64_t>(1, (int64_t)cfg_.rope_inv_freq.size())};
   const int64_t isizes[kNIBuf] = {max_rows, max_rows, max_rows, max_rows, R, R};
   try {
     for (int i = 0; i < NBUF; ++i) bufs_.push_back((float*)be_.alloc(sizes[i] * sizeof(float)));
     for (int i = 0; i < kNIBuf; ++i)
       ibufs_.push_back((int32_t*)be_.alloc(isizes[i] * sizeof(int32_t)));
     mask_ = (uint8_t*)be_.alloc(max_rows);
+    if (!cfg_.rope_inv_freq.empty()) {
+      be_.copy_to_device(bufs_[ROPE], cfg_.rope_inv_freq.data(),
+                         cfg_.rope_inv_freq.size() * sizeof(float), nullptr);
+      be_.synchronize(nullptr);
+    }
   } catch (...) {  // a device budget ran out part way: give back what was taken
     for (float* p : bufs_) be_.free(p);
     for (int32_t* p : ibufs_) be_.free(p);
@@ -96,7 +103,7 @@ DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
 namespace {
 // Forward's buffers for one layer: the hidden state updated in place, one normed copy, the
 // attention's q/k/v/out, one projection output and the FFN's two halves (the fused QKV shares the
-// first; an ungated activation runs in place).
+// first; an ungated activation runs in place); RoPE's table.
 graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float* h, int64_t B,
                                 int64_t T, const int32_t* pos, const uint8_t* key_mask) {
   graph::Frame<float> f;
@@ -108,8 +115,10 @@ graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float*
   f.set({kQKV, kF1, kAct}, bufs[FF1]);
   f.set({kAttOut, kFfnOut}, bufs[TMP]);
   f.v[kQ] = bufs[Q], f.v[kK] = bufs[K], f.v[kV] = bufs[V], f.v[kAtt] = bufs[ATT];
+  f.v[kQp] = bufs[Q], f.v[kKp] = bufs[K];  // Qwen3's q_norm and k_norm run in place
   f.v[kF2] = bufs[FF2];
   f.rows = B * T, f.B = B, f.S = T, f.pos = pos, f.key_mask = key_mask;
+  f.inv_freq = bufs[ROPE];
   return f;
 }
 

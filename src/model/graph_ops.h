@@ -22,6 +22,7 @@ struct Frame {
   const int32_t* ids = nullptr;        // gather's rows (token ids)
   const int32_t* embed_pos = nullptr;  // gather_add's rows (a learned position table's)
   const int32_t* pos = nullptr;        // RoPE positions
+  const float* inv_freq = nullptr;     // RoPE's table (Dims::Dr / 2), ModelConfig::rope_inv_freq
   const uint8_t* key_mask = nullptr;   // (B, S); null: every key valid
   const int32_t* targets = nullptr;    // cross_entropy's (rows); < 0 not scored
   // Several values in one buffer.
@@ -55,6 +56,10 @@ class Primal {
     else
       k_.layer_norm(v(x), w, b, v(y), f_.rows, d_.C, d_.eps);
   }
+  // RMSNorm of (rows * heads, D): each head's D values (y may be x).
+  void head_norm(Value y, Value x, W w, int64_t heads) {
+    k_.rms_norm(v(x), w, v(y), f_.rows * heads, d_.D, d_.eps);
+  }
   void matmul(Value y, Value x, W w, W b, int64_t N, int64_t Kd) {
     k_.matmul(v(x), w, b, v(y), f_.rows, N, Kd);
   }
@@ -62,7 +67,8 @@ class Primal {
     k_.split_qkv(v(qkv), v(q), v(kk), v(vv), f_.rows, d_.C);
   }
   void rope(Value x, int64_t heads) {
-    k_.rope(v(x), f_.pos, f_.rows, heads, d_.D, d_.rope_theta);
+    ZOF_ASSERT(f_.inv_freq);
+    k_.rope(v(x), f_.pos, f_.rows, heads, d_.D, d_.Dr, f_.inv_freq);
   }
   void attention(Value out, Value q, Value kk, Value vv) {
     k_.attention(v(q), v(kk), v(vv), v(out), f_.key_mask, f_.B, f_.S, d_.H, d_.Hkv, d_.D,
@@ -126,6 +132,10 @@ class Tangent {
     else
       k_.layer_norm_jvp(p(x), t(x), w.w, w.z, b.z, t(y), p_.rows, d_.C, d_.eps);
   }
+  // The RMSNorm tangent rule over (rows * heads, D).
+  void head_norm(Value y, Value x, W w, int64_t heads) {
+    k_.rms_norm_jvp(p(x), t(x), w.w, w.z, t(y), p_.rows * heads, d_.D, d_.eps);
+  }
   void matmul(Value y, Value x, W w, W b, int64_t N, int64_t Kd) {
     k_.matmul_jvp(p(x), t(x), w.w, w.z, b.z, t(y), p_.rows, N, Kd);
   }
@@ -133,7 +143,8 @@ class Tangent {
     k_.split_qkv(t(qkv), t(q), t(kk), t(vv), p_.rows, d_.C);
   }
   void rope(Value x, int64_t heads) {
-    k_.rope(t(x), p_.pos, p_.rows, heads, d_.D, d_.rope_theta);
+    ZOF_ASSERT(p_.inv_freq);
+    k_.rope(t(x), p_.pos, p_.rows, heads, d_.D, d_.Dr, p_.inv_freq);
   }
   void attention(Value out, Value q, Value kk, Value vv) {
     k_.attention_jvp(p(q), t(q), p(kk), t(kk), p(vv), t(vv), t(out), p_.key_mask, p_.B, p_.S,
@@ -210,8 +221,9 @@ struct BackendKernels {
                       const float* db, float* dy, int64_t rows, int64_t dim, float eps) {
     be.layer_norm_jvp(x, dx, w, dw, db, dy, rows, dim, eps);
   }
-  void rope(float* x, const int32_t* pos, int64_t rows, int64_t heads, int64_t D, float theta) {
-    be.rope(x, pos, rows, heads, D, theta);
+  void rope(float* x, const int32_t* pos, int64_t rows, int64_t heads, int64_t D, int64_t Dr,
+            const float* inv_freq) {
+    be.rope(x, pos, rows, heads, D, Dr, inv_freq);
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* mask, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,

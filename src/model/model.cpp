@@ -43,6 +43,10 @@ std::vector<BlockSpec> layout_llama(const ModelConfig& c) {
     if (c.qkv_bias) s.push_back({p + "self_attn.v_proj.bias", {Hk}, false, false});
     s.push_back({p + "self_attn.o_proj.weight", {C, Hq}, true, false});
     if (c.o_bias) s.push_back({p + "self_attn.o_proj.bias", {C}, false, false});
+    if (c.qk_norm) {  // Qwen3: RMSNorm weights over head_dim, shared by every head
+      s.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, false, false});
+      s.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, false, false});
+    }
     s.push_back({p + "post_attention_layernorm.weight", {C}, false, false});
     s.push_back({p + "mlp.gate_proj.weight", {I, C}, true, false});
     if (c.mlp_bias) s.push_back({p + "mlp.gate_proj.bias", {I}, false, false});
@@ -346,6 +350,8 @@ LayerWeights Model::layer(int i, const ParamLocator& b) const {
       w.v_b = ptr(p + "self_attn.v_proj.bias", b);
       w.o_w = ptr(p + "self_attn.o_proj.weight", b);
       w.o_b = ptr(p + "self_attn.o_proj.bias", b);
+      w.q_norm = ptr(p + "self_attn.q_norm.weight", b);
+      w.k_norm = ptr(p + "self_attn.k_norm.weight", b);
       w.ln2_w = ptr(p + "post_attention_layernorm.weight", b);
       w.fc1_w = ptr(p + "mlp.gate_proj.weight", b);
       w.fc1_b = ptr(p + "mlp.gate_proj.bias", b);

@@ -145,6 +145,17 @@ class JVPWalk {
       qkv_.reserve(be_, R * 3 * d_.C);
       dqkv_.reserve(be_, R * 3 * d_.C);
     }
+    if (d_.qk_norm) {  // Qwen3: q and k before their norms, kept for the tangent
+      for (auto* b : {&qp_, &dqp_}) b->reserve(be_, R * d_.Hq);
+      for (auto* b : {&kp_, &dkp_}) b->reserve(be_, R * d_.Hk);
+    }
+    // RoPE's table, once (fp32 in every walk: the angle is fp32, backend.h).
+    const std::vector<float>& inv = cfg_.rope_inv_freq;
+    inv_freq_.reserve(be_, std::max<int64_t>(1, (int64_t)inv.size()));
+    if (!inv.empty()) {
+      be_.copy_to_device(inv_freq_.data(), inv.data(), inv.size() * sizeof(float), nullptr);
+      be_.synchronize(nullptr);
+    }
     const int64_t HC = kHeadChunk;
     if constexpr (kFp32) {
       // The largest product: a layer's (R rows) or the LM head's (kHeadChunk rows of V).
@@ -279,6 +290,7 @@ class JVPWalk {
     Frame f;
     f.v[kHIn] = hin_.data(), f.v[kXn1] = xn1_.data(), f.v[kQKV] = qkv_.data();
     f.v[kQ] = q_.data(), f.v[kK] = k_buf_.data(), f.v[kV] = v_.data(), f.v[kAtt] = att_.data();
+    f.v[kQp] = qp_.data(), f.v[kKp] = kp_.data();
     f.set({kAttOut, kFfnOut}, tmp_.data());
     f.v[kH1] = h1_.data(), f.v[kX2] = x2_.data(), f.v[kF1] = f1_.data(), f.v[kF2] = f2_.data();
     f.v[kAct] = a_.data(), f.v[kH2] = h2_.data(), f.v[kHOut] = h_.data();
@@ -292,6 +304,7 @@ class JVPWalk {
     f.set({kHIn, kHOut}, dh);
     f.v[kXn1] = dx_.data(), f.v[kQKV] = dqkv_.data();
     f.v[kQ] = dq_.data(), f.v[kK] = dk_.data(), f.v[kV] = dv_.data(), f.v[kAtt] = datt_.data();
+    f.v[kQp] = dqp_.data(), f.v[kKp] = dkp_.data();
     f.set({kAttOut, kFfnOut}, dtmp_.data());
     f.v[kH1] = dh1_.data(), f.v[kX2] = dx2_.data(), f.v[kF1] = df1_.data();
     f.v[kF2] = df2_.data(), f.v[kAct] = da_.data();
@@ -311,6 +324,7 @@ class JVPWalk {
   void set_inputs(Frame& f, int64_t B, int64_t S) {
     f.rows = B * S, f.B = B, f.S = S;
     f.ids = ids_.data(), f.embed_pos = tok_pos_.data(), f.pos = pos_.data();
+    f.inv_freq = inv_freq_.data();
     f.key_mask = mask_.data();
   }
 
@@ -353,6 +367,8 @@ class JVPWalk {
   // The current layer's primal values and their tangents (max_rows rows each).
   Buf<T> h_, hin_, xn1_, q_, k_buf_, v_, att_, h1_, x2_, f1_, f2_, a_, h2_, qkv_, tmp_;
   Buf<T> dx_, dq_, dk_, dv_, datt_, dtmp_, dh1_, dx2_, df1_, df2_, da_, dh2_, dqkv_, mmtmp_;
+  Buf<T> qp_, kp_, dqp_, dkp_;  // Qwen3: q and k before q_norm/k_norm
+  Buf<float> inv_freq_;         // RoPE's table
   std::vector<Buf<T>> dh_;  // per direction
   // The head's chunk of rows.
   Buf<T> hs_, dhs_, hn_, dhn_, ho_, dho_, logits_, dlogits_, nll_, dnll_;

@@ -326,7 +326,8 @@ TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuZOStep, ::testing::Values("llama_gqa", "opt", "gpt2", "opt350_shape"),
+INSTANTIATE_TEST_SUITE_P(Models, GpuZOStep, ::testing::Values("llama_gqa", "opt", "gpt2", "opt350_shape",
+                                                            "llama3_scaled", "qwen3"),
                          [](const auto& info) { return info.param; });
 
 

@@ -13,6 +13,7 @@
 #include "gpu/gpu_test.h"
 #include "cpu/cpu_zo.h"
 #include "zof/backend.h"
+#include "zof/config.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
 #include "zof/philox.h"
@@ -87,12 +88,22 @@ std::vector<float> run_layer_norm(Backend& be, const std::vector<float>& x, cons
   be.layer_norm(dev.put(x), dev.put(w), dev.put(b), y, rows, dim, eps);
   return dev.get(y, x.size());
 }
-std::vector<float> run_rope(Backend& be, const std::vector<float>& x, const std::vector<int32_t>& pos,
-                            int64_t rows, int64_t heads, int64_t head_dim, float theta) {
+// RoPE with the table inv_freq over the first rotary_dim dims of each head.
+std::vector<float> run_rope_table(Backend& be, const std::vector<float>& x,
+                                  const std::vector<int32_t>& pos, int64_t rows, int64_t heads,
+                                  int64_t head_dim, int64_t rotary_dim,
+                                  const std::vector<float>& inv_freq) {
   Device dev(be);
   float* d = dev.put(x);
-  be.rope(d, dev.put(pos), rows, heads, head_dim, theta);
+  be.rope(d, dev.put(pos), rows, heads, head_dim, rotary_dim, dev.put(inv_freq));
   return dev.get(d, x.size());
+}
+// Plain RoPE: every dim, the default table of theta.
+std::vector<float> run_rope(Backend& be, const std::vector<float>& x,
+                            const std::vector<int32_t>& pos, int64_t rows, int64_t heads,
+                            int64_t head_dim, float theta) {
+  return run_rope_table(be, x, pos, rows, heads, head_dim, head_dim,
+                        zof::rope_default_inv_freq(theta, head_dim));
 }
 struct AttnShape {
   int64_t B, Tq, Tk, H, Hkv, D, q_offset;
@@ -318,6 +329,17 @@ TEST(GpuOpsConform, Rope) {
           conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
                       " head_dim=" + std::to_string(head_dim),
                   [&](Backend& be) { return run_rope(be, x, pos, rows, heads, head_dim, theta); });
+          if (head_dim >= 8) {  // partial rotary, with a scaled table
+            const int64_t rd = head_dim / 2 - (head_dim / 2) % 2;
+            std::vector<float> inv = zof::rope_default_inv_freq(theta, rd);
+            for (size_t i = 0; i < inv.size(); ++i) inv[i] /= float(1 + i % 3);
+            conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
+                        " head_dim=" + std::to_string(head_dim) + " rotary_dim=" +
+                        std::to_string(rd),
+                    [&](Backend& be) {
+                      return run_rope_table(be, x, pos, rows, heads, head_dim, rd, inv);
+                    });
+          }
         }
       }
     }
@@ -525,7 +547,8 @@ TEST(GpuOpsBf16, NormsRopePointwise) {
   std::vector<int32_t> pos(rows);
   for (int64_t r = 0; r < rows; ++r) pos[r] = int32_t(r * 97);
   uint16_t* xr = dev.put(to_bf16(x));
-  be->rope_bf16(xr, dev.put(pos), rows, 32, 128, 10000.0f);
+  be->rope_bf16(xr, dev.put(pos), rows, 32, 128, 128,
+                dev.put(zof::rope_default_inv_freq(10000.0f, 128)));
   EXPECT_TRUE(close(run_rope(*ref, x, pos, rows, 32, 128, 10000.0f), from_bf16(dev.get(xr, n)), kTolBf16));
   be->silu_mul_bf16(dx, dev.put(to_bf16(up)), y, int64_t(n));
   EXPECT_TRUE(close(run_silu_mul(*ref, x, up), from_bf16(dev.get(y, n)), kTolBf16));

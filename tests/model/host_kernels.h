@@ -39,8 +39,9 @@ struct HostKernels {
                       int64_t rows, int64_t dim, float eps) {
     jvp::layer_norm_jvp(x, dx, w, dw, db, dy, rows, dim, eps);
   }
-  void rope(T* x, const int32_t* pos, int64_t rows, int64_t heads, int64_t D, float theta) {
-    jvp::rope(x, pos, rows, heads, D, theta);
+  void rope(T* x, const int32_t* pos, int64_t rows, int64_t heads, int64_t D, int64_t Dr,
+            const float* inv_freq) {
+    jvp::rope(x, pos, rows, heads, D, Dr, inv_freq);
   }
   void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* mask, int64_t B,
                  int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale) {

@@ -1,6 +1,11 @@
 // Whole-model logits against Hugging Face transformers: the golden files in tests/golden were
 // written by tests/reference/make_golden.py (inputs, logits in fp32 and fp64, per-token NLL).
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -8,11 +13,13 @@
 
 #include "common.h"
 #include "zof/backend.h"
+#include "zof/config.h"
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/generate.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
+#include "zof/zo.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -140,9 +147,91 @@ std::vector<std::string> golden_models() {
 INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::ValuesIn(golden_models()),
                          [](const auto& info) { return info.param; });
 
+// The RoPE table zof computes from config.json (rope scaling included, in either spelling)
+// against transformers' fp32 inv_freq buffer, and scaled where the config says so. Within 4 ulp:
+// transformers rounds the exponent 2i/D to fp32 before an fp32 pow, zof forms theta^(-2i/D) in
+// double and rounds once (the bits zof has always used); measured: llama_linear bit-equal,
+// llama3_scaled 1 ulp, qwen3 2 ulp (D = 12: 8/12 and 10/12 are not fp32 numbers).
+TEST(GoldenRope, TableMatchesTransformers) {
+  for (const char* name : {"llama3_scaled", "llama_linear", "qwen3"}) {
+    const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
+    ZOF_REQUIRE_PATH(dir / "golden.json");
+    std::ifstream f(dir / "golden.json");
+    const json meta = json::parse(f);
+    ASSERT_TRUE(meta.contains("rope_inv_freq")) << name;
+    const zof::ModelConfig c = zof::ModelConfig::load((dir / "config.json").string());
+    const auto& want = meta["rope_inv_freq"];
+    ASSERT_EQ(c.rope_inv_freq.size(), want.size()) << name;
+    const std::vector<float> plain = zof::rope_default_inv_freq(c.rope_theta, c.rotary_dim);
+    int scaled = 0;
+    double max_ulp = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float w = (float)want[i].get<double>();
+      const double ulp = std::fabs(c.rope_inv_freq[i] - w) / (std::nextafter(w, INFINITY) - w);
+      max_ulp = std::max(max_ulp, ulp);
+      EXPECT_LE(ulp, 4) << name << " inv_freq[" << i << "]";
+      scaled += std::fabs(c.rope_inv_freq[i] - plain[i]) > 1e-3f * plain[i];
+    }
+    std::printf("  %-13s RoPE table vs transformers: max %.0f ulp, %d of %zu scaled\n", name,
+                max_ulp, scaled, want.size());
+    if (std::string(name) != "qwen3") {
+      EXPECT_GT(scaled, 0) << name << ": the scaling matters";
+    }
+  }
+}
+
+// A fine-tuned model of each new family (ten ZO-SGD steps on the golden batch), written by
+// Model::save, reloads with bit-equal logits, and its config.json keeps the input's RoPE
+// spelling (rope_scaling or rope_parameters) and fields. With ZOF_RELOAD_OUT=DIR the outputs stay
+// in DIR/<name> with zof's logits of the golden rows (zof_logits.safetensors) for
+// `tests/reference/make_golden.py --check-reload DIR/*`, which loads them with transformers.
+TEST(GoldenSave, FineTunedOutputReloads) {
+  const char* keep = std::getenv("ZOF_RELOAD_OUT");
+  const fs::path root = keep ? fs::path(keep)
+                             : fs::temp_directory_path() / ("zof_reload_" + std::to_string(::getpid()));
+  for (const char* name : {"llama3_scaled", "llama_linear", "qwen3", "llama_gqa"}) {
+    const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
+    ZOF_REQUIRE_PATH(dir / "model.safetensors");
+    Golden g = load_golden(name);
+    zof::Model m = zof::Model::load(g.model_dir);
+    auto be = zof::test::cpu_backend(0);
+    const zof::LossBatch lb = zof::LossBatch::next_token(g.batch);
+    zof::ZOEngine eng(m, *be, g.batch.B * g.batch.T, zof::ZOStepOptions{1e-3f, 0.f, 1, 7});
+    for (uint32_t step = 0; step < 10; ++step)
+      eng.schedule_update(step, 1e-2f, eng.projected_gradients(eng.perturbed_losses(step, {lb})));
+    eng.flush();
+    zof::Model orig = zof::Model::load(g.model_dir);
+    ASSERT_NE(0, std::memcmp(m.storage(), orig.storage(), m.storage_size() * sizeof(float)));
+    const fs::path out = root / name;
+    fs::remove_all(out);
+    m.save(out.string(), zof::DType::F32);
+    zof::Model back = zof::Model::load(out.string());
+    std::vector<float> want, got;
+    zof::Forward(m, *be, g.batch.B * g.batch.T).logits(g.batch, want);
+    zof::Forward(back, *be, g.batch.B * g.batch.T).logits(g.batch, got);
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << name;
+    // config.json: the input's, but the dtype.
+    std::ifstream in_cfg(dir / "config.json"), out_cfg(out / "config.json");
+    json a = json::parse(in_cfg), b = json::parse(out_cfg);
+    for (const char* k : {"dtype", "torch_dtype"}) a.erase(k), b.erase(k);
+    EXPECT_EQ(a, b) << name;
+    EXPECT_EQ(back.config().rope_inv_freq, m.config().rope_inv_freq) << name;
+    if (keep) {
+      const int64_t V = m.config().vocab_size;
+      const std::vector<int64_t> shape{g.batch.B, g.batch.T, V};
+      zof::safetensors::write((out / "zof_logits.safetensors").string(),
+                              {zof::safetensors::TensorOut{"logits", zof::DType::F32, shape, want.data()}},
+                              {{"format", "pt"}});
+      fs::copy_file(dir / "golden.json", out / "golden.json", fs::copy_options::overwrite_existing);
+    }
+  }
+  if (!keep) fs::remove_all(root);
+}
+
 // Greedy decoding with the KV cache reproduces transformers' generate().
 TEST(GoldenGenerate, GreedyMatchesTransformers) {
-  for (const char* name : {"stories260K", "llama_gqa"}) {
+  for (const char* name : {"stories260K", "llama_gqa", "llama3_scaled", "llama_linear", "qwen3"}) {
     const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
     ZOF_REQUIRE_PATH(dir / "golden.json");
     Golden g = load_golden(name);

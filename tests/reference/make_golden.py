@@ -11,6 +11,8 @@ For every model it writes <out>/<name>/ holding
   golden.safetensors              ("logits", "logits_f64", "nll"; all F32)
 and for stories260K also perplexity.json (`zof eval` on a TinyStories sample, as zof windows it).
 --only NAME[,NAME...] regenerates just those directories.
+--check-reload DIR... loads models that zof fine-tuned and wrote (tests/model/test_golden.cpp,
+GoldenSave, with ZOF_RELOAD_OUT set) with transformers and compares the logits with zof's.
 The output is deterministic: rerunning with the same torch/transformers gives identical bytes.
 Everything runs on the CPU.
 """
@@ -28,7 +30,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig,
-                          MistralConfig, OPTConfig, Qwen2Config)
+                          MistralConfig, OPTConfig, Qwen2Config, Qwen3Config)
 
 FORMAT = 1
 B = 3          # batch rows
@@ -50,6 +52,8 @@ def tiny_models():
     common_llama = dict(vocab_size=V, hidden_size=H, intermediate_size=80, num_hidden_layers=2,
                         max_position_embeddings=POS, hidden_act="silu", bos_token_id=1,
                         eos_token_id=2, pad_token_id=None, initializer_range=0.02)
+    # The newer families' goldens are smaller (each directory well under 400 KB).
+    small_llama = dict(common_llama, hidden_size=32, intermediate_size=48)
     return {
         "llama_gqa": (LlamaConfig(**common_llama, num_attention_heads=8, num_key_value_heads=2,
                                   head_dim=8, rope_theta=50000.0, rms_norm_eps=1e-6,
@@ -90,6 +94,31 @@ def tiny_models():
         "llama_bf16": (LlamaConfig(**common_llama, num_attention_heads=4, num_key_value_heads=4,
                                    rope_theta=10000.0, rms_norm_eps=1e-5,
                                    tie_word_embeddings=True), torch.bfloat16),
+        # Llama 3.x RoPE scaling with an original context of 32 positions, so that within the
+        # golden's 12 positions all three bands differ from plain RoPE: frequency 0 (wavelength
+        # 6.3 < 32/4) kept, 1 (19.9) interpolated, the rest (> 32) divided by the factor.
+        "llama3_scaled": (LlamaConfig(**small_llama, num_attention_heads=2, num_key_value_heads=1,
+                                      head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                      rope_parameters=dict(rope_type="llama3", rope_theta=10000.0,
+                                                           factor=8.0, low_freq_factor=1.0,
+                                                           high_freq_factor=4.0,
+                                                           original_max_position_embeddings=32)),
+                          torch.float32),
+        # Linear RoPE scaling; config.json is rewritten in transformers 4's spelling
+        # (top-level rope_theta, rope_scaling with "type"), which both readers must accept.
+        "llama_linear": (LlamaConfig(**small_llama, num_attention_heads=4, num_key_value_heads=2,
+                                     rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                     rope_parameters=dict(rope_type="linear", rope_theta=10000.0,
+                                                          factor=4.0)),
+                         torch.float32),
+        # Qwen3: q_norm/k_norm per head, head_dim 12 != hidden / heads (8).
+        "qwen3": (Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=12, max_position_embeddings=POS, rope_theta=10000.0,
+                              rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False,
+                              tie_word_embeddings=True, use_sliding_window=False,
+                              sliding_window=None, bos_token_id=1, eos_token_id=2),
+                  torch.float32),
     }
 
 
@@ -265,6 +294,29 @@ def base_meta(name, model_dir_rel, cfg, ids, mask, stored, info):
     return meta
 
 
+# Which goldens record greedy generation and the float64 gradient.
+GREEDY = ("llama_gqa", "llama3_scaled", "llama_linear", "qwen3")
+GRAD = ("llama_gqa", "gpt2", "llama3_scaled", "qwen3")
+# Which goldens record transformers' RoPE frequency table.
+ROPE_TABLE = ("llama3_scaled", "llama_linear", "qwen3")
+# Which goldens' config.json is rewritten in transformers 4's RoPE spelling.
+T4_SPELLING = ("llama_linear",)
+
+
+def to_transformers4_rope(path):
+    """rope_parameters {rope_type, rope_theta, ...} -> top-level rope_theta and rope_scaling
+    {type, ...}, as checkpoints written by transformers 4 say it."""
+    with open(path) as f:
+        c = json.load(f)
+    rp = dict(c.pop("rope_parameters"))
+    c["rope_theta"] = rp.pop("rope_theta")
+    rp["type"] = rp.pop("rope_type")
+    c["rope_scaling"] = rp
+    with open(path, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def make_tiny(name, cfg, dtype, out_root, index):
     out_dir = os.path.join(out_root, name)
     if os.path.isdir(out_dir):
@@ -280,6 +332,8 @@ def make_tiny(name, cfg, dtype, out_root, index):
     gc = os.path.join(out_dir, "generation_config.json")
     if os.path.exists(gc):
         os.remove(gc)
+    if name in T4_SPELLING:
+        to_transformers4_rope(os.path.join(out_dir, "config.json"))
     # Check the round trip: reloading in float32 must give exactly the (rounded) weights.
     ref = {k: v.float() for k, v in model.state_dict().items()}
     m32 = load(out_dir, torch.float32)
@@ -292,13 +346,16 @@ def make_tiny(name, cfg, dtype, out_root, index):
     stored = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
     meta = base_meta(name, name, cfg, ids, mask, stored, info)
     meta["n_params"] = int(sum(p.numel() for p in m32.parameters()))
-    if name == "llama_gqa":
+    if name in ROPE_TABLE:
+        # transformers' fp32 RoPE frequencies (exact: float32 values are exact doubles in JSON).
+        meta["rope_inv_freq"] = [float(x) for x in m32.model.rotary_emb.inv_freq.tolist()]
+    if name in GREEDY:
         prefix = ids[:1, :5]
         toks, margin = greedy(m32, prefix, 10, cfg.model_type)
         meta["greedy_prefix"] = prefix[0].tolist()
         meta["greedy_from_prefix"] = toks
         meta["greedy_min_margin"] = fmt(margin, 4)
-    if name in ("llama_gqa", "gpt2"):
+    if name in GRAD:
         meta["grad_loss_f64"] = grad_golden(out_dir, ids, mask, cfg.model_type)
     write_golden(out_dir, meta, tensors)
     return meta
@@ -402,12 +459,43 @@ def make_stories_perplexity(out_dir, assets):
     return meta
 
 
+def check_reload(dirs):
+    """Loads each model zof wrote (tests/model/test_golden.cpp GoldenSave with ZOF_RELOAD_OUT)
+    with transformers and compares its fp32 logits on the golden rows with zof's
+    (zof_logits.safetensors), at the golden tests' tolerance. Returns the number of failures."""
+    from safetensors.torch import load_file
+    bad = 0
+    for d in dirs:
+        meta = json.load(open(os.path.join(d, "golden.json")))
+        ids = torch.tensor(meta["input_ids"])
+        mask = torch.tensor(meta["attention_mask"])
+        zof_logits = load_file(os.path.join(d, "zof_logits.safetensors"))["logits"].double()
+        m = load(d, torch.float32)
+        ours = forward(m, ids, mask, meta["model_type"]).double()
+        worst = 0.0
+        for b, n in enumerate(meta["lengths"]):
+            want, got = ours[b, :n], zof_logits[b, :n]
+            scale = want.abs().amax(-1, keepdim=True).clamp_min(1e-6)
+            worst = max(worst, ((got - want).abs() / scale).max().item())
+        ok = worst < 2e-5
+        bad += not ok
+        print(f"{os.path.basename(d.rstrip('/')):14s} transformers {transformers.__version__} reload: "
+              f"max rel |zof - transformers| = {worst:.2e} {'ok' if ok else 'FAIL'}")
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="tests/golden")
     ap.add_argument("--assets", default="../shared/assets")
     ap.add_argument("--only", default="", help="comma-separated directories to regenerate")
+    ap.add_argument("--check-reload", nargs="+", metavar="DIR",
+                    help="instead: check models zof wrote (see check_reload) and exit")
     args = ap.parse_args()
+    if args.check_reload:
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        return 1 if check_reload(args.check_reload) else 0
     only = set(filter(None, args.only.split(",")))
     known = set(tiny_models()) | {"stories260K"}
     if only - known:

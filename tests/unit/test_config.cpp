@@ -1,5 +1,6 @@
 // config.json parsing for each supported family (real configs from the Hugging Face Hub), the
 // parameter counts transformers reports, and every error case.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -340,7 +341,7 @@ TEST(Config, LoadErrors) {
 }
 
 TEST(Config, UnknownModelType) {
-  expect_error(with(kLlama2_7b, {{"model_type", "bert"}}), {"model_type", "bert", "llama, mistral, qwen2, opt, gpt2"});
+  expect_error(with(kLlama2_7b, {{"model_type", "bert"}}), {"model_type", "bert", "llama, mistral, qwen2, qwen3, opt, gpt2"});
   expect_error(with(kLlama2_7b, {{"model_type", nullptr}}), {"model_type", "missing"});
   expect_error(with(kLlama2_7b, {{"model_type", 3}}), {"model_type", "string"});
 }
@@ -384,14 +385,159 @@ TEST(Config, Divisibility) {
 
 TEST(Config, UnsupportedLlamaOptions) {
   expect_error(with(kLlama2_7b, {{"hidden_act", "gelu"}}), {"hidden_act", "gelu", "silu"});
-  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}}),
-               {"rope_scaling", "llama3", "not support"});
-  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}), {"rope_scaling", "linear"});
   expect_error(with(kLlama2_7b, {{"rope_scaling", "yes"}}), {"rope_scaling"});
-  expect_error(with(kLlama2_7b, {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}),
-               {"rope_parameters", "yarn"});
+  // Every rope_type but default, linear and llama3 is refused by name, in either spelling.
+  for (const char* t : {"yarn", "dynamic", "longrope", "su", "mrope", "ntk"})
+    for (const char* key : {"rope_scaling", "rope_parameters"})
+      expect_error(with(kLlama2_7b, {{key, {{"rope_type", t}, {"factor", 4.0}}}}),
+                   {key, std::string("\"") + t + "\"", "not support", "default, linear and llama3"});
+  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}}}}),
+               {"rope_scaling", "dynamic"});
   expect_error(with(kLlama2_7b, {{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}}}),
                {"rope_parameters", "partial_rotary_factor"});
+}
+
+// Llama-3.1-8B's config.json as on the Hub (transformers 4: rope_scaling, top-level rope_theta).
+const char* kLlama31_8b = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+
+// transformers' _compute_llama3_parameters in double: the frequencies above the original
+// context's high-frequency wavelength kept, those below its low-frequency one divided by factor,
+// the band between interpolated.
+std::vector<double> llama3_reference(double theta, int64_t D, double factor, double lo, double hi,
+                                     double old_ctx) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const double f = std::pow(theta, -double(2 * i) / double(D)), wl = 2 * M_PI / f;
+    if (wl < old_ctx / hi) out.push_back(f);
+    else if (wl > old_ctx / lo) out.push_back(f / factor);
+    else {
+      const double s = (old_ctx / wl - lo) / (hi - lo);
+      out.push_back((1 - s) * f / factor + s * f);
+    }
+  }
+  return out;
+}
+
+TEST(Config, Llama3RopeScaling) {
+  ModelConfig c = parse(kLlama31_8b);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 128);
+  EXPECT_FLOAT_EQ(c.rope_theta, 500000.f);
+  EXPECT_EQ(c.num_params(), 8030261248);  // Llama-3.1-8B's published count
+  ASSERT_EQ(c.rope_inv_freq.size(), 64u);
+  const std::vector<float> plain = zof::rope_default_inv_freq(500000.f, 128);
+  const std::vector<double> want = llama3_reference(500000.f, 128, 8, 1, 4, 8192);
+  int kept = 0, divided = 0, between = 0;
+  for (size_t i = 0; i < 64; ++i) {
+    EXPECT_NEAR(c.rope_inv_freq[i], want[i], 2e-7 * want[i]) << i;
+    if (c.rope_inv_freq[i] == plain[i]) ++kept;
+    else if (c.rope_inv_freq[i] == plain[i] / 8) ++divided;
+    else ++between;
+  }
+  // All three bands are present for Llama 3.1's numbers.
+  EXPECT_GT(kept, 10);
+  EXPECT_GT(divided, 10);
+  EXPECT_GT(between, 2);
+  // transformers 5 writes rope_parameters with rope_theta inside: the same table.
+  json t5 = with(kLlama31_8b, {{"rope_scaling", nullptr}, {"rope_theta", nullptr}});
+  t5["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0},
+                           {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 8192}};
+  EXPECT_EQ(parse(t5).rope_inv_freq, c.rope_inv_freq);
+  // The older "type" key.
+  json old = json::parse(kLlama31_8b);
+  old["rope_scaling"].erase("rope_type");
+  old["rope_scaling"]["type"] = "llama3";
+  EXPECT_EQ(parse(old).rope_inv_freq, c.rope_inv_freq);
+  // Plain RoPE keeps the default table's bits.
+  EXPECT_EQ(parse(kLlama2_7b).rope_inv_freq, zof::rope_default_inv_freq(10000.f, 128));
+}
+
+TEST(Config, LinearRopeScaling) {
+  ModelConfig c = parse(with(kLlama2_7b, {{"rope_scaling", {{"type", "linear"}, {"factor", 4.0}}}}));
+  const std::vector<float> plain = zof::rope_default_inv_freq(10000.f, 128);
+  ASSERT_EQ(c.rope_inv_freq.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(c.rope_inv_freq[i], plain[i] / 4.f);
+  ModelConfig t5 = parse(with(kLlama2_7b, {{"rope_parameters", {{"rope_type", "linear"}, {"factor", 4.0},
+                                                                {"rope_theta", 10000.0}}}}));
+  EXPECT_EQ(t5.rope_inv_freq, c.rope_inv_freq);
+}
+
+TEST(Config, RopeScalingErrors) {
+  auto l3 = [](const json& patch) {
+    json j = json::parse(kLlama31_8b);
+    j["rope_scaling"].merge_patch(patch);
+    return j;
+  };
+  expect_error(l3({{"factor", nullptr}}), {"rope_scaling", "factor", "llama3"});
+  expect_error(l3({{"factor", -2.0}}), {"rope_scaling", "factor", "positive"});
+  expect_error(l3({{"factor", "8"}}), {"rope_scaling", "factor", "positive number"});
+  expect_error(l3({{"low_freq_factor", nullptr}}), {"rope_scaling", "low_freq_factor"});
+  expect_error(l3({{"high_freq_factor", 0.5}}), {"rope_scaling", "high_freq_factor", "low_freq_factor"});
+  expect_error(l3({{"original_max_position_embeddings", nullptr}}),
+               {"rope_scaling", "original_max_position_embeddings", "missing"});
+  expect_error(l3({{"original_max_position_embeddings", 8192.5}}),
+               {"rope_scaling", "original_max_position_embeddings", "positive integer"});
+  expect_error(l3({{"beta_fast", 32}}), {"rope_scaling", "beta_fast", "llama3"});
+  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"type", "linear"}}}}), {"rope_scaling", "factor"});
+  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}, {"low_freq_factor", 1.0}}}}),
+               {"rope_scaling", "low_freq_factor", "linear"});
+  // The two spellings disagreeing.
+  expect_error(with(kLlama31_8b, {{"rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}}}}),
+               {"rope_parameters", "linear", "rope_scaling", "llama3", "agree"});
+}
+
+// Qwen3-0.6B's config.json as on the Hub: head_dim 128 != 1024 / 16, q_norm and k_norm.
+const char* kQwen3_06b = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(Config, Qwen3) {
+  ModelConfig c = parse(kQwen3_06b);
+  EXPECT_EQ(c.arch, Arch::Llama);
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 128);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.max_position, 40960);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.num_params(), 596049920);  // 0.44B without the embedding, as Qwen publishes
+  // Qwen3Config's head_dim defaults to 128, not hidden_size / heads.
+  EXPECT_EQ(parse(with(kQwen3_06b, {{"head_dim", nullptr}, {"hidden_size", 512}})).head_dim, 128);
+  EXPECT_TRUE(parse(with(kQwen3_06b, {{"attention_bias", true}})).qkv_bias);
+  // Sliding windows as Qwen2's.
+  expect_error(with(kQwen3_06b, {{"use_sliding_window", true}, {"sliding_window", 4096}, {"max_window_layers", 1}}),
+               {"sliding_window", "not supported"});
+  EXPECT_FALSE(parse(kQwen2_05b).qk_norm);
+}
+
+// Qwen2.5 is model_type qwen2: Qwen2.5-0.5B-Instruct's fields load as Qwen2.
+TEST(Config, Qwen25IsQwen2) {
+  ModelConfig c = parse(with(kQwen2_05b, {{"max_position_embeddings", 32768}, {"sliding_window", 32768},
+                                          {"max_window_layers", 21}, {"use_mrope", false},
+                                          {"transformers_version", "4.43.1"}}));
+  EXPECT_EQ(c.model_type, "qwen2");
+  EXPECT_EQ(c.max_position, 32768);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.num_params(), 494032768);
 }
 
 TEST(Config, SlidingWindow) {

@@ -18,6 +18,7 @@
 
 #include "cuda/op_math.h"
 #include "zof/backend.h"
+#include "zof/config.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
 #include "cpu/jvp_ops.h"
@@ -163,7 +164,8 @@ TEST(CudaMath, Rope) {
       std::vector<int32_t> pos(rows);
       for (auto& p : pos) p = int32_t(rng() % 8192);
       auto want = x, got = x;
-      ref->rope(want.data(), pos.data(), rows, heads, head_dim, theta);
+      const std::vector<float> inv = zof::rope_default_inv_freq(theta, head_dim);
+      ref->rope(want.data(), pos.data(), rows, heads, head_dim, head_dim, inv.data());
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < half; ++i) {
           const float angle = om::rope_angle(pos[r], om::rope_inv_freq(i, head_dim, theta));

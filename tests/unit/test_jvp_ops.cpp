@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "zof/config.h"
 #include "zof/error.h"
 #include "cpu/jvp_ops.h"
 #include "zof/jvp.h"
@@ -168,15 +169,18 @@ TEST(JvpOps, Rope) {
   std::mt19937_64 rng(4);
   const int64_t rows = 5, heads = 3, hd = 6;
   const std::vector<int32_t> pos{0, 1, 7, 40, 113};
+  // Partial rotary: the first 4 of 6 dims rotate, with a table of 2.
+  const int64_t rd = 4;
+  const std::vector<float> inv = zof::rope_default_inv_freq(10000.f, rd);
   auto tangent = [&](auto&& x, auto&& dx) {
     using T = typename std::decay_t<decltype(x[0])>::value_type;
     std::vector<T> y = dx[0];
-    zof::jvp::rope<T>(y.data(), pos.data(), rows, heads, hd, 10000.f);  // linear
+    zof::jvp::rope<T>(y.data(), pos.data(), rows, heads, hd, rd, inv.data());  // linear
     return as_vec(y);
   };
   Op op{[&](const Inputs& x) {
           Vec y = x[0];
-          zof::jvp::rope<double>(y.data(), pos.data(), rows, heads, hd, 10000.f);
+          zof::jvp::rope<double>(y.data(), pos.data(), rows, heads, hd, rd, inv.data());
           return y;
         },
         tangent, tangent};

@@ -16,6 +16,7 @@
 
 #include "common.h"
 #include "zof/backend.h"
+#include "zof/config.h"
 
 namespace {
 
@@ -139,13 +140,22 @@ std::vector<float> run_layer_norm(Backend& be, const std::vector<float>& x,
   return dev.get(y, x.size());
 }
 
+// RoPE with the table inv_freq over the first rotary_dim dims of each head.
+std::vector<float> run_rope_table(Backend& be, const std::vector<float>& x,
+                                  const std::vector<int32_t>& pos, int64_t rows, int64_t heads,
+                                  int64_t head_dim, int64_t rotary_dim,
+                                  const std::vector<float>& inv_freq) {
+  Device dev(be);
+  float* d = dev.put(x);
+  be.rope(d, dev.put(pos), rows, heads, head_dim, rotary_dim, dev.put(inv_freq));
+  return dev.get(d, x.size());
+}
+// Plain RoPE: every dim, the default table of theta.
 std::vector<float> run_rope(Backend& be, const std::vector<float>& x,
                             const std::vector<int32_t>& pos, int64_t rows, int64_t heads,
                             int64_t head_dim, float theta) {
-  Device dev(be);
-  float* d = dev.put(x);
-  be.rope(d, dev.put(pos), rows, heads, head_dim, theta);
-  return dev.get(d, x.size());
+  return run_rope_table(be, x, pos, rows, heads, head_dim, head_dim,
+                        zof::rope_default_inv_freq(theta, head_dim));
 }
 
 struct AttnShape {
@@ -299,6 +309,46 @@ TEST(OpsHand, Rope) {
   }
 }
 
+// The rope op rotates by the table it is given, over the first rotary_dim dims of each head;
+// the rest pass through bit for bit (partial rotary).
+TEST(OpsHand, RopeTablePartialRotary) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    // (rows 2, heads 2, head_dim 6), rotary_dim 4: pairs (0,2) and (1,3) at 0.5 and 0.25 rad per
+    // position; dims 4 and 5 untouched.
+    const std::vector<float> x = {1, 2, 3, 4, 5, 6, -1, 0.5f, 2, -3, 7, 8,
+                                  0.1f, 0.2f, 0.3f, 0.4f, 9, 10, 2, 1, -2, -1, 11, 12};
+    const std::vector<float> inv = {0.5f, 0.25f};
+    const std::vector<int32_t> pos = {3, 1};
+    auto y = run_rope_table(*be, x, pos, 2, 2, 6, 4, inv);
+    std::vector<float> want = x;
+    for (int r = 0; r < 2; ++r)
+      for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 2; ++i) {
+          const int o = (r * 2 + h) * 6;
+          const double a = x[o + i], b = x[o + i + 2], t = double(float(pos[r]) * inv[i]);
+          want[o + i] = float(a * std::cos(t) - b * std::sin(t));
+          want[o + i + 2] = float(b * std::cos(t) + a * std::sin(t));
+        }
+    EXPECT_TRUE(close(want, y, 1e-6));
+    for (int rh = 0; rh < 4; ++rh)
+      for (int d = 4; d < 6; ++d) EXPECT_EQ(y[rh * 6 + d], x[rh * 6 + d]);
+  }
+}
+
+// The default table is the formula the kernels computed from theta before they took a table:
+// the same bits.
+TEST(OpsHand, RopeDefaultTableBits) {
+  for (float theta : {10000.0f, 50000.0f, 500000.0f, 1e6f})
+    for (int64_t dim : {2, 8, 64, 80, 128}) {
+      const std::vector<float> inv = zof::rope_default_inv_freq(theta, dim);
+      ASSERT_EQ((int64_t)inv.size(), dim / 2);
+      for (int64_t i = 0; i < dim / 2; ++i)
+        EXPECT_EQ(inv[i], float(1.0 / std::pow(double(theta), double(2 * i) / double(dim))));
+    }
+}
+
 TEST(OpsHand, Attention) {
   for (auto& c : all_backends()) {
     SCOPED_TRACE(c.label);
@@ -410,6 +460,17 @@ TEST(OpsConform, Rope) {
           conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
                       " head_dim=" + std::to_string(head_dim) + " theta=" + std::to_string(theta),
                   [&](Backend& be) { return run_rope(be, x, pos, rows, heads, head_dim, theta); });
+          if (head_dim >= 8) {  // partial rotary, with a scaled table
+            const int64_t rd = head_dim / 2 - (head_dim / 2) % 2;
+            std::vector<float> inv = zof::rope_default_inv_freq(theta, rd);
+            for (size_t i = 0; i < inv.size(); ++i) inv[i] /= float(1 + i % 3);
+            conform("rope rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
+                        " head_dim=" + std::to_string(head_dim) + " rotary_dim=" +
+                        std::to_string(rd),
+                    [&](Backend& be) {
+                      return run_rope_table(be, x, pos, rows, heads, head_dim, rd, inv);
+                    });
+          }
         }
       }
     }
