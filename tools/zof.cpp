@@ -342,6 +342,8 @@ ExpandedArgs expand_config(int argc, char** argv) {
         value = value.substr(1, value.size() - 2);
       ZOF_CHECK(!key.empty() && key != "config" && key[0] != '-',
                 at + ": bad key `" + key + "` (keys are flag names without dashes)");
+      ZOF_CHECK(!value.empty(), at + ": `" + key + "` has no value (write `" + key +
+                                    " = VALUE`, or drop the line for the default)");
       out.push_back("--" + key + "=" + value);
       x.from_config["--" + key] = at;
     }

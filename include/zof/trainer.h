@@ -17,6 +17,9 @@ namespace zof {
 
 class Tokenizer;
 
+// The options of `zof finetune`, one field per flag (--micro-batches: micro_batches). What each
+// numeric field accepts is its train_flag_rule; validate_options checks them all, alone and
+// together.
 struct TrainOptions {
   std::string model, task = "text", data, out;
   int64_t steps = 1000;
