@@ -1,10 +1,20 @@
 // zof command line: generate, eval, finetune, replay, report, each with one function declaring
-// its flags and one running it. Every user-caused problem ends as one line "zof: error: ..." and a
-// non-zero exit; --json makes the last line one JSON object.
+// its flags and one running it. Every user-caused problem, from a mistyped flag to a bad file,
+// ends as one line "zof: error: ..." and exit status 1; with --json (finetune: always) the last
+// line of stdout is {"error": "..."}. --help and --version print to stdout and exit 0.
+#include <cerrno>
+#include <cfloat>
+#include <charconv>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <new>
 #include <sstream>
 
@@ -24,17 +34,177 @@
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using zof::NumberRule;
 
 namespace {
 
+const char* const kCommands = "generate, eval, finetune, replay, report";
+
 std::string read_text_file(const std::string& path, const std::string& flag) {
-  ZOF_CHECK(fs::is_regular_file(path), flag + " " + path + ": no such file");
+  zof::check_input_file(flag, path, flag + " takes one plain-text file");
   std::ifstream f(path, std::ios::binary);
   ZOF_CHECK(f.good(), flag + " " + path + ": cannot be read (check its permissions)");
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
 }
+
+// ---- numbers ----------------------------------------------------------------------------------
+// Numeric flags are bound as text and read here once CLI11 has parsed: its own conversions and
+// range checks answer in their words (exit 105, "Value 0 not in range 0.000000 to 1797...") and
+// wrap a negative --seed round to 2^64 - 1. A text is read into the flag's type only if it fits;
+// the ranges are then the validation's (validate_options, validate_generate, ...).
+
+// The text as the user wrote it, quoted unless it reads as a number.
+std::string shown(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  (void)std::strtod(text.c_str(), &end);
+  const bool number = !text.empty() && end == text.c_str() + text.size() && text[0] != ' ';
+  return number ? text : "'" + text + "'";
+}
+
+// The whole text as a double (strtod: decimal, exponent, nan, inf); false for anything else. A
+// value beyond double's range reads as +-HUGE_VAL or as a tiny (or zero) number, as strtod gives.
+// underflow: a nonzero text beyond double's range toward zero (1e-400), which reads as 0.
+bool read_double_text(const std::string& text, double& v, bool* underflow = nullptr) {
+  if (text.empty() || std::isspace((unsigned char)text[0])) return false;
+  char* end = nullptr;
+  errno = 0;
+  v = std::strtod(text.c_str(), &end);
+  if (underflow) *underflow = errno == ERANGE && std::fabs(v) < 1;
+  return end == text.c_str() + text.size();
+}
+
+int64_t read_whole(const std::string& flag, const std::string& text, const NumberRule& rule) {
+  const char* b = text.data();
+  const char* e = b + text.size();
+  if (b != e && *b == '+') ++b;
+  int64_t v = 0;
+  const auto [p, ec] = std::from_chars(b, e, v);
+  if (ec == std::errc() && p == e && b != e) return v;
+  // Whole values written as decimals or with an exponent (1e3, 64.0), exactly representable.
+  double d = 0;
+  if (ec != std::errc::result_out_of_range && read_double_text(text, d) && std::isfinite(d) &&
+      d == std::floor(d) && std::fabs(d) <= 0x1p53)
+    return (int64_t)d;
+  throw zof::Error(rule.refusal(flag, shown(text)));
+}
+
+int read_int(const std::string& flag, const std::string& text, const NumberRule& rule) {
+  const int64_t v = read_whole(flag, text, rule);
+  ZOF_CHECK(v >= INT_MIN && v <= INT_MAX, rule.refusal(flag, text));
+  return (int)v;
+}
+
+// Seeds are the full 64-bit range, negative ones refused (strtoull would wrap -1 round).
+uint64_t read_seed(const std::string& flag, const std::string& text) {
+  uint64_t v = 0;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  ZOF_CHECK(ec == std::errc() && p == text.data() + text.size() && !text.empty(),
+            flag + " must be a whole number from 0 to 18446744073709551615, not " + shown(text));
+  return v;
+}
+
+double read_real(const std::string& flag, const std::string& text, const NumberRule& rule) {
+  double d = 0;
+  bool underflow = false;
+  ZOF_CHECK(read_double_text(text, d, &underflow) && std::isfinite(d) && !underflow,
+            rule.refusal(flag, shown(text)));
+  return d;
+}
+
+// A float flag is read as a double and refused before narrowing: 1e39 would become inf and
+// 1e-50 zero, and the validation would then see values the user never wrote.
+float read_float(const std::string& flag, const std::string& text, const NumberRule& rule) {
+  double d = 0;
+  bool underflow = false;
+  const bool read = read_double_text(text, d, &underflow);
+  const bool overflow = errno == ERANGE && std::isinf(d);
+  ZOF_CHECK(read && !std::isnan(d) && (std::isfinite(d) || overflow),
+            rule.refusal(flag, shown(text)));
+  ZOF_CHECK(std::fabs(d) <= FLT_MAX,
+            rule.refusal(flag, text) + " (beyond float's range, about 3.4e38)");
+  ZOF_CHECK((d == 0 && !underflow) || std::fabs(d) >= FLT_MIN,
+            rule.refusal(flag, text) + " (below the smallest positive float, about 1.2e-38" +
+                (flag == "--eps" ? ": too small to perturb the weights)" : ")"));
+  return (float)d;
+}
+
+// The numeric flags of every command, as text until read().
+class NumberFlags {
+ public:
+  // rule: what the value may be (for the message when its text is not one); null for --seed.
+  template <class T>
+  CLI::Option* add(CLI::App* app, const std::string& name, T& target, const std::string& help,
+                   const NumberRule* rule, bool show_default = true) {
+    Flag& f = flags_.emplace_back();
+    f.app = app;
+    f.name = name;
+    const NumberRule r = rule ? *rule : NumberRule{};
+    std::string def, type;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      std::ostringstream os;
+      os << target;
+      def = os.str();
+      type = "FLOAT";
+      f.read = [&target, name, r](const std::string& t) {
+        if constexpr (std::is_same_v<T, float>)
+          target = read_float(name, t, r);
+        else
+          target = read_real(name, t, r);
+      };
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      def = std::to_string(target);
+      type = "UINT";
+      f.read = [&target, name](const std::string& t) { target = read_seed(name, t); };
+    } else if constexpr (std::is_same_v<T, int>) {
+      def = std::to_string(target);
+      type = "INT";
+      f.read = [&target, name, r](const std::string& t) { target = read_int(name, t, r); };
+    } else {
+      static_assert(std::is_same_v<T, int64_t>);
+      def = std::to_string(target);
+      type = "INT";
+      f.read = [&target, name, r](const std::string& t) { target = read_whole(name, t, r); };
+    }
+    f.opt = app->add_option(name, f.text, help)->type_name(type);
+    if (show_default) f.opt->default_str(def);
+    return f.opt;
+  }
+  // Reads the flags given to app, in the order they were declared.
+  void read(const CLI::App* app) const {
+    for (const Flag& f : flags_)
+      if (f.app == app && f.opt->count() > 0) f.read(f.text);
+  }
+  // The text given for a flag (empty: not given).
+  std::string text(const CLI::Option* opt) const {
+    for (const Flag& f : flags_)
+      if (f.opt == opt) return f.text;
+    return "";
+  }
+
+ private:
+  struct Flag {
+    const CLI::App* app = nullptr;
+    CLI::Option* opt = nullptr;
+    std::string name, text;
+    std::function<void(const std::string&)> read;
+  };
+  std::deque<Flag> flags_;  // stable addresses: CLI11 holds references to the texts
+};
+
+const NumberRule& train_rule(const char* flag) { return *zof::train_flag_rule(flag); }
+
+// ---- generate, eval ---------------------------------------------------------------------------
+
+const NumberRule kMaxNewTokens{.whole = true, .lo = 1, .hi = double(int64_t(1) << 20)};
+const NumberRule kTemperature{.lo = 0, .hi = 100, .note = "0: greedy"};
+const NumberRule kTopP{.lo = 0, .hi = 1, .lo_open = true,
+                       .note = "the probability mass sampled from"};
+const NumberRule kEvalSeqLen{.whole = true, .lo = 2, .hi = double(int64_t(1) << 20)};
+const NumberRule kEvalBatch{.whole = true, .lo = 1, .hi = 4096};
+const NumberRule kMaxWindows{.whole = true, .lo = 0, .note = "0: all"};
 
 // Where generate and eval run: --device cpu (the model's storage), or a device (--device cuda,
 // --sim-device) that the weights stream through within --gpu-mem.
@@ -52,6 +222,13 @@ struct GenerateArgs {
   int threads = 0;
   bool json = false;
 };
+
+void validate_generate(const GenerateArgs& a) {
+  zof::check_whole("--max-new-tokens", a.max_new_tokens, kMaxNewTokens);
+  zof::check_real("--temperature", a.temperature, kTemperature);
+  zof::check_real("--top-p", a.top_p, kTopP);
+  zof::check_whole("--threads", a.threads, train_rule("--threads"));
+}
 
 // The backend for generate and eval (--threads cores on the host) and where it reads the
 // weights.
@@ -86,6 +263,7 @@ void add_device_flags(CLI::App* app, DeviceArgs& d) {
 }
 
 int run_generate(const GenerateArgs& a) {
+  validate_generate(a);
   zof::WeightPlacement place;
   auto backend = text_backend(a.where, a.threads, place);
   zof::Model model = zof::Model::load(a.model);
@@ -116,12 +294,22 @@ int run_generate(const GenerateArgs& a) {
 struct EvalArgs {
   DeviceArgs where;
   std::string model, text;
-  int64_t seq_len = 0, batch = 8, max_windows = 0;
+  int64_t seq_len = 0, batch = 8, max_windows = 0;  // seq_len 0: the model's context, at most 512
+  bool seq_len_given = false;
   int threads = 0;
   bool json = false;
 };
 
+void validate_eval(const EvalArgs& a) {
+  if (a.seq_len_given) zof::check_whole("--seq-len", a.seq_len, kEvalSeqLen);
+  zof::check_whole("--batch", a.batch, kEvalBatch);
+  zof::check_whole("--max-windows", a.max_windows, kMaxWindows);
+  zof::check_whole("--threads", a.threads, train_rule("--threads"));
+}
+
 int run_eval(const EvalArgs& a) {
+  validate_eval(a);
+  zof::check_input_file("--text", a.text, "--text takes one plain-text file");
   zof::WeightPlacement place;
   auto backend = text_backend(a.where, a.threads, place);
   zof::Model model = zof::Model::load(a.model);
@@ -140,26 +328,42 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
-// `zof finetune --config FILE ...`: the file's `key = value` lines become flags placed before
-// the command line's, so that flags given on the command line win (options take the last value).
-std::vector<std::string> expand_config(int argc, char** argv) {
-  std::vector<std::string> in(argv, argv + argc), out;
-  size_t sub = 0;
-  while (sub < in.size() && in[sub] != "finetune") ++sub;
-  if (sub == in.size()) return in;
+// ---- --config ---------------------------------------------------------------------------------
+
+struct ExpandedArgs {
+  std::vector<std::string> args;
+  // Flags set by the --config file (and not again on the command line): "--config F line N".
+  std::map<std::string, std::string> from_config;
+};
+
+// `zof finetune --config FILE ...`: the file's `key = value` lines become `--key=value` flags
+// placed before the command line's, so that flags given on the command line win (options take
+// the last value). Boolean flags take true or false (`one_sided = true`).
+ExpandedArgs expand_config(int argc, char** argv) {
+  ExpandedArgs x;
+  std::vector<std::string> in(argv, argv + argc), &out = x.args;
+  size_t sub = 1;
+  while (sub < in.size() && !in[sub].empty() && in[sub][0] == '-') ++sub;
+  if (sub == in.size() || in[sub] != "finetune") {
+    out = in;
+    return x;
+  }
   std::string path;
+  bool given = false;
   for (size_t i = sub + 1; i < in.size(); ++i) {
-    if (in[i] == "--config" && i + 1 < in.size()) path = in[i + 1];
-    if (in[i].rfind("--config=", 0) == 0) path = in[i].substr(9);
+    if (in[i] == "--config" && i + 1 < in.size()) path = in[i + 1], given = true;
+    if (in[i].rfind("--config=", 0) == 0) path = in[i].substr(9), given = true;
   }
   out.assign(in.begin(), in.begin() + sub + 1);
-  if (!path.empty()) {
+  if (given) {
+    zof::check_input_file("--config", path, "--config takes a file of `key = value` lines");
     std::ifstream f(path);
-    ZOF_CHECK(f.good(), "--config " + path + ": cannot read the file");
+    ZOF_CHECK(f.good(), "--config " + path + ": cannot read the file (check its permissions)");
     std::string line;
     int lineno = 0;
     while (std::getline(f, line)) {
       ++lineno;
+      const std::string at = "--config " + path + " line " + std::to_string(lineno);
       auto trim = [](std::string x) {
         const size_t a = x.find_first_not_of(" \t\r"), b = x.find_last_not_of(" \t\r");
         return a == std::string::npos ? std::string() : x.substr(a, b - a + 1);
@@ -168,29 +372,32 @@ std::vector<std::string> expand_config(int argc, char** argv) {
       line = trim(hash == std::string::npos ? line : line.substr(0, hash));
       if (line.empty() || line[0] == '[') continue;  // blank, comment, or a TOML section header
       const size_t eq = line.find('=');
-      ZOF_CHECK(eq != std::string::npos, "--config " + path + " line " + std::to_string(lineno) +
-                                             ": expected `key = value`, found `" + line + "`");
+      ZOF_CHECK(eq != std::string::npos, at + ": expected `key = value`, found `" + line + "`");
       std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
       for (auto& c : key) c = c == '_' ? '-' : c;
       if (value.size() >= 2 && (value[0] == '"' || value[0] == '\'') && value.back() == value[0])
         value = value.substr(1, value.size() - 2);
-      ZOF_CHECK(!key.empty() && key != "config", "--config " + path + " line " +
-                                                     std::to_string(lineno) + ": bad key `" + key + "`");
-      if (key == "json") {
-        if (value == "true") out.push_back("--json");
-        continue;
-      }
-      out.push_back("--" + key);
-      out.push_back(value);
+      ZOF_CHECK(!key.empty() && key != "config" && key[0] != '-',
+                at + ": bad key `" + key + "` (keys are flag names without dashes)");
+      ZOF_CHECK(!value.empty(), at + ": `" + key + "` has no value (write `" + key +
+                                    " = VALUE`, or drop the line for the default)");
+      out.push_back("--" + key + "=" + value);
+      x.from_config["--" + key] = at;
     }
   }
-  out.insert(out.end(), in.begin() + sub + 1, in.end());
-  return out;
+  for (size_t i = sub + 1; i < in.size(); ++i) {
+    out.push_back(in[i]);
+    x.from_config.erase(in[i].substr(0, in[i].find('=')));
+  }
+  return x;
 }
+
+// ---- finetune, replay, report -----------------------------------------------------------------
 
 struct FinetuneArgs {
   zof::TrainOptions t;
   std::string config_file;  // applied by expand_config() before parsing
+  std::vector<CLI::Option*> run_flags;  // the flags saved in run.json (what a run computes)
 };
 
 struct ReplayArgs {
@@ -204,116 +411,112 @@ struct ReportArgs {
   std::string out;
 };
 
-CLI::App* add_generate(CLI::App& app, GenerateArgs& g) {
+CLI::App* add_generate(CLI::App& app, GenerateArgs& g, NumberFlags& n) {
   auto* gen = app.add_subcommand("generate", "Generate text from a prompt");
   gen->add_option("--model", g.model, "Hugging Face model directory")->required();
   gen->add_option("--prompt", g.prompt, "Prompt text (default: empty, start from BOS)");
-  gen->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate")
-      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  gen->add_option("--temperature", g.temperature, "Sampling temperature; 0 is greedy")
-      ->capture_default_str()->check(CLI::Range(0.f, 100.f));
-  gen->add_option("--top-p", g.top_p, "Nucleus sampling probability mass")
-      ->capture_default_str()->check(CLI::Range(1e-6f, 1.f));
-  gen->add_option("--seed", g.seed, "Sampling seed")->capture_default_str();
-  gen->add_option("--threads", g.threads, "CPU threads (0: all cores)")->capture_default_str()
-      ->check(CLI::Range(0, 4096));
+  n.add(gen, "--max-new-tokens", g.max_new_tokens, "Tokens to generate", &kMaxNewTokens);
+  n.add(gen, "--temperature", g.temperature, "Sampling temperature; 0 is greedy", &kTemperature);
+  n.add(gen, "--top-p", g.top_p, "Nucleus sampling probability mass", &kTopP);
+  n.add(gen, "--seed", g.seed, "Sampling seed (0 to 2^64 - 1)", nullptr);
+  n.add(gen, "--threads", g.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
   gen->add_flag("--json", g.json, "Print one JSON object as the last line");
   add_device_flags(gen, g.where);
   return gen;
 }
 
-CLI::App* add_eval(CLI::App& app, EvalArgs& e) {
+CLI::App* add_eval(CLI::App& app, EvalArgs& e, NumberFlags& n) {
   auto* ev = app.add_subcommand("eval", "Perplexity of a model on a text file: mean next-token NLL over windows of --seq-len tokens, "
       "each from BOS; '<|endoftext|>' separates documents, and windows never cross one");
   ev->add_option("--model", e.model, "Hugging Face model directory")->required();
   ev->add_option("--text", e.text, "Plain-text file")->required();
-  ev->add_option("--seq-len", e.seq_len, "Window length in tokens (default: context, at most 512)")
-      ->check(CLI::Range(int64_t(2), int64_t(1) << 20));
-  ev->add_option("--batch", e.batch, "Windows per forward pass")->capture_default_str()
-      ->check(CLI::Range(int64_t(1), int64_t(4096)));
-  ev->add_option("--max-windows", e.max_windows, "Evaluate at most this many windows (0: all)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  ev->add_option("--threads", e.threads, "CPU threads (0: all cores)")->capture_default_str()
-      ->check(CLI::Range(0, 4096));
+  n.add(ev, "--seq-len", e.seq_len, "Window length in tokens (default: context, at most 512)",
+        &kEvalSeqLen, false);
+  n.add(ev, "--batch", e.batch, "Windows per forward pass", &kEvalBatch);
+  n.add(ev, "--max-windows", e.max_windows, "Evaluate at most this many windows (0: all)",
+        &kMaxWindows);
+  n.add(ev, "--threads", e.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
   ev->add_flag("--json", e.json, "Print one JSON object as the last line");
   add_device_flags(ev, e.where);
   return ev;
 }
 
-// What a run computes: the flags saved in run.json.
-CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f) {
+// What a run computes: the flags saved in run.json. Every value is checked by validate_options
+// (a zof::Error naming the flag), none by CLI11.
+CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
   zof::TrainOptions& t = f.t;
   auto* ft = app.add_subcommand("finetune", "Fine-tune every parameter with forward passes only (MeZO)");
   ft->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ft->add_option("--config", f.config_file, "Read options from a file of `key = value` lines (flag "
                  "names without dashes, # comments); command-line flags override it");
   ft->add_option("--model", t.model, "Hugging Face model directory");
-  ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")->capture_default_str();
-  ft->add_option("--data", t.data, "Data file or directory of the task");
-  ft->add_option("--objective", t.objective, "What sst2/rte/cb/copa train on: lm (the correct "
-                 "answer's tokens) | classification (MeZO's cross-entropy over the candidates' "
-                 "mean log-likelihoods) | auto (MeZO's choice: classification for sst2, rte and "
-                 "cb, lm for copa; lm for text and jsonl)")->capture_default_str();
-  ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the fine-tuned model");
-  ft->add_option("--resume", t.resume, "Continue the run in this directory");
-  ft->add_option("--steps", t.steps, "ZO steps")->capture_default_str()->check(CLI::PositiveNumber);
-  ft->add_option("--lr", t.lr, "Learning rate")->capture_default_str()->check(CLI::NonNegativeNumber);
-  ft->add_option("--eps", t.eps, "Perturbation scale epsilon")->capture_default_str()->check(CLI::PositiveNumber);
-  ft->add_option("--weight-decay", t.weight_decay, "Weight decay (not on norms and biases)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  ft->add_option("--batch", t.batch, "Examples (or text windows) per step")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  ft->add_option("--micro-batches", t.micro_batches, "Split each batch into this many forward passes "
-                 "(gradient accumulation)")->capture_default_str()->check(CLI::PositiveNumber);
-  ft->add_option("--queries", t.queries, "Random directions averaged per step")->capture_default_str()
-      ->check(CLI::Range(1, 1024));
-  ft->add_option("--seed", t.seed, "Seed of perturbations and data sampling")->capture_default_str();
-  ft->add_option("--schedule", t.schedule, "constant | linear | cosine")->capture_default_str()
-      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
-  // Checked by finetune() (a zof::Error naming the flag), not by CLI11.
-  ft->add_option("--estimator", t.estimator, "spsa (two-point MeZO) | jvp (forward gradient: "
-                 "exact directional derivatives by forward-mode AD, no --eps)")->capture_default_str();
-  ft->add_option("--z", t.z, "Perturbation directions: gaussian (MeZO) | rademacher (+-1)")
-      ->capture_default_str();
-  ft->add_flag("--one-sided", t.one_sided, "One-sided differences (L(theta+eps z) - L(theta)) / eps: "
-               "q + 1 forwards per step instead of 2q");
-  ft->add_option("--sparsity", t.sparsity, "Sparse MeZO: fraction of each weight matrix (largest "
-                 "|theta|) left unperturbed and unchanged; 0: dense")->capture_default_str();
-  ft->add_option("--optimizer", t.optimizer, "sgd (MeZO) | momentum (ZO-SGD with momentum) | adam "
-                 "(ZO-Adam; state in memory, saved with checkpoints)")->capture_default_str();
-  ft->add_option("--beta1", t.beta1, "Momentum / Adam first-moment decay")->capture_default_str();
-  ft->add_option("--beta2", t.beta2, "Adam second-moment decay")->capture_default_str();
-  ft->add_option("--adam-eps", t.adam_eps, "Adam's denominator epsilon")->capture_default_str();
-  ft->add_option("--warmup", t.warmup, "Linear warm-up steps")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  ft->add_option("--eval-every", t.eval_every, "Evaluate every N steps (0: before and after only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  ft->add_option("--save-every", t.save_every, "Checkpoint every N steps (0: at the end only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  ft->add_option("--train-examples", t.train_examples, "Training examples sampled (MeZO: 1000)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  ft->add_option("--eval-examples", t.eval_examples, "Evaluation examples sampled")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  ft->add_option("--seq-len", t.seq_len, "Text window length; longest task sequence")
-      ->capture_default_str()->check(CLI::Range(int64_t(2), int64_t(1) << 20));
-  ft->add_option("--max-bad-steps", t.max_bad_steps, "Stop after this many non-finite steps in a row")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+  ft->add_option("--resume", t.resume, "Continue the run in this directory with its saved "
+                 "options (a flag that would change one is refused; --threads, --json, "
+                 "--no-report and the mpirun and device flags may change)");
+  auto& run = f.run_flags;
+  auto num = [&](const std::string& name, auto& target, const std::string& help) {
+    run.push_back(n.add(ft, name, target, help, zof::train_flag_rule(name)));
+  };
+  run.push_back(ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")
+                    ->capture_default_str());
+  run.push_back(ft->add_option("--data", t.data, "Data file or directory of the task"));
+  run.push_back(ft->add_option("--objective", t.objective, "What sst2/rte/cb/copa train on: lm "
+                               "(the correct answer's tokens) | classification (MeZO's "
+                               "cross-entropy over the candidates' mean log-likelihoods) | auto "
+                               "(MeZO's choice: classification for sst2, rte and cb, lm for "
+                               "copa; lm for text and jsonl)")->capture_default_str());
+  run.push_back(ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the "
+                               "fine-tuned model"));
+  num("--steps", t.steps, "ZO steps");
+  num("--lr", t.lr, "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
+      "need larger steps (the demo's stories260K: 1e-4)");
+  num("--eps", t.eps, "Perturbation scale epsilon");
+  num("--weight-decay", t.weight_decay, "Weight decay (not on norms and biases)");
+  num("--batch", t.batch, "Examples (or text windows) per step");
+  num("--micro-batches", t.micro_batches, "Split each batch into this many forward passes "
+      "(gradient accumulation)");
+  num("--queries", t.queries, "Random directions averaged per step");
+  run.push_back(n.add(ft, "--seed", t.seed, "Seed of perturbations and data sampling (0 to "
+                      "2^64 - 1)", nullptr));
+  run.push_back(ft->add_option("--schedule", t.schedule, "constant | linear | cosine")
+                    ->capture_default_str());
+  run.push_back(ft->add_option("--estimator", t.estimator, "spsa (two-point MeZO) | jvp (forward "
+                               "gradient: exact directional derivatives by forward-mode AD, no "
+                               "--eps)")->capture_default_str());
+  run.push_back(ft->add_option("--z", t.z, "Perturbation directions: gaussian (MeZO) | rademacher "
+                               "(+-1)")->capture_default_str());
+  run.push_back(ft->add_flag("--one-sided", t.one_sided, "One-sided differences (L(theta+eps z) "
+                             "- L(theta)) / eps: q + 1 forwards per step instead of 2q"));
+  num("--sparsity", t.sparsity, "Sparse MeZO: fraction of each weight matrix (largest |theta|) "
+      "left unperturbed and unchanged; 0: dense");
+  run.push_back(ft->add_option("--optimizer", t.optimizer, "sgd (MeZO) | momentum (ZO-SGD with "
+                               "momentum) | adam (ZO-Adam; state in memory, saved with "
+                               "checkpoints)")->capture_default_str());
+  num("--beta1", t.beta1, "Momentum / Adam first-moment decay");
+  num("--beta2", t.beta2, "Adam second-moment decay");
+  num("--adam-eps", t.adam_eps, "Adam's denominator epsilon");
+  num("--warmup", t.warmup, "Linear warm-up steps");
+  num("--eval-every", t.eval_every, "Evaluate every N steps (0: before and after only)");
+  num("--save-every", t.save_every, "Checkpoint every N steps (0: at the end only)");
+  num("--train-examples", t.train_examples, "Training examples sampled (MeZO: 1000)");
+  num("--eval-examples", t.eval_examples, "Evaluation examples sampled");
+  num("--seq-len", t.seq_len, "Text window length; longest task sequence");
+  num("--max-bad-steps", t.max_bad_steps, "Stop after this many non-finite steps in a row");
   return ft;
 }
 
 // Where and how a run runs (threads, ranks, device): not saved, they may change on --resume.
-void add_finetune_layout(CLI::App* ft, zof::TrainOptions& t) {
-  ft->add_option("--threads", t.threads, "CPU threads (0: all cores)")->capture_default_str()
-      ->check(CLI::Range(0, 4096));
+void add_finetune_layout(CLI::App* ft, zof::TrainOptions& t, NumberFlags& n) {
+  n.add(ft, "--threads", t.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
   ft->add_flag("--json", t.json, "Print one JSON object as the last line");
   ft->add_flag("--no-report", t.no_report, "Do not write report.html (zof report) into the run "
                "directory at the end");
-  ft->add_option("--pipeline-stages", t.pipeline_stages, "Under mpirun: split the blocks into this many "
-                 "pipeline stages on consecutive ranks (ranks = stages x data-parallel replicas)")
-      ->capture_default_str()->check(CLI::Range(1, 4096));
-  ft->add_option("--dist-timeout", t.dist_timeout, "Under mpirun: seconds a rank may wait on the others "
-                 "before the whole job stops with an error (0: wait for ever)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  n.add(ft, "--pipeline-stages", t.pipeline_stages, "Under mpirun: split the blocks into this "
+        "many pipeline stages on consecutive ranks (ranks = stages x data-parallel replicas)",
+        &train_rule("--pipeline-stages"));
+  n.add(ft, "--dist-timeout", t.dist_timeout, "Under mpirun: seconds a rank may wait on the "
+        "others before the whole job stops with an error (0: wait for ever)",
+        &train_rule("--dist-timeout"));
   // Checked by finetune() (a zof::Error naming the flag), not by CLI11.
   ft->add_option("--gpu-mem", t.gpu_mem, "Device memory budget for parameter streaming, e.g. 16GiB, "
                  "512MiB or bytes (default: what the device has free): blocks that fit stay on the "
@@ -325,12 +528,12 @@ void add_finetune_layout(CLI::App* ft, zof::TrainOptions& t) {
                "--gpu-mem budget, threads as copy streams): the streaming schedule without a GPU");
 }
 
-CLI::App* add_replay(CLI::App& app, ReplayArgs& r) {
+CLI::App* add_replay(CLI::App& app, ReplayArgs& r, NumberFlags& n) {
   auto* rp = app.add_subcommand("replay", "Rebuild fine-tuned weights from a base model and a run's step log");
   rp->add_option("--model", r.model, "The base model the run started from")->required();
   rp->add_option("--log", r.log, "The run directory (its zo_log.jsonl)")->required();
   rp->add_option("--out", r.out, "Directory for the rebuilt model")->required();
-  rp->add_option("--threads", r.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
+  n.add(rp, "--threads", r.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
   rp->add_flag("--json", r.json, "Print one JSON object as the last line");
   return rp;
 }
@@ -356,12 +559,87 @@ int run_report(const ReportArgs& r) {
   return 0;
 }
 
-int run_finetune(const zof::TrainOptions& t) {
+// A float as its shortest text that reads back to it: 1e-06, not 9.99999997e-07.
+std::string float_text(double v) {
+  char b[64];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(b, sizeof b, "%.*g", prec, v);
+    if ((float)std::strtod(b, nullptr) == (float)v) break;
+  }
+  return b;
+}
+
+// A saved option as a flag: "--steps 3", "--one-sided", "no --one-sided".
+std::string as_flag(const std::string& flag, const json& v) {
+  if (v.is_boolean()) return v.get<bool>() ? flag : "no " + flag;
+  if (v.is_string()) return flag + " " + v.get<std::string>();
+  if (v.is_number_float()) return flag + " " + float_text(v.get<double>());
+  return flag + " " + v.dump();
+}
+
+std::string and_list(const std::vector<std::string>& items) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return s;
+}
+
+// --resume continues a run with the options saved in its run.json: a flag (or --config line)
+// that would change one of them would be ignored, so it is refused. Flags with the saved value
+// change nothing and pass; the layout flags (add_finetune_layout) may always change. A directory
+// without a readable run.json is left to finetune(), which says what it is.
+void check_resume_flags(const FinetuneArgs& f, const NumberFlags& n,
+                        const std::map<std::string, std::string>& from_config) {
+  const zof::TrainOptions& t = f.t;
+  if (t.resume.empty()) return;
+  json saved;
+  try {
+    std::ifstream in(fs::path(t.resume) / "run.json");
+    if (!in) return;
+    saved = zof::TrainOptions::from_json(json::parse(in).at("options")).to_json();
+  } catch (const std::exception&) {
+    return;
+  }
+  const json now = t.to_json();
+  std::vector<std::string> given, kept;
+  for (const CLI::Option* o : f.run_flags) {
+    if (o->count() == 0) continue;
+    const std::string flag = o->get_name();
+    std::string key = flag.substr(2);
+    for (auto& c : key) c = c == '-' ? '_' : c;
+    if (!saved.contains(key) || saved[key] == now[key]) continue;
+    // --out naming the run itself changes nothing either.
+    if (key == "out") {
+      std::error_code ec;
+      if (fs::weakly_canonical(t.out, ec) == fs::weakly_canonical(t.resume, ec)) continue;
+    }
+    const std::string text = n.text(o);
+    std::string g = now[key].is_boolean() ? as_flag(flag, now[key])
+                    : !text.empty()       ? flag + " " + text
+                                          : as_flag(flag, now[key]);
+    if (auto it = from_config.find(flag); it != from_config.end()) g += " (" + it->second + ")";
+    given.push_back(g);
+    kept.push_back(key == "out" ? "--out " + t.resume : as_flag(flag, saved[key]));
+  }
+  ZOF_CHECK(given.empty(),
+            "--resume " + t.resume + " continues the run with the options it was started " +
+                "with, so " + and_list(given) + " would be ignored (the run has " +
+                and_list(kept) + "); drop " + (given.size() == 1 ? "it" : "them") +
+                ", or start a new run with --out DIR");
+}
+
+int run_finetune(const FinetuneArgs& f, const NumberFlags& n,
+                 const std::map<std::string, std::string>& from_config) {
+  const zof::TrainOptions& t = f.t;
+  // Every flag error before anything is loaded or created.
+  check_resume_flags(f, n, from_config);
   if (t.resume.empty()) {
     ZOF_CHECK(!t.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
     ZOF_CHECK(!t.out.empty(), "finetune needs --out DIR, the run directory to write");
     ZOF_CHECK(!t.data.empty(), "finetune needs --data PATH, the task's data file or directory");
   }
+  zof::validate_options(t);
+  if (t.resume.empty()) zof::check_task_data(t.task, t.data);
   auto summary = zof::finetune(t);
   // The run's result: always one JSON line, from rank 0 alone under mpirun.
   if (!summary.contains("rank")) std::cout << summary.dump() << "\n";
@@ -369,15 +647,72 @@ int run_finetune(const zof::TrainOptions& t) {
 }
 
 int run_replay(const ReplayArgs& r) {
+  zof::check_whole("--threads", r.threads, train_rule("--threads"));
   auto summary = zof::replay(r.model, r.log, r.out, r.threads);
   std::cout << (r.json ? summary.dump() : summary.dump(1)) << "\n";
   return 0;
 }
 
-// Every user-caused problem ends here: one line on stderr and exit status 1.
-int error_exit(const char* what) {
-  std::fprintf(stderr, "zof: error: %s\n", what);
-  return 1;
+// ---- errors -----------------------------------------------------------------------------------
+
+// The rank of this process under mpirun (0 alone): only rank 0 prints the JSON result.
+int launched_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+// One line for a flag the parser refused, in zof's words: the flag, what is wrong, the fix.
+std::string parse_error_message(const CLI::ParseError& e, const std::string& cmd,
+                                const std::map<std::string, std::string>& from_config) {
+  std::string what = e.what();
+  for (auto& c : what) c = c == '\n' ? ' ' : c;
+  const std::string help = cmd.empty() ? "zof --help" : "zof " + cmd + " --help";
+  if (what == "A subcommand is required")
+    return std::string("no command given; zof takes one of ") + kCommands + " (see zof --help)";
+  const std::string required = " is required";
+  if (what.size() > required.size() && what.compare(what.size() - required.size(),
+                                                    required.size(), required) == 0) {
+    const std::string flag = what.substr(0, what.size() - required.size());
+    if (flag.rfind("--", 0) != 0)  // a positional: report's run directories
+      return "zof " + cmd + " needs a run directory: zof report RUN_DIR [RUN_DIR ...]";
+    return "zof " + cmd + " needs " + flag + " (see " + help + ")";
+  }
+  // "--model: 1 required TEXT missing": a flag at the end of the line without its value.
+  const size_t colon = what.find(": ");
+  if (colon != std::string::npos && what.rfind("--", 0) == 0 &&
+      what.find("missing", colon) != std::string::npos)
+    return what.substr(0, colon) + " needs a value (see " + help + ")";
+  // "Could not convert: --one-sided = maybe": only the switches are typed (numbers are text).
+  const std::string convert = "Could not convert: ";
+  if (what.rfind(convert, 0) == 0 && what.find(" = ") != std::string::npos) {
+    const size_t eq = what.find(" = ");
+    const std::string flag = what.substr(convert.size(), eq - convert.size());
+    std::string where;
+    if (auto it = from_config.find(flag); it != from_config.end()) where = " (" + it->second + ")";
+    return flag + where + " is a switch: give it alone (or =true, =false), not with '" +
+           what.substr(eq + 3) + "'";
+  }
+  return what + " (see " + help + ")";
+}
+
+// Arguments no flag took: an unknown flag, or a word where none is expected.
+std::string extras_message(const std::vector<std::string>& extras, const std::string& cmd,
+                           const std::map<std::string, std::string>& from_config) {
+  if (cmd.empty() && extras[0].rfind('-', 0) != 0)
+    return "unknown command '" + extras[0] + "'; zof takes one of " + kCommands +
+           " (see zof --help)";
+  for (const auto& x : extras) {
+    if (x.size() < 2 || x[0] != '-') continue;
+    const std::string flag = x.substr(0, x.find('='));
+    std::string where;
+    if (auto it = from_config.find(flag); it != from_config.end()) where = " (" + it->second + ")";
+    if (cmd.empty())
+      return flag + where + " is not a flag of zof; flags follow the command (see zof --help)";
+    return flag + where + " is not a flag of zof " + cmd + " (see zof " + cmd + " --help)";
+  }
+  return "unexpected argument '" + extras[0] + "': zof " + cmd +
+         " takes flags only; a value with spaces needs quotes (see zof " + cmd + " --help)";
 }
 
 }  // namespace
@@ -391,37 +726,83 @@ int main(int argc, char** argv) {
   FinetuneArgs f;
   ReplayArgs r;
   ReportArgs rep;
-  CLI::App* gen = add_generate(app, g);
-  CLI::App* ev = add_eval(app, e);
-  CLI::App* ft = add_finetune(app, f);
-  add_finetune_layout(ft, f.t);
-  CLI::App* rp = add_replay(app, r);
+  NumberFlags numbers;
+  CLI::App* gen = add_generate(app, g, numbers);
+  CLI::App* ev = add_eval(app, e, numbers);
+  CLI::App* ft = add_finetune(app, f, numbers);
+  add_finetune_layout(ft, f.t, numbers);
+  CLI::App* rp = add_replay(app, r, numbers);
   CLI::App* rpt = add_report(app, rep);
+  // Unknown arguments are zof's to report (extras_message), before a missing --model.
+  app.allow_extras();
+  for (CLI::App* sub : {gen, ev, ft, rp, rpt}) sub->allow_extras();
+  // A flag given twice takes its last value everywhere, as finetune's --config needs.
+  for (CLI::App* sub : {gen, ev, rp})
+    for (CLI::Option* o : sub->get_options()) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
-  std::vector<std::string> args;
-  try {
-    args = expand_config(argc, argv);
-  } catch (const zof::Error& err) {
-    return error_exit(err.what());
+  // The command, and whether a failure ends with a JSON line too: finetune always ends with one,
+  // the others with --json.
+  std::string cmd;
+  bool json_out = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (cmd.empty() && !a.empty() && a[0] != '-') cmd = a;
+    if (a == "--json" || (a.rfind("--json=", 0) == 0 && a != "--json=false")) json_out = true;
   }
+  if (cmd != "generate" && cmd != "eval" && cmd != "replay") json_out = false;
+  if (cmd == "finetune") json_out = true;
+  if (launched_rank() != 0) json_out = false;
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "zof: error: %s\n", what.c_str());
+    if (json_out) {
+      std::cout << json{{"error", what}}.dump(-1, ' ', false, json::error_handler_t::replace)
+                << std::endl;
+    }
+    return 1;
+  };
+
+  ExpandedArgs x;
   try {
-    std::vector<std::string> rev(args.rbegin(), args.rend() - 1);  // CLI11 wants them reversed
+    x = expand_config(argc, argv);
+  } catch (const zof::Error& err) {
+    return fail(err.what());
+  }
+  CLI::App* parsed = nullptr;
+  auto extras = [&]() -> std::string {
+    if (!app.remaining(false).empty()) return extras_message(app.remaining(false), "", {});
+    for (CLI::App* sub : {gen, ev, ft, rp, rpt})
+      if (!sub->remaining(false).empty())
+        return extras_message(sub->remaining(false), sub->get_name(), x.from_config);
+    return "";
+  };
+  try {
+    std::vector<std::string> rev(x.args.rbegin(), x.args.rend() - 1);  // CLI11 wants them reversed
     app.parse(rev);
+  } catch (const CLI::Success& ok) {
+    return app.exit(ok);  // --help, --version: stdout, exit 0
   } catch (const CLI::ParseError& err) {
-    return app.exit(err);
+    const std::string unknown = extras();
+    return fail(unknown.empty() ? parse_error_message(err, cmd, x.from_config) : unknown);
   }
+  if (const std::string unknown = extras(); !unknown.empty()) return fail(unknown);
   try {
-    if (gen->parsed()) return run_generate(g);
-    if (ev->parsed()) return run_eval(e);
-    if (ft->parsed()) return run_finetune(f.t);
-    if (rp->parsed()) return run_replay(r);
-    if (rpt->parsed()) return run_report(rep);
+    for (CLI::App* sub : {gen, ev, ft, rp, rpt}) {
+      if (!sub->parsed()) continue;
+      parsed = sub;
+      numbers.read(sub);
+    }
+    e.seq_len_given = ev->count("--seq-len") > 0;
+    if (parsed == gen) return run_generate(g);
+    if (parsed == ev) return run_eval(e);
+    if (parsed == ft) return run_finetune(f, numbers, x.from_config);
+    if (parsed == rp) return run_replay(r);
+    if (parsed == rpt) return run_report(rep);
   } catch (const zof::Error& err) {
-    return error_exit(err.what());
+    return fail(err.what());
   } catch (const std::bad_alloc&) {
-    return error_exit("out of memory (try a smaller --batch or --seq-len)");
+    return fail("out of memory (try a smaller --batch or --seq-len)");
   } catch (const std::exception& err) {
-    return error_exit(err.what());
+    return fail(err.what());
   }
   return 0;
 }

@@ -2,6 +2,7 @@
 // atomic checkpoints and exact resume, the (seed, g) step log, and replay from that log.
 // The parts live in src/train/, one file each (see the first lines of each).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,6 +17,9 @@ namespace zof {
 
 class Tokenizer;
 
+// The options of `zof finetune`, one field per flag (--micro-batches: micro_batches). What each
+// numeric field accepts is its train_flag_rule; validate_options checks them all, alone and
+// together.
 struct TrainOptions {
   std::string model, task = "text", data, out;
   // What a candidate task trains on (training_objective): lm, the correct answer's tokens; or
@@ -91,8 +95,41 @@ std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokeni
 
 // Every field of the options, alone and together, checked once before anything is created: a bad
 // value throws zof::Error naming the flag and the fix. (That --batch covers every data-parallel
-// replica is checked once the ranks are known.)
+// replica is checked once the ranks are known.) Numbers are checked against the rules of
+// train_flag_rule: "--steps must be a whole number of at least 1, not 0".
 void validate_options(const TrainOptions& opt);
+
+// What a numeric option accepts, said in words and checked in one place: validate_options and
+// the CLI's generate/eval/replay checks test values against it, and the CLI reads each number's
+// text with it, so that every bad value, from a typo to a float that overflows, gets one message
+// naming the flag and the accepted values.
+struct NumberRule {
+  bool whole = false;  // a whole number (an integer field)
+  double lo = -HUGE_VAL, hi = HUGE_VAL;
+  bool lo_open = false, hi_open = false;  // the bound itself excluded
+  const char* note = "";                  // after the range, in parentheses: what a value means
+  // "a whole number of at least 1", "a whole number from 1 to 1024", "a finite number of at
+  // least 0", "a number from 0 to 100", "in [0, 1)".
+  std::string words() const;
+  bool accepts(double v) const;  // finite and within the bounds
+  // "FLAG must be WORDS (NOTE), not VALUE" (VALUE as the user wrote it): the refusal's text.
+  std::string refusal(const std::string& flag, const std::string& value) const;
+};
+// zof::Error with the rule's refusal unless it accepts the value.
+void check_real(const std::string& flag, double value, const NumberRule& rule);
+void check_whole(const std::string& flag, int64_t value, const NumberRule& rule);
+// The rule of a numeric `zof finetune` flag ("--steps"); null for the others.
+const NumberRule* train_flag_rule(const std::string& flag);
+
+// Input files named by a flag (--data, --text, --config): zof::Error unless `path` is a regular
+// file it may read, saying what the path is instead (missing, a directory, a FIFO, a device) and
+// `want`, what the flag takes. Nothing is opened, so a FIFO cannot block and a device is never
+// read.
+void check_input_file(const std::string& flag, const std::string& path, const std::string& want);
+// --task and --data of a run: the task is known and --data is what it reads (one text file for
+// text; a directory of the task's files or one file for the others). Cheap (no file is read):
+// the CLI calls it with the other flag checks, before a run directory is created.
+void check_task_data(const std::string& task, const std::string& data);
 
 // The device memory budget of --gpu-mem in bytes (0: none given; the device's free memory).
 uint64_t device_memory_budget(const TrainOptions& opt);

@@ -1,5 +1,7 @@
 // MeZO's tasks as files: parsing SST-2 TSV, SuperGLUE JSONL (RTE, CB, COPA) and prompt/completion
 // JSONL into Examples with MeZO's prompt templates, locating a task's files and sampling them.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -10,6 +12,7 @@
 #include "zof/data.h"
 #include "zof/error.h"
 #include "zof/philox.h"
+#include "zof/trainer.h"
 
 namespace zof {
 
@@ -114,9 +117,14 @@ int get_label(const json& j, const std::vector<std::string>& names, bool require
               " label; use one of " + allowed);
 }
 
-std::vector<std::string> read_lines(const std::string& path) {
-  ZOF_CHECK(fs::exists(path), path + ": no such file (check --data)");
-  ZOF_CHECK(!fs::is_directory(path), path + ": is a directory, expected a data file");
+// What --data is for each task (not "text"), for messages.
+std::string data_wanted(const std::string& task) {
+  if (task == "sst2") return "--task sst2 reads a directory (train.tsv and dev.tsv) or one TSV file";
+  return "--task " + task + " reads a directory (train.jsonl and val.jsonl) or one JSONL file";
+}
+
+std::vector<std::string> read_lines(const std::string& path, const std::string& task) {
+  check_input_file("--data", path, data_wanted(task));
   std::ifstream f(path, std::ios::binary);
   ZOF_CHECK(f.good(), path + ": cannot open for reading");
   std::vector<std::string> lines;
@@ -129,7 +137,7 @@ std::vector<std::string> read_lines(const std::string& path) {
 }
 
 std::vector<Example> parse_sst2(const std::string& path, bool require_labels) {
-  const auto lines = read_lines(path);
+  const auto lines = read_lines(path, "sst2");
   std::vector<Example> out;
   // The header names the columns (GLUE: "sentence\tlabel"; its test file "index\tsentence").
   int64_t first = 0;
@@ -188,7 +196,7 @@ std::vector<Example> parse_sst2(const std::string& path, bool require_labels) {
 
 std::vector<Example> parse_jsonl(const std::string& task, const std::string& path,
                                  bool require_labels) {
-  const auto lines = read_lines(path);
+  const auto lines = read_lines(path, task);
   std::vector<Example> out;
   for (int64_t i = 0; i < (int64_t)lines.size(); ++i) {
     if (blank(lines[i])) continue;
@@ -283,6 +291,17 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint32_
   }
   p.resize(std::min(n, k));
   return p;
+}
+
+void check_task_data(const std::string& task, const std::string& data) {
+  if (task_kind(task) == TaskKind::Text) {
+    check_input_file("--data", data, "--task text reads one plain-text file");
+    return;
+  }
+  struct stat st;
+  // A directory holds the task's files (load_task names a missing one); anything else is one file.
+  if (::stat(data.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return;
+  check_input_file("--data", data, data_wanted(task));
 }
 
 TaskData load_task(const std::string& task, const std::string& data_path, const DataOptions& opt) {

@@ -1,7 +1,9 @@
 // The run's options: their one validation, their JSON form in run.json, the ZO engine's options
 // they give, and the learning-rate schedule.
 #include <cmath>
+#include <cstdio>
 
+#include "zof/data.h"
 #include "zof/error.h"
 #include "zof/streaming.h"
 #include "zof/trainer.h"
@@ -10,11 +12,119 @@ using json = nlohmann::json;
 
 namespace zof {
 
+namespace {
+
+constexpr int64_t kMaxRows = int64_t(1) << 20;  // --batch, --seq-len: far beyond any model's use
+
+// The numeric flags of `zof finetune` and what each accepts.
+struct FlagRule {
+  const char* flag;
+  NumberRule rule;
+};
+const FlagRule kTrainRules[] = {
+    {"--steps", {.whole = true, .lo = 1}},
+    {"--batch", {.whole = true, .lo = 1, .hi = double(kMaxRows)}},
+    {"--micro-batches", {.whole = true, .lo = 1, .hi = double(kMaxRows)}},
+    {"--queries", {.whole = true, .lo = 1, .hi = 1024}},
+    {"--lr", {.lo = 0}},
+    {"--eps", {.lo = 0, .lo_open = true, .note = "the perturbation's scale"}},
+    {"--weight-decay", {.lo = 0}},
+    {"--sparsity",
+     {.lo = 0, .hi = 1, .hi_open = true,
+      .note = "the fraction of each weight matrix left unperturbed"}},
+    {"--beta1", {.lo = 0, .hi = 1, .hi_open = true}},
+    {"--beta2", {.lo = 0, .hi = 1, .hi_open = true}},
+    {"--adam-eps", {.lo = 0, .lo_open = true}},
+    {"--warmup", {.whole = true, .lo = 0}},
+    {"--eval-every", {.whole = true, .lo = 0, .note = "0: before and after only"}},
+    {"--save-every", {.whole = true, .lo = 0, .note = "0: at the end only"}},
+    {"--train-examples", {.whole = true, .lo = 1}},
+    {"--eval-examples", {.whole = true, .lo = 1}},
+    {"--seq-len", {.whole = true, .lo = 2, .hi = double(kMaxRows)}},
+    {"--max-bad-steps", {.whole = true, .lo = 1}},
+    {"--threads", {.whole = true, .lo = 0, .hi = 4096, .note = "0: all cores"}},
+    {"--pipeline-stages", {.whole = true, .lo = 1, .hi = 4096}},
+    {"--dist-timeout", {.lo = 0, .note = "seconds; 0: wait for ever"}},
+};
+
+const NumberRule& rule_of(const char* flag) {
+  const NumberRule* r = train_flag_rule(flag);
+  ZOF_ASSERT(r != nullptr);
+  return *r;
+}
+
+// A number as a user would write it: 1000, 0.001, 1e-06, nan.
+std::string number_text(double v) {
+  char b[64];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
+    std::snprintf(b, sizeof b, "%.0f", v);
+  else
+    std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+}  // namespace
+
+std::string NumberRule::words() const {
+  const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+  const std::string l = number_text(lo), h = number_text(hi);
+  if (whole) {
+    // Whole numbers: the bounds are whole and inclusive.
+    if (has_lo && has_hi) return "a whole number from " + l + " to " + h;
+    if (has_lo) return "a whole number of at least " + l;
+    if (has_hi) return "a whole number of at most " + h;
+    return "a whole number";
+  }
+  if (has_lo && has_hi) {
+    if (!lo_open && !hi_open) return "a number from " + l + " to " + h;
+    return std::string("in ") + (lo_open ? "(" : "[") + l + ", " + h + (hi_open ? ")" : "]");
+  }
+  if (has_lo) return (lo_open ? "a finite number above " : "a finite number of at least ") + l;
+  if (has_hi) return (hi_open ? "a finite number below " : "a finite number of at most ") + h;
+  return "a finite number";
+}
+
+bool NumberRule::accepts(double v) const {
+  if (!std::isfinite(v)) return false;
+  if (whole && v != std::floor(v)) return false;
+  if (lo_open ? !(v > lo) : !(v >= lo)) return false;
+  if (hi_open ? !(v < hi) : !(v <= hi)) return false;
+  return true;
+}
+
+std::string NumberRule::refusal(const std::string& flag, const std::string& value) const {
+  std::string m = flag + " must be " + words();
+  if (*note) m += std::string(" (") + note + ")";
+  return m + ", not " + value;
+}
+
+void check_real(const std::string& flag, double value, const NumberRule& rule) {
+  ZOF_CHECK(rule.accepts(value), rule.refusal(flag, number_text(value)));
+}
+
+void check_whole(const std::string& flag, int64_t value, const NumberRule& rule) {
+  // Compared as integers: a double would round values near 2^63 onto the bound.
+  const bool above_lo = !std::isfinite(rule.lo) || (rule.lo <= -0x1p63) ||
+                        (rule.lo < 0x1p63 && value >= (int64_t)rule.lo);
+  const bool below_hi = !std::isfinite(rule.hi) || rule.hi >= 0x1p63 ||
+                        (rule.hi >= -0x1p63 && value <= (int64_t)rule.hi);
+  ZOF_CHECK(above_lo && below_hi, rule.refusal(flag, std::to_string(value)));
+}
+
+const NumberRule* train_flag_rule(const std::string& flag) {
+  for (const auto& r : kTrainRules)
+    if (flag == r.flag) return &r.rule;
+  return nullptr;
+}
+
 // The flags a user can get wrong first (estimator, optimizer, device), then the sizes: the
-// order in which the errors have always come.
+// order in which the errors have always come. The layout's numbers come first of all, since the
+// combinations below read them.
 void validate_options(const TrainOptions& o) {
-  ZOF_CHECK(o.dist_timeout >= 0 && std::isfinite(o.dist_timeout),
-            "--dist-timeout must be a non-negative number of seconds (0: wait for ever)");
+  check_real("--dist-timeout", o.dist_timeout, rule_of("--dist-timeout"));
+  check_whole("--threads", o.threads, rule_of("--threads"));
+  check_whole("--pipeline-stages", o.pipeline_stages, rule_of("--pipeline-stages"));
+  (void)task_kind(o.task);  // the message lists the tasks
   ZOF_CHECK(o.estimator == "spsa" || o.estimator == "jvp",
             "--estimator must be spsa or jvp, not '" + o.estimator + "'");
   // The JVP walk has no stage split (its tangents would have to cross ranks too).
@@ -23,28 +133,38 @@ void validate_options(const TrainOptions& o) {
             "(data parallel only) or --estimator spsa");
   ZOF_CHECK(o.z == "gaussian" || o.z == "rademacher",
             "--z must be gaussian or rademacher, not '" + o.z + "'");
-  ZOF_CHECK(o.sparsity >= 0.f && o.sparsity < 1.f,
-            "--sparsity must be in [0, 1) (the fraction of each weight matrix left unperturbed), "
-            "not " + std::to_string(o.sparsity));
+  check_real("--sparsity", o.sparsity, rule_of("--sparsity"));
   ZOF_CHECK(o.optimizer == "sgd" || o.optimizer == "momentum" || o.optimizer == "adam",
             "--optimizer must be sgd, momentum or adam, not '" + o.optimizer + "'");
   ZOF_CHECK(o.optimizer == "sgd" || o.pipeline_stages == 1,
             "--optimizer " + o.optimizer + " keeps state per parameter, which --pipeline-stages "
             "> 1 does not gather for checkpoints yet; use --optimizer sgd or one stage");
-  ZOF_CHECK(o.beta1 >= 0.f && o.beta1 < 1.f, "--beta1 must be in [0, 1)");
-  ZOF_CHECK(o.beta2 >= 0.f && o.beta2 < 1.f, "--beta2 must be in [0, 1)");
-  ZOF_CHECK(o.adam_eps > 0.f, "--adam-eps must be positive");
+  check_real("--beta1", o.beta1, rule_of("--beta1"));
+  check_real("--beta2", o.beta2, rule_of("--beta2"));
+  check_real("--adam-eps", o.adam_eps, rule_of("--adam-eps"));
   ZOF_CHECK(o.estimator != "jvp" || (o.z == "gaussian" && !o.one_sided && o.sparsity == 0.f),
             "--estimator jvp takes Gaussian, dense directions: drop --z, --one-sided and "
             "--sparsity, or use --estimator spsa");
   (void)device_memory_budget(o);
-  ZOF_CHECK(o.steps >= 1, "--steps must be at least 1");
-  ZOF_CHECK(o.batch >= 1, "--batch must be at least 1");
-  ZOF_CHECK(o.micro_batches >= 1 && o.micro_batches <= o.batch,
-            "--micro-batches must be between 1 and --batch");
-  ZOF_CHECK(o.lr >= 0 && std::isfinite(o.lr), "--lr must be a non-negative number");
+  check_whole("--steps", o.steps, rule_of("--steps"));
+  check_whole("--batch", o.batch, rule_of("--batch"));
+  check_whole("--micro-batches", o.micro_batches, rule_of("--micro-batches"));
+  ZOF_CHECK(o.micro_batches <= o.batch,
+            "--micro-batches must be a whole number from 1 to --batch (" +
+                std::to_string(o.batch) + "), not " + std::to_string(o.micro_batches));
+  check_whole("--queries", o.queries, rule_of("--queries"));
+  check_real("--lr", o.lr, rule_of("--lr"));
+  check_real("--eps", o.eps, rule_of("--eps"));
+  check_real("--weight-decay", o.weight_decay, rule_of("--weight-decay"));
   ZOF_CHECK(o.schedule == "constant" || o.schedule == "linear" || o.schedule == "cosine",
             "--schedule must be constant, linear or cosine, not '" + o.schedule + "'");
+  check_whole("--warmup", o.warmup, rule_of("--warmup"));
+  check_whole("--eval-every", o.eval_every, rule_of("--eval-every"));
+  check_whole("--save-every", o.save_every, rule_of("--save-every"));
+  check_whole("--train-examples", o.train_examples, rule_of("--train-examples"));
+  check_whole("--eval-examples", o.eval_examples, rule_of("--eval-examples"));
+  check_whole("--seq-len", o.seq_len, rule_of("--seq-len"));
+  check_whole("--max-bad-steps", o.max_bad_steps, rule_of("--max-bad-steps"));
   ZOF_CHECK(o.objective == "auto" || o.objective == "lm" || o.objective == "classification",
             "--objective must be auto, lm or classification, not '" + o.objective + "'");
   const bool candidates = o.task == "sst2" || o.task == "rte" || o.task == "cb" || o.task == "copa";
