@@ -486,6 +486,10 @@ void RunDir::check_log(const fs::path& file, int64_t recorded, const char* field
 
 void RunDir::lock_resumed() {
   if (!resuming_) return;
+  ZOF_CHECK(::access(run_.c_str(), W_OK | X_OK) == 0,
+            "--resume " + run_.string() + ": the run directory is not writable (" +
+                std::strerror(errno) + "); a resumed run writes its logs and checkpoints there: "
+                "make it writable or copy the run");
   lock_.acquire(run_, "--resume");
   if (ckpt_.empty()) return;  // no checkpoint yet: the logs start again from nothing
   check_log(run_ / "zo_log.jsonl", state_.log_bytes, "log_bytes", state_.step);
