@@ -222,6 +222,10 @@ void check_config_against_weights(const ModelConfig& c, const safetensors::Archi
       size_field("vocab_size", V, "model.embed_tokens.weight", 0, {V, C});
       size_field(hidden_key, C, "model.embed_tokens.weight", 1, {V, C});
       size_field(inner_key, I, "model.layers.0.mlp.gate_proj.weight", 0, {I, C});
+      size_field("num_attention_heads * head_dim", c.num_heads * c.head_dim,
+                 "model.layers.0.self_attn.q_proj.weight", 0, {c.num_heads * c.head_dim, C});
+      size_field("num_key_value_heads * head_dim", c.num_kv_heads * c.head_dim,
+                 "model.layers.0.self_attn.k_proj.weight", 0, {c.num_kv_heads * c.head_dim, C});
       break;
     case Arch::OPT: {
       const int64_t E = c.word_embed_proj_dim;

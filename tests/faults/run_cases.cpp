@@ -328,6 +328,8 @@ std::vector<Case> run_cases() {
        R"(config\.json: vocab_size is 1000 but tensor model\.embed_tokens\.weight in .* has shape \[512, 64\], not \[1000, 64\])"},
       {"RunConfigHiddenBeyondTheWeights", config("hidden_size", 128), kEval, 1,
        R"(config\.json: hidden_size is 128 but tensor model\.embed_tokens\.weight .* has shape \[512, 64\], not \[512, 128\])"},
+      {"RunConfigHeadsBeyondTheWeights", config("num_attention_heads", 4), kEval, 1,
+       R"(config\.json: num_attention_heads \* head_dim is 32 but tensor model\.layers\.0\.self_attn\.q_proj\.weight .* has shape \[64, 64\], not \[32, 64\])"},
       {"RunConfigZeroHeads", config("num_attention_heads", 0), kEval, 1,
        R"(config\.json: field "num_attention_heads" must be positive, got 0)"},
       {"RunConfigNegativeLayers", config("num_hidden_layers", -5), kEval, 1,
