@@ -142,7 +142,19 @@ const char* kDamaged = "the run directory is damaged; restore the file from a co
 fs::path latest_checkpoint(const fs::path& run) {
   const fs::path latest = run / "latest";
   std::error_code ec;
-  if (!fs::exists(fs::symlink_status(latest, ec))) return {};
+  if (!fs::exists(fs::symlink_status(latest, ec))) {
+    // No checkpoint completed yet (a torn checkpoint-N.tmp does not count): the run starts again
+    // from step 0. A complete checkpoint without `latest` means the file was lost: resuming
+    // from 0 would cut the logs back to nothing.
+    for (const auto& e : fs::directory_iterator(run, ec)) {
+      const std::string n = e.path().filename().string();
+      ZOF_CHECK(checkpoint_step(n) < 0,
+                "the run directory " + run.string() + " holds " + n +
+                    " but no 'latest' file naming it; restore it (echo " + n + " > " +
+                    latest.string() + ") to resume from that checkpoint");
+    }
+    return {};
+  }
   ZOF_CHECK(fs::is_regular_file(latest, ec),
             latest.string() + " is not a file; " + kDamaged);
   std::string text = slurp(latest);

@@ -155,6 +155,8 @@ std::vector<Case> run_cases() {
        R"(latest names checkpoint-9, which is not in .*run)"},
       {"RunLatestNamesAPath", [](Sandbox& s) { s.write(s.run() / "latest", "../../etc\n"); },
        kResume, 1, R"(latest should name one checkpoint \(checkpoint-<step>\), not '\.\./\.\./etc')"},
+      {"RunLatestMissing", [](Sandbox& s) { fs::remove(s.run() / "latest"); }, kResume, 1,
+       R"(run directory .*run holds checkpoint-3 but no 'latest' file naming it; restore it \(echo checkpoint-3 > .*latest\))"},
       {"RunCheckpointIncomplete",
        [](Sandbox& s) { fs::remove(s.run() / "checkpoint-3" / "state.json"); }, kResume, 1,
        R"(checkpoint 'checkpoint-3' .* incomplete)"},
