@@ -131,6 +131,18 @@ class Model {
   const std::vector<Param>& params() const { return params_; }
   const std::vector<Block>& blocks() const { return blocks_; }
   int64_t num_params() const;  // parameters (not counting alignment padding)
+  // The first NaN or infinity in the weights: its parameter's index into params() and its
+  // element index there (param -1: every value is finite). One parallel pass over storage().
+  struct NonFinite {
+    int param = -1;
+    int64_t index = -1;
+    float value = 0;
+  };
+  NonFinite find_non_finite() const;
+  // A 64-bit hash of the weights as held (fp32 storage, layout included), computed in 1 MiB
+  // chunks in parallel and combined in order, so any thread count gives the same value; as
+  // hex, "storage-f32-mix64:<16 digits>". A run records its base model's in run.json.
+  std::string fingerprint() const;
   int64_t storage_size() const { return (int64_t)storage_.size(); }
   float* storage() { return storage_.data(); }
   const float* storage() const { return storage_.data(); }

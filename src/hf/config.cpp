@@ -17,6 +17,18 @@ namespace {
 
 using json = nlohmann::json;
 
+// The largest value zof accepts for a size field: far above any released model, and low enough
+// that no product of sizes (a tensor's elements, the parameter count) overflows int64.
+int64_t size_limit(const std::string& key) {
+  if (key == "num_hidden_layers" || key == "n_layer") return int64_t(1) << 14;
+  if (key == "hidden_size" || key == "n_embd" || key == "word_embed_proj_dim") return int64_t(1) << 20;
+  if (key == "intermediate_size" || key == "ffn_dim" || key == "n_inner") return int64_t(1) << 22;
+  if (key == "vocab_size") return int64_t(1) << 24;
+  if (key == "num_attention_heads" || key == "num_key_value_heads" || key == "n_head" || key == "head_dim")
+    return int64_t(1) << 16;
+  return int64_t(1) << 30;  // max_position_embeddings, n_positions, sliding_window, ...
+}
+
 // Reads fields of one config.json, each error naming the file and the field.
 struct Fields {
   const json& j;
@@ -43,17 +55,18 @@ struct Fields {
     if (!v) fail(key, "is missing; config.json of this model_type must define it");
     return integer(key, *v);
   }
-  int64_t positive(const std::string& key) const {
-    int64_t x = required_int(key);
+  int64_t in_range(const std::string& key, int64_t x) const {
     if (x <= 0) fail(key, "must be positive, got " + std::to_string(x) + "; fix config.json");
+    if (x > size_limit(key))
+      fail(key, "is " + std::to_string(x) + ", more than zof accepts (at most " +
+                    std::to_string(size_limit(key)) + "); fix config.json");
     return x;
   }
+  int64_t positive(const std::string& key) const { return in_range(key, required_int(key)); }
   int64_t positive_or(const std::string& key, int64_t def) const {
     const json* v = get(key);
     if (!v) return def;
-    int64_t x = integer(key, *v);
-    if (x <= 0) fail(key, "must be positive, got " + std::to_string(x) + "; fix config.json");
-    return x;
+    return in_range(key, integer(key, *v));
   }
   double number_or(const std::string& key, double def) const {
     const json* v = get(key);
@@ -243,6 +256,10 @@ void parse_llama(const Fields& f, ModelConfig& c) {
   c.head_dim = f.has("head_dim") ? f.positive("head_dim")
                : mt == "qwen3"   ? 128
                                  : divide(f, c.hidden_size, "hidden_size", c.num_heads, "num_attention_heads");
+  if (c.num_heads * c.head_dim > size_limit("intermediate_size"))
+    f.fail("head_dim", "(" + std::to_string(c.head_dim) + ") times num_attention_heads (" +
+                           std::to_string(c.num_heads) + ") is more than zof accepts (at most " +
+                           std::to_string(size_limit("intermediate_size")) + "); fix config.json");
   // transformers' defaults differ by family.
   const int64_t def_pos = mt == "mistral" ? 4096 * 32 : mt == "qwen2" || mt == "qwen3" ? 32768 : 2048;
   c.max_position = f.positive_or("max_position_embeddings", def_pos);

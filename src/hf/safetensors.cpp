@@ -107,6 +107,40 @@ std::unique_ptr<Mapping> map_file(const std::string& path) {
   return m;
 }
 
+// Parses JSON text refusing a key that appears twice in one object (nlohmann keeps the last
+// copy silently: a second tensor entry of the same name would replace the first). dup gets the
+// repeated key (empty: none), path the keys leading to its object ("" at the top level).
+json parse_unique_keys(const char* begin, const char* end, std::string& dup, std::string& where) {
+  std::vector<std::set<std::string>> open;  // the keys seen in each object being parsed
+  std::vector<std::string> keys;            // the key each open object sits under
+  std::string last_key;
+  dup.clear();
+  where.clear();
+  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start:
+        keys.push_back(last_key);
+        open.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        last_key = parsed.get<std::string>();
+        if (!open.empty() && !open.back().insert(last_key).second && dup.empty()) {
+          dup = last_key;
+          for (size_t i = 1; i < keys.size(); ++i) where += (i > 1 ? "." : "") + keys[i];
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  return json::parse(begin, end, cb);
+}
+
 const json* field(const json& entry, const char* key) {
   auto it = entry.find(key);
   return it == entry.end() ? nullptr : &*it;
@@ -127,11 +161,17 @@ json read_header(const Mapping& m, uint64_t& n) {
   if (n < 2) fail(path, "", "header of " + std::to_string(n) + " bytes cannot hold a JSON object; " + kRedownload);
   const char* hb = reinterpret_cast<const char*>(m.addr + 8);
   json header;
+  std::string dup, where;
   try {
-    header = json::parse(hb, hb + n);
+    header = parse_unique_keys(hb, hb + n, dup, where);
   } catch (const json::exception& e) {
     fail(path, "", std::string("malformed header JSON (") + e.what() + "); " + kRedownload);
   }
+  if (!dup.empty() && where.empty())
+    fail(path, dup, "the header names this tensor twice (a reader would keep one copy silently); " +
+                        std::string(kRedownload));
+  if (!dup.empty())
+    fail(path, where, "the header entry has key \"" + dup + "\" twice; " + std::string(kRedownload));
   if (!header.is_object())
     fail(path, "", std::string("header JSON is a ") + header.type_name() + ", not an object; " + kRedownload);
   return header;
@@ -303,11 +343,18 @@ Archive Archive::open_dir(const std::string& dir) {
                 "; point zof at a Hugging Face model directory with safetensors weights");
   const std::string ip = index.string();
   json j;
+  std::string dup, where;
   try {
-    j = json::parse(read_text(ip));
+    const std::string text = read_text(ip);
+    j = parse_unique_keys(text.data(), text.data() + text.size(), dup, where);
   } catch (const json::exception& e) {
     throw Error(ip + ": malformed JSON (" + e.what() + "); re-download the file");
   }
+  if (!dup.empty())
+    throw Error(ip + ": " + (where == "weight_map" ? "weight_map names tensor " + dup + " twice"
+                                                   : "key \"" + dup + "\" appears twice" +
+                                                         (where.empty() ? "" : " in " + where)) +
+                "; re-download the file");
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw Error(ip + ": no \"weight_map\" object mapping tensor names to shard files; re-download the file");
   const json& wm = j["weight_map"];

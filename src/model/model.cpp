@@ -3,6 +3,10 @@
 #include "zof/model.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -152,7 +156,194 @@ void load_tensor(const safetensors::TensorInfo& t, const Param& p, float* dst) {
     for (int64_t i = 0; i < rows; ++i) dst[o * rows + i] = tmp[i * cols + o];
 }
 
+// Where a model directory's tensors are listed, for messages.
+std::string weights_file(const std::string& dir) {
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  return (fs::exists(single) ? single : fs::path(dir) / "model.safetensors.index.json").string();
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// The config's sizes against the tensors the weights file declares, before anything is
+// allocated: the layer count first (a config of 10^9 layers would build 10^9 block layouts),
+// then each size field from the tensor that shows it, then every tensor's shape. Each error
+// names config.json's field.
+void check_config_against_weights(const ModelConfig& c, const safetensors::Archive& a,
+                                  const std::string& dir) {
+  const std::string cfg = (fs::path(dir) / "config.json").string();
+  const std::string file = weights_file(dir);
+  const bool gpt2 = c.arch == Arch::GPT2;
+  // GPT-2 checkpoints may lack the "transformer." prefix.
+  auto name_in_file = [&](const std::string& n) {
+    if (gpt2 && !a.find(n) && n.rfind("transformer.", 0) == 0) {
+      const std::string bare = n.substr(std::string("transformer.").size());
+      if (a.find(bare)) return bare;
+    }
+    return n;
+  };
+  // Layers: the highest index among the layer tensors' names, plus one.
+  const std::vector<std::string> prefixes =
+      c.arch == Arch::Llama ? std::vector<std::string>{"model.layers."}
+      : c.arch == Arch::OPT ? std::vector<std::string>{"model.decoder.layers."}
+                            : std::vector<std::string>{"transformer.h.", "h."};
+  int64_t layers = 0;
+  for (const auto& n : a.names())
+    for (const auto& p : prefixes) {
+      if (n.rfind(p, 0) != 0) continue;
+      int64_t i = 0;
+      size_t at = p.size(), digits = 0;
+      while (at < n.size() && std::isdigit((unsigned char)n[at]) && digits < 9)
+        i = i * 10 + (n[at++] - '0'), ++digits;
+      if (digits > 0 && at < n.size() && n[at] == '.') layers = std::max(layers, i + 1);
+    }
+  const std::string layers_key = gpt2 ? "n_layer" : "num_hidden_layers";
+  ZOF_CHECK(layers == c.num_layers,
+            cfg + ": " + layers_key + " is " + std::to_string(c.num_layers) + " but " + file +
+                " holds " + std::to_string(layers) + " layers; fix config.json or use the weights "
+                "it belongs to");
+  // A size field against dimension d of a tensor that shows it (file layout).
+  auto size_field = [&](const std::string& key, int64_t value, const std::string& tensor,
+                        size_t d, std::vector<int64_t> expect) {
+    const safetensors::TensorInfo* t = a.find(name_in_file(tensor));
+    if (!t || t->shape.size() != expect.size() || t->shape[d] == value) return;
+    throw Error(cfg + ": " + key + " is " + std::to_string(value) + " but tensor " + t->name +
+                " in " + t->file + " has shape " + shape_str(t->shape) + ", not " +
+                shape_str(expect) + "; fix config.json or use the weights it belongs to");
+  };
+  const int64_t V = c.vocab_size, C = c.hidden_size, I = c.intermediate_size;
+  const std::string hidden_key = gpt2 ? "n_embd" : "hidden_size";
+  const std::string inner_key = c.arch == Arch::Llama ? "intermediate_size"
+                                : c.arch == Arch::OPT ? "ffn_dim"
+                                : c.raw.contains("n_inner") && !c.raw["n_inner"].is_null()
+                                    ? "n_inner"
+                                    : "n_inner (default 4 * n_embd)";
+  switch (c.arch) {
+    case Arch::Llama:
+      size_field("vocab_size", V, "model.embed_tokens.weight", 0, {V, C});
+      size_field(hidden_key, C, "model.embed_tokens.weight", 1, {V, C});
+      size_field(inner_key, I, "model.layers.0.mlp.gate_proj.weight", 0, {I, C});
+      size_field("num_attention_heads * head_dim", c.num_heads * c.head_dim,
+                 "model.layers.0.self_attn.q_proj.weight", 0, {c.num_heads * c.head_dim, C});
+      size_field("num_key_value_heads * head_dim", c.num_kv_heads * c.head_dim,
+                 "model.layers.0.self_attn.k_proj.weight", 0, {c.num_kv_heads * c.head_dim, C});
+      break;
+    case Arch::OPT: {
+      const int64_t E = c.word_embed_proj_dim;
+      size_field("vocab_size", V, "model.decoder.embed_tokens.weight", 0, {V, E});
+      size_field(E == C ? hidden_key : "word_embed_proj_dim", E,
+                 "model.decoder.embed_tokens.weight", 1, {V, E});
+      size_field(hidden_key, C, "model.decoder.layers.0.fc1.weight", 1, {I, C});
+      size_field(inner_key, I, "model.decoder.layers.0.fc1.weight", 0, {I, C});
+      break;
+    }
+    case Arch::GPT2:
+      size_field("vocab_size", V, "transformer.wte.weight", 0, {V, C});
+      size_field(hidden_key, C, "transformer.wte.weight", 1, {V, C});
+      size_field(inner_key, I, "transformer.h.0.mlp.c_fc.weight", 1, {C, I});  // Conv1D (in, out)
+      break;
+  }
+  // Every tensor the architecture needs, with its shape (heads, head_dim, positions, biases).
+  for (const auto& [block, specs] : layout(c))
+    for (const auto& s : specs) {
+      std::vector<int64_t> shape = s.shape;
+      if (s.transposed) std::swap(shape[0], shape[1]);
+      a.require(name_in_file(s.name), shape);
+    }
+}
+
+// Whether any of x[0, n) is a NaN or an infinity (exponent bits all ones): a branch-free OR the
+// compiler vectorizes, unaffected by -ffinite-math-only.
+bool any_non_finite(const float* x, int64_t n) {
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    any |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return any != 0;
+}
+
+// 64-bit mixing (the xxh64 round and avalanche).
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full,
+                   kP3 = 0x165667B19E3779F9ull;
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t round64(uint64_t acc, uint64_t v) { return rotl(acc + v * kP2, 31) * kP1; }
+inline uint64_t avalanche(uint64_t h) {
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  return h ^ (h >> 32);
+}
+
+// One chunk of whole 64-bit words (the storage holds an even number of floats per chunk).
+uint64_t hash_chunk(const float* x, int64_t n, uint64_t seed) {
+  uint64_t a0 = seed + kP1 + kP2, a1 = seed + kP2, a2 = seed, a3 = seed - kP1;
+  const int64_t words = n / 2;
+  int64_t w = 0;
+  for (; w + 4 <= words; w += 4) {
+    uint64_t v[4];
+    std::memcpy(v, x + 2 * w, 32);
+    a0 = round64(a0, v[0]);
+    a1 = round64(a1, v[1]);
+    a2 = round64(a2, v[2]);
+    a3 = round64(a3, v[3]);
+  }
+  uint64_t h = rotl(a0, 1) + rotl(a1, 7) + rotl(a2, 12) + rotl(a3, 18);
+  for (; w < words; ++w) {
+    uint64_t v;
+    std::memcpy(&v, x + 2 * w, 8);
+    h = round64(h, v);
+  }
+  if (n % 2) {
+    uint32_t t;
+    std::memcpy(&t, x + n - 1, 4);
+    h = round64(h, t);
+  }
+  return avalanche(h + (uint64_t)n);
+}
+
 }  // namespace
+
+Model::NonFinite Model::find_non_finite() const {
+  NonFinite r;
+  const int64_t n = (int64_t)storage_.size();
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  int any = 0;
+#pragma omp parallel for schedule(static) reduction(| : any) if (chunks > 8)
+  for (int64_t c = 0; c < chunks; ++c)
+    any |= any_non_finite(storage_.data() + c * kChunk, std::min(kChunk, n - c * kChunk)) ? 1 : 0;
+  if (!any) return r;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    if (!any_non_finite(p.data, p.numel)) continue;
+    for (int64_t j = 0; j < p.numel; ++j)
+      if (any_non_finite(p.data + j, 1)) return NonFinite{(int)i, j, p.data[j]};
+  }
+  return r;  // only padding (never written) could hold one
+}
+
+std::string Model::fingerprint() const {
+  const int64_t n = (int64_t)storage_.size();
+  constexpr int64_t kChunk = int64_t(1) << 18;  // floats: 1 MiB
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<uint64_t> part(chunks);
+#pragma omp parallel for schedule(static) if (chunks > 4)
+  for (int64_t c = 0; c < chunks; ++c)
+    part[c] = hash_chunk(storage_.data() + c * kChunk, std::min(kChunk, n - c * kChunk),
+                         (uint64_t)c);
+  uint64_t h = kP3 ^ (uint64_t)n;
+  for (uint64_t p : part) h = round64(h, p);
+  h = avalanche(h);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "storage-f32-mix64:%016llx", (unsigned long long)h);
+  return buf;
+}
 
 void Model::build_layout() {
   params_.clear();
@@ -238,8 +429,9 @@ Model Model::load(const std::string& dir) {
   Model m;
   m.source_ = dir;
   m.cfg_ = ModelConfig::load((fs::path(dir) / "config.json").string());
-  m.build_layout();
   auto archive = safetensors::Archive::open_dir(dir);
+  check_config_against_weights(m.cfg_, archive, dir);
+  m.build_layout();
   bool any_bf16 = false, any_f16 = false;
   for (auto& p : m.params_) {
     std::vector<int64_t> file_shape = p.shape;
@@ -255,6 +447,16 @@ Model Model::load(const std::string& dir) {
     load_tensor(t, p, p.data);
   }
   m.stored_dtype_ = any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
+  // A NaN or an infinity in the weights makes every loss NaN (or a perplexity that means
+  // nothing): refused here, for every command.
+  if (const NonFinite bad = m.find_non_finite(); bad.param >= 0) {
+    const Param& p = m.params_[bad.param];
+    const safetensors::TensorInfo* t = archive.find(p.name);
+    throw Error("tensor " + p.name + " in " + (t ? t->file : weights_file(dir)) + " holds " +
+                (std::isnan(bad.value) ? std::string("NaN") : bad.value > 0 ? "+Inf" : "-Inf") +
+                " at element " + std::to_string(bad.index) + " (of " + std::to_string(p.numel) +
+                "); the weights are damaged: re-download or re-export the model");
+  }
   return m;
 }
 

@@ -4,11 +4,16 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "zof/error.h"
@@ -107,17 +112,265 @@ int64_t JsonlLog::sync() {
 
 // ---- RunDir -----------------------------------------------------------------------------------
 
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// "checkpoint-<digits>" with no leading zeros (as save_checkpoint names them); its step or -1.
+int64_t checkpoint_step(const std::string& name) {
+  const std::string pre = "checkpoint-";
+  if (name.rfind(pre, 0) != 0 || name.size() == pre.size() || name.size() > pre.size() + 18)
+    return -1;
+  int64_t step = 0;
+  for (size_t i = pre.size(); i < name.size(); ++i) {
+    if (!std::isdigit((unsigned char)name[i])) return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  if (name[pre.size()] == '0' && name.size() > pre.size() + 1) return -1;
+  return step;
+}
+
+const char* kDamaged = "the run directory is damaged; restore the file from a copy, or start a new run";
+
+}  // namespace
+
 fs::path latest_checkpoint(const fs::path& run) {
   const fs::path latest = run / "latest";
-  if (!fs::exists(latest)) return {};
-  std::ifstream f(latest);
-  std::string name;
-  std::getline(f, name);
-  const fs::path dir = run / name;
-  ZOF_CHECK(!name.empty() && fs::exists(dir / "state.json") && fs::exists(dir / "model.safetensors"),
-            "the run directory " + run.string() + " names checkpoint '" + name +
-                "' in its 'latest' file, but that checkpoint is incomplete; the run cannot resume");
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(latest, ec))) {
+    // No checkpoint completed yet (a torn checkpoint-N.tmp does not count): the run starts again
+    // from step 0. A complete checkpoint without `latest` means the file was lost: resuming
+    // from 0 would cut the logs back to nothing.
+    for (const auto& e : fs::directory_iterator(run, ec)) {
+      const std::string n = e.path().filename().string();
+      ZOF_CHECK(checkpoint_step(n) < 0,
+                "the run directory " + run.string() + " holds " + n +
+                    " but no 'latest' file naming it; restore it (echo " + n + " > " +
+                    latest.string() + ") to resume from that checkpoint");
+    }
+    return {};
+  }
+  ZOF_CHECK(fs::is_regular_file(latest, ec),
+            latest.string() + " is not a file; " + kDamaged);
+  std::string text = slurp(latest);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  const std::string shown = text.size() > 60 ? text.substr(0, 60) + "..." : text;
+  ZOF_CHECK(checkpoint_step(text) >= 0,
+            latest.string() + " should name one checkpoint (checkpoint-<step>), not '" + shown +
+                "'; " + kDamaged);
+  const fs::path dir = run / text;
+  ZOF_CHECK(fs::is_directory(dir, ec),
+            latest.string() + " names " + text + ", which is not in " + run.string() + "; " +
+                kDamaged);
+  ZOF_CHECK(fs::is_regular_file(dir / "state.json", ec) &&
+                fs::is_regular_file(dir / "model.safetensors", ec),
+            "the run directory " + run.string() + " names checkpoint '" + text +
+                "' in its 'latest' file, but that checkpoint is incomplete (it needs state.json "
+                "and model.safetensors); the run cannot resume");
   return dir;
+}
+
+// ---- state.json, run.json -------------------------------------------------------------------
+
+RunCounters parse_state(const json& j, const std::string& file, int64_t max_steps) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw Error(file + ": \"" + key + "\" " + what + "; " + kDamaged);
+  };
+  if (!j.is_object())
+    throw Error(file + " must hold a JSON object, not " + std::string(j.type_name()) + "; " +
+                kDamaged);
+  auto shown = [](const json& v) {
+    const std::string d = v.dump();
+    return d.size() > 40 ? d.substr(0, 40) + "..." : d;
+  };
+  auto integer = [&](const char* key, bool required, int64_t lo, int64_t hi,
+                     const std::string& range) -> int64_t {
+    auto it = j.find(key);
+    if (it == j.end()) {
+      if (required) fail(key, "is missing");
+      return 0;
+    }
+    const json& v = *it;
+    const bool ok = v.is_number_integer() &&
+                    (!v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT64_MAX) &&
+                    v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+    if (!ok) fail(key, "is " + shown(v) + "; it must be " + range);
+    return v.get<int64_t>();
+  };
+  auto number = [&](const char* key) -> double {
+    auto it = j.find(key);
+    if (it == j.end()) return 0;
+    const json& v = *it;
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+      fail(key, "is " + shown(v) + "; it must be a finite number >= 0");
+    return v.get<double>();
+  };
+  RunCounters c;
+  c.step = integer("step", true, 0, max_steps,
+                   "an integer from 0 to " + std::to_string(max_steps) + " (the run's --steps)");
+  c.bad_run = integer("bad_run", false, 0, c.step,
+                      "an integer from 0 to the step (" + std::to_string(c.step) + ")");
+  c.tokens = number("tokens");
+  c.train_s = number("train_s");
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  c.metrics_bytes = integer("metrics_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
+  c.log_bytes = integer("log_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
+  auto eb = j.find("eval_before");
+  if (eb != j.end() && !eb->is_null()) {
+    const json& e = *eb;
+    auto m = e.is_object() ? e.find("metric") : e.end();
+    auto v = e.is_object() ? e.find("value") : e.end();
+    if (!e.is_object() || m == e.end() || !m->is_string() || v == e.end() || !v->is_number())
+      fail("eval_before", "is " + shown(e) +
+                              "; it must be null or an evaluation record with a string "
+                              "\"metric\" and a number \"value\"");
+    c.eval_before = e;
+  }
+  return c;
+}
+
+TrainOptions parse_run_options(const json& run_json, const std::string& file) {
+  ZOF_CHECK(run_json.is_object(), file + " must hold a JSON object, not " +
+                                      std::string(run_json.type_name()) + "; " + kDamaged);
+  auto it = run_json.find("options");
+  ZOF_CHECK(it != run_json.end() && it->is_object(),
+            file + ": \"options\" is missing or not an object; " + kDamaged);
+  const json& o = *it;
+  // Each option's type as the defaults write it.
+  const json proto = TrainOptions().to_json();
+  for (auto f = o.begin(); f != o.end(); ++f) {
+    auto p = proto.find(f.key());
+    if (p == proto.end()) continue;  // a field from another version: ignored, as from_json does
+    const json& v = f.value();
+    std::string want;
+    if (p->is_string() && !v.is_string()) want = "a string";
+    else if (p->is_boolean() && !v.is_boolean()) want = "true or false";
+    else if (p->is_number_integer()) {
+      const bool is_unsigned_field = f.key() == "seed";
+      const bool ok = v.is_number_integer() &&
+                      (is_unsigned_field ? v.is_number_unsigned() || v.get<int64_t>() >= 0
+                       : f.key() == "queries"
+                           ? !v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT32_MAX
+                           : !v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT64_MAX);
+      const bool fits_int = f.key() != "queries" || !ok ||
+                            (v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX);
+      if (!ok || !fits_int) want = is_unsigned_field ? "an integer >= 0" : "an integer";
+    } else if (p->is_number_float()) {
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > FLT_MAX)
+        want = "a finite number";
+    }
+    if (!want.empty()) {
+      const std::string d = v.dump();
+      throw Error(file + ": options." + f.key() + " is " +
+                  (d.size() > 40 ? d.substr(0, 40) + "..." : d) + ", not " + want + "; " +
+                  kDamaged);
+    }
+  }
+  try {
+    return TrainOptions::from_json(o);
+  } catch (const json::exception& e) {
+    throw Error(file + ": \"options\" cannot be read (" + e.what() + "); " + kDamaged);
+  }
+}
+
+// ---- paths and the lock -----------------------------------------------------------------------
+
+namespace {
+
+// The real path: symlinks of the part that exists resolved, ".." folded.
+fs::path real_path(const fs::path& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  return ec ? fs::absolute(p).lexically_normal() : r;
+}
+
+// Whether `inner` is `outer` or lies inside it (whole components).
+bool within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin(), o = outer.begin();
+  for (; o != outer.end(); ++o, ++i) {
+    if (o->empty()) continue;  // a trailing separator
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_apart(const fs::path& out, const std::string& out_flag, const fs::path& input,
+                 const std::string& in_flag) {
+  if (out.empty() || input.empty()) return;
+  const fs::path o = real_path(out), i = real_path(input);
+  const std::string what = out_flag + " " + out.string();
+  const std::string in = in_flag + " " + input.string();
+  ZOF_CHECK(!(within(o, i) && within(i, o)),
+            what + " is " + in + " (both are " + o.string() + "): writing there would overwrite " +
+                "the input; choose another " + out_flag);
+  ZOF_CHECK(!within(o, i), what + " lies inside " + in + " (" + o.string() +
+                               "): writing there would mix with the input; choose an " +
+                               out_flag + " outside it");
+  ZOF_CHECK(!within(i, o), what + " holds " + in + " (" + i.string() +
+                               "): writing there could overwrite the input; choose an " +
+                               out_flag + " that does not contain it");
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+void RunLock::acquire(const fs::path& run, const std::string& flag) {
+  path_ = run / ".lock";
+  const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ZOF_CHECK(fd >= 0, flag + " " + run.string() + ": cannot open its lock file " + path_.string() +
+                         " (" + std::strerror(errno) + "); check that the directory is writable");
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    fd_ = fd;
+    return;
+  }
+  const int e = errno;
+  // The holder: /proc/locks names the process that took a flock on this inode; else the pid
+  // the holder wrote into the file.
+  std::string pid;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    std::ifstream locks("/proc/locks");
+    std::string line;
+    const std::string ino = ":" + std::to_string((unsigned long long)st.st_ino);
+    while (pid.empty() && std::getline(locks, line)) {
+      std::istringstream ls(line);
+      std::string n, kind, adv, mode, who, dev;
+      if (!(ls >> n >> kind)) continue;
+      if (kind == "->") ls >> kind;  // a waiter
+      if (kind != "FLOCK" || !(ls >> adv >> mode >> who >> dev)) continue;
+      if (dev.size() > ino.size() && dev.compare(dev.size() - ino.size(), ino.size(), ino) == 0)
+        pid = who;
+    }
+  }
+  ::close(fd);
+  if (pid.empty()) {
+    std::string text = slurp(path_);
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    if (!text.empty() && text.size() < 12 &&
+        text.find_first_not_of("0123456789") == std::string::npos)
+      pid = text;
+  }
+  ZOF_CHECK(e == EWOULDBLOCK || e == EAGAIN,
+            flag + " " + run.string() + ": cannot lock " + path_.string() + " (" +
+                std::strerror(e) + ")");
+  throw Error(flag + " " + run.string() + " is in use by another process (" +
+              (pid.empty() ? std::string("pid unknown") : "pid " + pid) + ") that holds " +
+              path_.string() + "; wait for it to finish, or stop it, then try again");
+}
+
+void RunLock::write_pid() {
+  if (fd_ < 0) return;
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) == (ssize_t)pid.size())
+    ::fsync(fd_);
 }
 
 RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
@@ -126,10 +379,18 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
     return;
   }
   run_ = opt.resume;
-  ZOF_CHECK(fs::exists(run_ / "run.json"),
+  std::error_code ec;
+  ZOF_CHECK(fs::is_directory(run_, ec),
+            "--resume " + run_.string() + ": no such run directory; give the --out of a run");
+  ZOF_CHECK(fs::is_regular_file(run_ / "run.json", ec),
             "--resume " + run_.string() + ": not a zof run directory (no run.json)");
+  const std::string run_json = (run_ / "run.json").string();
   saved_ = read_json(run_ / "run.json");
-  TrainOptions s = TrainOptions::from_json(saved_.at("options"));
+  TrainOptions s = parse_run_options(saved_, run_json);
+  ZOF_CHECK(saved_.contains("model_id") && saved_["model_id"].is_object(),
+            run_json + ": \"model_id\" is missing or not an object; " + kDamaged);
+  ZOF_CHECK(!saved_.contains("base_fingerprint") || saved_["base_fingerprint"].is_string(),
+            run_json + ": \"base_fingerprint\" is not a string; " + kDamaged);
   ZOF_CHECK(opt.model.empty() || fs::weakly_canonical(opt.model) == fs::weakly_canonical(s.model),
             "--resume " + run_.string() + " was started from model " + s.model +
                 ", not --model " + opt.model + "; resume with the same model or start a new run");
@@ -145,44 +406,167 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
   s.out = run_.string();
   opt = s;
   ckpt_ = latest_checkpoint(run_);
-  if (!ckpt_.empty()) state_ = read_json(ckpt_ / "state.json");
+  if (ckpt_.empty()) return;
+  const fs::path sf = ckpt_ / "state.json";
+  state_ = parse_state(read_json(sf), sf.string(), opt.steps);
+  const int64_t named = checkpoint_step(ckpt_.filename().string());
+  ZOF_CHECK(state_.step == named, sf.string() + ": \"step\" is " + std::to_string(state_.step) +
+                                      " but the checkpoint is " + ckpt_.filename().string() +
+                                      "; " + kDamaged);
 }
 
-void RunDir::prepare() const {
-  if (resuming_) return;
+RunDir::~RunDir() {
+  if (created_.empty() || started_) return;
+  std::error_code ec;
+  fs::remove_all(created_, ec);
+}
+
+void RunDir::check_out(const TrainOptions& opt) const {
+  if (resuming_) {
+    check_apart(run_, "--resume", opt.model, "the run's model");
+    check_apart(run_, "--resume", opt.data, "the run's data");
+    return;
+  }
   ZOF_CHECK(!run_.empty(), "--out is required: the run directory to write");
-  ZOF_CHECK(!fs::exists(run_ / "run.json"),
+  std::error_code ec;
+  ZOF_CHECK(!fs::exists(run_ / "run.json", ec),
             "--out " + run_.string() + " already holds a run; continue it with --resume " +
                 run_.string() + " or choose another --out");
+  check_apart(run_, "--out", opt.model, "--model");
+  check_apart(run_, "--out", opt.data, "--data");
+  // The nearest part of --out that exists must be a directory this process can write into.
+  fs::path p = fs::absolute(run_, ec);
+  while (!p.empty() && !fs::exists(fs::symlink_status(p, ec)) && p.has_parent_path() &&
+         p.parent_path() != p)
+    p = p.parent_path();
+  ZOF_CHECK(fs::is_directory(p, ec),
+            "--out " + run_.string() + ": cannot create the directory (" + p.string() +
+                " is not a directory); choose another --out");
+  ZOF_CHECK(::access(p.c_str(), W_OK | X_OK) == 0,
+            "--out " + run_.string() + ": cannot create the directory (" + p.string() +
+                " is not writable); choose a directory you can write");
+}
+
+void RunDir::check_log(const fs::path& file, int64_t recorded, const char* field,
+                       int64_t lines) const {
+  const std::string state = (ckpt_ / "state.json").string();
+  const std::string fix = "zof does not append to a damaged log: restore " +
+                          file.filename().string() + " from a copy, or start a new run";
   std::error_code ec;
+  if (!fs::exists(file, ec)) {
+    ZOF_CHECK(recorded == 0, file.string() + " is missing, but " + state + " records " +
+                                 std::to_string(recorded) + " bytes of it (" + field + "); " + fix);
+    return;
+  }
+  ZOF_CHECK(fs::is_regular_file(file, ec), file.string() + " is not a file; " + fix);
+  const int64_t size = (int64_t)fs::file_size(file, ec);
+  ZOF_CHECK(size >= recorded,
+            file.string() + " holds " + std::to_string(size) + " bytes, fewer than the " +
+                std::to_string(recorded) + " that " + state + " records (" + field +
+                "): the log was truncated; " + fix);
+  if (recorded == 0) return;
+  std::ifstream f(file, std::ios::binary);
+  std::string prefix((size_t)recorded, '\0');
+  f.read(prefix.data(), recorded);
+  ZOF_CHECK(f.gcount() == recorded, "cannot read " + file.string());
+  ZOF_CHECK(prefix.back() == '\n',
+            file.string() + ": the " + std::to_string(recorded) + " bytes that " + state +
+                " records (" + field + ") do not end at a line boundary: the log was changed; " +
+                fix);
+  int64_t n = 0;
+  for (size_t at = 0; at < prefix.size();) {
+    const size_t end = prefix.find('\n', at);
+    json j;
+    try {
+      j = json::parse(prefix.begin() + at, prefix.begin() + end);
+    } catch (const json::exception&) {
+    }
+    ++n;
+    const bool step_ok = lines < 0 || (j.is_object() && j.contains("step") &&
+                                       j["step"].is_number_integer() && j["step"] == n - 1);
+    ZOF_CHECK(j.is_object() && step_ok,
+              file.string() + " line " + std::to_string(n) + " is " +
+                  (j.is_object() ? "not the record of step " + std::to_string(n - 1)
+                                 : std::string("not a JSON object")) +
+                  ": the log was changed; " + fix);
+    at = end + 1;
+  }
+  ZOF_CHECK(lines < 0 || n == lines,
+            file.string() + " holds " + std::to_string(n) + " step records where " + state +
+                " records " + std::to_string(lines) + " steps: the log was changed; " + fix);
+}
+
+void RunDir::lock_resumed() {
+  if (!resuming_) return;
+  ZOF_CHECK(::access(run_.c_str(), W_OK | X_OK) == 0,
+            "--resume " + run_.string() + ": the run directory is not writable (" +
+                std::strerror(errno) + "); a resumed run writes its logs and checkpoints there: "
+                "make it writable or copy the run");
+  lock_.acquire(run_, "--resume");
+  if (ckpt_.empty()) return;  // no checkpoint yet: the logs start again from nothing
+  check_log(run_ / "zo_log.jsonl", state_.log_bytes, "log_bytes", state_.step);
+  check_log(run_ / "metrics.jsonl", state_.metrics_bytes, "metrics_bytes", -1);
+}
+
+void RunDir::create(bool root) {
+  if (resuming_) return;
+  std::error_code ec;
+  fs::path top = fs::absolute(run_, ec);  // the topmost directory that does not exist yet
+  for (fs::path p = top; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+    top = p;
+    if (!p.has_parent_path() || p.parent_path() == p) break;
+  }
+  const bool existed = fs::exists(run_, ec);
   fs::create_directories(run_, ec);
   ZOF_CHECK(!ec, "--out " + run_.string() + ": cannot create the directory (" + ec.message() + ")");
   ZOF_CHECK(::access(run_.c_str(), W_OK) == 0,
             "--out " + run_.string() + " is not writable; choose a directory you can write");
+  if (!root) return;
+  const bool had_lock = fs::exists(run_ / ".lock", ec);
+  lock_.acquire(run_, "--out");
+  // Ours to remove if the run never starts: what this process created, once it holds the lock.
+  if (!existed) created_ = top;
+  else if (!had_lock) created_ = run_ / ".lock";
+  // Another process may have started a run here since check_out.
+  ZOF_CHECK(!fs::exists(run_ / "run.json", ec),
+            "--out " + run_.string() + " already holds a run; continue it with --resume " +
+                run_.string() + " or choose another --out");
 }
 
-void RunDir::check_model(const json& model_id, const std::string& model_dir) const {
-  if (!resuming_) return;
+std::string RunDir::check_model(const json& model_id, const std::string& fingerprint,
+                                const std::string& model_dir) const {
+  if (!resuming_) return "";
   ZOF_CHECK(saved_.at("model_id") == model_id,
             "--resume " + run_.string() + ": the model in " + model_dir +
                 " is not the one this run started from (config or size differ)");
+  if (!saved_.contains("base_fingerprint"))
+    return "warning: " + (run_ / "run.json").string() +
+           " records no fingerprint of the base model's weights (a run from an older zof); "
+           "resuming without checking them";
+  const std::string want = saved_["base_fingerprint"];
+  ZOF_CHECK(want == fingerprint,
+            "--resume " + run_.string() + ": the weights in " + model_dir + " (fingerprint " +
+                fingerprint + ") are not the ones this run started from (" + want +
+                ", run.json base_fingerprint); resume with the run's base model");
+  return "";
 }
 
 RunCounters RunDir::load_checkpoint(Model& model) const {
-  RunCounters c;
-  if (ckpt_.empty()) return c;
+  if (ckpt_.empty()) return RunCounters{};
   Model saved = Model::load(ckpt_.string());
-  ZOF_CHECK(saved.storage_size() == model.storage_size(),
-            "checkpoint " + ckpt_.string() + " does not match the model's layout");
+  ZOF_CHECK(saved.storage_size() == model.storage_size() &&
+                saved.num_params() == model.num_params() &&
+                saved.params().size() == model.params().size(),
+            "checkpoint " + ckpt_.string() + " does not match the model's layout (" +
+                std::to_string(saved.num_params()) + " parameters, the model has " +
+                std::to_string(model.num_params()) + "); " + kDamaged);
+  for (size_t i = 0; i < saved.params().size(); ++i)
+    ZOF_CHECK(saved.params()[i].name == model.params()[i].name &&
+                  saved.params()[i].shape == model.params()[i].shape,
+              "checkpoint " + ckpt_.string() + " holds tensor " + saved.params()[i].name +
+                  " where the model has " + model.params()[i].name + "; " + kDamaged);
   std::copy(saved.storage(), saved.storage() + saved.storage_size(), model.storage());
-  c.step = state_.at("step");
-  c.bad_run = state_.value("bad_run", 0);
-  c.eval_before = state_.value("eval_before", json());
-  c.tokens = state_.value("tokens", 0.0);
-  c.train_s = state_.value("train_s", 0.0);
-  c.metrics_bytes = state_.at("metrics_bytes");
-  c.log_bytes = state_.at("log_bytes");
-  return c;
+  return state_;
 }
 
 void RunDir::load_optimizer_state(ZOEngine& engine, const Model& model,
@@ -199,13 +583,20 @@ void RunDir::load_optimizer_state(ZOEngine& engine, const Model& model,
   engine.write_state(m, v);
 }
 
-void RunDir::start(const TrainOptions& opt, const json& model_id, const RunCounters& c) {
+void RunDir::start(const TrainOptions& opt, const json& model_id, const std::string& fingerprint,
+                   const RunCounters& c) {
+  lr_ = opt.lr;
+  weight_decay_ = opt.weight_decay;
+  steps_ = opt.steps;
+  lock_.write_pid();
   if (!resuming_)
     write_file_atomic(run_ / "run.json",
                       json{{"options", opt.to_json()},
                            {"model_id", model_id},
+                           {"base_fingerprint", fingerprint},
                            {"zof_version", version()}}
                           .dump(1));
+  started_ = true;
   metrics_.open(run_ / "metrics.jsonl", resuming_ ? c.metrics_bytes : 0);
   zlog_.open(run_ / "zo_log.jsonl", resuming_ ? c.log_bytes : 0);
 }
@@ -213,6 +604,47 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const RunCount
 void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine& engine,
                              const std::string& optimizer) {
   const std::string name = "checkpoint-" + std::to_string(c.step);
+  const Model::NonFinite bad = model.find_non_finite();
+  // Weights that are not finite, or that gave a non-finite loss at the last step (bad_run > 0:
+  // that step's update was skipped), are not written. Mid-run such a checkpoint is skipped (a
+  // transient the run may recover from; the last good checkpoint stays); at the end of the run,
+  // and whenever the weights themselves are not finite, the run stops here with no output model.
+  if (bad.param < 0 && c.bad_run > 0 && c.step < steps_) return;
+  if (bad.param >= 0 || c.bad_run > 0) {
+    // The first step whose loss was not finite (its update was skipped): the weights went
+    // wrong at the update before it.
+    int64_t first_bad = -1;
+    zlog_.sync();
+    std::ifstream f(run_ / "zo_log.jsonl");
+    for (std::string line; first_bad < 0 && std::getline(f, line);) {
+      try {
+        const json j = json::parse(line);
+        if (j.value("skipped", false)) first_bad = j.value("step", (int64_t)-1);
+      } catch (const json::exception&) {
+      }
+    }
+    const fs::path last = latest_checkpoint(run_);
+    char lr[64];
+    std::snprintf(lr, sizeof lr, "%g", (double)lr_);
+    const std::string what =
+        bad.param >= 0 ? "the weights are not finite after step " + std::to_string(c.step) + " (" +
+                             model.params()[bad.param].name + " element " +
+                             std::to_string(bad.index) + " is " +
+                             (std::isnan(bad.value) ? "NaN" : "infinite") + ")"
+                       : "the weights after step " + std::to_string(c.step) +
+                             " give a non-finite loss (the last " + std::to_string(c.bad_run) +
+                             " steps were skipped)";
+    throw Error(what +
+                (first_bad >= 0 ? "; the loss was first not finite at step " +
+                                      std::to_string(first_bad)
+                                : std::string()) +
+                ": no checkpoint or model was written, " +
+                (last.empty() ? std::string("and there is no earlier checkpoint")
+                              : last.string() + " keeps the last finite weights") +
+                ", the logs are in " + run_.string() + "; lower --lr (" + lr + ")" +
+                (weight_decay_ != 0 ? std::string(" or --weight-decay") : std::string()) +
+                " and start a new run");
+  }
   const fs::path tmp = run_ / (name + ".tmp");
   const fs::path dst = run_ / name;
   fs::remove_all(tmp);

@@ -53,18 +53,67 @@ struct RunCounters {
   int64_t metrics_bytes = 0, log_bytes = 0;
 };
 
+// A checkpoint's state.json, validated like any input file: every field's type and range (step
+// in [0, max_steps], the run's --steps; bad_run in [0, step]; tokens and train_s finite and
+// >= 0; the logs' sizes non-negative integers; eval_before null or an evaluation record).
+// zof::Error naming the file and the field. (Whether the sizes fit the logs is checked against
+// the files, on resume.)
+RunCounters parse_state(const nlohmann::json& j, const std::string& file, int64_t max_steps);
+
+// run.json's "options": every field's JSON type checked against the option's (a string, a
+// boolean, an integer in range, a finite number), then TrainOptions::from_json. zof::Error
+// naming the file and the field.
+TrainOptions parse_run_options(const nlohmann::json& run_json, const std::string& file);
+
+// Refuses (zof::Error) an output directory that is, holds or lies inside an input path,
+// comparing real paths (symlinks resolved), before anything is created: writing there would
+// overwrite or mix with the input. out_flag/in_flag name them ("--out", "--model").
+void check_apart(const fs::path& out, const std::string& out_flag, const fs::path& input,
+                 const std::string& in_flag);
+
+// An exclusive flock(2) on RUN/.lock held for the life of the process by the run's one writer
+// (compatible with util-linux flock(1)); a second writer is refused naming the holder's pid.
+class RunLock {
+ public:
+  RunLock() = default;
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  ~RunLock();
+  // flag: how the user named the run directory ("--resume", "--out"), for the message.
+  void acquire(const fs::path& run, const std::string& flag);
+  bool held() const { return fd_ >= 0; }
+  void write_pid();  // the holder's pid into the file, for whoever is refused next
+
+ private:
+  int fd_ = -1;
+  fs::path path_;
+};
+
 class RunDir {
  public:
   // --resume: replaces opt with the run's saved options, keeping this command's layout flags
   // (threads, ranks, device; they may change between runs), and finds the latest checkpoint.
   // Reads only. A new run: the directory is --out.
   explicit RunDir(TrainOptions& opt);
-  // A new run: refuses a directory that holds one, creates it and checks it can be written.
-  void prepare() const;
+  // A run that this process created and that never started is removed again (an error
+  // between creating --out and the first write of run.json leaves nothing behind).
+  ~RunDir();
+  // Before anything is loaded: a new run refuses an --out that holds a run, that cannot be
+  // created or written, or that is, holds or lies inside --model or --data; a resumed run, a
+  // run directory that is, holds or lies inside them.
+  void check_out(const TrainOptions& opt) const;
+  // Rank 0 of a resumed run, before it loads anything: the run's lock (a second writer is
+  // refused), then the logs against the checkpoint (long enough, cut at a line boundary, one
+  // zo_log line per step): a damaged log is refused by name, never appended to.
+  void lock_resumed();
+  // A new run, once everything is loaded and checked: creates --out (and rank 0 takes its lock).
+  void create(bool root);
   bool resuming() const { return resuming_; }
   const fs::path& path() const { return run_; }
-  // A resumed run: zof::Error unless model_id (config and size) is the run's.
-  void check_model(const nlohmann::json& model_id, const std::string& model_dir) const;
+  // A resumed run: zof::Error unless model_id (config and size) and the base model's weights'
+  // fingerprint are the run's. Returns a warning for a run recorded without a fingerprint.
+  std::string check_model(const nlohmann::json& model_id, const std::string& fingerprint,
+                          const std::string& model_dir) const;
 
   // The checkpoint the run continues from: its weights into model, its counters; nothing and
   // zero counters for a run that starts at step 0.
@@ -73,22 +122,37 @@ class RunDir {
   void load_optimizer_state(ZOEngine& engine, const Model& model,
                             const std::string& optimizer) const;
 
-  // Rank 0: run.json of a new run, then the logs, open at the checkpoint's sizes.
-  void start(const TrainOptions& opt, const nlohmann::json& model_id, const RunCounters& c);
+  // Rank 0: run.json of a new run (with the base model's fingerprint), then the logs, open at
+  // the checkpoint's sizes.
+  void start(const TrainOptions& opt, const nlohmann::json& model_id,
+             const std::string& fingerprint, const RunCounters& c);
   JsonlLog& metrics() { return metrics_; }
   JsonlLog& zo_log() { return zlog_; }
 
   // Rank 0: checkpoint-<c.step> (fp32 weights, optimizer state, counters), then `latest` names
   // it and the older checkpoints go. The weights must be current (flushed and gathered).
+  // Weights that are not finite are never written: zof::Error saying after which step they
+  // went so (the first step whose loss was not finite), the latest checkpoint (which is kept:
+  // it holds the last finite weights) and what to do; the logs stay as they are. Weights whose
+  // last step's loss was not finite are not written either: mid-run the checkpoint is skipped
+  // (the previous one stays), at the run's last step that is the same error.
   void save_checkpoint(const RunCounters& c, const Model& model, ZOEngine& engine,
                        const std::string& optimizer);
 
  private:
+  void check_log(const fs::path& file, int64_t recorded, const char* field,
+                 int64_t lines) const;
+
   fs::path run_, ckpt_;
   bool resuming_ = false;
   nlohmann::json saved_;  // run.json of a resumed run
-  nlohmann::json state_;  // state.json of its checkpoint
+  RunCounters state_;     // state.json of its checkpoint, validated
   JsonlLog metrics_, zlog_;
+  RunLock lock_;
+  fs::path created_;      // the topmost directory this process created for --out
+  bool started_ = false;  // run.json written: the directory holds a run from here on
+  float lr_ = 0, weight_decay_ = 0;  // the run's, for the message about non-finite weights
+  int64_t steps_ = 0;                // the run's --steps: its last checkpoint
 };
 
 // The latest complete checkpoint of a run directory, or empty.

@@ -109,6 +109,11 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   }
   const json after = r.eval.evaluate(end.step, "after");
   if (!r.job.root) return json{{"rank", r.job.rank}};
+  // Weights that score a non-finite metric are no fine-tuned model (the checkpoint has them).
+  ZOF_CHECK(std::isfinite(after["value"].get<double>()),
+            "the model after step " + std::to_string(end.step) + " scores a non-finite " +
+                after["metric"].get<std::string>() + " on the held-out set: no model was "
+                "written (the logs and checkpoint are in " + run + "); lower --lr and start a new run");
   r.model.save(run, r.model.stored_dtype());
   copy_tokenizer_files(r.opt.model, run);
   json summary{{"steps", end.step},
@@ -152,19 +157,22 @@ void write_run_report(const TrainOptions& opt, const RunDir& dir, const json& su
 
 json finetune(TrainOptions opt, TrainSink* user_sink) {
   validate_options(opt);  // the flags as given: a bad one is refused under --resume too
-  RunDir dir(opt);        // --resume: the run's saved options from here on
+  RunDir dir(opt);        // --resume: the run's saved options from here on (run.json, state.json)
   validate_options(opt);
   const uint64_t gpu_mem = device_memory_budget(opt);
   auto comm = connect_job(opt.dist_timeout);
   Job job(*comm, opt.pipeline_stages);
   job.check_batch(opt);
-  dir.prepare();
+  dir.check_out(opt);                  // --out apart from the inputs, creatable
+  if (job.root) dir.lock_resumed();    // one writer, and logs that match the checkpoint
+  // Everything is loaded and checked before --out is created: a refusal leaves nothing behind.
   opt.threads = setup_host_threads(opt.threads, comm->local_size());
   std::unique_ptr<Backend> backend = rank_backend(opt, *comm, gpu_mem);
   Model model = Model::load(opt.model);
+  const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume
   Tokenizer tok = Tokenizer::load(opt.model);
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
-  dir.check_model(model_id, opt.model);
+  const std::string model_warning = dir.check_model(model_id, fingerprint, opt.model);
   auto data = make_train_data(opt, tok, model.config().max_position);
   ZOEngine engine(model, *backend, data->max_rows(), zo_step_options(opt));
   auto estimator = make_estimator(opt, engine, model, *backend, data->max_rows());
@@ -181,8 +189,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   }
   // Momentum/Adam state once streaming (which keeps it in host memory) is settled.
   dir.load_optimizer_state(engine, model, opt.optimizer);
+  dir.create(job.root);  // a new run's --out (removed again if the run fails before it starts)
   comm->barrier();  // every rank has checked the run directory before rank 0 writes into it
-  if (job.root) dir.start(opt, model_id, c);
+  if (job.root) dir.start(opt, model_id, fingerprint, c);
 
   QuietSink quiet;
   std::unique_ptr<TrainSink> terminal = job.root && !user_sink ? make_terminal_sink() : nullptr;
@@ -192,6 +201,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
                (dir.resuming() ? ", resuming at step " + std::to_string(start) : ""));
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());
+  if (!model_warning.empty()) sink.message(model_warning);
 
   Evaluator eval(job, engine, model, *data, job.root ? &dir.metrics() : nullptr, &sink);
   StepLoop loop(opt, job, dir, engine, model, *estimator, *data, eval, sink, c);

@@ -382,6 +382,98 @@ TEST_F(Finetune, BadInputIsAClearErrorAndOverwritesNothing) {
   EXPECT_EQ(weights(run), before);
 }
 
+// The last line of stderr.
+std::string last_line(const std::string& err) {
+  const size_t end = err.find_last_not_of('\n');
+  if (end == std::string::npos) return "";
+  const size_t start = err.rfind('\n', end);
+  return err.substr(start == std::string::npos ? 0 : start + 1, end + 1 - (start + 1));
+}
+
+// A run whose weights go non-finite exits 1 and writes no model and no checkpoint of them; its
+// logs stay. Here the learning rate makes every loss after step 0 NaN (weights still finite).
+TEST_F(Finetune, DivergingRunWritesNoModel) {
+  const fs::path out = dir_ / "div";
+  auto r = run_command(zof::test::zof_binary() + " " + args(out.string(), 3) + " --lr 1e10");
+  EXPECT_EQ(r.code, 1) << r.err;
+  const std::string line = last_line(r.err);
+  EXPECT_EQ(line.rfind("zof: error: the weights after step 3 give a non-finite loss", 0), 0u) << line;
+  EXPECT_NE(line.find("the loss was first not finite at step 1"), std::string::npos) << line;
+  EXPECT_NE(line.find("lower --lr (1e+10)"), std::string::npos) << line;
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "checkpoint-3"));
+  EXPECT_FALSE(fs::exists(out / "latest"));
+  EXPECT_TRUE(fs::exists(out / "zo_log.jsonl"));
+  EXPECT_TRUE(fs::exists(out / "run.json"));
+}
+
+// Weights that are themselves non-finite (weight decay overflows them at step 0) stop the run
+// at the first checkpoint, which is not written.
+TEST_F(Finetune, DivergingRunWithNonFiniteWeightsStopsAtTheCheckpoint) {
+  const fs::path out = dir_ / "div";
+  auto r = run_command(zof::test::zof_binary() + " " + args(out.string(), 12) +
+                       " --weight-decay 1e308 --save-every 1");
+  EXPECT_EQ(r.code, 1) << r.err;
+  const std::string line = last_line(r.err);
+  EXPECT_EQ(line.rfind("zof: error: the weights are not finite after step 1 (", 0), 0u) << line;
+  EXPECT_NE(line.find("or --weight-decay"), std::string::npos) << line;
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "checkpoint-1"));
+  EXPECT_TRUE(fs::exists(out / "metrics.jsonl"));
+}
+
+// run.json records the base model's fingerprint; a run from before fingerprints (none in
+// run.json) replays and resumes with a one-line warning.
+TEST_F(Finetune, RunsWithoutAFingerprintReplayWithAWarning) {
+  const fs::path run = dir_ / "run";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(run.string(), 3)).code, 0);
+  json j = json::parse(zof::test::read_file((run / "run.json").string()));
+  ASSERT_TRUE(j["base_fingerprint"].is_string());
+  EXPECT_EQ(j["base_fingerprint"].get<std::string>().rfind("storage-f32-mix64:", 0), 0u);
+  j.erase("base_fingerprint");
+  std::ofstream(run / "run.json") << j.dump(1);
+  auto r = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +
+                       run.string() + " --out " + (dir_ / "rebuilt").string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("zof: warning: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no fingerprint"), std::string::npos) << r.err;
+  EXPECT_EQ(weights(dir_ / "rebuilt"), weights(run));
+}
+
+// A live run holds RUN/.lock (with its pid): a second --resume is refused naming that pid,
+// and the run goes on to finish.
+TEST_F(Finetune, SecondWriterIsRefusedWhileTheRunLives) {
+  const fs::path run = dir_ / "run";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(run.string(), 5)).code, 0);
+  // A resume that stops in its first step until SIGTERM: a live writer.
+  json j = json::parse(zof::test::read_file((run / "run.json").string()));
+  j["options"]["steps"] = 8;
+  std::ofstream(run / "run.json") << j.dump(1);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setenv("ZOF_FAULT_HANG_AT_STEP", "5", 1);
+    const std::string bin = zof::test::zof_binary();
+    ::execl(bin.c_str(), bin.c_str(), "finetune", "--resume", run.c_str(), (char*)nullptr);
+    ::_exit(127);
+  }
+  // Wait until the writer has written its pid into the lock file.
+  const std::string want = std::to_string(pid) + "\n";
+  for (int i = 0; i < 200 && zof::test::read_file((run / ".lock").string()) != want; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(zof::test::read_file((run / ".lock").string()), want);
+  const std::string log_before = zof::test::read_file((run / "zo_log.jsonl").string());
+  auto r = run_command(zof::test::zof_binary() + " finetune --resume " + run.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("is in use by another process (pid " + std::to_string(pid) + ")"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(zof::test::read_file((run / "zo_log.jsonl").string()), log_before);
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+}
+
 }  // namespace
 
 namespace {

@@ -374,6 +374,22 @@ TEST(Config, WrongTypesAndValues) {
   EXPECT_THROW(ModelConfig::from_json(json::array(), "test/config.json"), zof::Error);
 }
 
+// Sizes far beyond any model are refused naming the field, before anything is allocated from
+// them (a config of 10^9 layers or a 10^12 hidden size used to grow memory without end).
+TEST(Config, SizesBeyondTheLimits) {
+  expect_error(with(kLlama2_7b, {{"num_hidden_layers", 1000000000}}), {"num_hidden_layers", "1000000000", "at most 16384"});
+  expect_error(with(kLlama2_7b, {{"hidden_size", 1000000000000}}), {"hidden_size", "at most"});
+  expect_error(with(kLlama2_7b, {{"intermediate_size", 1000000000000}}), {"intermediate_size", "at most"});
+  expect_error(with(kLlama2_7b, {{"vocab_size", 1000000000000}}), {"vocab_size", "at most"});
+  expect_error(with(kGpt2, {{"n_layer", 100000}}), {"n_layer", "at most"});
+  expect_error(with(kOpt125m, {{"ffn_dim", 1 << 30}}), {"ffn_dim", "at most"});
+  expect_error(with(kLlama2_7b, {{"head_dim", 60000}, {"num_attention_heads", 128}, {"num_key_value_heads", 128}}),
+               {"head_dim", "num_attention_heads", "at most"});
+  // The largest released models stay well inside.
+  EXPECT_NO_THROW(parse(with(kLlama2_7b, {{"num_hidden_layers", 126}, {"hidden_size", 16384},
+                                          {"intermediate_size", 53248}, {"vocab_size", 262144}})));
+}
+
 TEST(Config, Divisibility) {
   expect_error(with(kLlama2_7b, {{"num_attention_heads", 30}, {"num_key_value_heads", 30}}), {"hidden_size", "num_attention_heads", "divisible"});
   // With head_dim given, hidden_size need not divide.

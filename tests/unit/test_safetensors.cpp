@@ -438,6 +438,28 @@ TEST(SafetensorsBad, IndexDisagreesWithShards) {
 
 // ---- atomic writer ------------------------------------------------------------------------------
 
+// A name given twice in a header (JSON keeps the last copy silently) is refused by name; so is
+// a key repeated inside an entry, and a tensor named twice in an index's weight_map.
+TEST(SafetensorsBad, DuplicateNames) {
+  TempDir d;
+  const std::string path = d / "dup.safetensors";
+  const std::string data(16, '\0');
+  write_raw(path,
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+            R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+            data);
+  expect_open_error(path, {"tensor a", "twice"});
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"shape":[4],"data_offsets":[0,16]}})", data);
+  expect_open_error(path, {"tensor a", "\"shape\" twice"});
+  const auto v = ramp(8);
+  write_sharded(d, v);
+  spit(d / "model.safetensors.index.json",
+       R"({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",)"
+       R"( "c": "model-00002-of-00002.safetensors", "a": "model-00002-of-00002.safetensors"}})");
+  expect_error([&] { st::Archive::open_dir(d.path.string()); },
+               {"model.safetensors.index.json", "weight_map names tensor a twice"});
+}
+
 TEST(SafetensorsWrite, MissingDirectory) {
   TempDir d;
   const auto v = ramp(4);
