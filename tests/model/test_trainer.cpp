@@ -407,12 +407,12 @@ TEST_F(Finetune, DivergingRunWritesNoModel) {
   EXPECT_TRUE(fs::exists(out / "run.json"));
 }
 
-// Weights that are themselves non-finite (weight decay overflows them at step 0) stop the run
+// Weights that are themselves non-finite (lr x weight decay overflows at step 0) stop the run
 // at the first checkpoint, which is not written.
 TEST_F(Finetune, DivergingRunWithNonFiniteWeightsStopsAtTheCheckpoint) {
   const fs::path out = dir_ / "div";
   auto r = run_command(zof::test::zof_binary() + " " + args(out.string(), 12) +
-                       " --weight-decay 1e308 --save-every 1");
+                       " --lr 100 --weight-decay 3e38 --save-every 1");
   EXPECT_EQ(r.code, 1) << r.err;
   const std::string line = last_line(r.err);
   EXPECT_EQ(line.rfind("zof: error: the weights are not finite after step 1 (", 0), 0u) << line;
