@@ -752,7 +752,17 @@ int main(int argc, char** argv) {
   if (cmd != "generate" && cmd != "eval" && cmd != "replay") json_out = false;
   if (cmd == "finetune") json_out = true;
   if (launched_rank() != 0) json_out = false;
-  auto fail = [&](const std::string& what) {
+  auto fail = [&](const std::string& raw) {
+    // One line whatever the message quotes (a file's contents, a path, a config string): line
+    // breaks and other control characters are shown escaped.
+    std::string what;
+    for (const char c : raw) {
+      if (c == '\n') what += "\\n";
+      else if (c == '\r') what += "\\r";
+      else if (c == '\t') what += "\\t";
+      else if ((unsigned char)c < 0x20 || c == 0x7f) what += '?';
+      else what += c;
+    }
     std::fprintf(stderr, "zof: error: %s\n", what.c_str());
     if (json_out) {
       std::cout << json{{"error", what}}.dump(-1, ' ', false, json::error_handler_t::replace)

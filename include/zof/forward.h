@@ -33,7 +33,6 @@ struct DeviceInputs {
 
 class BlockStreamer;  // streaming.h
 
-// Host backends only: the cache lives in host memory.
 // Keys and values of the positions decoded so far, per layer (B, capacity, num_kv_heads *
 // head_dim), in the memory of the backend that made it (Forward::make_cache): host memory on
 // the CPU, device memory on a GPU or the simulated device. Move-only; frees its buffers.

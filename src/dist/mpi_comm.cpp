@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -159,13 +160,11 @@ class MpiWorld : public Communicator {
       return;
     }
     std::exception_ptr failed;
-    {
+    try {
       Heartbeat beat(*this);
-      try {
-        fn();
-      } catch (...) {
-        failed = std::current_exception();
-      }
+      fn();
+    } catch (...) {  // the others learn of it below instead of waiting for a heartbeat
+      failed = std::current_exception();
     }
     // After the last heartbeat on the same tag: messages between two ranks with one tag arrive
     // in the order sent.
@@ -237,12 +236,14 @@ class MpiWorld : public Communicator {
 
   // A rank other than 0 until rank 0's work ends: each heartbeat restarts the watchdog's clock.
   void wait_for_root(const char* what) {
-    root_wait_ = std::string("waiting for rank 0's ") + what + " (it sends a heartbeat)";
+    // The watchdog may be reading an earlier wait's text: each text is made once and kept.
+    std::string& text = root_waits_[what];
+    if (text.empty()) text = std::string("waiting for rank 0's ") + what + " (it sends a heartbeat)";
     for (;;) {
       char m = kRootBeat;
       {
         std::optional<Waiting> w;
-        if (beats()) w.emplace(*this, root_wait_.c_str());
+        if (beats()) w.emplace(*this, text.c_str());
         MPI_Status st;
         ZOF_MPI_CHECK(MPI_Recv(&m, 1, MPI_CHAR, 0, kRootTag, MPI_COMM_WORLD, &st));
       }
@@ -277,7 +278,8 @@ class MpiWorld : public Communicator {
 
   double timeout_s_;
   int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0, thread_level_ = 0;
-  std::string name_, root_wait_;
+  std::string name_;
+  std::map<std::string, std::string> root_waits_;  // wait_for_root's texts (stable c_str)
   std::atomic<const char*> op_{nullptr};
   std::atomic<double> since_{0};
   std::thread watchdog_;

@@ -246,8 +246,8 @@ class NcclComm final : public Communicator {
     if (waited < timeout_s_) return;
     char msg[512];
     std::snprintf(msg, sizeof msg,
-                  "%s has waited %.0f s for the other ranks (--dist-timeout %g): a rank died or "
-                  "hung; aborting the job. Resume from the last checkpoint with "
+                  "%s: no word from the other ranks for %.0f s (--dist-timeout %g): a rank "
+                  "died or hung; aborting the job. Resume from the last checkpoint with "
                   "zof finetune --resume RUN_DIR",
                   op_ ? op_ : "an NCCL call", waited, timeout_s_);
     abort(3, msg);

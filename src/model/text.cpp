@@ -35,7 +35,10 @@ struct Placed {
   }
 };
 
-Placed place_forward(const Model& model, Backend& be, int64_t rows, const WeightPlacement& p) {
+// cache_bytes: what the caller allocates on the device after this (generation's KV cache), kept
+// out of the streamer's share.
+Placed place_forward(const Model& model, Backend& be, int64_t rows, const WeightPlacement& p,
+                     size_t cache_bytes = 0) {
   Placed out;
   const size_t free0 = be.free_memory();
   out.fwd = std::make_unique<Forward>(model, be, rows);
@@ -44,13 +47,16 @@ Placed place_forward(const Model& model, Backend& be, int64_t rows, const Weight
   const size_t buffers = free0 > free1 ? free0 - free1 : 0;
   // No --gpu-mem: what the device has free, less the engine's margin (ZOEngine::enable_streaming).
   const size_t margin = p.budget > 0 ? 0 : std::max<size_t>(size_t(256) << 20, free1 / 50);
-  const size_t blocks = p.budget > 0 ? (p.budget > buffers ? p.budget - buffers : 0)
-                                     : (free1 > margin ? free1 - margin : 0);
+  const size_t taken = buffers + cache_bytes;
+  const size_t blocks = p.budget > 0 ? (p.budget > taken ? p.budget - taken : 0)
+                                     : (free1 > margin + cache_bytes ? free1 - margin - cache_bytes : 0);
   const size_t need = BlockStreamer::min_bytes(model);
   ZOF_CHECK(blocks >= need,
             "--gpu-mem " + format_bytes(p.budget > 0 ? p.budget : free1) +
                 " leaves " + format_bytes(blocks) + " for the weights after " +
-                format_bytes(buffers) + " of activation buffers, below the " + format_bytes(need) +
+                format_bytes(buffers) + " of activation buffers" +
+                (cache_bytes ? " and " + format_bytes(cache_bytes) + " of KV cache" : "") +
+                ", below the " + format_bytes(need) +
                 " (two slots of the largest block) that streaming needs; raise --gpu-mem, or "
                 "lower --batch or --seq-len");
   // The streamer only reads the weights here (every release is clean): the host master is
@@ -119,7 +125,14 @@ json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
     prompt.push_back(start);
   }
   opt.eos_id = tok.eos_id();
-  Placed p = place_forward(model, backend, std::max<int64_t>((int64_t)prompt.size(), 1), place);
+  // The KV cache generate() allocates: every layer's keys and values for the whole text.
+  const ModelConfig& cfg = model.config();
+  const int64_t positions =
+      std::min<int64_t>(cfg.max_position, (int64_t)prompt.size() + opt.max_new_tokens);
+  const size_t cache = (size_t)cfg.num_layers * 2 * (size_t)positions *
+                       (size_t)(cfg.num_kv_heads * cfg.head_dim) * sizeof(float);
+  Placed p = place_forward(model, backend, std::max<int64_t>((int64_t)prompt.size(), 1), place,
+                           cache);
   Forward& fwd = *p.fwd;
   std::vector<int32_t> all = prompt;
   std::string printed = tok.decode(prompt, true);

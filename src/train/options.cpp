@@ -22,7 +22,8 @@ struct FlagRule {
   NumberRule rule;
 };
 const FlagRule kTrainRules[] = {
-    {"--steps", {.whole = true, .lo = 1}},
+    // z and the step log key steps by a 32-bit counter (ZKey::step).
+    {"--steps", {.whole = true, .lo = 1, .hi = 4294967295.0}},
     {"--batch", {.whole = true, .lo = 1, .hi = double(kMaxRows)}},
     {"--micro-batches", {.whole = true, .lo = 1, .hi = double(kMaxRows)}},
     {"--queries", {.whole = true, .lo = 1, .hi = 1024}},

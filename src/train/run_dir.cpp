@@ -143,17 +143,24 @@ fs::path latest_checkpoint(const fs::path& run) {
   const fs::path latest = run / "latest";
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(latest, ec))) {
-    // No checkpoint completed yet (a torn checkpoint-N.tmp does not count): the run starts again
-    // from step 0. A complete checkpoint without `latest` means the file was lost: resuming
+    // No `latest`: no checkpoint completed yet (a torn checkpoint-N.tmp does not count; the run
+    // starts again from step 0), or the process died between renaming its first checkpoint into
+    // place (complete: it is renamed only once written and synced) and writing `latest`, or the
+    // file was lost. A checkpoint-N directory is then the newest complete checkpoint: resuming
     // from 0 would cut the logs back to nothing.
+    fs::path best;
+    int64_t best_step = -1;
     for (const auto& e : fs::directory_iterator(run, ec)) {
       const std::string n = e.path().filename().string();
-      ZOF_CHECK(checkpoint_step(n) < 0,
-                "the run directory " + run.string() + " holds " + n +
-                    " but no 'latest' file naming it; restore it (echo " + n + " > " +
-                    latest.string() + ") to resume from that checkpoint");
+      const int64_t step = checkpoint_step(n);
+      if (step < 0) continue;
+      ZOF_CHECK(fs::is_regular_file(e.path() / "state.json", ec) &&
+                    fs::is_regular_file(e.path() / "model.safetensors", ec),
+                "the run directory " + run.string() + " holds " + n + " without state.json and "
+                "model.safetensors and no 'latest' file: that checkpoint is damaged; " + kDamaged);
+      if (step > best_step) best_step = step, best = e.path();
     }
-    return {};
+    return best;
   }
   ZOF_CHECK(fs::is_regular_file(latest, ec),
             latest.string() + " is not a file; " + kDamaged);
@@ -225,10 +232,12 @@ RunCounters parse_state(const json& j, const std::string& file, int64_t max_step
     const json& e = *eb;
     auto m = e.is_object() ? e.find("metric") : e.end();
     auto v = e.is_object() ? e.find("value") : e.end();
-    if (!e.is_object() || m == e.end() || !m->is_string() || v == e.end() || !v->is_number())
+    // A non-finite metric (a perplexity that overflowed) is written by the JSON library as null.
+    if (!e.is_object() || m == e.end() || !m->is_string() || v == e.end() ||
+        !(v->is_number() || v->is_null()))
       fail("eval_before", "is " + shown(e) +
                               "; it must be null or an evaluation record with a string "
-                              "\"metric\" and a number \"value\"");
+                              "\"metric\" and a number (or null) \"value\"");
     c.eval_before = e;
   }
   return c;
@@ -509,7 +518,9 @@ void RunDir::lock_resumed() {
 }
 
 void RunDir::create(bool root) {
-  if (resuming_) return;
+  // Rank 0 alone creates (and may remove) --out: the other ranks write nothing there, and a
+  // rank that created it first would make rank 0 think it existed before the run.
+  if (resuming_ || !root) return;
   std::error_code ec;
   fs::path top = fs::absolute(run_, ec);  // the topmost directory that does not exist yet
   for (fs::path p = top; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
@@ -521,7 +532,6 @@ void RunDir::create(bool root) {
   ZOF_CHECK(!ec, "--out " + run_.string() + ": cannot create the directory (" + ec.message() + ")");
   ZOF_CHECK(::access(run_.c_str(), W_OK) == 0,
             "--out " + run_.string() + " is not writable; choose a directory you can write");
-  if (!root) return;
   const bool had_lock = fs::exists(run_ / ".lock", ec);
   lock_.acquire(run_, "--out");
   // Ours to remove if the run never starts: what this process created, once it holds the lock.

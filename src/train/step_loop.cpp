@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <csignal>
 #include <cstdlib>
 
@@ -197,14 +198,22 @@ void StepLoop::check_bad_run(int64_t step) {
                             : " The latest checkpoint before it is " + last.string()));
 }
 
+// An evaluation record's value; NaN for a non-finite one read back from a checkpoint (JSON
+// writes it as null).
+static double metric_value(const json& e) {
+  const json& v = e["value"];
+  return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+}
+
 // After the second evaluation during the steps, once: a held-out metric that has not moved
 // (within 0.1%) from the one before the first step, with a learning rate below 1e-4, is most
 // often MeZO's 1e-6/1e-7 (chosen for 13B-class models) given to a small model.
 void StepLoop::hint_if_stalled() {
   if (!job_.root || ++evals_during_ != 2 || opt_.lr >= 1e-4f) return;
-  const double before = c_.eval_before["value"].get<double>();
-  const double now = last_eval_["value"].get<double>();
-  if (std::fabs(now - before) > 1e-3 * std::max(std::fabs(before), 1e-12)) return;
+  const double before = metric_value(c_.eval_before), now = metric_value(last_eval_);
+  if (!std::isfinite(before) || !std::isfinite(now) ||
+      std::fabs(now - before) > 1e-3 * std::max(std::fabs(before), 1e-12))
+    return;
   char b[400];
   std::snprintf(b, sizeof b,
                 "hint: the held-out %s has not moved in two evaluations (%.4g before the first "
@@ -222,7 +231,7 @@ void StepLoop::report(int64_t step, const json& rec, bool evaluated) {
   r.evaluated = evaluated;
   r.recent_loss = recent_loss();
   r.metric = last_eval_["metric"].get<std::string>();
-  r.metric_value = last_eval_["value"].get<double>();
+  r.metric_value = metric_value(last_eval_);
   r.tokens_per_s = c_.tokens / std::max(c_.train_s, 1e-9);
   r.elapsed_s = now_s() - t_step0_;
   r.record = &rec;

@@ -159,6 +159,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   validate_options(opt);  // the flags as given: a bad one is refused under --resume too
   RunDir dir(opt);        // --resume: the run's saved options from here on (run.json, state.json)
   validate_options(opt);
+  // A new run records the objective it trains on, not "auto": a later change of the default
+  // cannot change what a resumed or replayed run computes.
+  if (opt.resume.empty()) opt.objective = training_objective(opt);
   const uint64_t gpu_mem = device_memory_budget(opt);
   auto comm = connect_job(opt.dist_timeout);
   Job job(*comm, opt.pipeline_stages);

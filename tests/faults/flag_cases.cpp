@@ -35,15 +35,15 @@ std::vector<Case> flag_cases() {
       {"FlagBeforeCommand", {}, "--steps 3 finetune", 1,
        R"(^--steps is not a flag of zof; flags follow the command)"},
       {"FlagNotAWholeNumber", {}, kRun + " --steps abc --json", 1,
-       R"(^--steps must be a whole number of at least 1, not 'abc'$)"},
+       R"(^--steps must be a whole number from 1 to 4294967295, not 'abc'$)"},
       {"FlagFractionForWholeNumber", {}, kRun + " --batch 1.5", 1,
        R"(^--batch must be a whole number from 1 to 1048576, not 1\.5$)"},
 
       // ---- ranges, in words -----------------------------------------------------------------
       {"FlagStepsZero", {}, kRun + " --steps 0 --json", 1,
-       R"(^--steps must be a whole number of at least 1, not 0$)"},
+       R"(^--steps must be a whole number from 1 to 4294967295, not 0$)"},
       {"FlagStepsBeyondInt64", {}, kRun + " --steps 99999999999999999999", 1,
-       R"(^--steps must be a whole number of at least 1, not 99999999999999999999$)"},
+       R"(^--steps must be a whole number from 1 to 4294967295, not 99999999999999999999$)"},
       {"FlagQueriesRange", {}, kRun + " --queries 2000", 1,
        R"(^--queries must be a whole number from 1 to 1024, not 2000$)"},
       {"FlagQueriesBeyondInt", {}, kRun + " --queries 99999999999", 1,

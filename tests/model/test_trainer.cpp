@@ -226,7 +226,7 @@ TEST_F(Finetune, ClassificationObjectiveResumesAndReplaysExactly) {
   ASSERT_EQ(ra.code, 0) << ra.err;
   EXPECT_NE(ra.err.find("objective classification"), std::string::npos) << ra.err;
   const json run = json::parse(zof::test::read_file((a / "run.json").string()));
-  EXPECT_EQ(run["options"]["objective"], "auto");
+  EXPECT_EQ(run["options"]["objective"], "classification");  // what auto chose, for good
   auto rb = run_command("ZOF_FAULT_KILL_AT_STEP=5 " + cmd(b, ""));
   ASSERT_EQ(rb.code, 128 + SIGKILL) << rb.err;
   auto rb2 = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
@@ -255,6 +255,24 @@ TEST_F(Finetune, StalledMetricAtATinyLearningRateGetsAHint) {
                           " --lr 1e-4 --eval-every 2");
   ASSERT_EQ(fine.code, 0) << fine.err;
   EXPECT_EQ(fine.err.find("hint:"), std::string::npos) << fine.err;
+}
+
+// A process that dies after renaming its first checkpoint into place and before writing
+// `latest` (here: `latest` removed after a kill) resumes from that checkpoint, not from step 0,
+// and ends as the uninterrupted run.
+TEST_F(Finetune, ResumeWithoutLatestUsesTheNewestCompleteCheckpoint) {
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(a.string(), 12)).code, 0);
+  auto rb = run_command("ZOF_FAULT_KILL_AT_STEP=7 " + zof::test::zof_binary() + " " +
+                        args(b.string(), 12));
+  ASSERT_EQ(rb.code, 128 + SIGKILL) << rb.err;
+  ASSERT_TRUE(fs::exists(b / "checkpoint-5"));
+  fs::remove(b / "latest");
+  auto rb2 = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
+  ASSERT_EQ(rb2.code, 0) << rb2.err;
+  EXPECT_NE(rb2.err.find("resuming at step 5"), std::string::npos) << rb2.err;
+  EXPECT_EQ(steps_of(a), steps_of(b));
+  EXPECT_TRUE(weights(a) == weights(b));
 }
 
 TEST_F(Finetune, BadOptimizerFlagsAreClearErrors) {

@@ -186,6 +186,10 @@ TEST_F(Mpi, HungRankTimesOutAndTheRunResumesInOneProcess) {
 // the watchdog's timeout), its heartbeat keeps the waiting rank's watchdog from ending a
 // healthy job, and the run is the one a single process makes.
 TEST_F(Mpi, SlowEvaluationsAndCheckpointsOnRankZeroDoNotTripTheWatchdog) {
+  // The heartbeat needs MPI_THREAD_MULTIPLE (without it the waiting ranks are not watched at
+  // all, and this test could not fail).
+  const auto info = run_command("ompi_info");
+  ASSERT_NE(info.out.find("MPI_THREAD_MULTIPLE: yes"), std::string::npos) << info.out;
   const fs::path ref = dir_ / "ref", run = dir_ / "run";
   ASSERT_EQ(run_command(zof() + " " + args(ref, 6, "--eval-every 3")).code, 0);
   const double t0 = now_s();
