@@ -86,6 +86,42 @@ def _progress_line(m):
         m["tokens_per_s"])
 
 
+# Options that say where and how a run runs, not what it computes: a resumed run may change them.
+_LAYOUT_FIELDS = {"resume", "threads", "json", "no_report", "pipeline_stages", "dist_timeout",
+                  "gpu_mem", "sim_device", "device"}
+
+
+def _check_resume_options(options):
+    """resume=RUN_DIR continues with the run's saved options, as `zof finetune --resume`: an
+    option that would change one of them would be ignored, so it is refused (one with the saved
+    value changes nothing and passes)."""
+    run = options.get("resume")
+    if not run:
+        return
+    try:
+        with open(os.path.join(os.fspath(run), "run.json")) as f:
+            saved = json.load(f)["options"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # the library says what the directory is
+    given, kept = [], []
+    for key, value in options.items():
+        if key in _LAYOUT_FIELDS or value is None or key not in saved:
+            continue
+        probe = _zof.TrainOptions()  # the value as the run stores it (a float32 for lr, eps, ...)
+        setattr(probe, key, os.fspath(value) if isinstance(value, os.PathLike) else value)
+        now, was = getattr(probe, key), saved[key]
+        if key in ("model", "data", "out") and os.path.realpath(now) == os.path.realpath(was):
+            continue
+        if now != was:
+            given.append("%s=%r" % (key, value))
+            kept.append("%s=%r" % (key, was))
+    if given:
+        raise Error("resume=%r continues the run with the options it was started with, so %s "
+                    "would be ignored (the run has %s); drop %s, or start a new run with out=DIR"
+                    % (os.fspath(run), " and ".join(given), " and ".join(kept),
+                       "it" if len(given) == 1 else "them"))
+
+
 def finetune(*, on_step=None, progress=False, **options):
     """Runs (or with resume=RUN_DIR continues) `zof finetune` and returns its --json summary.
 
@@ -105,6 +141,7 @@ def finetune(*, on_step=None, progress=False, **options):
             continue
         setattr(opt, key, os.fspath(value) if isinstance(value, os.PathLike) else value)
 
+    _check_resume_options(options)
     stop_requested = False
 
     def message(line):

@@ -91,3 +91,17 @@ def test_errors_are_the_cli_message(tmp_path):
     assert str(e.value) == want
     with pytest.raises(TypeError, match="unexpected keyword 'stepz'"):
         zof.finetune(model=STORIES, data=SHAKESPEARE, out=tmp_path / "e", stepz=3)
+
+
+def test_resume_refuses_options_it_would_ignore(tmp_path):
+    require(STORIES), require(SHAKESPEARE)
+    run = tmp_path / "run"
+    zof.finetune(model=STORIES, data=SHAKESPEARE, out=run, steps=2, batch=2, seq_len=32,
+                 eval_examples=2, lr=1e-6)
+    with pytest.raises(zof.Error, match=r"so steps=320 and lr=0\.5 would be ignored") as e:
+        zof.finetune(resume=run, steps=320, lr=0.5)
+    assert "drop them" in str(e.value)
+    # The saved values themselves (lr as the run stores it, a float32) and layout options pass.
+    summary = zof.finetune(resume=run, lr=1e-6, steps=2, threads=1)
+    assert summary["steps"] == 2
+
