@@ -243,6 +243,8 @@ void parse_gpt2(const Fields& f, ModelConfig& c) {
   c.num_kv_heads = c.num_heads;
   c.head_dim = divide(f, c.hidden_size, "n_embd", c.num_heads, "n_head");
   c.max_position = f.positive("n_positions");
+  if (!f.has("n_inner") && c.hidden_size > std::numeric_limits<int64_t>::max() / 4)
+    f.fail("n_embd", "is too large (" + std::to_string(c.hidden_size) + "): 4 * n_embd, the default n_inner, overflows; fix config.json");
   c.intermediate_size = f.positive_or("n_inner", 4 * c.hidden_size);
   c.norm_eps = float(f.positive_number_or("layer_norm_epsilon", 1e-5));
   std::string act = f.string_or("activation_function", "gelu_new");
