@@ -187,3 +187,12 @@ put("task_data", "copa-bad", b'copa\n{"premise": "x.", "choice1": "I", "choice2"
 put("task_data", "copa-unlabelled", b'copa unlabelled\n{"premise": "It rained.  ", "choice1": "We", "choice2": "I ran", "question": "effect"}\n')
 put("task_data", "jsonl-bad", b'jsonl\n{"prompt": "p", "completion": "  "}\n[1]\n{"prompt"\n')
 put("task_data", "empty", b"rte\n\n\n")
+
+# ---- JSON nested past zof's limit (hf/json_depth.h: 256 levels), in every JSON a user gives ----------
+deep = "[" * 300 + "]" * 300
+put("config", "deep", json.dumps(stories)[:-1] + ', "x": ' + deep + "}")
+put("safetensors", "deep", st([], raw_header=('{"w":{"dtype":"F32","shape":' + deep + ',"data_offsets":[0,0]}}').encode()))
+put("safetensors_index", "deep", ('{"weight_map":{"a.weight":' + deep + "}}").encode())
+put("tokenizer", "deep", '{"model": {"type": "BPE", "vocab": {}, "merges": ' + deep + "}}")
+put("tokenizer", "deep-config", json.dumps(mini) + "\0ab\0" + '{"bos_token": ' + deep + "}")
+put("task_data", "deep", b'rte\n{"premise": ' + deep.encode() + b', "hypothesis": "h", "label": 0}\n')

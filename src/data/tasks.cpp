@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "hf/json_depth.h"
 #include "zof/data.h"
 #include "zof/error.h"
 #include "zof/philox.h"
@@ -192,6 +193,7 @@ std::vector<Example> parse_jsonl(const std::string& task, const std::string& pat
   std::vector<Example> out;
   for (int64_t i = 0; i < (int64_t)lines.size(); ++i) {
     if (blank(lines[i])) continue;
+    check_json_depth(lines[i], path + ":" + std::to_string(i + 1));
     json j;
     try {
       j = json::parse(lines[i]);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "hf/json_depth.h"
 #include "zof/error.h"
 
 namespace zof {
@@ -292,9 +293,11 @@ ModelConfig ModelConfig::load(const std::string& path) {
   if (!in) throw Error(path + ": cannot open; check that the model directory holds config.json");
   std::ostringstream ss;
   ss << in.rdbuf();
+  const std::string text = ss.str();
+  check_json_depth(text, path);
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(path + ": malformed JSON (" + e.what() + "); fix or re-download config.json");
   }

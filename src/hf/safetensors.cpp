@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hf/json_depth.h"
 #include "zof/error.h"
 
 namespace zof::safetensors {
@@ -126,6 +127,7 @@ json read_header(const Mapping& m, uint64_t& n) {
              std::to_string(m.size - 8) + "; re-download the file");
   if (n < 2) fail(path, "", "header of " + std::to_string(n) + " bytes cannot hold a JSON object; " + kRedownload);
   const char* hb = reinterpret_cast<const char*>(m.addr + 8);
+  check_json_depth(std::string_view(hb, size_t(n)), "safetensors " + path);
   json header;
   try {
     header = json::parse(hb, hb + n);
@@ -302,9 +304,11 @@ Archive Archive::open_dir(const std::string& dir) {
     throw Error("no model.safetensors or model.safetensors.index.json in " + dir +
                 "; point zof at a Hugging Face model directory with safetensors weights");
   const std::string ip = index.string();
+  const std::string text = read_text(ip);
+  check_json_depth(text, ip);
   json j;
   try {
-    j = json::parse(read_text(ip));
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(ip + ": malformed JSON (" + e.what() + "); re-download the file");
   }
