@@ -125,13 +125,30 @@ put("config", "truncated", json.dumps(stories)[:100])
 
 # ---- tokenizer.json, then optionally NUL + text, NUL + tokenizer_config.json ----------------------
 text = "Once upon a time,  there was a caf\u00e9 \u2603 \ud55c\uad6d \u65e5\u672c <s> 123 <|endoftext|>\n\tend  "
-stories_tok = (assets / "models/stories260K/tokenizer.json").read_bytes()
+
+
+def shrink(path, merges=40):
+    """The tokenizer at path with its vocabulary cut to the first merges and a few characters: the
+    same pipeline in 2-3 KB, so that the fuzzer runs thousands of loads a second, not hundreds."""
+    j = json.loads(pathlib.Path(path).read_text())
+    m = j["model"]
+    pairs = [x.split(" ") if isinstance(x, str) else x for x in m["merges"][:merges]]
+    keep = {t for a, b in pairs for t in (a, b, a + b)}
+    keep |= {t for t, i in m["vocab"].items() if i < 8 or (len(t) == 1 and (t.isascii() or i < 120))}
+    keep |= {"<0x41>", "<0xC3>", "<0xA9>", "<0xE2>", "<0x98>", "<0x83>", "<0x0A>", "<unk>", "\u2581", "\u0120"}
+    m["vocab"] = {t: i for t, i in m["vocab"].items() if t in keep}
+    m["merges"] = [x for x, (a, b) in zip(m["merges"], pairs) if a in keep and b in keep and a + b in keep]
+    j["added_tokens"] = [a for a in j.get("added_tokens", []) if a["content"] in keep or a["id"] < 8]
+    return json.dumps(j, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+stories_tok = shrink(assets / "models/stories260K/tokenizer.json")
 stories_cfg = (assets / "models/stories260K/tokenizer_config.json").read_bytes()
 put("tokenizer", "stories260K", stories_tok + b"\0" + text.encode() + b"\0" + stories_cfg)
 put("tokenizer", "stories260K-no-text", stories_tok)
 for name in ("bytelevel", "llama3", "sentencepiece"):
     d = root / "tokenizers" / name
-    put("tokenizer", name, (d / "tokenizer.json").read_bytes() + b"\0" + text.encode() + b"\0" +
+    put("tokenizer", name, shrink(d / "tokenizer.json") + b"\0" + text.encode() + b"\0" +
         (d / "tokenizer_config.json").read_bytes())
 mini = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "<unk>": 3}, "merges": ["a b"], "unk_token": "<unk>",
                   "continuing_subword_prefix": "##", "end_of_word_suffix": "</w>"},

@@ -59,7 +59,7 @@ t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digi
                                            pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")])
 t.decoder = decoders.Sequence([decoders.Metaspace(replacement="\u2581", prepend_scheme="first"),
                                decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1, right=0)])
-t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"] +
+t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=450, special_tokens=["<unk>", "<s>", "</s>"] +
                                                  [f"<0x{b:02X}>" for b in range(256)], show_progress=False))
 t.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
 save(t, "sentencepiece", {"bos_token": "<s>", "eos_token": "</s>", "pad_token": None})

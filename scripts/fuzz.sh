@@ -5,8 +5,9 @@
 # finding (crash, UB, leak, timeout over 5 s, allocation over 1 GB, memory over 2 GB); the
 # reproducer is in build-fuzz/runs/<target>/artifacts/, and its log beside it.
 #
-#   scripts/fuzz.sh [-n RUNS] [--merge] [TARGET...]
+#   scripts/fuzz.sh [-n RUNS] [-t SECONDS] [--merge] [TARGET...]
 #     -n RUNS   executions per target (default 10000000; ZOF_FUZZ_RUNS overrides the default)
+#     -t SECS   stop each target after SECS seconds if it has not reached RUNS (a quick pass)
 #     --merge   afterwards, add the inputs that found new coverage to fuzz/corpus/<target>/
 #               (libFuzzer -merge=1 keeps only those; commit them if they are small)
 #     TARGET    config, safetensors, safetensors_index, task_data, tokenizer, tokenizer_text
@@ -18,12 +19,14 @@ cd "$(dirname "$0")/.."
 
 RUNS=${ZOF_FUZZ_RUNS:-10000000}
 MERGE=0
+SECS=0
 TARGETS=()
 while (($#)); do
   case "$1" in
     -n) RUNS="$2"; shift 2 ;;
+    -t) SECS="$2"; shift 2 ;;
     --merge) MERGE=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) TARGETS+=("$1"); shift ;;
   esac
@@ -70,10 +73,10 @@ for t in "${TARGETS[@]}"; do
   cp -r "fuzz/corpus/$t/." "$dir/corpus/"
   dict=()
   [ -f "fuzz/$t.dict" ] && dict=(-dict="fuzz/$t.dict")
-  echo "fuzz.sh: $t: $RUNS executions (log: $dir/log)"
+  echo "fuzz.sh: $t: $RUNS executions$( ((SECS)) && echo " or $SECS s") (log: $dir/log)"
   t0=$SECONDS
   rc=0
-  "$BUILD/fuzz_$t" -runs="$RUNS" -timeout=5 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+  "$BUILD/fuzz_$t" -runs="$RUNS" -max_total_time="$SECS" -timeout=5 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
     -print_final_stats=1 -artifact_prefix="$dir/artifacts/" "${dict[@]}" "$dir/corpus" >"$dir/log" 2>&1 || rc=$?
   secs=$((SECONDS - t0))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
