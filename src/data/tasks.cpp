@@ -197,7 +197,7 @@ std::vector<Example> parse_jsonl(const std::string& task, const std::string& pat
     json j;
     try {
       j = json::parse(lines[i]);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
       std::string what = e.what();
       const size_t colon = what.find(": ");  // drop nlohmann's "[json.exception...]" prefix
       if (colon != std::string::npos) what = what.substr(colon + 2);
