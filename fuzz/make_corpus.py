@@ -54,6 +54,7 @@ put("safetensors", "unpadded", st([("x", "BF16", [1], b"\x80\x3f")], pad=False))
 put("safetensors", "i64", st([("i", "I64", [1], b"\x01" + b"\x00" * 7)]))
 put("safetensors", "huge-shape", st([("w", "F32", [1000000, 1000000], f32(0))]))
 put("safetensors", "overflow-shape", st([("w", "F32", [4294967296, 4294967296, 4294967296], f32(0))]))
+put("safetensors", "empty-overflow", st([], raw_header=b'{"w":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904,0],"data_offsets":[0,0]}}'))
 put("safetensors", "overlap", st([], raw_header=b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
                                                b'"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}') + f32(1, 2, 3))
 put("safetensors", "past-end", st([], raw_header=b'{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}') + f32(1))

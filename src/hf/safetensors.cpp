@@ -196,7 +196,17 @@ TensorInfo parse_entry(const std::string& path, const std::string& name, const j
     else bytes *= dim;
   }
   bool has_zero = std::find(t.shape.begin(), t.shape.end(), int64_t(0)) != t.shape.end();
-  if (has_zero) bytes = 0, too_big = false;
+  if (has_zero) {
+    // An empty tensor needs no bytes, but TensorInfo::numel multiplies its dimensions in order:
+    // the non-zero ones must not overflow int64 ([2^62, 2^62, 0] would).
+    uint64_t prod = 1;
+    for (int64_t d : t.shape)
+      if (d != 0 && prod > uint64_t(INT64_MAX) / uint64_t(d))
+        fail(path, name, "shape " + shape_str(t.shape) + " has dimensions too large; " + kRedownload);
+      else if (d != 0)
+        prod *= uint64_t(d);
+    bytes = 0, too_big = false;
+  }
   if (too_big)
     fail(path, name,
          "shape " + shape_str(t.shape) + " of " + ds + " needs more bytes than the data section holds (" +
