@@ -8,8 +8,8 @@
 #   scripts/fuzz.sh [-n RUNS] [-t SECONDS] [--merge] [TARGET...]
 #     -n RUNS   executions per target (default 10000000; ZOF_FUZZ_RUNS overrides the default)
 #     -t SECS   stop each target after SECS seconds if it has not reached RUNS (a quick pass)
-#     --merge   afterwards, add the inputs that found new coverage to fuzz/corpus/<target>/
-#               (libFuzzer -merge=1 keeps only those; commit them if they are small)
+#     --merge   afterwards, add the inputs that reached new edges to fuzz/corpus/<target>/
+#               (libFuzzer -merge=1 on edge coverage alone, which keeps the corpus small)
 #     TARGET    config, safetensors, safetensors_index, task_data, tokenizer, tokenizer_text
 #               (default: all)
 # Not part of CI (10 million executions take minutes to an hour a target); CI replays the corpus
@@ -90,7 +90,7 @@ for t in "${TARGETS[@]}"; do
   fi
   rows+=("$(printf '%-18s %12s %9s %8s %9s' "$t" "${execs:-?}" "${rate:-?}" "$secs" "$findings")")
   if [ "$MERGE" = 1 ] && [ "$findings" = 0 ]; then
-    "$BUILD/fuzz_$t" -merge=1 -timeout=5 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+    "$BUILD/fuzz_$t" -merge=1 -use_counters=0 -timeout=5 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
       "fuzz/corpus/$t" "$dir/corpus" >"$dir/merge.log" 2>&1
     echo "fuzz.sh: $t: $(grep -o 'MERGE-OUTER: [0-9]* new files' "$dir/merge.log" | tail -1) to fuzz/corpus/$t"
   fi
