@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "hf/json_depth.h"
 #include "zof/data.h"
 #include "zof/error.h"
 #include "zof/philox.h"
@@ -200,10 +201,11 @@ std::vector<Example> parse_jsonl(const std::string& task, const std::string& pat
   std::vector<Example> out;
   for (int64_t i = 0; i < (int64_t)lines.size(); ++i) {
     if (blank(lines[i])) continue;
+    check_json_depth(lines[i], path + ":" + std::to_string(i + 1));
     json j;
     try {
       j = json::parse(lines[i]);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
       std::string what = e.what();
       const size_t colon = what.find(": ");  // drop nlohmann's "[json.exception...]" prefix
       if (colon != std::string::npos) what = what.substr(colon + 2);

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "hf/json_depth.h"
 #include "zof/error.h"
 
 namespace zof {
@@ -345,6 +346,8 @@ void parse_gpt2(const Fields& f, ModelConfig& c) {
   c.num_kv_heads = c.num_heads;
   c.head_dim = divide(f, c.hidden_size, "n_embd", c.num_heads, "n_head");
   c.max_position = f.positive("n_positions");
+  if (!f.has("n_inner") && c.hidden_size > std::numeric_limits<int64_t>::max() / 4)
+    f.fail("n_embd", "is too large (" + std::to_string(c.hidden_size) + "): 4 * n_embd, the default n_inner, overflows; fix config.json");
   c.intermediate_size = f.positive_or("n_inner", 4 * c.hidden_size);
   c.norm_eps = float(f.positive_number_or("layer_norm_epsilon", 1e-5));
   std::string act = f.string_or("activation_function", "gelu_new");
@@ -394,9 +397,11 @@ ModelConfig ModelConfig::load(const std::string& path) {
   if (!in) throw Error(path + ": cannot open; check that the model directory holds config.json");
   std::ostringstream ss;
   ss << in.rdbuf();
+  const std::string text = ss.str();
+  check_json_depth(text, path);
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(path + ": malformed JSON (" + e.what() + "); fix or re-download config.json");
   }

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hf/json_depth.h"
 #include "zof/error.h"
 
 namespace zof::safetensors {
@@ -160,6 +161,7 @@ json read_header(const Mapping& m, uint64_t& n) {
              std::to_string(m.size - 8) + "; re-download the file");
   if (n < 2) fail(path, "", "header of " + std::to_string(n) + " bytes cannot hold a JSON object; " + kRedownload);
   const char* hb = reinterpret_cast<const char*>(m.addr + 8);
+  check_json_depth(std::string_view(hb, size_t(n)), "safetensors " + path);
   json header;
   std::string dup, where;
   try {
@@ -234,7 +236,17 @@ TensorInfo parse_entry(const std::string& path, const std::string& name, const j
     else bytes *= dim;
   }
   bool has_zero = std::find(t.shape.begin(), t.shape.end(), int64_t(0)) != t.shape.end();
-  if (has_zero) bytes = 0, too_big = false;
+  if (has_zero) {
+    // An empty tensor needs no bytes, but TensorInfo::numel multiplies its dimensions in order:
+    // the non-zero ones must not overflow int64 ([2^62, 2^62, 0] would).
+    uint64_t prod = 1;
+    for (int64_t d : t.shape)
+      if (d != 0 && prod > uint64_t(INT64_MAX) / uint64_t(d))
+        fail(path, name, "shape " + shape_str(t.shape) + " has dimensions too large; " + kRedownload);
+      else if (d != 0)
+        prod *= uint64_t(d);
+    bytes = 0, too_big = false;
+  }
   if (too_big)
     fail(path, name,
          "shape " + shape_str(t.shape) + " of " + ds + " needs more bytes than the data section holds (" +
@@ -342,10 +354,11 @@ Archive Archive::open_dir(const std::string& dir) {
     throw Error("no model.safetensors or model.safetensors.index.json in " + dir +
                 "; point zof at a Hugging Face model directory with safetensors weights");
   const std::string ip = index.string();
+  const std::string text = read_text(ip);
+  check_json_depth(text, ip);
   json j;
   std::string dup, where;
   try {
-    const std::string text = read_text(ip);
     j = parse_unique_keys(text.data(), text.data() + text.size(), dup, where);
   } catch (const json::exception& e) {
     throw Error(ip + ": malformed JSON (" + e.what() + "); re-download the file");

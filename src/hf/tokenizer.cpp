@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "hf/json_depth.h"
 #include "hf/unicode.h"
 #include "zof/error.h"
 
@@ -81,8 +82,10 @@ json read_json(const fs::path& path) {
   if (!in) throw Error(path.string() + ": cannot open the file for reading");
   std::stringstream buf;
   buf << in.rdbuf();
+  const std::string text = buf.str();
+  check_json_depth(text, path.string());
   try {
-    return json::parse(buf.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw Error(path.string() + ": malformed JSON (" + e.what() + "); the file is damaged or not a tokenizer file");
   }
