@@ -16,6 +16,7 @@
 #include <limits>
 #include <sstream>
 
+#include "hf/json_depth.h"
 #include "zof/error.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
@@ -63,10 +64,14 @@ void write_file_atomic(const fs::path& path, const std::string& text) {
 }
 
 json read_json(const fs::path& p) {
-  std::ifstream f(p);
+  std::ifstream f(p, std::ios::binary);
   ZOF_CHECK(f.good(), "cannot read " + p.string());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  check_json_depth(text, p.string());  // a deep nest would overflow the stack when copied
   try {
-    return json::parse(f);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw Error(p.string() + " is not valid JSON (" + e.what() + "); the run directory is damaged");
   }
@@ -121,21 +126,6 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// "checkpoint-<digits>" with no leading zeros (as save_checkpoint names them); its step or -1.
-int64_t checkpoint_step(const std::string& name) {
-  const std::string pre = "checkpoint-";
-  if (name.rfind(pre, 0) != 0 || name.size() == pre.size() || name.size() > pre.size() + 18)
-    return -1;
-  int64_t step = 0;
-  for (size_t i = pre.size(); i < name.size(); ++i) {
-    if (!std::isdigit((unsigned char)name[i])) return -1;
-    step = step * 10 + (name[i] - '0');
-  }
-  if (name[pre.size()] == '0' && name.size() > pre.size() + 1) return -1;
-  return step;
-}
-
-const char* kDamaged = "the run directory is damaged; restore the file from a copy, or start a new run";
 
 }  // namespace
 
@@ -183,65 +173,6 @@ fs::path latest_checkpoint(const fs::path& run) {
 }
 
 // ---- state.json, run.json -------------------------------------------------------------------
-
-RunCounters parse_state(const json& j, const std::string& file, int64_t max_steps) {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    throw Error(file + ": \"" + key + "\" " + what + "; " + kDamaged);
-  };
-  if (!j.is_object())
-    throw Error(file + " must hold a JSON object, not " + std::string(j.type_name()) + "; " +
-                kDamaged);
-  auto shown = [](const json& v) {
-    const std::string d = v.dump();
-    return d.size() > 40 ? d.substr(0, 40) + "..." : d;
-  };
-  auto integer = [&](const char* key, bool required, int64_t lo, int64_t hi,
-                     const std::string& range) -> int64_t {
-    auto it = j.find(key);
-    if (it == j.end()) {
-      if (required) fail(key, "is missing");
-      return 0;
-    }
-    const json& v = *it;
-    const bool ok = v.is_number_integer() &&
-                    (!v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT64_MAX) &&
-                    v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
-    if (!ok) fail(key, "is " + shown(v) + "; it must be " + range);
-    return v.get<int64_t>();
-  };
-  auto number = [&](const char* key) -> double {
-    auto it = j.find(key);
-    if (it == j.end()) return 0;
-    const json& v = *it;
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-      fail(key, "is " + shown(v) + "; it must be a finite number >= 0");
-    return v.get<double>();
-  };
-  RunCounters c;
-  c.step = integer("step", true, 0, max_steps,
-                   "an integer from 0 to " + std::to_string(max_steps) + " (the run's --steps)");
-  c.bad_run = integer("bad_run", false, 0, c.step,
-                      "an integer from 0 to the step (" + std::to_string(c.step) + ")");
-  c.tokens = number("tokens");
-  c.train_s = number("train_s");
-  const int64_t big = std::numeric_limits<int64_t>::max();
-  c.metrics_bytes = integer("metrics_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
-  c.log_bytes = integer("log_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
-  auto eb = j.find("eval_before");
-  if (eb != j.end() && !eb->is_null()) {
-    const json& e = *eb;
-    auto m = e.is_object() ? e.find("metric") : e.end();
-    auto v = e.is_object() ? e.find("value") : e.end();
-    // A non-finite metric (a perplexity that overflowed) is written by the JSON library as null.
-    if (!e.is_object() || m == e.end() || !m->is_string() || v == e.end() ||
-        !(v->is_number() || v->is_null()))
-      fail("eval_before", "is " + shown(e) +
-                              "; it must be null or an evaluation record with a string "
-                              "\"metric\" and a number (or null) \"value\"");
-    c.eval_before = e;
-  }
-  return c;
-}
 
 TrainOptions parse_run_options(const json& run_json, const std::string& file) {
   ZOF_CHECK(run_json.is_object(), file + " must hold a JSON object, not " +

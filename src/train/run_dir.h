@@ -53,6 +53,11 @@ struct RunCounters {
   int64_t metrics_bytes = 0, log_bytes = 0;
 };
 
+// "the run directory is damaged; ..." (the fix every damaged-file message ends with).
+extern const char* const kDamaged;
+// "checkpoint-<digits>" (no leading zeros, as save_checkpoint names them): its step; else -1.
+int64_t checkpoint_step(const std::string& name);
+
 // A checkpoint's state.json, validated like any input file: every field's type and range (step
 // in [0, max_steps], the run's --steps; bad_run in [0, step]; tokens and train_s finite and
 // >= 0; the logs' sizes non-negative integers; eval_before null or an evaluation record).
