@@ -715,6 +715,35 @@ std::string extras_message(const std::vector<std::string>& extras, const std::st
          " takes flags only; a value with spaces needs quotes (see zof " + cmd + " --help)";
 }
 
+// The command (the first word that is not a flag), and whether a failure ends with a JSON line
+// too: finetune always ends with one, generate, eval and replay with --json; under mpirun only
+// rank 0 prints it.
+bool json_error_line(int argc, char** argv, std::string& cmd) {
+  bool json_flag = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (cmd.empty() && !a.empty() && a[0] != '-') cmd = a;
+    if (a == "--json" || (a.rfind("--json=", 0) == 0 && a != "--json=false")) json_flag = true;
+  }
+  if (launched_rank() != 0) return false;
+  if (cmd == "finetune") return true;
+  return json_flag && (cmd == "generate" || cmd == "eval" || cmd == "replay");
+}
+
+// One line whatever a message quotes (a file's contents, a path, a config string): line breaks
+// and other control characters are shown escaped.
+std::string one_line(const std::string& raw) {
+  std::string what;
+  for (const char c : raw) {
+    if (c == '\n') what += "\\n";
+    else if (c == '\r') what += "\\r";
+    else if (c == '\t') what += "\\t";
+    else if ((unsigned char)c < 0x20 || c == 0x7f) what += '?';
+    else what += c;
+  }
+  return what;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -740,29 +769,10 @@ int main(int argc, char** argv) {
   for (CLI::App* sub : {gen, ev, rp})
     for (CLI::Option* o : sub->get_options()) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
-  // The command, and whether a failure ends with a JSON line too: finetune always ends with one,
-  // the others with --json.
   std::string cmd;
-  bool json_out = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (cmd.empty() && !a.empty() && a[0] != '-') cmd = a;
-    if (a == "--json" || (a.rfind("--json=", 0) == 0 && a != "--json=false")) json_out = true;
-  }
-  if (cmd != "generate" && cmd != "eval" && cmd != "replay") json_out = false;
-  if (cmd == "finetune") json_out = true;
-  if (launched_rank() != 0) json_out = false;
+  const bool json_out = json_error_line(argc, argv, cmd);
   auto fail = [&](const std::string& raw) {
-    // One line whatever the message quotes (a file's contents, a path, a config string): line
-    // breaks and other control characters are shown escaped.
-    std::string what;
-    for (const char c : raw) {
-      if (c == '\n') what += "\\n";
-      else if (c == '\r') what += "\\r";
-      else if (c == '\t') what += "\\t";
-      else if ((unsigned char)c < 0x20 || c == 0x7f) what += '?';
-      else what += c;
-    }
+    const std::string what = one_line(raw);
     std::fprintf(stderr, "zof: error: %s\n", what.c_str());
     if (json_out) {
       std::cout << json{{"error", what}}.dump(-1, ' ', false, json::error_handler_t::replace)
