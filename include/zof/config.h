@@ -10,12 +10,12 @@
 
 namespace zof {
 
-enum class Arch { Llama, OPT, GPT2 };  // Llama also covers Mistral, Qwen2 and Qwen3
+enum class Arch { Llama, OPT, GPT2 };  // Llama also covers Mistral, Qwen2, Qwen3 and Phi-3
 enum class Activation { SiLU, ReLU, GeluTanh, GeluErf };
 
 struct ModelConfig {
   Arch arch = Arch::Llama;
-  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "opt", "gpt2"
+  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "phi3", "opt", "gpt2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;  // GPT-2: n_inner or 4*n_embd; OPT: ffn_dim
@@ -26,12 +26,15 @@ struct ModelConfig {
   int64_t max_position = 0;  // context length
   float norm_eps = 1e-5f;
   float rope_theta = 10000.f;  // Llama family only
-  // RoPE (Llama family): the dims rotated in each head (head_dim; partial rotary would rotate
-  // fewer) and their rotary_dim/2 fp32 inverse frequencies, theta^(-2i/rotary_dim) with the
+  // RoPE (Llama family): the dims rotated in each head (head_dim, or int(head_dim *
+  // partial_rotary_factor) for Phi-3; the rest pass through) and their rotary_dim/2 fp32 inverse frequencies, theta^(-2i/rotary_dim) with the
   // config's RoPE scaling (linear, llama3) applied, computed once here; the rope op reads it.
   int64_t rotary_dim = 0;
   std::vector<float> rope_inv_freq;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim of each head's q and k, before RoPE
+  // Phi-3: q, k and v are the rows of one tensor self_attn.qkv_proj.weight, gate and up those
+  // of mlp.gate_up_proj.weight; the layer's q/k/v and gate/up views point into them.
+  bool fused_proj = false;
   Activation act = Activation::SiLU;
   bool qkv_bias = false;   // Qwen2: true; Llama: attention_bias; OPT/GPT-2: true
   bool o_bias = false;     // Llama: attention_bias; OPT/GPT-2: true

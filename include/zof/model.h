@@ -38,7 +38,9 @@ struct Block {
 // Absent slots are W{} (null). The block graph (src/model/block_graph.h) reads these fields and
 // nothing else, so every walk shares one definition of each block.
 // Llama: ln1=input_layernorm, ln2=post_attention_layernorm, fc1=gate_proj, up=up_proj,
-// fc2=down_proj, q_norm/k_norm=self_attn.q_norm/k_norm (Qwen3). OPT: ln1=self_attn_layer_norm,
+// fc2=down_proj, q_norm/k_norm=self_attn.q_norm/k_norm (Qwen3); Phi-3: q_w/k_w/v_w point at the
+// row ranges q, k, v of self_attn.qkv_proj and fc1_w/up_w at those of mlp.gate_up_proj (views
+// into one parameter each, no copies). OPT: ln1=self_attn_layer_norm,
 // ln2=final_layer_norm. GPT-2: qkv_w is the fused c_attn (3C, C), transposed on load.
 template <class W>
 struct LayerT {

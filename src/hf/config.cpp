@@ -131,8 +131,18 @@ int64_t divide(const Fields& f, int64_t hidden, const std::string& hidden_key, i
 // implement is refused by name. Sets rope_theta, rotary_dim and the table rope_inv_freq, as
 // transformers' _compute_default_rope_parameters, _compute_linear_scaling_rope_parameters and
 // _compute_llama3_parameters form it (these return attention_factor 1: cos and sin unscaled).
-void parse_rope(const Fields& f, ModelConfig& c) {
+// partial_ok (Phi-3): partial_rotary_factor, top-level or in rope_parameters, in (0, 1]; RoPE
+// rotates int(head_dim * factor) dims of each head, as transformers' _compute_default_rope_parameters.
+void parse_rope(const Fields& f, ModelConfig& c, bool partial_ok = false) {
   double theta = f.positive_number_or("rope_theta", 10000.0);
+  double partial = 1.0;
+  std::string partial_key = "partial_rotary_factor";
+  auto take_partial = [&](const json& v, const std::string& where) {
+    if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1)
+      f.fail(where, "has partial_rotary_factor " + v.dump() + ", which must be a number in (0, 1]; fix config.json");
+    partial = v.get<double>(), partial_key = where;
+  };
+  if (partial_ok && f.get("partial_rotary_factor")) take_partial(*f.get("partial_rotary_factor"), "partial_rotary_factor");
   std::string type = "default", type_key;  // type_key: the field that set a non-default type
   json params = json::object();              // the scaling's numbers
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
@@ -161,6 +171,8 @@ void parse_rope(const Fields& f, ModelConfig& c) {
       if (k == "rope_theta") {
         if (!it->is_number() || !(it->get<double>() > 0)) f.fail(key, "has a rope_theta that is not a positive number");
         theta = it->get<double>();
+      } else if (k == "partial_rotary_factor" && partial_ok) {
+        take_partial(*it, key);
       } else if (k == "partial_rotary_factor" && it->is_number() && it->get<double>() == 1.0) {
       } else if ((t == "linear" || t == "llama3") && k == "factor") {
         params[k] = *it;
@@ -182,7 +194,11 @@ void parse_rope(const Fields& f, ModelConfig& c) {
     return it->get<double>();
   };
   c.rope_theta = float(theta);
-  c.rotary_dim = c.head_dim;
+  c.rotary_dim = partial == 1.0 ? c.head_dim : int64_t(double(c.head_dim) * partial);
+  if (partial != 1.0 && (c.rotary_dim % 2 != 0 || c.rotary_dim == 0))
+    f.fail(partial_key, "gives int(head_dim (" + std::to_string(c.head_dim) + ") * partial_rotary_factor) = " +
+                            std::to_string(c.rotary_dim) +
+                            " rotary dims, which must be even and positive; fix config.json");
   if (c.rotary_dim % 2 != 0)
     f.fail("head_dim", "is " + std::to_string(c.head_dim) + ", which is odd; RoPE needs an even head_dim");
   c.rope_inv_freq = rope_default_inv_freq(c.rope_theta, c.rotary_dim);
@@ -262,10 +278,11 @@ void parse_llama(const Fields& f, ModelConfig& c) {
                            std::to_string(c.num_heads) + ") is more than zof accepts (at most " +
                            std::to_string(size_limit("intermediate_size")) + "); fix config.json");
   // transformers' defaults differ by family.
-  const int64_t def_pos = mt == "mistral" ? 4096 * 32 : mt == "qwen2" || mt == "qwen3" ? 32768 : 2048;
+  const int64_t def_pos = mt == "mistral" ? 4096 * 32 : mt == "qwen2" || mt == "qwen3" ? 32768
+                          : mt == "phi3" ? 4096 : 2048;
   c.max_position = f.positive_or("max_position_embeddings", def_pos);
-  c.norm_eps = float(f.positive_number_or("rms_norm_eps", 1e-6));
-  parse_rope(f, c);
+  c.norm_eps = float(f.positive_number_or("rms_norm_eps", mt == "phi3" ? 1e-5 : 1e-6));
+  parse_rope(f, c, mt == "phi3");
   std::string act = f.string_or("hidden_act", "silu");
   if (act != "silu" && act != "swish")
     f.fail("hidden_act", "is \"" + act + "\"; zof supports only \"silu\" for " + mt + " models");
@@ -277,6 +294,9 @@ void parse_llama(const Fields& f, ModelConfig& c) {
     c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
     c.mlp_bias = false;
     c.qk_norm = true;
+  } else if (mt == "phi3") {  // no biases; fused qkv_proj and gate_up_proj
+    c.qkv_bias = c.o_bias = c.mlp_bias = false;
+    c.fused_proj = true;
   } else if (mt == "qwen2") {
     c.qkv_bias = true;
     c.o_bias = false;
@@ -289,10 +309,10 @@ void parse_llama(const Fields& f, ModelConfig& c) {
   // Sliding-window attention changes the mask on long inputs; accept only configs where it never
   // applies. Mistral uses sliding_window (default 4096) as given; Qwen2 only with use_sliding_window
   // and only on layers from max_window_layers on (or as layer_types says).
-  if (mt == "mistral" || mt == "qwen2" || mt == "qwen3") {
+  if (mt == "mistral" || mt == "qwen2" || mt == "qwen3" || mt == "phi3") {
     const json* sw = f.get("sliding_window");
     int64_t window = 0;  // 0: none
-    if (!f.j.contains("sliding_window")) window = 4096;
+    if (!f.j.contains("sliding_window")) window = mt == "phi3" ? 0 : 4096;  // Phi3Config: None
     else if (sw) window = f.positive("sliding_window");
     bool applies = window > 0 && window < c.max_position;
     if (applies && (mt == "qwen2" || mt == "qwen3")) {
@@ -373,16 +393,16 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   Fields f{j, source};
   ModelConfig c;
   const json* mt = f.get("model_type");
-  if (!mt) f.fail("model_type", "is missing; zof supports llama, mistral, qwen2, qwen3, opt and gpt2");
+  if (!mt) f.fail("model_type", "is missing; zof supports llama, mistral, qwen2, qwen3, phi3, opt and gpt2");
   if (!mt->is_string()) f.fail("model_type", "must be a string, got " + mt->dump());
   c.model_type = mt->get<std::string>();
   if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-      c.model_type == "qwen3")
+      c.model_type == "qwen3" || c.model_type == "phi3")
     parse_llama(f, c);
   else if (c.model_type == "opt") parse_opt(f, c);
   else if (c.model_type == "gpt2") parse_gpt2(f, c);
   else
-    f.fail("model_type", "is \"" + c.model_type + "\", which zof does not support; supported: llama, mistral, qwen2, qwen3, opt, gpt2");
+    f.fail("model_type", "is \"" + c.model_type + "\", which zof does not support; supported: llama, mistral, qwen2, qwen3, phi3, opt, gpt2");
   c.vocab_size = f.positive("vocab_size");
   c.bos_token_id = f.token_id("bos_token_id");
   c.eos_token_id = f.token_id("eos_token_id");

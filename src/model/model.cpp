@@ -39,6 +39,15 @@ std::vector<BlockSpec> layout_llama(const ModelConfig& c) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     std::vector<Spec> s;
     s.push_back({p + "input_layernorm.weight", {C}, false, false});
+    if (c.fused_proj) {  // Phi-3: rows q, k, v; gate, up (layer() views into them)
+      s.push_back({p + "self_attn.qkv_proj.weight", {Hq + 2 * Hk, C}, true, false});
+      s.push_back({p + "self_attn.o_proj.weight", {C, Hq}, true, false});
+      s.push_back({p + "post_attention_layernorm.weight", {C}, false, false});
+      s.push_back({p + "mlp.gate_up_proj.weight", {2 * I, C}, true, false});
+      s.push_back({p + "mlp.down_proj.weight", {C, I}, true, false});
+      out.push_back({"layers." + std::to_string(i), s});
+      continue;
+    }
     s.push_back({p + "self_attn.q_proj.weight", {Hq, C}, true, false});
     if (c.qkv_bias) s.push_back({p + "self_attn.q_proj.bias", {Hq}, false, false});
     s.push_back({p + "self_attn.k_proj.weight", {Hk, C}, true, false});
@@ -225,6 +234,12 @@ void check_config_against_weights(const ModelConfig& c, const safetensors::Archi
     case Arch::Llama:
       size_field("vocab_size", V, "model.embed_tokens.weight", 0, {V, C});
       size_field(hidden_key, C, "model.embed_tokens.weight", 1, {V, C});
+      if (c.fused_proj) {  // Phi-3: I from down_proj (C, I); the fused shapes are checked below
+        size_field(inner_key, I, "model.layers.0.mlp.down_proj.weight", 1, {C, I});
+        size_field("num_attention_heads * head_dim", c.num_heads * c.head_dim,
+                   "model.layers.0.self_attn.o_proj.weight", 1, {C, c.num_heads * c.head_dim});
+        break;
+      }
       size_field(inner_key, I, "model.layers.0.mlp.gate_proj.weight", 0, {I, C});
       size_field("num_attention_heads * head_dim", c.num_heads * c.head_dim,
                  "model.layers.0.self_attn.q_proj.weight", 0, {c.num_heads * c.head_dim, C});
@@ -561,6 +576,14 @@ LayerWeights Model::layer(int i, const ParamLocator& b) const {
       w.up_b = ptr(p + "mlp.up_proj.bias", b);
       w.fc2_w = ptr(p + "mlp.down_proj.weight", b);
       w.fc2_b = ptr(p + "mlp.down_proj.bias", b);
+      if (cfg_.fused_proj) {  // Phi-3: q, k, v and gate, up are row ranges of the fused tensors
+        const int64_t C = cfg_.hidden_size, Hq = cfg_.num_heads * cfg_.head_dim,
+                      Hk = cfg_.num_kv_heads * cfg_.head_dim;
+        const float* qkv = ptr(p + "self_attn.qkv_proj.weight", b);
+        const float* gate_up = ptr(p + "mlp.gate_up_proj.weight", b);
+        w.q_w = qkv, w.k_w = qkv + Hq * C, w.v_w = qkv + (Hq + Hk) * C;
+        w.fc1_w = gate_up, w.up_w = gate_up + cfg_.intermediate_size * C;
+      }
       break;
     }
     case Arch::OPT: {

@@ -121,6 +121,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ZOStepVsReference,
                                            StepCase{"qwen2_bias", 1, 0.f},
                                            StepCase{"llama3_scaled", 1, 0.f},
                                            StepCase{"qwen3", 2, 0.1f},
+                                           StepCase{"phi3", 2, 0.1f},
                                            // the LM head in several vocabulary chunks
                                            StepCase{"llama_gqa", 2, 0.1f, 64},
                                            StepCase{"gpt2", 1, 0.05f, 64},

@@ -30,7 +30,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig,
-                          MistralConfig, OPTConfig, Qwen2Config, Qwen3Config)
+                          MistralConfig, OPTConfig, Phi3Config, Qwen2Config, Qwen3Config)
 
 FORMAT = 1
 B = 3          # batch rows
@@ -119,6 +119,17 @@ def tiny_models():
                               tie_word_embeddings=True, use_sliding_window=False,
                               sliding_window=None, bos_token_id=1, eos_token_id=2),
                   torch.float32),
+        # Phi-3: fused qkv_proj and gate_up_proj, partial rotary (rotary_dim 4 of head_dim 8),
+        # an untied LM head.
+        "phi3": (Phi3Config(vocab_size=V, hidden_size=32, intermediate_size=48,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=POS, original_max_position_embeddings=POS,
+                            rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                 partial_rotary_factor=0.5),
+                            rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
+                            sliding_window=None, bos_token_id=1, eos_token_id=2,
+                            pad_token_id=None),
+                 torch.float32),
     }
 
 
@@ -295,10 +306,10 @@ def base_meta(name, model_dir_rel, cfg, ids, mask, stored, info):
 
 
 # Which goldens record greedy generation and the float64 gradient.
-GREEDY = ("llama_gqa", "llama3_scaled", "llama_linear", "qwen3")
-GRAD = ("llama_gqa", "gpt2", "llama3_scaled", "qwen3")
+GREEDY = ("llama_gqa", "llama3_scaled", "llama_linear", "qwen3", "phi3")
+GRAD = ("llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3")
 # Which goldens record transformers' RoPE frequency table.
-ROPE_TABLE = ("llama3_scaled", "llama_linear", "qwen3")
+ROPE_TABLE = ("llama3_scaled", "llama_linear", "qwen3", "phi3")
 # Which goldens' config.json is rewritten in transformers 4's RoPE spelling.
 T4_SPELLING = ("llama_linear",)
 

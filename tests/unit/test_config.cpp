@@ -341,7 +341,7 @@ TEST(Config, LoadErrors) {
 }
 
 TEST(Config, UnknownModelType) {
-  expect_error(with(kLlama2_7b, {{"model_type", "bert"}}), {"model_type", "bert", "llama, mistral, qwen2, qwen3, opt, gpt2"});
+  expect_error(with(kLlama2_7b, {{"model_type", "bert"}}), {"model_type", "bert", "llama, mistral, qwen2, qwen3, phi3, opt, gpt2"});
   expect_error(with(kLlama2_7b, {{"model_type", nullptr}}), {"model_type", "missing"});
   expect_error(with(kLlama2_7b, {{"model_type", 3}}), {"model_type", "string"});
 }
@@ -542,6 +542,63 @@ TEST(Config, Qwen3) {
   expect_error(with(kQwen3_06b, {{"use_sliding_window", true}, {"sliding_window", 4096}, {"max_window_layers", 1}}),
                {"sliding_window", "not supported"});
   EXPECT_FALSE(parse(kQwen2_05b).qk_norm);
+}
+
+// Phi-3-mini-4k-instruct's config.json as on the Hub, but its sliding_window (2047, below the
+// 4096 context: refused, as Mistral's) set to null.
+const char* kPhi3Mini = R"({
+  "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+  "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096,
+  "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+  "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.2", "use_cache": true, "vocab_size": 32064})";
+
+TEST(Config, Phi3) {
+  ModelConfig c = parse(kPhi3Mini);
+  EXPECT_EQ(c.arch, Arch::Llama);
+  EXPECT_EQ(c.model_type, "phi3");
+  EXPECT_TRUE(c.fused_proj);
+  EXPECT_FALSE(c.qk_norm || c.qkv_bias || c.o_bias || c.mlp_bias || c.tie_embeddings);
+  EXPECT_EQ(c.head_dim, 96);
+  EXPECT_EQ(c.rotary_dim, 96);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_EQ(c.num_params(), 3821079552);  // 3.8B, as Microsoft publishes
+  // Phi3Config's defaults: rms_norm_eps 1e-5, 4096 positions, no sliding window.
+  ModelConfig d = parse(with(kPhi3Mini, {{"rms_norm_eps", nullptr}, {"max_position_embeddings", nullptr},
+                                        {"sliding_window", nullptr}}));
+  EXPECT_FLOAT_EQ(d.norm_eps, 1e-5f);
+  EXPECT_EQ(d.max_position, 4096);
+  json no_window = json::parse(kPhi3Mini);
+  no_window.erase("sliding_window");
+  EXPECT_EQ(parse(no_window).max_position, 4096);
+  // The Hub's sliding_window 2047 is refused; one at the context is no window.
+  expect_error(with(kPhi3Mini, {{"sliding_window", 2047}}), {"sliding_window", "2047", "not supported"});
+  EXPECT_TRUE(parse(with(kPhi3Mini, {{"sliding_window", 4096}})).fused_proj);
+  // Partial rotary (Phi-4-mini: 0.75 of head_dim 128), top-level (transformers 4) or in
+  // rope_parameters (transformers 5): int(head_dim * factor) dims, their own table.
+  ModelConfig p = parse(with(kPhi3Mini, {{"num_attention_heads", 24}, {"num_key_value_heads", 8},
+                                         {"partial_rotary_factor", 0.75}}));
+  EXPECT_EQ(p.head_dim, 128);
+  EXPECT_EQ(p.rotary_dim, 96);
+  EXPECT_EQ(p.rope_inv_freq, zof::rope_default_inv_freq(10000.f, 96));
+  ModelConfig p5 = parse(with(kPhi3Mini, {{"rope_theta", nullptr}, {"rope_scaling", nullptr},
+                                          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0},
+                                                               {"partial_rotary_factor", 0.5}}}}));
+  EXPECT_EQ(p5.rotary_dim, 48);
+  EXPECT_EQ(p5.rope_inv_freq.size(), 24u);
+  expect_error(with(kPhi3Mini, {{"partial_rotary_factor", 0}}), {"partial_rotary_factor", "(0, 1]"});
+  expect_error(with(kPhi3Mini, {{"partial_rotary_factor", 1.5}}), {"partial_rotary_factor", "(0, 1]"});
+  expect_error(with(kPhi3Mini, {{"partial_rotary_factor", 0.01}}), {"partial_rotary_factor", "even"});
+  // Phi-3-mini-128k's longrope (or its old name su) is refused by name.
+  expect_error(with(kPhi3Mini, {{"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}}}}),
+               {"rope_scaling", "longrope", "not support"});
+  expect_error(with(kPhi3Mini, {{"rope_scaling", {{"type", "su"}}}}), {"rope_scaling", "su", "not support"});
+  // Llama keeps refusing partial rotary.
+  expect_error(with(kLlama2_7b, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}, {"partial_rotary_factor", 0.5}}}}),
+               {"rope_scaling", "partial_rotary_factor"});
 }
 
 // Qwen2.5 is model_type qwen2: Qwen2.5-0.5B-Instruct's fields load as Qwen2.
