@@ -187,27 +187,6 @@ LossBatch make_choice_batch(const std::vector<std::vector<TokenizedExample>>& ca
 
 // ---- text ---------------------------------------------------------------------------------------
 
-void check_input_file(const std::string& flag, const std::string& path, const std::string& want) {
-  const std::string name = flag + " " + path;
-  ZOF_CHECK(!path.empty(), flag + " is empty; " + want);
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    const int e = errno;
-    ZOF_CHECK(e != ENOENT && e != ENOTDIR, name + ": no such file (" + want + ")");
-    throw Error(name + " cannot be reached (" + std::strerror(e) + "); " + want);
-  }
-  // Each kind said by name: a FIFO would block the read until a writer comes, a device (like
-  // /dev/zero) would be read for ever.
-  ZOF_CHECK(!S_ISDIR(st.st_mode), name + " is a directory; " + want);
-  ZOF_CHECK(!S_ISFIFO(st.st_mode), name + " is a FIFO (named pipe), not a file; " + want);
-  ZOF_CHECK(!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode),
-            name + " is a device, not a file; " + want);
-  ZOF_CHECK(!S_ISSOCK(st.st_mode), name + " is a socket, not a file; " + want);
-  ZOF_CHECK(S_ISREG(st.st_mode), name + " is not a regular file; " + want);
-  ZOF_CHECK(::access(path.c_str(), R_OK) == 0,
-            name + " cannot be read (" + std::strerror(errno) + "); check its permissions");
-}
-
 TextData load_text(const std::string& path, const Tokenizer& tok, int64_t seq_len,
                    double eval_fraction) {
   ZOF_CHECK(seq_len >= 2, "--seq-len must be at least 2");

@@ -1,8 +1,11 @@
 // MeZO's tasks as files: parsing SST-2 TSV, SuperGLUE JSONL (RTE, CB, COPA) and prompt/completion
 // JSONL into Examples with MeZO's prompt templates, locating a task's files and sampling them.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <cerrno>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -293,6 +296,28 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint32_
   }
   p.resize(std::min(n, k));
   return p;
+}
+
+// (Here beside the task readers, which the fuzz build compiles alone, rather than in data.cpp.)
+void check_input_file(const std::string& flag, const std::string& path, const std::string& want) {
+  const std::string name = flag + " " + path;
+  ZOF_CHECK(!path.empty(), flag + " is empty; " + want);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    const int e = errno;
+    ZOF_CHECK(e != ENOENT && e != ENOTDIR, name + ": no such file (" + want + ")");
+    throw Error(name + " cannot be reached (" + std::strerror(e) + "); " + want);
+  }
+  // Each kind said by name: a FIFO would block the read until a writer comes, a device (like
+  // /dev/zero) would be read for ever.
+  ZOF_CHECK(!S_ISDIR(st.st_mode), name + " is a directory; " + want);
+  ZOF_CHECK(!S_ISFIFO(st.st_mode), name + " is a FIFO (named pipe), not a file; " + want);
+  ZOF_CHECK(!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode),
+            name + " is a device, not a file; " + want);
+  ZOF_CHECK(!S_ISSOCK(st.st_mode), name + " is a socket, not a file; " + want);
+  ZOF_CHECK(S_ISREG(st.st_mode), name + " is not a regular file; " + want);
+  ZOF_CHECK(::access(path.c_str(), R_OK) == 0,
+            name + " cannot be read (" + std::strerror(errno) + "); check its permissions");
 }
 
 void check_task_data(const std::string& task, const std::string& data) {
