@@ -113,6 +113,8 @@ class Forward {
   int32_t* ibuf(int i) { return ibufs_[i]; }
   // The batch through the embedding and every layer at the model's weights, into buf(HID).
   void hidden(const Batch& batch);
+  void walk_blocks(const int32_t* ids, const int32_t* embed_pos, const int32_t* pos,
+                   const uint8_t* key_mask, int64_t B, int64_t T, KVCache* cache);
   // Weight views of the walk's blocks: acquire/release are no-ops without a streamer.
   void acquire(int block);
   void release(int block);

@@ -264,9 +264,10 @@ std::vector<int> Forward::head_blocks() const {
   return {last};
 }
 
-void Forward::hidden(const Batch& batch) {
-  const DeviceInputs in = upload(batch);
-  const int64_t rows = batch.B * batch.T;
+// The embedding and every layer into buf(HID), reading the model's storage, or block by block
+// from the streamer (a device backend); with a cache, attention over it (decode_step).
+void Forward::walk_blocks(const int32_t* ids, const int32_t* embed_pos, const int32_t* pos,
+                          const uint8_t* key_mask, int64_t B, int64_t T, KVCache* cache) {
   float* h = buf(HID);
   if (weights_) {
     std::vector<int> order;
@@ -275,13 +276,18 @@ void Forward::hidden(const Batch& batch) {
     weights_->begin_walk(std::move(order));
   }
   acquire(0);
-  embed(embed_weights(), in.ids, in.embed_pos, rows, h);
+  embed(embed_weights(), ids, embed_pos, B * T, h);
   release(0);
   for (int i = 0; i < cfg_.num_layers; ++i) {
     acquire(i + 1);
-    layer(i, layer_weights(i), h, batch.B, batch.T, in.pos, in.key_mask, nullptr);
+    layer(i, layer_weights(i), h, B, T, pos, key_mask, cache);
     release(i + 1);
   }
+}
+
+void Forward::hidden(const Batch& batch) {
+  const DeviceInputs in = upload(batch);
+  walk_blocks(in.ids, in.embed_pos, in.pos, in.key_mask, batch.B, batch.T, nullptr);
 }
 
 void Forward::logits_to_host(const float* h, int64_t n, float* out) {
@@ -381,22 +387,8 @@ void Forward::decode_step(const int32_t* ids, int64_t B, int64_t T, KVCache& cac
   be_.copy_to_device(ibuf(kIds), ids, rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibuf(kPos), pos.data(), rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibuf(kEmbedPos), embed_pos.data(), rows * sizeof(int32_t), nullptr);
+  walk_blocks(ibuf(kIds), ibuf(kEmbedPos), ibuf(kPos), nullptr, B, T, &cache);
   float* h = buf(HID);
-  // From the model's storage, or block by block from the streamer (a device backend).
-  if (weights_) {
-    std::vector<int> order;
-    for (int b = 0; b <= (int)cfg_.num_layers; ++b) order.push_back(b);
-    for (int b : head_blocks()) order.push_back(b);
-    weights_->begin_walk(std::move(order));
-  }
-  acquire(0);
-  embed(embed_weights(), ibuf(kIds), ibuf(kEmbedPos), rows, h);
-  release(0);
-  for (int i = 0; i < cfg_.num_layers; ++i) {
-    acquire(i + 1);
-    layer(i, layer_weights(i), h, B, T, ibuf(kPos), nullptr, &cache);
-    release(i + 1);
-  }
   cache.length += T;
   // Each row's last position.
   be_.copy_device_2d(buf(HS), C * sizeof(float), h + (T - 1) * C, T * C * sizeof(float),
