@@ -163,11 +163,18 @@ class TimingBackend : public zof::Backend {
   void wait(zof::Stream* s, zof::Event* e) override { in_.wait(s, e); }
   void synchronize(zof::Stream* s) override { in_.synchronize(s); }
 
-  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
-              int64_t K, zof::Stream* s) override {
-    char key[96];
-    std::snprintf(key, sizeof key, "matmul M=%ld N=%ld K=%ld", long(M), long(N), long(K));
-    timed(key, 2.0 * M * N * K, [&] { in_.matmul(x, w, bias, y, M, N, K, s); });
+  using zof::Backend::matmul;
+  using zof::Backend::zo_pass;
+  ComputeInfo compute_info() const override { return in_.compute_info(); }
+  void matmul(const float* x, const void* w, zof::DType wt, const float* bias, float* y,
+              int64_t M, int64_t N, int64_t K, zof::Stream* s) override {
+    char key[112];
+    std::snprintf(key, sizeof key, "matmul%s M=%ld N=%ld K=%ld",
+                  wt == zof::DType::BF16 ? " bf16" : "", long(M), long(N), long(K));
+    timed(key, 2.0 * M * N * K, [&] { in_.matmul(x, w, wt, bias, y, M, N, K, s); });
+  }
+  void cast(const float* x, void* y, zof::DType yt, int64_t n, zof::Stream* s) override {
+    timed("cast", 0, [&] { in_.cast(x, y, yt, n, s); });
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                 zof::Stream* s) override {
@@ -219,9 +226,10 @@ class TimingBackend : public zof::Backend {
   // Keyed "zo_pass" whatever the tensor: the passes over parameters (update, perturbation).
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
                const zof::ZOUpdateTerm* upd, int n_update, float lr_wd, const zof::ZKey* cur,
-               float eps, float* plus, float* minus, zof::Stream* s) override {
+               float eps, void* plus, void* minus, zof::DType copy_t, zof::Stream* s) override {
     timed(kZOPass, 0, [&] {
-      in_.zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, s);
+      in_.zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, copy_t,
+                  s);
     });
   }
   static constexpr const char* kZOPass = "zo_pass";

@@ -2,6 +2,8 @@
 // next-token targets, PyTorch's gradient dotted with z, and the mean loss of a batch through a
 // backend.
 #pragma once
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -21,6 +23,30 @@ namespace zof::test {
 
 inline std::string golden_dir(const std::string& name) {
   return zof::test::source_dir() + "/tests/golden/" + name;
+}
+
+// Where a golden's model lives: beside golden.json, or among the assets ("model_dir":
+// "assets:models/stories260K").
+inline std::string golden_model_dir(const std::string& name) {
+  std::ifstream f(golden_dir(name) + "/golden.json");
+  const nlohmann::json g = nlohmann::json::parse(f);
+  const std::string md = g.value("model_dir", "");
+  if (md.rfind("assets:", 0) == 0) return zof::test::assets_dir() + "/" + md.substr(7);
+  return golden_dir(name);
+}
+
+// The golden models of tests/golden (each a directory with golden.json), sorted; "missing"
+// when there are none, which fails through ZOF_REQUIRE_PATH under CI.
+inline std::vector<std::string> golden_models() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  const fs::path root = fs::path(zof::test::source_dir()) / "tests/golden";
+  if (fs::exists(root))
+    for (auto& e : fs::directory_iterator(root))
+      if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  if (out.empty()) out.push_back("missing");
+  return out;
 }
 
 // The golden batch of a model (right-padded rows), with next-token targets.

@@ -206,11 +206,16 @@ const NumberRule kEvalSeqLen{.whole = true, .lo = 2, .hi = double(int64_t(1) << 
 const NumberRule kEvalBatch{.whole = true, .lo = 1, .hi = 4096};
 const NumberRule kMaxWindows{.whole = true, .lo = 0, .note = "0: all"};
 
+const char* const kDtypeHelp =
+    "Matrix products in bf16 (weights rounded to bf16, fp32 accumulation) or fp32; auto: bf16 "
+    "where it is faster (AMX CPUs, GPU tensor cores), else fp32";
+
 // Where generate and eval run: --device cpu (the model's storage), or a device (--device cuda,
 // --sim-device) that the weights stream through within --gpu-mem.
 struct DeviceArgs {
   std::string device = "cpu", gpu_mem;
   bool sim_device = false;
+  std::string dtype = "auto";
 };
 
 struct GenerateArgs {
@@ -249,7 +254,11 @@ std::unique_ptr<zof::Backend> text_backend(const DeviceArgs& d, int threads,
   b.threads = threads;
   b.sim_device = d.sim_device;
   b.sim_budget = place.budget;
-  return zof::make_backend(b);
+  ZOF_CHECK(d.dtype == "auto" || d.dtype == "bf16" || d.dtype == "fp32",
+            "--dtype must be auto, bf16 or fp32, not '" + d.dtype + "'");
+  auto be = zof::make_backend(b);
+  place.compute = zof::resolve_compute_dtype(d.dtype, *be);
+  return be;
 }
 
 void add_device_flags(CLI::App* app, DeviceArgs& d) {
@@ -260,6 +269,7 @@ void add_device_flags(CLI::App* app, DeviceArgs& d) {
                   "what the device has free)");
   app->add_flag("--sim-device", d.sim_device, "Run on the simulated device (host memory with the "
                 "--gpu-mem budget): the streaming schedule without a GPU");
+  app->add_option("--dtype", d.dtype, kDtypeHelp)->capture_default_str();
 }
 
 int run_generate(const GenerateArgs& a) {
@@ -467,6 +477,7 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
                                "copa; lm for text and jsonl)")->capture_default_str());
   run.push_back(ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the "
                                "fine-tuned model"));
+  run.push_back(ft->add_option("--dtype", t.dtype, kDtypeHelp)->capture_default_str());
   num("--steps", t.steps, "ZO steps");
   num("--lr", t.lr, "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
       "need larger steps (the demo's stories260K: 1e-4)");

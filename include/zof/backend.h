@@ -4,6 +4,10 @@
 // Backends know no model: ops take raw buffers and sizes; the model graph lives in src/model.
 // Every op is asynchronous with respect to the host on its stream; the CPU backend runs it inline.
 // All tensors are row-major, fp32 activations; shapes are given in comments as (rows, cols).
+// Precision: activations, norms, softmax and every reduction are fp32; the weights a matrix
+// product reads, and the perturbed copies the ZO pass writes for it, may be bf16 (the compute
+// dtype of a run, --dtype): the product then rounds its fp32 input to bf16 and accumulates in
+// fp32, which is what AMX tiles and tensor cores do.
 // Every op is pure virtual: a backend implements all of them (the host backends share theirs
 // through cpu::HostBackend, src/cpu/host_backend.h), so a device backend that misses one does
 // not compile, instead of running a host loop on device pointers. The only slots with a default
@@ -14,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "zof/dtype.h"
 #include "zof/philox.h"
 
 namespace zof {
@@ -85,9 +90,26 @@ class Backend {
   virtual void synchronize(Stream* s) = 0;           // the host waits for s
 
   // ---- ops (on stream s; nullptr = default stream) -------------------------------------------
-  // y(M,N) = x(M,K) · w(N,K)^T + bias(N); bias may be null. w is in nn.Linear layout (out, in).
-  virtual void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M,
-                      int64_t N, int64_t K, Stream* s = nullptr) = 0;
+  // What this backend's bf16 matrix products run on, for `--dtype auto` and the run summary:
+  // bf16_fast when they beat fp32 here (AMX on a CPU, tensor cores on a GPU), and the unit in
+  // words ("oneDNN avx512_core_amx", "NVIDIA H200 (sm_90) tensor cores", ...).
+  struct ComputeInfo {
+    bool bf16_fast = false;
+    std::string isa;
+  };
+  virtual ComputeInfo compute_info() const = 0;
+
+  // y(M,N) = x(M,K) · w(N,K)^T + bias(N); bias may be null. w is in nn.Linear layout (out, in),
+  // of type wt: F32 (strict fp32, no TF32) or BF16 (x is rounded to bf16, nearest even, and the
+  // products of bf16 values accumulate in fp32). x, bias and y are fp32.
+  virtual void matmul(const float* x, const void* w, DType wt, const float* bias, float* y,
+                      int64_t M, int64_t N, int64_t K, Stream* s = nullptr) = 0;
+  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+              int64_t K, Stream* s = nullptr) {
+    matmul(x, w, DType::F32, bias, y, M, N, K, s);
+  }
+  // y(n) = x(n) in dtype yt (BF16 and F16 round to nearest even; F32 copies).
+  virtual void cast(const float* x, void* y, DType yt, int64_t n, Stream* s = nullptr) = 0;
   // y(rows,dim) = x / sqrt(mean(x^2) + eps) * w. y may alias x.
   virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
                         float eps, Stream* s = nullptr) = 0;
@@ -138,10 +160,16 @@ class Backend {
   //     + lr_wd * theta[i]), accumulated with fmaf in j order from lr_wd * theta[i];
   //  2. when cur: plus[i] = theta[i] + eps * z(cur, tensor, i), minus[i] = theta[i] - eps * z.
   // plus/minus may be null (update only). z is z_group() of philox.h, so every backend produces
-  // the same bits.
+  // the same bits. The copies are of type copy_t: F32, or BF16 (the fp32 value of step 2
+  // rounded to nearest even: the perturbed weights of a bf16 matrix product).
   virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
                        const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                       float eps, float* plus, float* minus, Stream* s = nullptr) = 0;
+                       float eps, void* plus, void* minus, DType copy_t, Stream* s = nullptr) = 0;
+  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+               int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
+               Stream* s = nullptr) {
+    zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, DType::F32, s);
+  }
   // Rows of a (rows, width) tensor at theta +/- eps z(cur), in one launch: for k < n_rows, row
   // rows[k] (elements [rows[k] * width, (rows[k] + 1) * width) of the tensor; theta points at
   // its element 0) goes to plus + k * width and minus + k * width (minus may be null). The same

@@ -76,7 +76,21 @@ class Forward {
 
   // Where the whole-model methods (logits, nll, decode_step) read the weights: the Model's
   // storage (null, the default) or blocks acquired from a streamer (device backends).
-  void set_weights(BlockStreamer* s) { weights_ = s; }
+  void set_weights(BlockStreamer* s);
+
+  // The type of the walk's matrix products (Backend::matmul's weights): F32 (the default), or
+  // BF16, read from bf16 copies of the matrix weights (Param::gemm and the LM head), rounded to
+  // nearest even from the fp32 weights. Norms, biases, the embedding tables and every
+  // activation stay fp32. Resident weights (no streamer) keep their copies between walks until
+  // weights_changed(); streamed blocks are converted as each arrives.
+  void set_compute(DType t);
+  DType compute() const { return compute_; }
+  // Whoever writes the model's weights (or the streamer's blocks) while this Forward lives says
+  // so here: bf16 copies are made again before the next walk reads them.
+  void weights_changed();
+  // Device bytes the bf16 copies take with a streamer (scratch for one block and the LM head):
+  // a streaming plan counts them among its buffers.
+  size_t streamed_compute_bytes() const;
 
   // ---- the pieces of the walk (device pointers) --------------------------------------------
   // Checks the batch (ids in the vocabulary, positions within the context) and copies its ids,
@@ -118,17 +132,29 @@ class Forward {
   // Weight views of the walk's blocks: acquire/release are no-ops without a streamer.
   void acquire(int block);
   void release(int block);
-  EmbedWeights embed_weights() const;
-  LayerWeights layer_weights(int li) const;
-  HeadWeights head_weights() const;
+  Model::ParamLocator locator(int block);
+  EmbedWeights embed_weights();
+  LayerWeights layer_weights(int li);
+  HeadWeights head_weights();
   // The head's blocks: the last one, and the embedding when the LM head is tied.
   std::vector<int> head_blocks() const;
   // logits (n, V) of device rows h, copied to the host at out.
   void logits_to_host(const float* h, int64_t n, float* out);
+  // Block b's views read the bf16 copies (converting first unless they are current).
+  uint16_t* copies();
+  const uint16_t* compute_copy(int block);
+  const uint16_t* lm_copy();
+  Weight typed(int pi, const float* fp32, const uint16_t* copy, int64_t copy_off) const;
   const Model& model_;
   const ModelConfig& cfg_;
   Backend& be_;
   int64_t max_rows_;
+  DType compute_ = DType::F32;
+  // bf16 copies: resident, one per element of the model's storage (at the same offsets);
+  // streamed, one block's span then the LM head. fresh_[b] (resident only): block b's copy is
+  // current (the last entry: the LM head's).
+  uint16_t* copies_ = nullptr;
+  std::vector<bool> fresh_;
   std::vector<float*> bufs_;
   std::vector<int32_t*> ibufs_;
   uint8_t* mask_ = nullptr;

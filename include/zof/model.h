@@ -18,6 +18,9 @@ struct Param {
   std::vector<int64_t> shape;   // as zof holds it: Linear weights (out, in)
   bool transposed = false;      // file holds the transpose (GPT-2 Conv1D (in, out))
   bool decay = true;            // weight decay applies (false for norms and biases)
+  // A matrix product's weight (every Linear, OPT's projections, an untied LM head; not the
+  // token or position tables, norms or biases): what a bf16 walk reads in bf16.
+  bool gemm = false;
   float* data = nullptr;        // into Model's storage
   int64_t numel = 0;
 };
@@ -33,8 +36,26 @@ struct Block {
   int64_t span = 0;        // floats from offset to the end of its last parameter (with padding)
 };
 
-// A block's parameters as handles of type W: const float* into the model or a perturbed copy
-// (the plain walks), z or a float64 copy (the JVP walk), or a weight paired with its tangent.
+// A weight as the primal walks read it: its memory and element type. fp32 everywhere but in a
+// bf16 walk's matrix-product weights (Param::gemm), which are bf16 copies; a const float*
+// converts to it. at(i) is element i (the Phi-3 views into fused tensors).
+struct Weight {
+  const void* p = nullptr;
+  DType dtype = DType::F32;
+  Weight() = default;
+  Weight(const float* f) : p(f) {}  // NOLINT(google-explicit-constructor): fp32 views
+  Weight(const void* q, DType t) : p(q), dtype(t) {}
+  explicit operator bool() const { return p != nullptr; }
+  // The fp32 data (null when absent); a bf16 weight here is a walk that forgot to convert.
+  const float* f32() const;
+  Weight at(int64_t i) const {
+    return p ? Weight(static_cast<const char*>(p) + i * (int64_t)dtype_size(dtype), dtype)
+             : Weight();
+  }
+};
+
+// A block's parameters as handles of type W: Weight into the model or a perturbed copy (the
+// plain walks), z or a float64 copy (the JVP walk), or a weight paired with its tangent.
 // Absent slots are W{} (null). The block graph (src/model/block_graph.h) reads these fields and
 // nothing else, so every walk shares one definition of each block.
 // Llama: ln1=input_layernorm, ln2=post_attention_layernorm, fc1=gate_proj, up=up_proj,
@@ -100,13 +121,13 @@ auto zip_slots(const View<A>& a, const View<B>& b, F f) {
   for (size_t i = 0; i < sa.size(); ++i) out.*to[i] = f(a.*sa[i], b.*sb[i]);
   return out;
 }
-using LayerWeights = LayerT<const float*>;
-using EmbedWeights = EmbedT<const float*>;
-using HeadWeights = HeadT<const float*>;
+using LayerWeights = LayerT<Weight>;
+using EmbedWeights = EmbedT<Weight>;
+using HeadWeights = HeadT<Weight>;
 // slots() lists every field (a field left out would be dropped by map_slots/zip_slots).
-static_assert(sizeof(LayerWeights) == LayerWeights::slots().size() * sizeof(const float*));
-static_assert(sizeof(EmbedWeights) == EmbedWeights::slots().size() * sizeof(const float*));
-static_assert(sizeof(HeadWeights) == HeadWeights::slots().size() * sizeof(const float*));
+static_assert(sizeof(LayerWeights) == LayerWeights::slots().size() * sizeof(Weight));
+static_assert(sizeof(EmbedWeights) == EmbedWeights::slots().size() * sizeof(Weight));
+static_assert(sizeof(HeadWeights) == HeadWeights::slots().size() * sizeof(Weight));
 
 class Model {
  public:
@@ -161,7 +182,7 @@ class Model {
   HeadWeights head(const float* base, const float* tied_tokens) const;
   // The same views with every parameter wherever `at(param index)` says: for copies that do not
   // mirror the block's layout (the ZO walk keeps only the rows of the token table a batch uses).
-  using ParamLocator = std::function<const float*(int)>;
+  using ParamLocator = std::function<Weight(int)>;
   EmbedWeights embed(const ParamLocator& at) const;
   LayerWeights layer(int i, const ParamLocator& at) const;
   HeadWeights head(const ParamLocator& at) const;  // tied: lm_head = at(the token table)
@@ -173,7 +194,7 @@ class Model {
   void build_layout();  // params_, blocks_ and storage_ from cfg_
   int index(const std::string& name) const;  // -1 when absent
   // at(index of the named parameter); null when the architecture has no such parameter.
-  const float* ptr(const std::string& name, const ParamLocator& at) const;
+  Weight ptr(const std::string& name, const ParamLocator& at) const;
   // A locator into base, a copy of block `block` laid out as in storage().
   ParamLocator in_copy(const float* base, int block) const;
 

@@ -31,6 +31,13 @@ struct BackendOptions {
 // not exist or a build without CUDA (the message says how to get one).
 std::unique_ptr<Backend> make_backend(const BackendOptions& opt);
 
+// --dtype, the type of the matrix products: "fp32" or "bf16" as given, "auto" bf16 where the
+// backend's bf16 products are faster than fp32 (Backend::compute_info: AMX, tensor cores), fp32
+// elsewhere. zof::Error naming --dtype for any other word.
+DType resolve_compute_dtype(const std::string& flag, const Backend& be);
+// The flag's word for a compute dtype: "fp32" or "bf16".
+const char* compute_dtype_word(DType t);
+
 // The job's communicator: MPI under mpirun (built with MPI), one process otherwise (zof/dist.h
 // connect_world). Once the forward runs on the device, the choice of NCCL joins it here.
 std::unique_ptr<dist::Communicator> connect_job(double timeout_s);

@@ -20,9 +20,11 @@ namespace zof {
 // storage within `budget` bytes of device memory in all (the forward's buffers included; 0:
 // what the device has free), every block resident when they fit: a model larger than the
 // device is evaluated and sampled from as the ZO walk streams it.
+// compute: the type of the matrix products (Forward::set_compute; --dtype resolved).
 struct WeightPlacement {
   bool stream = false;
   uint64_t budget = 0;
+  DType compute = DType::F32;
 };
 
 // Perplexity of text, documents separated by "<|endoftext|>" (each encoded alone and scored

@@ -26,6 +26,9 @@ struct TrainOptions {
   // classification, MeZO's cross-entropy over the candidates (LossBatch::choices); auto:
   // MeZO's choice for the task.
   std::string objective = "auto";
+  // The type of the matrix products (--dtype): fp32, bf16, or auto (bf16 where it is faster:
+  // AMX, tensor cores). A new run records the resolved word; runs from before it were fp32.
+  std::string dtype = "auto";
   int64_t steps = 1000;
   float lr = 1e-6f, eps = 1e-3f, weight_decay = 0.f;
   int64_t batch = 16;        // examples (or text windows) per step

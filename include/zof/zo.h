@@ -95,6 +95,12 @@ struct ZOStepOptions {
   // none of the perturbed walk's buffers are allocated, and perturbed_losses refuses. (Last, so
   // that brace-initialized options keep their meaning.)
   bool perturb = true;
+  // The walks' matrix products (--dtype): F32, or BF16, whose perturbed copies theta +/- eps z
+  // of the matrix weights are written in bf16 (rounded to nearest even from the fp32 value, so
+  // from the untouched fp32 master every time) and multiplied with fp32 accumulation; the
+  // evaluation's Forward reads bf16 copies of the same weights. Updates, z, g and the master
+  // weights are the same code in both.
+  DType compute = DType::F32;
 };
 
 // The update waiting to be applied. ZO-SGD: theta -= sum_j coef_j z_j + lr_wd theta (decayed
@@ -178,6 +184,9 @@ class ZOEngine {
   void add_buffer_bytes(size_t bytes) { buffer_bytes_ += bytes; }
   // The least gpu_mem that enable_streaming() accepts.
   size_t streaming_minimum() const;
+  // The device bytes streaming keeps apart from the blocks: the engine's buffers, and a bf16
+  // evaluation's scratch for the streamed blocks' copies.
+  size_t streaming_buffers() const;
 
   // The update of one step (see PendingUpdate).
   static PendingUpdate make_update(const ZOStepOptions& opt, uint32_t step, float lr,
@@ -229,6 +238,8 @@ class ZOEngine {
   void head_sums(const ZKey& key, const float* hp, const float* hm, const LossBatch& lb,
                  double& sum_plus, double& sum_minus);
   Model::ParamLocator copy_locator(const float* base, const float* tokens) const;
+  // The type of parameter pi's perturbed copies: the compute dtype for matrices, else fp32.
+  DType copy_dtype(int pi) const;
   void release_buffers();  // frees every buffer allocated so far
   // The key of query j at step with this engine's distribution, and a key's copy with tensor
   // pi's Sparse MeZO mask.

@@ -18,9 +18,10 @@ class CpuBackend final : public HostBackend {
 
   std::string name() const override { return "cpu"; }
 
-  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
-              int64_t K, Stream*) override {
-    matmul_.run(x, w, bias, y, M, N, K);
+  ComputeInfo compute_info() const override { return Matmul::compute_info(); }
+  void matmul(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t M,
+              int64_t N, int64_t K, Stream*) override {
+    matmul_.run(x, w, wt, bias, y, M, N, K);
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                 Stream*) override {

@@ -40,17 +40,35 @@ class OmpThreads {
   int saved_;
 };
 
-// A (rows, cols) fp32 matrix with the given strides, in elements.
-dnnl::memory::desc matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
-  return dnnl::memory::desc({rows, cols}, dnnl::memory::data_type::f32,
-                            dnnl::memory::dims{row_stride, col_stride});
+using dt = dnnl::memory::data_type;
+// A (rows, cols) matrix with the given strides, in elements.
+dnnl::memory::desc matrix(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+                          dt t = dt::f32) {
+  return dnnl::memory::desc({rows, cols}, t, dnnl::memory::dims{row_stride, col_stride});
 }
-dnnl::memory::desc x_desc(int64_t M, int64_t K) { return matrix(M, K, K, 1); }
-dnnl::memory::desc w_desc(int64_t N, int64_t K) { return matrix(K, N, 1, K); }  // w^T (K,N)
+dt of(DType t) { return t == DType::BF16 ? dt::bf16 : dt::f32; }
+dnnl::memory::desc x_desc(int64_t M, int64_t K, dt t = dt::f32) { return matrix(M, K, K, 1, t); }
+dnnl::memory::desc w_desc(int64_t N, int64_t K, dt t = dt::f32) {  // w^T (K,N)
+  return matrix(K, N, 1, K, t);
+}
 dnnl::memory::desc y_desc(int64_t M, int64_t N) { return matrix(M, N, N, 1); }
 dnnl::memory::desc bias_desc(int64_t N) { return matrix(1, N, N, 1); }
 
 constexpr size_t kMaxCached = 256;
+
+// oneDNN's name of the ISA its kernels dispatch to on this CPU.
+const char* isa_name() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "another ISA";
+  }
+}
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -59,7 +77,7 @@ struct FreeDeleter {
 }  // namespace
 
 struct Matmul::Impl {
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool>;  // M, N, K, has_bias
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int>;  // M, N, K, has_bias, dtype
   int threads;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -67,6 +85,8 @@ struct Matmul::Impl {
   std::map<Key, dnnl::matmul> cache;
   std::unique_ptr<void, FreeDeleter> scratch;
   size_t scratch_bytes = 0;
+  std::unique_ptr<void, FreeDeleter> xbf;  // x rounded to bf16 (a bf16 product's source)
+  size_t xbf_bytes = 0;
 
   explicit Impl(int n) : threads(n) {
     const dnnl_version_t* v = dnnl_version();
@@ -78,8 +98,8 @@ struct Matmul::Impl {
     scratch_bytes = 64;
   }
 
-  const dnnl::matmul& primitive(int64_t M, int64_t N, int64_t K, bool has_bias) {
-    Key key{M, N, K, has_bias};
+  const dnnl::matmul& primitive(int64_t M, int64_t N, int64_t K, bool has_bias, DType wt) {
+    Key key{M, N, K, has_bias, (int)wt};
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     // Training sees a handful of shapes; prompts of every length during generation would grow
@@ -89,10 +109,19 @@ struct Matmul::Impl {
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     // Never let ONEDNN_DEFAULT_FPMATH_MODE trade fp32 for bf16 behind the tests' back.
     attr.set_fpmath_mode(dnnl::fpmath_mode::strict);
+    const dt t = of(wt);  // the source is rounded to the weights' type
     dnnl::matmul::desc desc =
-        has_bias ? dnnl::matmul::desc(x_desc(M, K), w_desc(N, K), bias_desc(N), y_desc(M, N))
-                 : dnnl::matmul::desc(x_desc(M, K), w_desc(N, K), y_desc(M, N));
-    dnnl::matmul::primitive_desc pd(desc, attr, engine);
+        has_bias ? dnnl::matmul::desc(x_desc(M, K, t), w_desc(N, K, t), bias_desc(N), y_desc(M, N))
+                 : dnnl::matmul::desc(x_desc(M, K, t), w_desc(N, K, t), y_desc(M, N));
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(desc, attr, engine);
+    } catch (const dnnl::error&) {
+      ZOF_CHECK(wt == DType::F32, "this CPU has no bf16 matrix product (oneDNN found no "
+                                  "implementation for " + std::string(isa_name()) +
+                                  "); use --dtype fp32");
+      throw;
+    }
     size_t need = pd.scratchpad_desc().get_size();
     if (need > scratch_bytes) {
       scratch.reset(aligned_host_alloc(need));
@@ -105,8 +134,10 @@ struct Matmul::Impl {
 Matmul::Matmul(int threads) : impl_(std::make_unique<Impl>(threads)) {}
 Matmul::~Matmul() = default;
 
-void Matmul::run(const float* x, const float* w, const float* bias, float* y, int64_t M,
-                 int64_t N, int64_t K) {
+void Matmul::run(const float* x, const void* w, DType wt, const float* bias, float* y,
+                 int64_t M, int64_t N, int64_t K) {
+  ZOF_CHECK(wt == DType::F32 || wt == DType::BF16,
+            std::string("the CPU matrix product takes fp32 or bf16 weights, not ") + dtype_name(wt));
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // an empty sum: y is the bias, broadcast
     for (int64_t m = 0; m < M; ++m)
@@ -116,10 +147,23 @@ void Matmul::run(const float* x, const float* w, const float* bias, float* y, in
   Impl& im = *impl_;
   std::lock_guard<std::mutex> lock(im.mu);
   OmpThreads threads(im.threads);
-  const dnnl::matmul& prim = im.primitive(M, N, K, bias != nullptr);
+  const dnnl::matmul& prim = im.primitive(M, N, K, bias != nullptr, wt);
   // oneDNN takes non-const handles; it never writes the source, weights or bias.
-  dnnl::memory src(x_desc(M, K), im.engine, const_cast<float*>(x));
-  dnnl::memory wei(w_desc(N, K), im.engine, const_cast<float*>(w));
+  void* xs = const_cast<float*>(x);
+  if (wt == DType::BF16) {  // the source rounded to bf16 as the weights are
+    const size_t need = size_t(M * K) * sizeof(uint16_t);
+    if (need > im.xbf_bytes) {
+      im.xbf.reset(aligned_host_alloc(need));
+      im.xbf_bytes = need;
+    }
+    uint16_t* xb = static_cast<uint16_t*>(im.xbf.get());
+    const int64_t n = M * K;
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 15))
+    for (int64_t i = 0; i < n; ++i) xb[i] = f32_to_bf16(x[i]);
+    xs = xb;
+  }
+  dnnl::memory src(x_desc(M, K, of(wt)), im.engine, xs);
+  dnnl::memory wei(w_desc(N, K, of(wt)), im.engine, const_cast<void*>(w));
   dnnl::memory dst(y_desc(M, N), im.engine, y);
   dnnl::memory scratch(dnnl::memory::desc({int64_t(im.scratch_bytes)}, dnnl::memory::data_type::u8,
                                           dnnl::memory::format_tag::a),
@@ -132,6 +176,16 @@ void Matmul::run(const float* x, const float* w, const float* bias, float* y, in
     args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_desc(N), im.engine, const_cast<float*>(bias)));
   prim.execute(im.stream, args);
   im.stream.wait();
+}
+
+Backend::ComputeInfo Matmul::compute_info() {
+  Backend::ComputeInfo ci;
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  // AMX tiles run bf16 products several times faster than fp32; avx512_core_bf16's dot
+  // products were measured slower than fp32 on these machines (bench/RESULTS.md).
+  ci.bf16_fast = isa == dnnl::cpu_isa::avx512_core_amx;
+  ci.isa = std::string("oneDNN ") + isa_name();
+  return ci;
 }
 
 }  // namespace zof::cpu

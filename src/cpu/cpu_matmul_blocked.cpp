@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "cpu/cpu_ops.h"
+#include "zof/error.h"
 
 namespace zof::cpu {
 
@@ -59,8 +62,23 @@ struct Matmul::Impl {
 Matmul::Matmul(int threads) : impl_(std::make_unique<Impl>(Impl{threads})) {}
 Matmul::~Matmul() = default;
 
-void Matmul::run(const float* x, const float* w, const float* bias, float* y, int64_t M,
-                 int64_t N, int64_t K) {
+Backend::ComputeInfo Matmul::compute_info() {
+  return Backend::ComputeInfo{false, "blocked OpenMP GEMM (no oneDNN; bf16 widened to fp32)"};
+}
+
+void Matmul::run(const float* x, const void* wv, DType wt, const float* bias, float* y,
+                 int64_t M, int64_t N, int64_t K) {
+  ZOF_CHECK(wt == DType::F32 || wt == DType::BF16,
+            std::string("the CPU matrix product takes fp32 or bf16 weights, not ") + dtype_name(wt));
+  if (wt == DType::BF16 && M > 0 && N > 0 && K > 0) {
+    // No bf16 kernel here: the same products in fp32 (a bf16 x bf16 product is exact in fp32).
+    std::vector<float> xs(size_t(M * K)), ws(size_t(N * K));
+    const uint16_t* wb = static_cast<const uint16_t*>(wv);
+    for (int64_t i = 0; i < M * K; ++i) xs[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    for (int64_t i = 0; i < N * K; ++i) ws[i] = bf16_to_f32(wb[i]);
+    return run(xs.data(), ws.data(), DType::F32, bias, y, M, N, K);
+  }
+  const float* w = static_cast<const float*>(wv);
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // an empty sum: y is the bias, broadcast
     for (int64_t m = 0; m < M; ++m)

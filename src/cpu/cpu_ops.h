@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "zof/backend.h"
+
 namespace zof::cpu {
 
 // Matmul y(M,N) = x(M,K) w(N,K)^T + bias(N): oneDNN with primitives cached per shape
@@ -13,8 +15,12 @@ class Matmul {
  public:
   explicit Matmul(int threads);
   ~Matmul();
-  void run(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
-           int64_t K);
+  // w of type wt: F32 (strict fp32) or BF16 (x rounded to bf16 first, fp32 accumulation).
+  void run(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t M,
+           int64_t N, int64_t K);
+  // The ISA the bf16 products run on, as oneDNN names it ("avx512_core_amx"), and whether
+  // that beats fp32 (AMX).
+  static Backend::ComputeInfo compute_info();
 
  private:
   struct Impl;

@@ -8,16 +8,22 @@
 #endif
 
 #include <algorithm>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "cpu/cpu_zo.h"
+#include "zof/error.h"
 
 // Box-Muller's float math vectorizes across 16 lanes; let GCC use full 512-bit vectors here.
 #pragma GCC target("prefer-vector-width=512")
 // GCC 12 reports the _mm512_undefined_epi32() pass-through operands inside its own AVX-512
 // intrinsic headers as "maybe uninitialized" once these helpers are inlined: a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The same pass-through operands, reported as "used uninitialized" once the chunk is inlined
+// into both copy types' passes.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace zof::cpu {
 namespace {
@@ -78,9 +84,12 @@ constexpr int64_t kStreamingStoreMin = int64_t(1) << 21;  // elements (8 MB per 
 // kChunk; theta/plus/minus point at element `first`. z is generated for the whole aligned chunk
 // (generating past the tensor's end is harmless: z is a pure function of the counter), so a pass
 // over any sub-range gives the same bits as a pass over the whole tensor.
+// The copies are of type C: float, or uint16_t holding bf16 (the float value rounded to
+// nearest even).
+template <class C>
 inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
                      uint32_t tensor, const ZOUpdateTerm* upd, int n_update, float lr_wd,
-                     const ZKey* cur, float eps, float* plus, float* minus, bool stream) {
+                     const ZKey* cur, float eps, C* plus, C* minus, bool stream) {
   alignas(64) float th[kChunk], z[kChunk];
   const int64_t base = c * kChunk - first;  // theta[base + l] is the chunk's element l
   // z of the chunk under key; Sparse MeZO zeroes it where |theta| (th before this pass's
@@ -103,6 +112,14 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
   }
   if (cur) {
     gen(*cur);
+    if constexpr (std::is_same_v<C, uint16_t>) {
+      if (plus)
+        for (int64_t l = l0; l < l1; ++l) plus[base + l] = f32_to_bf16(zo_perturbed(th[l], z[l], eps));
+      if (minus)
+        for (int64_t l = l0; l < l1; ++l)
+          minus[base + l] = f32_to_bf16(zo_perturbed(th[l], z[l], -eps));
+      return;
+    } else {
 #if defined(__AVX512F__)
     // A whole, 64-byte aligned chunk: streaming stores. The perturbed copies are written once
     // and read later by a GEMM, so fetching their old lines first (a normal store's
@@ -122,6 +139,7 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
       for (int64_t l = l0; l < l1; ++l) plus[base + l] = zo_perturbed(th[l], z[l], eps);
     if (minus)
       for (int64_t l = l0; l < l1; ++l) minus[base + l] = zo_perturbed(th[l], z[l], -eps);
+    }
   }
 }
 
@@ -173,9 +191,11 @@ void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tenso
   }
 }
 
-void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-             int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus) {
-  if (n <= 0 || (n_update <= 0 && !cur)) return;
+namespace {
+template <class C>
+void zo_pass_typed(float* theta, int64_t n, uint32_t tensor, int64_t first,
+                   const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur, float eps,
+                   C* plus, C* minus) {
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
   // Copies too big for the caches go out with streaming stores; smaller ones (an LM-head chunk
@@ -194,6 +214,21 @@ void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUp
     _mm_sfence();  // each thread's streaming stores are visible before the copies are read
 #endif
   }
+}
+}  // namespace
+
+void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+             int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+             DType copy_t) {
+  if (n <= 0 || (n_update <= 0 && !cur)) return;
+  ZOF_CHECK(copy_t == DType::F32 || copy_t == DType::BF16,
+            std::string("the ZO pass writes fp32 or bf16 copies, not ") + dtype_name(copy_t));
+  if (copy_t == DType::BF16)
+    zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps,
+                  static_cast<uint16_t*>(plus), static_cast<uint16_t*>(minus));
+  else
+    zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps,
+                  static_cast<float*>(plus), static_cast<float*>(minus));
 }
 
 void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,

@@ -82,8 +82,18 @@ void HostBackend::synchronize(Stream*) {}
 
 void HostBackend::zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
                           const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                          float eps, float* plus, float* minus, Stream*) {
-  cpu::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus);
+                          float eps, void* plus, void* minus, DType copy_t, Stream*) {
+  cpu::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, copy_t);
+}
+void HostBackend::cast(const float* x, void* y, DType yt, int64_t n, Stream*) {
+  if (yt == DType::F32) {
+    if (n > 0 && y != x) std::memcpy(y, x, size_t(n) * sizeof(float));
+    return;
+  }
+  uint16_t* out = static_cast<uint16_t*>(y);
+  const bool bf = yt == DType::BF16;
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) out[i] = bf ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
 }
 void HostBackend::zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
                           uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,

@@ -38,9 +38,12 @@ class HostBackend : public Backend {
 
   // Ops on host memory that both host backends share (backend.h says what each computes).
   // The ZO passes and the chunked loss: cpu_zo.h and cpu_ops.h, OpenMP's default team.
+  using Backend::matmul;
+  using Backend::zo_pass;
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-               int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
-               Stream* s) override;
+               int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+               DType copy_t, Stream* s) override;
+  void cast(const float* x, void* y, DType yt, int64_t n, Stream* s) override;
   void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                Stream* s) override;

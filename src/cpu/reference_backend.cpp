@@ -24,6 +24,20 @@ void matmul(const float* x, const float* w, const float* bias, float* y, int64_t
   }
 }
 
+// bf16 weights: x rounded to bf16 (nearest even), each product exact, the sum in double.
+void matmul_bf16(const float* x, const uint16_t* w, const float* bias, float* y, int64_t M,
+                 int64_t N, int64_t K) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(bf16_to_f32(f32_to_bf16(x[m * K + k]))) * double(bf16_to_f32(w[n * K + k]));
+      if (bias) acc += double(bias[n]);
+      y[m * N + n] = float(acc);
+    }
+  }
+}
+
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
@@ -174,9 +188,18 @@ class ReferenceBackend final : public cpu::HostBackend {
  public:
   std::string name() const override { return "reference"; }
 
-  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
-              int64_t K, Stream*) override {
-    ref::matmul(x, w, bias, y, M, N, K);
+  ComputeInfo compute_info() const override {
+    return ComputeInfo{false, "reference (scalar loops, double sums)"};
+  }
+  void matmul(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t M,
+              int64_t N, int64_t K, Stream*) override {
+    ZOF_CHECK(wt == DType::F32 || wt == DType::BF16,
+              std::string("the reference matrix product takes fp32 or bf16 weights, not ") +
+                  dtype_name(wt));
+    if (wt == DType::BF16)
+      ref::matmul_bf16(x, static_cast<const uint16_t*>(w), bias, y, M, N, K);
+    else
+      ref::matmul(x, static_cast<const float*>(w), bias, y, M, N, K);
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                 Stream*) override {

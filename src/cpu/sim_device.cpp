@@ -76,6 +76,8 @@ void merge(std::vector<uint64_t>& into, const std::vector<uint64_t>& from) {
 
 class SimDeviceImpl final : public SimDevice {
  public:
+  using Backend::matmul;
+  using Backend::zo_pass;
   SimDeviceImpl(std::unique_ptr<Backend> host, SimDeviceOptions opt)
       : host_(std::move(host)), opt_(opt) {
     ZOF_ASSERT(host_);
@@ -229,10 +231,20 @@ class SimDeviceImpl final : public SimDevice {
   }
 
   // ---- ops: the host backend's math, on the stream ------------------------------------------
-  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
-              int64_t K, Stream* s) override {
-    submit(s, {R(x, M * K * F), R(w, N * K * F), R(bias, N * F), W(y, M * N * F)},
-           [=, h = host_.get()] { h->matmul(x, w, bias, y, M, N, K, nullptr); });
+  ComputeInfo compute_info() const override {
+    ComputeInfo ci = host_->compute_info();
+    ci.isa = "simulated device over " + ci.isa;
+    return ci;
+  }
+  void matmul(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t M,
+              int64_t N, int64_t K, Stream* s) override {
+    submit(s, {R(x, M * K * F), R(w, N * K * (int64_t)dtype_size(wt)), R(bias, N * F),
+               W(y, M * N * F)},
+           [=, h = host_.get()] { h->matmul(x, w, wt, bias, y, M, N, K, nullptr); });
+  }
+  void cast(const float* x, void* y, DType yt, int64_t n, Stream* s) override {
+    submit(s, {R(x, n * F), W(y, n * (int64_t)dtype_size(yt))},
+           [=, h = host_.get()] { h->cast(x, y, yt, n, nullptr); });
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                 Stream* s) override {
@@ -292,16 +304,17 @@ class SimDeviceImpl final : public SimDevice {
            [=, h = host_.get()] { h->cross_entropy(logits, targets, nll, rows, vocab, nullptr); });
   }
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-               int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
-               Stream* s) override {
+               int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+               DType copy_t, Stream* s) override {
     // The terms and key are host values the caller may reuse: copied into the task.
     std::vector<ZOUpdateTerm> terms(upd, upd + std::max(n_update, 0));
     const bool has_cur = cur != nullptr;
     const ZKey key = has_cur ? *cur : ZKey{};
-    submit(s, {n_update > 0 ? W(theta, n * F) : R(theta, n * F), W(plus, n * F), W(minus, n * F)},
+    const int64_t cb = n * (int64_t)dtype_size(copy_t);
+    submit(s, {n_update > 0 ? W(theta, n * F) : R(theta, n * F), W(plus, cb), W(minus, cb)},
            [=, h = host_.get(), terms = std::move(terms)] {
              h->zo_pass(theta, n, tensor, first, terms.data(), (int)terms.size(), lr_wd,
-                        has_cur ? &key : nullptr, eps, plus, minus, nullptr);
+                        has_cur ? &key : nullptr, eps, plus, minus, copy_t, nullptr);
            });
   }
   void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,

@@ -1,11 +1,17 @@
 // make_cuda_backend: the Backend on one GPU. Memory comes from the device's stream-ordered pool
 // (freed blocks stay cached), pinned host memory from cudaHostAlloc; streams are non-blocking
-// and each owns its cuBLASLt workspace. Each op entry checks shapes, then calls its launcher
+// and each owns its cuBLASLt workspace, the bf16 copy of a bf16 matmul's input and the staging
+// slots of the ZO passes' update terms. Each op entry checks shapes, then calls its launcher
 // (src/cuda/<op>.cu) on the stream.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,11 +41,34 @@ void cublas_fail(cublasStatus_t s, const char* expr, const char* file, int line)
 
 namespace {
 
+// One call's update terms on their way to a ZO kernel: staged in pinned memory, copied to the
+// device on the stream, read there by the kernel.
+struct TermSlot {
+  ZOUpdateTerm* host = nullptr;  // kMaxZOTerms terms, pinned
+  ZOUpdateTerm* dev = nullptr;   // kMaxZOTerms terms, device
+  cudaEvent_t done = nullptr;    // recorded after the kernel that last read the slot
+};
+constexpr size_t kTermSlotBytes = sizeof(ZOUpdateTerm) * kMaxZOTerms;
+constexpr size_t kTermSlotsPerBlock = 16;  // slots added at a time (one allocation of each kind)
+constexpr size_t kMaxTermSlots = 1024;     // then the host waits for the oldest instead
+
 // The backend's handles behind the opaque zof::Stream / zof::Event.
 struct CudaStream {
   cudaStream_t stream = nullptr;
   void* workspace = nullptr;        // Matmul::kWorkspaceBytes for cuBLASLt on this stream
   cudaEvent_t drained = nullptr;    // recorded before a free, so the free waits for this stream
+  // The bf16 copy of the input of a matmul with bf16 weights (only this stream uses it, so a
+  // product may reuse it as soon as the previous one is queued); grown, never shrunk.
+  void* x16 = nullptr;
+  size_t x16_bytes = 0;
+  // The ZO passes' update terms: a ring of slots used in turn (so in the order their kernels
+  // run), a slot reused once its event says its kernel is done, slots added before the oldest
+  // while every one is still in flight. The host does not wait for the device here (until
+  // kMaxTermSlots calls are in flight on this stream).
+  std::vector<TermSlot> slots;
+  size_t next_slot = 0;                 // the oldest slot: the next to reuse
+  std::vector<void*> slot_host_blocks;  // the pinned and device allocations behind the slots
+  std::vector<void*> slot_dev_blocks;
 };
 struct CudaEvent {
   cudaEvent_t event = nullptr;
@@ -50,6 +79,25 @@ bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
 
 std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
+// The frees of one backend that may still be ahead of its default stream (see alloc()).
+struct PendingFree {
+  cudaEvent_t freed = nullptr;  // recorded on the backend's default stream after its latest free
+  bool pending = false;         // that free may not have been reached yet
+};
+// Every backend on one device allocates from the device's default pool, which may hand one
+// backend a block that another has just freed: alloc() and free() of all of them go through one
+// lock, and alloc() looks at the pending frees of each.
+struct DeviceFrees {
+  std::mutex mu;
+  std::vector<PendingFree*> backends;
+};
+DeviceFrees& device_frees(int device) {
+  static std::mutex mu;
+  static std::map<int, DeviceFrees> all;  // never shrinks: one entry per device used
+  std::lock_guard<std::mutex> lock(mu);
+  return all[device];
+}
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   explicit CudaBackendImpl(int device) : device_(device) {
@@ -58,22 +106,42 @@ class CudaBackendImpl final : public CudaBackend {
               "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
                   " visible); pick one below the count or check CUDA_VISIBLE_DEVICES and the driver");
     use();
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
+    device_name_ = p.name;
+    cc_major_ = p.major;
+    cc_minor_ = p.minor;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
     uint64_t keep = UINT64_MAX;  // keep freed blocks cached in the pool: a caching allocator
     CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    CUDA_CHECK(cudaEventCreateWithFlags(&frees_.freed, cudaEventDisableTiming));
     matmul_ = std::make_unique<Matmul>();
     new_stream();
+    DeviceFrees& d = device_frees(device_);
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.backends.push_back(&frees_);
   }
 
   ~CudaBackendImpl() override {
     use();
-    for (auto& s : streams_) cudaStreamSynchronize(s->stream);
+    for (auto& s : streams_) cudaStreamSynchronize(s->stream);  // every free done
+    {
+      DeviceFrees& d = device_frees(device_);
+      std::lock_guard<std::mutex> lock(d.mu);
+      d.backends.erase(std::find(d.backends.begin(), d.backends.end(), &frees_));
+    }
     for (auto& s : streams_) {
       cudaFree(s->workspace);
+      if (s->x16) cudaFreeAsync(s->x16, s->stream);
+      for (void* p : s->slot_dev_blocks) cudaFreeAsync(p, s->stream);
+      cudaStreamSynchronize(s->stream);
+      for (void* p : s->slot_host_blocks) cudaFreeHost(p);
+      for (auto& t : s->slots) cudaEventDestroy(t.done);
       cudaEventDestroy(s->drained);
       cudaStreamDestroy(s->stream);
     }
     for (auto& e : events_) cudaEventDestroy(e->event);
+    cudaEventDestroy(frees_.freed);
     matmul_.reset();
   }
 
@@ -83,6 +151,8 @@ class CudaBackendImpl final : public CudaBackend {
   // ---- memory ----
   void* alloc(size_t bytes) override {
     use();
+    DeviceFrees& d = device_frees(device_);
+    std::lock_guard<std::mutex> lock(d.mu);
     void* p = nullptr;
     const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes ? bytes : 256, pool_, def());
     if (e == cudaErrorMemoryAllocation || e == cudaErrorInvalidValue) {  // invalid: beyond any pool
@@ -91,20 +161,36 @@ class CudaBackendImpl final : public CudaBackend {
                   mib(free_memory()) + " free); use a smaller model, batch or sequence length");
     }
     CUDA_CHECK(e);
-    // Blocks freed earlier may still be read by work queued before their free (see free());
-    // once the default stream has drained, the block is safe on every stream.
-    CUDA_CHECK(cudaStreamSynchronize(def()));
+    // The pool may hand out a block that free() returned while work queued before that free
+    // still reads it: safe on the default stream, where this allocation comes after the free,
+    // but not on the other streams, nor on streams this backend does not know (NCCL's), nor
+    // for another backend on this device, which may all use the memory at once. So while a free
+    // may be pending, the host waits until that backend's default stream has passed its last
+    // free (free() orders it after the work queued on every stream; the work queued after it
+    // is not waited for). With no free pending, which is every allocation before the first free
+    // and any made once the frees are done, no block of the pool is still in use by queued
+    // work, and the memory is safe everywhere at once: no wait. (This used to synchronize the
+    // default stream on every call.)
+    for (PendingFree* f : d.backends) {
+      if (!f->pending) continue;
+      CUDA_CHECK(cudaEventSynchronize(f->freed));
+      f->pending = false;
+    }
     return p;
   }
   void free(void* ptr) override {
     if (!ptr) return;
     use();
+    DeviceFrees& d = device_frees(device_);
+    std::lock_guard<std::mutex> lock(d.mu);
     // The free is ordered after all work queued so far on every stream of this backend.
     for (size_t i = 1; i < streams_.size(); ++i) {
       CUDA_CHECK(cudaEventRecord(streams_[i]->drained, streams_[i]->stream));
       CUDA_CHECK(cudaStreamWaitEvent(def(), streams_[i]->drained, 0));
     }
     CUDA_CHECK(cudaFreeAsync(ptr, def()));
+    CUDA_CHECK(cudaEventRecord(frees_.freed, def()));  // alloc() waits for it while pending
+    frees_.pending = true;
   }
   void* alloc_host_pinned(size_t bytes) override {
     use();
@@ -181,11 +267,56 @@ class CudaBackendImpl final : public CudaBackend {
   void* native_stream(Stream* s) override { return st(s); }
 
   // ---- fp32 ops ----
-  void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
-              int64_t K, Stream* s) override {
+  using Backend::matmul;   // the fp32 overload, next to the override below
+  using Backend::zo_pass;  // likewise
+
+  ComputeInfo compute_info() const override {
+    ComputeInfo c;
+    c.bf16_fast = cc_major_ >= 8;  // bf16 tensor cores from Ampere (sm_80) on
+    c.isa = device_name_ + " (sm_" + std::to_string(cc_major_) + std::to_string(cc_minor_) + ")" +
+            (c.bf16_fast ? " tensor cores" : ", no bf16 tensor cores");
+    return c;
+  }
+
+  void matmul(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t M,
+              int64_t N, int64_t K, Stream* s) override {
     ZOF_ASSERT(M >= 0 && N >= 0 && K >= 0);
     use();
-    matmul_->run(GemmType::F32, x, w, bias, y, M, N, K, handle(s)->workspace, st(s));
+    CudaStream* h = handle(s);
+    if (wt == DType::F32) {
+      matmul_->run(GemmType::F32, x, w, bias, y, M, N, K, h->workspace, h->stream);
+      return;
+    }
+    ZOF_CHECK(wt == DType::BF16,
+              std::string("the CUDA backend multiplies fp32 or bf16 weights, not ") +
+                  dtype_name(wt) + "; convert them to one of those at load");
+    // x rounded to bf16 (nearest even, as zof::f32_to_bf16) into this stream's scratch, then
+    // bf16 x bf16 products on the tensor cores, accumulated, biased and written in fp32.
+    const void* xb = x;  // not read when the product is empty (K == 0 gives y = bias)
+    if (M > 0 && N > 0 && K > 0) {
+      bf16* x16 = bf16_scratch(*h, M * K);
+      cuda::to_bf16(x, x16, M * K, h->stream);
+      xb = x16;
+    }
+    matmul_->run(GemmType::BF16_F32OUT, xb, w, bias, y, M, N, K, h->workspace, h->stream);
+  }
+  void cast(const float* x, void* y, DType yt, int64_t n, Stream* s) override {
+    ZOF_ASSERT(n >= 0);
+    use();
+    switch (yt) {
+      case DType::F32:
+        if (n > 0)
+          CUDA_CHECK(cudaMemcpyAsync(y, x, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                     st(s)));
+        return;
+      case DType::BF16:
+        cuda::to_bf16(x, static_cast<bf16*>(y), n, st(s));
+        return;
+      case DType::F16:
+        cuda::to_f16(x, static_cast<__half*>(y), n, st(s));
+        return;
+    }
+    ZOF_ABORT("cast to an unknown dtype");
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                 Stream* s) override {
@@ -245,13 +376,22 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::cross_entropy(logits, targets, nll, rows, vocab, st(s));
   }
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-               int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
-               Stream* s) override {
+               int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+               DType copy_t, Stream* s) override {
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     // the Philox counter holds the group index in 32 bits
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
+    cuda::check_zo_terms(n_update);
+    ZOF_CHECK(copy_t == DType::F32 || copy_t == DType::BF16,
+              std::string("the CUDA ZO pass writes fp32 or bf16 perturbed copies, not ") +
+                  dtype_name(copy_t));
+    if (n <= 0 || (n_update <= 0 && !cur)) return;  // nothing to launch
     use();
-    cuda::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, st(s));
+    CudaStream* h = handle(s);
+    TermSlot* slot = n_update > 0 ? &stage_terms(*h, upd, n_update) : nullptr;
+    cuda::zo_pass(theta, n, tensor, first, slot ? slot->dev : nullptr, n_update, lr_wd, cur, eps,
+                  plus, minus, copy_t, h->stream);
+    if (slot) CUDA_CHECK(cudaEventRecord(slot->done, h->stream));
   }
   void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
@@ -265,8 +405,13 @@ class CudaBackendImpl final : public CudaBackend {
                        const ZOOptimizer& o, Stream* s) override {
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
+    cuda::check_zo_terms(n_update);
+    if (n <= 0 || n_update <= 0) return;  // nothing to launch
     use();
-    cuda::zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, st(s));
+    CudaStream* h = handle(s);
+    TermSlot& slot = stage_terms(*h, upd, n_update);
+    cuda::zo_update_state(theta, m, v, n, tensor, first, slot.dev, n_update, o, h->stream);
+    CUDA_CHECK(cudaEventRecord(slot.done, h->stream));
   }
   void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
                            int64_t v0, float* max, float* sum, float* target, Stream* s) override {
@@ -388,6 +533,90 @@ class CudaBackendImpl final : public CudaBackend {
   cudaStream_t st(Stream* s) { return handle(s)->stream; }
   cudaStream_t def() { return streams_[0]->stream; }
 
+  // This stream's bf16 scratch of at least n elements. Grown by half again at least (a few
+  // growths reach the largest input), in whole MiB; the old block is freed after the work queued
+  // so far, on every stream. The new one comes from the pool in this stream's order: only this
+  // stream uses it, so neither the host nor another stream waits.
+  bf16* bf16_scratch(CudaStream& h, int64_t n) {
+    const size_t need = size_t(n) * sizeof(bf16);
+    if (need > h.x16_bytes) {
+      constexpr size_t kGrain = size_t(1) << 20;
+      const size_t grown = std::max(need, h.x16_bytes + h.x16_bytes / 2);
+      const size_t bytes = (grown + kGrain - 1) / kGrain * kGrain;
+      void* p = nullptr;
+      const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, h.stream);
+      if (e == cudaErrorMemoryAllocation || e == cudaErrorInvalidValue) {
+        cudaGetLastError();
+        throw Error("out of GPU memory allocating the " + mib(bytes) +
+                    " bf16 copy of a matrix product's input on " + name() + " (" +
+                    mib(free_memory()) + " free); use a smaller batch or sequence length");
+      }
+      CUDA_CHECK(e);
+      void* old = h.x16;
+      h.x16 = p;
+      h.x16_bytes = bytes;
+      free(old);
+    }
+    return static_cast<bf16*>(h.x16);
+  }
+
+  // A slot holding upd[0, n_update) on the device in stream h's order: staged in its pinned half
+  // and copied on the stream. The caller launches the kernel that reads slot.dev and then records
+  // slot.done on the stream. upd may be freed once this returns.
+  TermSlot& stage_terms(CudaStream& h, const ZOUpdateTerm* upd, int n_update) {
+    TermSlot& t = term_slot(h);
+    const size_t bytes = size_t(n_update) * sizeof(ZOUpdateTerm);
+    std::memcpy(static_cast<void*>(t.host), upd, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(t.dev, t.host, bytes, cudaMemcpyHostToDevice, h.stream));
+    return t;
+  }
+  // The oldest slot of h when its kernel is done (its pinned half may then be rewritten and its
+  // device half is read by no queued kernel), else a fresh one inserted before it, so the ring
+  // keeps the order of use. Only past kMaxTermSlots slots does the host wait for the oldest.
+  TermSlot& term_slot(CudaStream& h) {
+    if (!h.slots.empty()) {
+      TermSlot& oldest = h.slots[h.next_slot];
+      const cudaError_t e = cudaEventQuery(oldest.done);  // a never-recorded event is done
+      if (e != cudaErrorNotReady) CUDA_CHECK(e);
+      if (e == cudaSuccess || h.slots.size() >= kMaxTermSlots) {
+        if (e != cudaSuccess) CUDA_CHECK(cudaEventSynchronize(oldest.done));
+        h.next_slot = (h.next_slot + 1) % h.slots.size();
+        return oldest;
+      }
+    }
+    // Every slot is in flight: a block of fresh ones at next_slot, used before the oldest.
+    void* host = nullptr;
+    void* dev = nullptr;
+    const size_t block = kTermSlotBytes * kTermSlotsPerBlock;
+    cudaError_t e = cudaHostAlloc(&host, block, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw Error("out of pinned host memory for the ZO update terms; raise the locked-memory "
+                  "limit (ulimit -l)");
+    }
+    CUDA_CHECK(e);
+    e = cudaMallocFromPoolAsync(&dev, block, pool_, h.stream);  // used on this stream only
+    if (e == cudaErrorMemoryAllocation || e == cudaErrorInvalidValue) {
+      cudaGetLastError();
+      cudaFreeHost(host);
+      throw Error("out of GPU memory for the ZO update terms on " + name());
+    }
+    CUDA_CHECK(e);
+    h.slot_host_blocks.push_back(host);
+    h.slot_dev_blocks.push_back(dev);
+    std::vector<TermSlot> fresh(kTermSlotsPerBlock);
+    for (size_t i = 0; i < kTermSlotsPerBlock; ++i) {
+      const size_t at = i * kTermSlotBytes;
+      fresh[i].host = reinterpret_cast<ZOUpdateTerm*>(static_cast<char*>(host) + at);
+      fresh[i].dev = reinterpret_cast<ZOUpdateTerm*>(static_cast<char*>(dev) + at);
+      CUDA_CHECK(cudaEventCreateWithFlags(&fresh[i].done, cudaEventDisableTiming));
+    }
+    h.slots.insert(h.slots.begin() + std::ptrdiff_t(h.next_slot), fresh.begin(), fresh.end());
+    TermSlot& t = h.slots[h.next_slot];
+    h.next_slot = (h.next_slot + 1) % h.slots.size();
+    return t;
+  }
+
   CudaStream* new_stream() {
     auto s = std::make_unique<CudaStream>();
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
@@ -413,7 +642,10 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   int device_;
+  std::string device_name_;
+  int cc_major_ = 0, cc_minor_ = 0;
   cudaMemPool_t pool_ = nullptr;
+  PendingFree frees_;  // under device_frees(device_).mu
   std::unique_ptr<Matmul> matmul_;
   std::vector<std::unique_ptr<CudaStream>> streams_;  // [0] is the default stream
   std::vector<std::unique_ptr<CudaEvent>> events_;

@@ -28,6 +28,19 @@ __device__ __forceinline__ float load_f32(const bf16* p) { return __bfloat162flo
 __device__ __forceinline__ void store_f32(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_f32(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
+// fp32 -> bf16 rounded to nearest even, a NaN kept a quiet NaN with its sign and top payload
+// bits: zof::f32_to_bf16 (zof/dtype.h) on the device, the same integer steps and so the same
+// bits for every input. (__float2bfloat16_rn is cvt.rn.bf16.f32: the same for every number, but
+// it turns each NaN into the canonical 0x7fff.) For the tensors the host reproduces bit for bit:
+// casts, the bf16 input of a matrix product, the ZO pass's perturbed copies.
+__device__ __forceinline__ bf16 f32_to_bf16_exact(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return __ushort_as_bfloat16((unsigned short)((u >> 16) | 0x40u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __ushort_as_bfloat16((unsigned short)(u >> 16));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -63,12 +63,17 @@ const Matmul::Plan& Matmul::plan(const Key& key, const void* bias) {
   if (cache_.size() >= kMaxCached) cache_.clear();  // generation sees every prompt length
   const auto [type, M, N, K, has_bias, ax, aw, ay, ab] = key;
   (void)ab;
-  const cudaDataType_t dt = type == int(GemmType::F32) ? CUDA_R_32F : CUDA_R_16BF;
+  // in: x and w; out: bias, y (and cuBLASLt's C, which beta = 0 never reads).
+  const cudaDataType_t in_t = type == int(GemmType::F32) ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t out_t = type == int(GemmType::BF16) ? CUDA_R_16BF : CUDA_R_32F;
+  const char* what = type == int(GemmType::F32)    ? "fp32"
+                     : type == int(GemmType::BF16) ? "bf16"
+                                                   : "bf16 (fp32 out)";
   auto p = std::make_unique<Plan>();
   // Column-major view: A = w as (K, N) ld K, B = x as (K, M) ld K, C = y as (N, M) ld N.
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, dt, (uint64_t)K, (uint64_t)N, K));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, dt, (uint64_t)K, (uint64_t)M, K));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, dt, (uint64_t)N, (uint64_t)M, N));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, in_t, (uint64_t)K, (uint64_t)N, K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, in_t, (uint64_t)K, (uint64_t)M, K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, out_t, (uint64_t)N, (uint64_t)M, N));
 
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -92,8 +97,14 @@ const Matmul::Plan& Matmul::plan(const Key& key, const void* bias) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
     const cublasLtEpilogue_t epi = epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    if (epilogue)  // the heuristic sees the bias pointer (of the alignment in the key) too
+    if (epilogue) {  // the heuristic sees the bias pointer (of the alignment in the key) too
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      if (in_t != out_t) {  // the bias has y's type: cuBLASLt's default, said where A and B differ
+        const int32_t bias_t = out_t;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &bias_t, sizeof(bias_t)));
+      }
+    }
     st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result,
                                         &found);
     p->bias_in_epilogue = epilogue;
@@ -102,7 +113,7 @@ const Matmul::Plan& Matmul::plan(const Key& key, const void* bias) {
   }
   cublasLtMatmulPreferenceDestroy(pref);
   ZOF_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
-            "cuBLASLt has no algorithm for a " + std::string(dt == CUDA_R_32F ? "fp32" : "bf16") +
+            "cuBLASLt has no algorithm for a " + std::string(what) +
                 " matmul M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" +
                 std::to_string(K) + " on this GPU (status " + std::to_string(int(st)) + ")");
   p->algo = result.algo;
@@ -112,8 +123,9 @@ const Matmul::Plan& Matmul::plan(const Key& key, const void* bias) {
 void Matmul::run(GemmType t, const void* x, const void* w, const void* bias, void* y, int64_t M,
                  int64_t N, int64_t K, void* workspace, cudaStream_t s) {
   if (M <= 0 || N <= 0) return;
+  const bool f32_out = t != GemmType::BF16;  // bias and y fp32
   if (K <= 0) {
-    if (t == GemmType::F32)
+    if (f32_out)
       launch_bias_rows(static_cast<const float*>(bias), static_cast<float*>(y), M, N, false, s);
     else
       launch_bias_rows(static_cast<const bf16*>(bias), static_cast<bf16*>(y), M, N, false, s);
@@ -130,7 +142,7 @@ void Matmul::run(GemmType t, const void* x, const void* w, const void* bias, voi
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, &zero, y, p.c, y, p.c,
                               &p.algo, workspace, kWorkspaceBytes, s));
   if (bias && !p.bias_in_epilogue) {
-    if (t == GemmType::F32)
+    if (f32_out)
       launch_bias_rows(static_cast<const float*>(bias), static_cast<float*>(y), M, N, true, s);
     else
       launch_bias_rows(static_cast<const bf16*>(bias), static_cast<bf16*>(y), M, N, true, s);

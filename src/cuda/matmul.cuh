@@ -1,6 +1,7 @@
-// cuda::Matmul: y(M,N) = x(M,K) w(N,K)^T + bias(N) through cuBLASLt, in strict fp32 (no TF32)
-// or bf16 in/out with fp32 accumulation; the bias is cuBLASLt's epilogue. Row-major y is the
-// column-major y^T = w x^T, so w (nn.Linear layout) is read in place with op T.
+// cuda::Matmul: y(M,N) = x(M,K) w(N,K)^T + bias(N) through cuBLASLt, in strict fp32 (no TF32),
+// bf16 in/out, or bf16 in and fp32 out, always with fp32 accumulation; the bias is cuBLASLt's
+// epilogue. Row-major y is the column-major y^T = w x^T, so w (nn.Linear layout) is read in place
+// with op T.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -12,7 +13,12 @@
 
 namespace zof::cuda {
 
-enum class GemmType { F32, BF16 };  // x, w, bias and y all of this type; accumulation is fp32
+// Element types of (x and w; bias and y). Accumulation is fp32 in each.
+enum class GemmType {
+  F32,          // all fp32: strict fp32 products
+  BF16,         // all bf16 (CudaBackend::matmul_bf16)
+  BF16_F32OUT,  // x and w bf16 (tensor cores), bias and y fp32 (Backend::matmul with bf16 weights)
+};
 
 class Matmul {
  public:
@@ -24,8 +30,9 @@ class Matmul {
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
 
-  // Enqueues the product on stream s. workspace: kWorkspaceBytes of device memory that no other
-  // stream uses. bias may be null. K == 0 gives y = bias (or 0).
+  // Enqueues the product on stream s; x, w, bias and y of the types t names. workspace:
+  // kWorkspaceBytes of device memory that no other stream uses. bias may be null. K == 0 gives
+  // y = bias (or 0).
   void run(GemmType t, const void* x, const void* w, const void* bias, void* y, int64_t M,
            int64_t N, int64_t K, void* workspace, cudaStream_t s);
 

@@ -42,7 +42,18 @@ __global__ void embedding_kernel(const int32_t* ids, const float* table, float* 
   }
 }
 __global__ void to_bf16_kernel(const float* x, bf16* y, int64_t n) {
-  ZOF_GRID_STRIDE(i, n) y[i] = __float2bfloat16_rn(x[i]);
+  ZOF_GRID_STRIDE(i, n) y[i] = f32_to_bf16_exact(x[i]);
+}
+// cvt.rn.f16.f32 (nearest even, overflow to inf, gradual underflow) as zof::f32_to_f16; a NaN
+// becomes the quiet NaN with its sign that zof::f32_to_f16 gives (cvt would give 0x7fff).
+__global__ void to_f16_kernel(const float* x, __half* y, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const uint32_t u = __float_as_uint(v);
+    y[i] = (u & 0x7fffffffu) > 0x7f800000u
+               ? __ushort_as_half((unsigned short)(((u >> 16) & 0x8000u) | 0x7e00u))
+               : __float2half_rn(v);
+  }
 }
 __global__ void to_f32_kernel(const bf16* x, float* y, int64_t n) {
   ZOF_GRID_STRIDE(i, n) y[i] = __bfloat162float(x[i]);
@@ -85,6 +96,9 @@ void embedding(const int32_t* ids, const float* table, float* out, int64_t n, in
 }
 void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s) { ZOF_LAUNCH(to_bf16_kernel, n, x, y, n); }
 void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s) { ZOF_LAUNCH(to_f32_kernel, n, x, y, n); }
+void to_f16(const float* x, __half* y, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(to_f16_kernel, n, x, y, n);
+}
 
 #undef ZOF_LAUNCH
 

@@ -1,6 +1,8 @@
 // Elementwise ops (SwiGLU gate, GELU, ReLU, residual add, dtype conversion) and the embedding
 // gather, on fp32 or bf16 activations with fp32 math.
 #pragma once
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "cuda/cuda_common.cuh"
@@ -23,8 +25,10 @@ void add(T* y, const T* x, int64_t n, cudaStream_t s);
 // out(n,dim) = table[ids[i]] (+= when accumulate); ids on the device, in range.
 void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
                bool accumulate, cudaStream_t s);
-// y(n) = x(n) converted (fp32 -> bf16 rounds to nearest even).
+// y(n) = x(n) converted. fp32 -> bf16 and fp32 -> fp16 round to nearest even, bit for bit as
+// zof::f32_to_bf16 and zof::f32_to_f16 (zof/dtype.h), NaNs included.
 void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s);
+void to_f16(const float* x, __half* y, int64_t n, cudaStream_t s);
 void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);
 
 }  // namespace zof::cuda

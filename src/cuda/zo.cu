@@ -3,19 +3,23 @@
 // --fmad=false (CMakeLists.txt) so that no multiply-add is fused where the host's is not.
 #include "cuda/zo.cuh"
 
+#include <string>
+
 namespace zof::cuda {
 
 namespace {
 
-struct Terms {
-  ZOUpdateTerm t[kMaxZOTerms];
-};
+// A perturbed copy's element: fp32 as computed, or that value rounded as zof::f32_to_bf16.
+__device__ __forceinline__ void store_copy(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_copy(bf16* p, float v) { *p = f32_to_bf16_exact(v); }
 
 // One thread per group of 4 elements, groups counted from the tensor's start; elements
-// [first, first + n) are touched, theta/plus/minus point at element first.
+// [first, first + n) are touched, theta/plus/minus point at element first. upd: n_update terms
+// in device memory, read by every thread (the same address across a warp: one broadcast load).
+template <class C>
 __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t tensor,
-                               const Terms upd, int n_update, float lr_wd, ZKey cur, bool has_cur,
-                               float eps, float* plus, float* minus) {
+                               const ZOUpdateTerm* __restrict__ upd, int n_update, float lr_wd,
+                               ZKey cur, bool has_cur, float eps, C* plus, C* minus) {
   const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;
   for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
        g += (int64_t)gridDim.x * blockDim.x) {
@@ -28,11 +32,13 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
       float acc[4];
       for (int l = 0; l < 4; ++l) acc[l] = lr_wd * th[l];
       for (int j = 0; j < n_update; ++j) {
+        const ZKey key = upd[j].key;
+        const float coef = upd[j].coef;
         float z[4];
-        z_group(upd.t[j].key, tensor, (uint32_t)g, z);
-        const float mk = upd.t[j].key.mask;  // Sparse MeZO: as cpu::zo_pass
+        z_group(key, tensor, (uint32_t)g, z);
+        const float mk = key.mask;  // Sparse MeZO: as cpu::zo_pass
         for (int l = 0; l < 4; ++l) z[l] = fabsf(th[l]) > mk ? 0.0f : z[l];
-        for (int l = 0; l < 4; ++l) acc[l] = fmaf(upd.t[j].coef, z[l], acc[l]);
+        for (int l = 0; l < 4; ++l) acc[l] = fmaf(coef, z[l], acc[l]);
       }
       for (int l = 0; l < 4; ++l) th[l] = th[l] - acc[l];
       for (int l = lo; l < hi; ++l) theta[i0 + l] = th[l];
@@ -42,8 +48,8 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
       z_group(cur, tensor, (uint32_t)g, z);
       for (int l = 0; l < 4; ++l) z[l] = fabsf(th[l]) > cur.mask ? 0.0f : z[l];
       for (int l = lo; l < hi; ++l) {
-        if (plus) plus[i0 + l] = zo_perturbed(th[l], z[l], eps);
-        if (minus) minus[i0 + l] = zo_perturbed(th[l], z[l], -eps);
+        if (plus) store_copy(plus + i0 + l, zo_perturbed(th[l], z[l], eps));
+        if (minus) store_copy(minus + i0 + l, zo_perturbed(th[l], z[l], -eps));
       }
     }
   }
@@ -79,7 +85,8 @@ __global__ void zo_rows_kernel(const float* theta, int64_t width, const int32_t*
 
 // Backend::zo_update_state: one thread per group of 4, the arithmetic of cpu::zo_update_state.
 __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first, int64_t n,
-                                uint32_t tensor, const Terms upd, int n_update, ZOOptimizer o) {
+                                uint32_t tensor, const ZOUpdateTerm* __restrict__ upd,
+                                int n_update, ZOOptimizer o) {
   const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;
   for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
        g += (int64_t)gridDim.x * blockDim.x) {
@@ -89,10 +96,12 @@ __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first,
     float th[4] = {0.0f, 0.0f, 0.0f, 0.0f}, gh[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int l = lo; l < hi; ++l) th[l] = theta[i0 + l];
     for (int j = 0; j < n_update; ++j) {
+      const ZKey key = upd[j].key;
+      const float coef = upd[j].coef;
       float z[4];
-      z_group(upd.t[j].key, tensor, (uint32_t)g, z);
-      const float mk = upd.t[j].key.mask;
-      for (int l = 0; l < 4; ++l) gh[l] = fmaf(upd.t[j].coef, fabsf(th[l]) > mk ? 0.0f : z[l], gh[l]);
+      z_group(key, tensor, (uint32_t)g, z);
+      const float mk = key.mask;
+      for (int l = 0; l < 4; ++l) gh[l] = fmaf(coef, fabsf(th[l]) > mk ? 0.0f : z[l], gh[l]);
     }
     for (int l = lo; l < hi; ++l) {
       if (o.kind == ZOOptimizer::Momentum) {
@@ -123,37 +132,53 @@ void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_r
   CUDA_CHECK(cudaGetLastError());
 }
 
-void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
-                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
-                     cudaStream_t s) {
-  ZOF_CHECK(n_update <= kMaxZOTerms,
+void check_zo_terms(int n_update) {
+  ZOF_CHECK(n_update >= 0 && n_update <= kMaxZOTerms,
             "the CUDA backend applies at most " + std::to_string(kMaxZOTerms) +
                 " ZO directions per step (asked for " + std::to_string(n_update) +
                 "); use fewer --queries");
+}
+
+void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
+                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
+                     cudaStream_t s) {
+  check_zo_terms(n_update);
   if (n <= 0 || n_update <= 0) return;
-  Terms terms;
-  for (int j = 0; j < n_update; ++j) terms.t[j] = upd[j];
+  ZOF_ASSERT(upd);
   const int64_t groups = (first + n + 3) / 4 - first / 4;
-  zo_state_kernel<<<grid_for(groups, 256), 256, 0, s>>>(theta, m, v, first, n, tensor, terms,
+  zo_state_kernel<<<grid_for(groups, 256), 256, 0, s>>>(theta, m, v, first, n, tensor, upd,
                                                         n_update, o);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-             int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
-             cudaStream_t s) {
-  ZOF_CHECK(n_update <= kMaxZOTerms,
-            "the CUDA backend applies at most " + std::to_string(kMaxZOTerms) +
-                " ZO directions per step (asked for " + std::to_string(n_update) +
-                "); use fewer --queries");
-  if (n <= 0 || (n_update <= 0 && !cur)) return;
-  Terms terms;
-  for (int j = 0; j < n_update; ++j) terms.t[j] = upd[j];
+namespace {
+
+template <class C>
+void launch_zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+                    const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
+                    float eps, void* plus, void* minus, cudaStream_t s) {
   const int64_t groups = (first + n + 3) / 4 - first / 4;
-  zo_pass_kernel<<<grid_for(groups, 256), 256, 0, s>>>(theta, first, n, tensor, terms, n_update,
-                                                       lr_wd, cur ? *cur : ZKey{}, cur != nullptr,
-                                                       eps, plus, minus);
+  zo_pass_kernel<C><<<grid_for(groups, 256), 256, 0, s>>>(
+      theta, first, n, tensor, upd, n_update, lr_wd, cur ? *cur : ZKey{}, cur != nullptr, eps,
+      static_cast<C*>(plus), static_cast<C*>(minus));
   CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+             int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+             DType copy_t, cudaStream_t s) {
+  check_zo_terms(n_update);
+  ZOF_CHECK(copy_t == DType::F32 || copy_t == DType::BF16,
+            std::string("the CUDA ZO pass writes fp32 or bf16 perturbed copies, not ") +
+                dtype_name(copy_t));
+  if (n <= 0 || (n_update <= 0 && !cur)) return;
+  ZOF_ASSERT(n_update == 0 || upd);
+  if (copy_t == DType::BF16)
+    launch_zo_pass<bf16>(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, s);
+  else
+    launch_zo_pass<float>(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, s);
 }
 
 }  // namespace zof::cuda

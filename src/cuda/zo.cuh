@@ -9,20 +9,27 @@
 
 namespace zof::cuda {
 
-// Update terms travel as a kernel argument (24 bytes each; kernel arguments are capped at 4 KB).
+// The most update terms one pass applies. The kernels read the terms from device memory (the
+// backend stages them there, a slot of kMaxZOTerms terms per call), not from their argument
+// block, which the 32-byte terms would push past 4 KB.
 constexpr int kMaxZOTerms = 128;
 
-// As Backend::zo_pass; upd is a host array of n_update <= kMaxZOTerms terms, copied into the
-// launch, so it may be freed as soon as this returns.
+// Throws zof::Error unless 0 <= n_update <= kMaxZOTerms (the message says how to get there).
+void check_zo_terms(int n_update);
+
+// As Backend::zo_pass; upd: n_update <= kMaxZOTerms terms in device memory (null when
+// n_update == 0), read by the kernel when the stream reaches it. plus/minus of type copy_t (F32
+// or BF16).
 void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-             int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus, cudaStream_t s);
+             int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+             DType copy_t, cudaStream_t s);
 
 // As Backend::zo_rows (rows in device memory).
 void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
              uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
              cudaStream_t s);
 
-// As Backend::zo_update_state (same limits on upd as zo_pass).
+// As Backend::zo_update_state; upd in device memory, as zo_pass.
 void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
                      const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
                      cudaStream_t s);

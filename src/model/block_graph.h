@@ -76,7 +76,7 @@ bool present(const W& w) {
   if constexpr (requires { w.w; })
     return w.w != nullptr;
   else
-    return w != nullptr;
+    return static_cast<bool>(w);
 }
 
 // The embedding: token rows (through project_in when the table is narrower), plus learned

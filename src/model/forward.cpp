@@ -50,6 +50,7 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_rows)
     for (int i = 0; i < kNIBuf; ++i)
       ibufs_.push_back((int32_t*)be_.alloc(isizes[i] * sizeof(int32_t)));
     mask_ = (uint8_t*)be_.alloc(max_rows);
+    fresh_.assign(model_.blocks().size() + 1, false);
     if (!cfg_.rope_inv_freq.empty()) {
       be_.copy_to_device(bufs_[ROPE], cfg_.rope_inv_freq.data(),
                          cfg_.rope_inv_freq.size() * sizeof(float), nullptr);
@@ -66,6 +67,80 @@ Forward::~Forward() {
   for (float* p : bufs_) be_.free(p);
   for (int32_t* p : ibufs_) be_.free(p);
   be_.free(mask_);
+  be_.free(copies_);
+}
+
+void Forward::set_weights(BlockStreamer* s) {
+  if (s != weights_) {  // the copies' layout follows where the weights live
+    be_.free(copies_);
+    copies_ = nullptr;
+  }
+  weights_ = s;
+  weights_changed();
+}
+
+void Forward::set_compute(DType t) {
+  ZOF_CHECK(t == DType::F32 || t == DType::BF16,
+            std::string("the forward computes in fp32 or bf16, not ") + dtype_name(t));
+  compute_ = t;
+  weights_changed();
+}
+
+void Forward::weights_changed() { fresh_.assign(model_.blocks().size() + 1, false); }
+
+namespace {
+int64_t max_block_span(const Model& m) {
+  int64_t n = 0;
+  for (const Block& b : m.blocks()) n = std::max(n, b.span);
+  return n;
+}
+int64_t lm_numel(const Model& m) { return m.params()[m.lm_head()].numel; }
+}  // namespace
+
+size_t Forward::streamed_compute_bytes() const {
+  if (compute_ != DType::BF16) return 0;
+  return size_t(max_block_span(model_) + lm_numel(model_)) * sizeof(uint16_t);
+}
+
+uint16_t* Forward::copies() {
+  const int64_t n = weights_ ? max_block_span(model_) + lm_numel(model_) : model_.storage_size();
+  if (!copies_) copies_ = (uint16_t*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(uint16_t));
+  return copies_;
+}
+
+const uint16_t* Forward::compute_copy(int block) {
+  const Block& blk = model_.blocks()[block];
+  // Resident: the block's copy at the storage offsets; streamed: at the front.
+  uint16_t* base = weights_ ? copies() - blk.offset : copies();
+  if (!weights_ && fresh_[block]) return base;
+  for (int pi : blk.params) {
+    const Param& p = model_.params()[pi];
+    if (!p.gemm) continue;
+    const float* src = weights_ ? weights_->param(pi) : p.data;
+    be_.cast(src, base + (p.data - model_.storage()), DType::BF16, p.numel);
+  }
+  fresh_[block] = true;
+  return base;
+}
+
+const uint16_t* Forward::lm_copy() {
+  const int lm = model_.lm_head();
+  const Param& p = model_.params()[lm];
+  if (!weights_) {
+    uint16_t* dst = copies() + (p.data - model_.storage());
+    if (!fresh_.back()) be_.cast(p.data, dst, DType::BF16, p.numel);
+    fresh_.back() = true;
+    return dst;
+  }
+  uint16_t* dst = copies() + max_block_span(model_);
+  be_.cast(weights_->param(lm), dst, DType::BF16, p.numel);
+  return dst;
+}
+
+Weight Forward::typed(int pi, const float* fp32, const uint16_t* copy, int64_t copy_off) const {
+  const Param& p = model_.params()[pi];
+  if (compute_ != DType::BF16 || !p.gemm) return fp32;
+  return Weight(copy + copy_off, DType::BF16);
 }
 
 DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
@@ -246,17 +321,23 @@ void Forward::acquire(int block) {
 void Forward::release(int block) {
   if (weights_) weights_->release(block, false);
 }
-EmbedWeights Forward::embed_weights() const {
-  if (!weights_) return model_.embed();
-  return model_.embed([this](int pi) -> const float* { return weights_->param(pi); });
+// The views of block b: fp32 from the model or the streamer, the matrices from the bf16 copies
+// in a bf16 walk.
+Model::ParamLocator Forward::locator(int block) {
+  const uint16_t* copy = compute_ == DType::BF16 ? compute_copy(block) : nullptr;
+  const int lm = model_.lm_head();
+  const uint16_t* lmc = compute_ == DType::BF16 && block == (int)model_.blocks().size() - 1
+                            ? lm_copy() : nullptr;
+  return [this, copy, lm, lmc](int pi) -> Weight {
+    const float* f = weights_ ? weights_->param(pi) : model_.params()[pi].data;
+    if (pi == lm && lmc) return Weight(lmc, DType::BF16);
+    return typed(pi, f, copy, model_.params()[pi].data - model_.storage());
+  };
 }
-LayerWeights Forward::layer_weights(int li) const {
-  if (!weights_) return model_.layer(li);
-  return model_.layer(li, [this](int pi) -> const float* { return weights_->param(pi); });
-}
-HeadWeights Forward::head_weights() const {
-  if (!weights_) return model_.head();
-  return model_.head([this](int pi) -> const float* { return weights_->param(pi); });
+EmbedWeights Forward::embed_weights() { return model_.embed(locator(0)); }
+LayerWeights Forward::layer_weights(int li) { return model_.layer(li, locator(li + 1)); }
+HeadWeights Forward::head_weights() {
+  return model_.head(locator((int)model_.blocks().size() - 1));
 }
 std::vector<int> Forward::head_blocks() const {
   const int last = (int)model_.blocks().size() - 1;

@@ -46,7 +46,7 @@ template <class K>
 class Primal {
  public:
   using T = typename K::T;
-  using W = const T*;
+  using W = typename K::W;  // the kernels' weight handle (Weight through the Backend)
   Primal(K& k, const Dims& d, Frame<T>& f) : k_(k), d_(d), f_(f) {}
   Primal(K& k, const Dims& d, Frame<T>&& f) = delete;  // the frame must outlive the ops
 
@@ -188,14 +188,15 @@ class Tangent {
 // stream.
 struct BackendKernels {
   using T = float;
+  // The primal's weights: fp32, but for a bf16 walk's matrix-product weights (model.h).
+  using W = Weight;
   Backend& be;
   float* mmtmp = nullptr;  // matmul_jvp's scratch, M * N floats; set by a walk that needs it
 
   static float scale(int64_t D) { return 1.f / std::sqrt((float)D); }
 
-  void matmul(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t N,
-              int64_t K) {
-    be.matmul(x, w, b, y, M, N, K);
+  void matmul(const float* x, Weight w, Weight b, float* y, int64_t M, int64_t N, int64_t K) {
+    be.matmul(x, w.p, w.dtype, b.f32(), y, M, N, K);
   }
   // dy = dx w^T + db + x dw^T (every linear layer of a walk has both tangents: z perturbs
   // every weight).
@@ -206,12 +207,12 @@ struct BackendKernels {
     be.matmul(x, dw, nullptr, mmtmp, M, N, K);
     be.add(dy, mmtmp, M * N);
   }
-  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
-    be.rms_norm(x, w, y, rows, dim, eps);
+  void rms_norm(const float* x, Weight w, float* y, int64_t rows, int64_t dim, float eps) {
+    be.rms_norm(x, w.f32(), y, rows, dim, eps);
   }
-  void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
-                  int64_t dim, float eps) {
-    be.layer_norm(x, w, b, y, rows, dim, eps);
+  void layer_norm(const float* x, Weight w, Weight b, float* y, int64_t rows, int64_t dim,
+                  float eps) {
+    be.layer_norm(x, w.f32(), b.f32(), y, rows, dim, eps);
   }
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
                     int64_t rows, int64_t dim, float eps) {
@@ -272,9 +273,9 @@ struct BackendKernels {
     be.copy_device_2d(k, row, src + C, 3 * row, row, size_t(rows), nullptr);
     be.copy_device_2d(v, row, src + 2 * C, 3 * row, row, size_t(rows), nullptr);
   }
-  void embedding(const int32_t* ids, const float* table, float* out, int64_t n, int64_t dim,
+  void embedding(const int32_t* ids, Weight table, float* out, int64_t n, int64_t dim,
                  bool accumulate) {
-    be.embedding(ids, table, out, n, dim, accumulate);
+    be.embedding(ids, table.f32(), out, n, dim, accumulate);
   }
   void cross_entropy(const float* logits, const int32_t* targets, float* nll, int64_t rows,
                      int64_t V) {

@@ -390,6 +390,12 @@ void Model::build_layout() {
     params_[i].data = storage_.data() + offsets[i];
     by_name_[params_[i].name] = (int)i;
   }
+  // Matrix-product weights: every matrix but the token table (gathered; a tied LM head is read
+  // through lm_head()) and a learned position table (gathered).
+  for (Param& p : params_)
+    p.gemm = p.shape.size() == 2 && p.name != "model.decoder.embed_positions.weight" &&
+             p.name != "transformer.wpe.weight";
+  params_[token_table()].gemm = false;
   int64_t end = 0;
   for (auto& b : blocks_) {
     if (b.params.empty()) {  // e.g. an OPT head with neither final norm nor projections
@@ -415,13 +421,18 @@ int Model::index(const std::string& name) const {
   return it == by_name_.end() ? -1 : it->second;
 }
 
-const float* Model::ptr(const std::string& name, const ParamLocator& at) const {
+const float* Weight::f32() const {
+  ZOF_ASSERT(!p || dtype == DType::F32);
+  return static_cast<const float*>(p);
+}
+
+Weight Model::ptr(const std::string& name, const ParamLocator& at) const {
   const int i = index(name);
-  return i < 0 ? nullptr : at(i);
+  return i < 0 ? Weight() : at(i);
 }
 
 Model::ParamLocator Model::in_copy(const float* base, int block) const {
-  return [this, base, block](int i) {
+  return [this, base, block](int i) -> Weight {
     return base + (params_[i].data - storage_.data()) - blocks_[block].offset;
   };
 }
@@ -579,10 +590,10 @@ LayerWeights Model::layer(int i, const ParamLocator& b) const {
       if (cfg_.fused_proj) {  // Phi-3: q, k, v and gate, up are row ranges of the fused tensors
         const int64_t C = cfg_.hidden_size, Hq = cfg_.num_heads * cfg_.head_dim,
                       Hk = cfg_.num_kv_heads * cfg_.head_dim;
-        const float* qkv = ptr(p + "self_attn.qkv_proj.weight", b);
-        const float* gate_up = ptr(p + "mlp.gate_up_proj.weight", b);
-        w.q_w = qkv, w.k_w = qkv + Hq * C, w.v_w = qkv + (Hq + Hk) * C;
-        w.fc1_w = gate_up, w.up_w = gate_up + cfg_.intermediate_size * C;
+        const Weight qkv = ptr(p + "self_attn.qkv_proj.weight", b);
+        const Weight gate_up = ptr(p + "mlp.gate_up_proj.weight", b);
+        w.q_w = qkv, w.k_w = qkv.at(Hq * C), w.v_w = qkv.at((Hq + Hk) * C);
+        w.fc1_w = gate_up, w.up_w = gate_up.at(cfg_.intermediate_size * C);
       }
       break;
     }
@@ -627,13 +638,15 @@ LayerWeights Model::layer(int i, const ParamLocator& b) const {
 }
 
 HeadWeights Model::head() const {
-  return head(storage_.data() + blocks_.back().offset, embed().tokens);
+  return head(storage_.data() + blocks_.back().offset, embed().tokens.f32());
 }
 
 HeadWeights Model::head(const float* base, const float* tied_tokens) const {
   const ParamLocator in_head = in_copy(base, (int)blocks_.size() - 1);
   const int tok = token_table();
-  return head([&](int i) { return cfg_.tie_embeddings && i == tok ? tied_tokens : in_head(i); });
+  return head([&](int i) -> Weight {
+    return cfg_.tie_embeddings && i == tok ? Weight(tied_tokens) : in_head(i);
+  });
 }
 
 HeadWeights Model::head(const ParamLocator& b) const {

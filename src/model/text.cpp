@@ -8,6 +8,7 @@
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/perplexity.h"
+#include "zof/runtime.h"
 #include "zof/streaming.h"
 
 using json = nlohmann::json;
@@ -26,7 +27,9 @@ struct Placed {
   std::unique_ptr<Forward> fwd;
   std::unique_ptr<BlockStreamer> weights;
   json describe(const Backend& be) const {
-    json j{{"device", be.name()}};
+    json j{{"device", be.name()},
+           {"dtype", compute_dtype_word(fwd->compute())},
+           {"compute", be.compute_info().isa}};
     if (weights)
       j["streaming"] = json{{"describe", weights->describe()},
                             {"device_bytes", weights->device_bytes()},
@@ -42,9 +45,11 @@ Placed place_forward(const Model& model, Backend& be, int64_t rows, const Weight
   Placed out;
   const size_t free0 = be.free_memory();
   out.fwd = std::make_unique<Forward>(model, be, rows);
+  out.fwd->set_compute(p.compute);
   if (!p.stream) return out;
   const size_t free1 = be.free_memory();
-  const size_t buffers = free0 > free1 ? free0 - free1 : 0;
+  // With bf16 products, each streamed block is converted into scratch the forward allocates.
+  const size_t buffers = (free0 > free1 ? free0 - free1 : 0) + out.fwd->streamed_compute_bytes();
   // No --gpu-mem: what the device has free, less the engine's margin (ZOEngine::enable_streaming).
   const size_t margin = p.budget > 0 ? 0 : std::max<size_t>(size_t(256) << 20, free1 / 50);
   const size_t taken = buffers + cache_bytes;

@@ -33,6 +33,16 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   return make_sim_device(std::move(be), so);
 }
 
+DType resolve_compute_dtype(const std::string& flag, const Backend& be) {
+  ZOF_CHECK(flag == "auto" || flag == "bf16" || flag == "fp32",
+            "--dtype must be auto, bf16 or fp32, not '" + flag + "'");
+  if (flag == "bf16") return DType::BF16;
+  if (flag == "fp32") return DType::F32;
+  return be.compute_info().bf16_fast ? DType::BF16 : DType::F32;
+}
+
+const char* compute_dtype_word(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
+
 std::unique_ptr<dist::Communicator> connect_job(double timeout_s) {
   return dist::connect_world(timeout_s);
 }

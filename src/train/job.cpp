@@ -52,6 +52,7 @@ void Job::gather_weights(ZOEngine& engine, Model& model) {
     if (rank == s) comm.send(model.storage() + b0.offset, n, 0, kWeightsTag);
     if (root) comm.recv(model.storage() + b0.offset, n, s, kWeightsTag);
   }
+  engine.forward().weights_changed();  // the other stages' blocks arrived in the model
 }
 
 bool Job::reduce_step(int q, QueryLosses& ql, double& tokens, bool stop) {

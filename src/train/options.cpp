@@ -172,6 +172,13 @@ void validate_options(const TrainOptions& o) {
   ZOF_CHECK(o.objective != "classification" || candidates,
             "--objective classification compares a task's candidate answers, and --task " +
                 o.task + " has none; use it with sst2, rte, cb or copa, or --objective lm");
+  ZOF_CHECK(o.dtype == "auto" || o.dtype == "bf16" || o.dtype == "fp32",
+            "--dtype must be auto, bf16 or fp32, not '" + o.dtype + "'");
+  // The forward-mode tangents run in fp32 (their matrix products, the tangent rules in double
+  // on the host); a bf16 primal beside them would mix two models' derivatives.
+  ZOF_CHECK(o.estimator != "jvp" || o.dtype != "bf16",
+            "--estimator jvp computes in fp32 only; use --dtype fp32 (or auto), or --estimator "
+            "spsa for bf16");
   ZOF_CHECK(o.estimator != "jvp" || training_objective(o) == "lm",
             "--estimator jvp differentiates the token loss only, not --objective "
             "classification" +
@@ -218,6 +225,7 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   zo.adam_eps = o.adam_eps;
   // The JVP walk estimates g itself: the engine only applies the updates.
   zo.perturb = o.estimator != "jvp";
+  zo.compute = o.dtype == "bf16" ? DType::BF16 : DType::F32;  // resolved by finetune()
   return zo;
 }
 
@@ -225,6 +233,7 @@ json TrainOptions::to_json() const {
   return nlohmann::json{{"model", model},
               {"task", task},
               {"objective", objective},
+              {"dtype", dtype},
               {"data", data},
               {"out", out},
               {"steps", steps},
@@ -263,6 +272,8 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   // Runs from before --objective trained every task on the answer's tokens.
   o.objective = "lm";
   get("objective", o.objective);
+  o.dtype = "fp32";  // runs from before --dtype computed in fp32
+  get("dtype", o.dtype);
   get("data", o.data);
   get("out", o.out);
   get("steps", o.steps);

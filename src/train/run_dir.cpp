@@ -525,7 +525,7 @@ void RunDir::load_optimizer_state(ZOEngine& engine, const Model& model,
 }
 
 void RunDir::start(const TrainOptions& opt, const json& model_id, const std::string& fingerprint,
-                   const RunCounters& c) {
+                   const json& compute, const RunCounters& c) {
   lr_ = opt.lr;
   weight_decay_ = opt.weight_decay;
   steps_ = opt.steps;
@@ -535,6 +535,7 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
                       json{{"options", opt.to_json()},
                            {"model_id", model_id},
                            {"base_fingerprint", fingerprint},
+                           {"compute", compute},
                            {"zof_version", version()}}
                           .dump(1));
   started_ = true;

@@ -127,10 +127,11 @@ class RunDir {
   void load_optimizer_state(ZOEngine& engine, const Model& model,
                             const std::string& optimizer) const;
 
-  // Rank 0: run.json of a new run (with the base model's fingerprint), then the logs, open at
-  // the checkpoint's sizes.
+  // Rank 0: run.json of a new run (with the base model's fingerprint and what computed it:
+  // {"dtype", "unit"}), then the logs, open at the checkpoint's sizes.
   void start(const TrainOptions& opt, const nlohmann::json& model_id,
-             const std::string& fingerprint, const RunCounters& c);
+             const std::string& fingerprint, const nlohmann::json& compute,
+             const RunCounters& c);
   JsonlLog& metrics() { return metrics_; }
   JsonlLog& zo_log() { return zlog_; }
 

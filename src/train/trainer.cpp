@@ -125,6 +125,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"tokens_per_s", r.c.tokens / std::max(r.c.train_s, 1e-9)},
                {"train_s", r.c.train_s},
                {"dist", dist_summary},
+               {"compute", {{"dtype", r.opt.dtype}, {"unit", r.backend.compute_info().isa}}},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
   return summary;
@@ -171,6 +172,13 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   // Everything is loaded and checked before --out is created: a refusal leaves nothing behind.
   opt.threads = setup_host_threads(opt.threads, comm->local_size());
   std::unique_ptr<Backend> backend = rank_backend(opt, *comm, gpu_mem);
+  // A new run records the dtype it computes in (auto resolved on this machine: a resumed run
+  // computes as it started, wherever it resumes); the JVP estimator is fp32 only.
+  const Backend::ComputeInfo unit = backend->compute_info();
+  if (opt.dtype == "auto")
+    opt.dtype = opt.estimator == "jvp" ? "fp32"
+                                       : compute_dtype_word(resolve_compute_dtype("auto", *backend));
+  const json compute{{"dtype", opt.dtype}, {"unit", unit.isa}};
   Model model = Model::load(opt.model);
   const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume
   Tokenizer tok = Tokenizer::load(opt.model);
@@ -181,6 +189,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   auto estimator = make_estimator(opt, engine, model, *backend, data->max_rows());
   job.wire_pipeline(engine, (int)model.config().num_layers);
   RunCounters c = dir.load_checkpoint(model);
+  engine.forward().weights_changed();  // a checkpoint's weights replaced the model's
   const int64_t start = c.step;
   // Streaming starts from the weights the run starts (or resumes) with: the model's storage,
   // which stays the master copy (current after every flush: evaluation, checkpoints, the end).
@@ -194,13 +203,14 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   dir.load_optimizer_state(engine, model, opt.optimizer);
   dir.create(job.root);  // a new run's --out (removed again if the run fails before it starts)
   comm->barrier();  // every rank has checked the run directory before rank 0 writes into it
-  if (job.root) dir.start(opt, model_id, fingerprint, c);
+  if (job.root) dir.start(opt, model_id, fingerprint, compute, c);
 
   QuietSink quiet;
   std::unique_ptr<TrainSink> terminal = job.root && !user_sink ? make_terminal_sink() : nullptr;
   TrainSink& sink = !job.root ? quiet : user_sink ? *user_sink : *terminal;
   sink.message("zof finetune: " + std::to_string(model.num_params()) + " parameters, " +
-               data->describe() + job.describe(opt.threads) +
+               data->describe() + job.describe(opt.threads) + ", " + opt.dtype +
+               " matrix products (" + unit.isa + ")" +
                (dir.resuming() ? ", resuming at step " + std::to_string(start) : ""));
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());

@@ -267,14 +267,15 @@ class JVPWalk {
     return embed_base + (off - blocks[0].offset);
   }
   EmbedT<const T*> embed_view(const T* base) const {
-    return map_slots(model_.embed(), [&](const float* p) { return at(p, 0, base, nullptr); });
+    return map_slots(model_.embed(), [&](Weight p) { return at(p.f32(), 0, base, nullptr); });
   }
   LayerT<const T*> layer_view(int li, const T* base) const {
-    return map_slots(model_.layer(li), [&](const float* p) { return at(p, li + 1, base, nullptr); });
+    return map_slots(model_.layer(li),
+                     [&](Weight p) { return at(p.f32(), li + 1, base, nullptr); });
   }
   HeadT<const T*> head_view(const T* base, const T* embed_base) const {
     const int b = (int)model_.blocks().size() - 1;
-    return map_slots(model_.head(), [&](const float* p) { return at(p, b, base, embed_base); });
+    return map_slots(model_.head(), [&](Weight p) { return at(p.f32(), b, base, embed_base); });
   }
   // A weight view paired with its z view, the tangent ops' weights.
   template <template <class> class View>

@@ -67,6 +67,7 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     ZOF_CHECK(opt.eps > 0 && std::isfinite(opt.eps), "--eps must be a positive number");
     ZOF_CHECK(opt.sparsity >= 0.f && opt.sparsity < 1.f,
               "--sparsity must be in [0, 1): the fraction of each weight matrix left unperturbed");
+    fwd_.set_compute(opt.compute);
     const auto& params = model_.params();
     const auto& cfg = model_.config();
     tok_ = model_.token_table();
@@ -254,12 +255,16 @@ ZKey ZOEngine::masked(const ZKey& k, int pi) const {
   return m;
 }
 
+DType ZOEngine::copy_dtype(int pi) const {
+  return model_.params()[pi].gemm ? opt_.compute : DType::F32;
+}
+
 Model::ParamLocator ZOEngine::copy_locator(const float* base, const float* tokens) const {
-  return [this, base, tokens](int pi) -> const float* {
+  return [this, base, tokens](int pi) -> Weight {
     if (pi == tok_) return tokens;
-    if (pi == lm_) return nullptr;  // untied LM head: read chunk by chunk in head_sums
+    if (pi == lm_) return Weight();  // untied LM head: read chunk by chunk in head_sums
     ZOF_ASSERT(copy_off_[pi] >= 0);
-    return base + copy_off_[pi];
+    return Weight(base + copy_off_[pi], copy_dtype(pi));
   };
 }
 
@@ -296,13 +301,14 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
     }
     const bool fused = upd && !stateful;  // ZO-SGD's update rides along with the perturbation
     const ZKey ck = cur ? masked(*cur, pi) : ZKey{};
-    // One-sided: the second stream runs at theta itself.
+    // One-sided: the second stream runs at theta itself. The copies of a bf16 walk's matrices
+    // are bf16 (from the fp32 master, after this pass's update).
+    const DType ct = copy_dtype(pi);
     float* mo = copy && minus && !opt_.one_sided ? minus + off : nullptr;
     be_.zo_pass(th, p.numel, (uint32_t)pi, 0, fused ? terms.data() : nullptr,
                 fused ? (int)terms.size() : 0, p.decay ? pending_.lr_wd : 0.f,
-                copy ? &ck : nullptr, opt_.eps, copy && plus ? plus + off : nullptr, mo);
-    if (copy && minus && opt_.one_sided)
-      be_.copy_device(minus + off, th, p.numel * sizeof(float), nullptr);
+                copy ? &ck : nullptr, opt_.eps, copy && plus ? plus + off : nullptr, mo, ct);
+    if (copy && minus && opt_.one_sided) be_.cast(th, minus + off, ct, p.numel);
   }
 }
 
@@ -367,12 +373,19 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, cons
     const int64_t nv = std::min(vocab_chunk_, V - v0);
     // Two-point: both signs from one pass; one-sided: the second stream reads theta itself.
     const bool two_point = minus && !opt_.one_sided;
+    const DType ct = opt_.compute;  // the LM head is a matrix product's weight
     be_.zo_pass(head + v0 * E, nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk, opt_.eps,
-                w_plus_, two_point ? w_minus_ : nullptr);
-    be_.matmul(x_plus_, w_plus_, nullptr, logit_plus_, n, nv, E);
+                w_plus_, two_point ? w_minus_ : nullptr, ct);
+    be_.matmul(x_plus_, w_plus_, ct, nullptr, logit_plus_, n, nv, E);
     be_.cross_entropy_chunk(logit_plus_, targets_, n, nv, v0, mp, sp, tp);
     if (!minus) continue;
-    be_.matmul(x_minus_, two_point ? w_minus_ : head + v0 * E, nullptr, logit_minus_, n, nv, E);
+    const void* wm = two_point ? (const void*)w_minus_ : head + v0 * E;
+    if (!two_point && ct != DType::F32) {  // one-sided: theta itself, in the walk's type
+      be_.cast(head + v0 * E, w_minus_, ct, nv * E);
+      wm = w_minus_;
+    }
+    be_.matmul(x_minus_, wm, two_point || ct != DType::F32 ? ct : DType::F32, nullptr,
+               logit_minus_, n, nv, E);
     be_.cross_entropy_chunk(logit_minus_, targets_, n, nv, v0, mm, sm, tm);
   }
   be_.copy_to_host(st.data(), ce_state_, 6 * n * sizeof(float), nullptr);
@@ -546,6 +559,7 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   if (opt_.one_sided)
     for (int j = 1; j < q; ++j) out.sum_minus[j] = out.sum_minus[0];  // L(theta), shared
   pending_ = PendingUpdate{};  // applied during the first walk
+  fwd_.weights_changed();
   return out;
 }
 
@@ -611,6 +625,7 @@ void ZOEngine::flush(bool to_host) {
       }
   }
   pending_ = PendingUpdate{};
+  fwd_.weights_changed();
   if (stream_ && to_host) stream_->sync_to_host();
 }
 
@@ -639,7 +654,12 @@ std::vector<int> ZOEngine::walk_order(size_t micro_batches) const {
 }
 
 size_t ZOEngine::streaming_minimum() const {
-  return buffer_bytes_ + BlockStreamer::min_bytes(model_, 1 + state_planes());
+  return streaming_buffers() + BlockStreamer::min_bytes(model_, 1 + state_planes());
+}
+
+size_t ZOEngine::streaming_buffers() const {
+  // A bf16 evaluation converts each streamed block into scratch of its own.
+  return buffer_bytes_ + fwd_.streamed_compute_bytes();
 }
 
 void ZOEngine::enable_streaming(size_t gpu_mem) {
@@ -653,7 +673,7 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
   // No --gpu-mem: what the device has free, less a margin for what the plan cannot see (the
   // copy streams' library workspaces, kernels loaded at their first launch, allocator rounding).
   const size_t margin = gpu_mem > 0 ? 0 : std::max<size_t>(size_t(256) << 20, free_now / 50);
-  const size_t budget = gpu_mem > 0 ? gpu_mem : buffer_bytes_ + (free_now > margin ? free_now - margin : 0);
+  const size_t budget = gpu_mem > 0 ? gpu_mem : streaming_buffers() + (free_now > margin ? free_now - margin : 0);
   const size_t need = streaming_minimum(), slots = BlockStreamer::min_bytes(model_, planes);
   const std::string slot_what =
       planes == 1 ? "its weights"
@@ -664,10 +684,12 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
   ZOF_CHECK(budget >= need,
             "--gpu-mem " + format_bytes(budget) + " is below this run's minimum of " +
                 std::to_string(need) + " bytes (" + format_bytes(need) + "): " +
-                format_bytes(buffer_bytes_) + " of activation and copy buffers plus two slots of " +
+                format_bytes(streaming_buffers()) + " of activation and copy buffers plus two slots of " +
                 "the largest block (" + format_bytes(slots / 2) + " each: " + slot_what +
                 "); raise --gpu-mem, or " + lower);
-  const size_t blocks = std::min(budget - buffer_bytes_, free_now > margin ? free_now - margin : 0);
+  // The evaluation's bf16 scratch is allocated later, out of what is free now.
+  const size_t later = margin + fwd_.streamed_compute_bytes();
+  const size_t blocks = std::min(budget - streaming_buffers(), free_now > later ? free_now - later : 0);
   ZOF_CHECK(blocks >= slots, "the device has " + format_bytes(free_now) +
                                  " free after the engine's buffers, less than the " +
                                  format_bytes(slots) + " that streaming needs (two slots of " +

@@ -39,6 +39,14 @@ std::vector<Case> flag_cases() {
       {"FlagFractionForWholeNumber", {}, kRun + " --batch 1.5", 1,
        R"(^--batch must be a whole number from 1 to 1048576, not 1\.5$)"},
 
+      // ---- --dtype -------------------------------------------------------------------------
+      {"FlagDtypeUnknown", {}, kRun + " --dtype fp16 --json", 1,
+       R"(^--dtype must be auto, bf16 or fp32, not 'fp16'$)"},
+      {"FlagDtypeUnknownEval", {}, "eval --model {M} --text {T} --dtype half", 1,
+       R"(^--dtype must be auto, bf16 or fp32, not 'half'$)"},
+      {"FlagDtypeJvpBf16", {}, kRun + " --estimator jvp --dtype bf16", 1,
+       R"(^--estimator jvp computes in fp32 only; use --dtype fp32 \(or auto\), or --estimator spsa for bf16$)"},
+
       // ---- ranges, in words -----------------------------------------------------------------
       {"FlagStepsZero", {}, kRun + " --steps 0 --json", 1,
        R"(^--steps must be a whole number from 1 to 4294967295, not 0$)"},

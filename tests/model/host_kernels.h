@@ -15,6 +15,7 @@ namespace zof::test {
 template <class U>
 struct HostKernels {
   using T = U;
+  using W = const T*;
   static double scale(int64_t D) { return 1.0 / std::sqrt(double(D)); }
 
   void matmul(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t N, int64_t K) {

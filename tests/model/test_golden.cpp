@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "golden_batch.h"
 #include "zof/backend.h"
 #include "zof/config.h"
 #include "zof/error.h"
@@ -133,16 +134,7 @@ TEST_P(GoldenLogits, Deterministic) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
-std::vector<std::string> golden_models() {
-  std::vector<std::string> out;
-  const fs::path root = fs::path(ZOF_SOURCE_DIR) / "tests/golden";
-  if (fs::exists(root))
-    for (auto& e : fs::directory_iterator(root))
-      if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  if (out.empty()) out.push_back("missing");  // fails via ZOF_REQUIRE_PATH under CI
-  return out;
-}
+using zof::test::golden_models;
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::ValuesIn(golden_models()),
                          [](const auto& info) { return info.param; });

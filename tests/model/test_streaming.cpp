@@ -135,7 +135,7 @@ Sizes sizes(const std::string& name, const zof::ZOStepOptions& o) {
   zof::ZOEngine eng(m, *sim, max_rows(mb), o);
   const int planes = 1 + eng.state_planes();
   return {eng.streaming_minimum(),
-          eng.buffer_bytes() + zof::BlockStreamer::all_resident_bytes(m, planes),
+          eng.streaming_buffers() + zof::BlockStreamer::all_resident_bytes(m, planes),
           eng.buffer_bytes(), (int)m.blocks().size(), planes};
 }
 
@@ -151,6 +151,7 @@ struct Case {
   float weight_decay = 0.f;
   bool one_sided = false;
   Opt optimizer = Opt::SGD;
+  zof::DType compute = zof::DType::F32;  // --dtype
 };
 
 class StreamedSteps : public ::testing::TestWithParam<Case> {};
@@ -165,6 +166,7 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
   o.seed = 99;
   o.one_sided = c.one_sided;
   o.optimizer = c.optimizer;
+  o.compute = c.compute;
   const RunResult plain = run_steps(c.model, o, 0);
   const Sizes sz = sizes(c.model, o);
   ASSERT_LT(sz.minimum, sz.whole);
@@ -228,12 +230,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stories260K", 1, 0.f, false, Opt::Adam},
                       Case{"stories260K", 2, 0.1f, false, Opt::Momentum},
                       Case{"llama_gqa", 2, 0.1f, false, Opt::Adam},
-                      Case{"gpt2", 1, 0.f, true, Opt::Momentum}),
+                      Case{"gpt2", 1, 0.f, true, Opt::Momentum},
+                      // bf16 products: the walk's bf16 copies and the evaluation's converted
+                      // blocks (OPT-350m's projections, GPT-2's tied head, one-sided, Adam)
+                      Case{"llama_gqa", 2, 0.1f, false, Opt::SGD, zof::DType::BF16},
+                      Case{"opt350_shape", 2, 0.f, false, Opt::SGD, zof::DType::BF16},
+                      Case{"gpt2", 1, 0.f, true, Opt::Momentum, zof::DType::BF16},
+                      Case{"stories260K", 1, 0.f, false, Opt::Adam, zof::DType::BF16}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.model + "_q" + std::to_string(c.queries) + (c.weight_decay > 0 ? "_wd" : "") +
              (c.one_sided ? "_one_sided" : "") +
-             (c.optimizer == Opt::Adam ? "_adam" : c.optimizer == Opt::Momentum ? "_momentum" : "");
+             (c.optimizer == Opt::Adam ? "_adam" : c.optimizer == Opt::Momentum ? "_momentum" : "") +
+             (c.compute == zof::DType::BF16 ? "_bf16" : "");
     });
 
 // The optimizer state streams with its blocks: the minimum grows by a slot's share of m (and v),

@@ -185,7 +185,11 @@ TEST_F(Finetune, ReplayRebuildsTheWeightsBitForBit) {
 TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
   const std::vector<std::string> variants = {"--optimizer adam --lr 1e-3",
                                              "--optimizer momentum --beta1 0.8 --z rademacher",
-                                             "--sparsity 0.75 --one-sided --queries 2"};
+                                             "--sparsity 0.75 --one-sided --queries 2",
+                                             // bf16 products: the copies are rounded, the
+                                             // fp32 master and its updates are exact
+                                             "--dtype bf16 --queries 2",
+                                             "--dtype bf16 --optimizer adam --lr 1e-3 --one-sided"};
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE(variants[v]);
     const std::string n = std::to_string(v);

@@ -643,6 +643,136 @@ TEST(Ops, Aliasing) {
   }
 }
 
+// ---- bf16 weights: the matrix product, the cast, the ZO pass's copies ---------------------------
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = zof::f32_to_bf16(x[i]);
+  return b;
+}
+
+std::vector<float> run_matmul_bf16(Backend& be, const std::vector<float>& x,
+                                   const std::vector<uint16_t>& w, const std::vector<float>& bias,
+                                   int64_t M, int64_t N, int64_t K) {
+  Device dev(be);
+  float* y = dev.output(size_t(M * N));
+  be.matmul(dev.put(x), dev.put(w), zof::DType::BF16, dev.put(bias), y, M, N, K);
+  return dev.get(y, size_t(M * N));
+}
+
+// x is rounded to bf16 before the product: 1 + 2^-10 (between two bf16 values, nearer 1) times
+// a bf16 1 is exactly 1, where an fp32 source would give 1.0009765625.
+TEST(OpsHand, MatmulBf16RoundsTheSource) {
+  for (auto& c : all_backends()) {
+    auto be = c.make();
+    const float x = 1.f + std::ldexp(1.f, -10);
+    const std::vector<float> y = run_matmul_bf16(*be, {x, 2.f}, to_bf16({1.f, 0.5f}), {}, 1, 1, 2);
+    EXPECT_EQ(y[0], 2.f) << c.label;
+    const std::vector<float> yb = run_matmul_bf16(*be, {x, 2.f}, to_bf16({1.f, 0.5f}), {0.25f}, 1, 1, 2);
+    EXPECT_EQ(yb[0], 2.25f) << c.label << " (fp32 bias)";
+  }
+}
+
+TEST(OpsConform, MatmulBf16) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{2, 3, 5}, Shape{16, 16, 16}, Shape{33, 65, 127},
+                  Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{3, 7, 0}}) {
+    for (bool has_bias : {false, true}) {
+      auto x = uniform(size_t(s.M * s.K), -1, 1, 41);
+      auto w = to_bf16(uniform(size_t(s.N * s.K), -1, 1, 42));
+      auto bias = has_bias ? uniform(size_t(s.N), -1, 1, 43) : std::vector<float>{};
+      // The products of bf16 values are exact; only the fp32 sums' order differs.
+      conform("bf16 matmul M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                  " K=" + std::to_string(s.K) + (has_bias ? " +bias" : ""),
+              [&](Backend& be) { return run_matmul_bf16(be, x, w, bias, s.M, s.N, s.K); });
+    }
+  }
+  // And it is a bf16 product: against fp32 weights and source, the error is bf16's (relative
+  // rounding 2^-9 of each operand), far above fp32's and far below a wrong result.
+  const int64_t M = 32, N = 64, K = 512;
+  auto x = uniform(size_t(M * K), -1, 1, 44), w = uniform(size_t(N * K), -1, 1, 45);
+  auto ref = zof::make_reference_backend();
+  const std::vector<float> exact = run_matmul(*ref, x, w, {}, M, N, K);
+  for (auto& c : all_backends()) {
+    auto be = c.make();
+    const std::vector<float> got = run_matmul_bf16(*be, x, to_bf16(w), {}, M, N, K);
+    EXPECT_FALSE(close(exact, got, 1e-5)) << c.label << ": bf16 product as exact as fp32";
+    EXPECT_TRUE(close(exact, got, 1e-2)) << c.label;
+  }
+}
+
+TEST(Ops, CastMatchesTheScalarRounding) {
+  std::vector<float> x = uniform(70001, -3, 3, 46);
+  const float inf = std::numeric_limits<float>::infinity();
+  // Ties (1 + 2^-8 is halfway between bf16 neighbours), NaN, infinities, subnormals, f16 overflow.
+  for (float v : {1.f + std::ldexp(1.f, -8), 1.f + 3 * std::ldexp(1.f, -8), kNaN, inf, -inf,
+                  std::ldexp(1.f, -140), -0.f, 70000.f, 65520.f, std::ldexp(1.f, -25)})
+    x.push_back(v);
+  for (auto& c : all_backends()) {
+    auto be = c.make();
+    for (zof::DType t : {zof::DType::BF16, zof::DType::F16}) {
+      Device dev(*be);
+      float* d = dev.put(x);
+      auto* y = static_cast<uint16_t*>(be->alloc(x.size() * 2));
+      be->cast(d, y, t, int64_t(x.size()));
+      std::vector<uint16_t> got(x.size());
+      be->copy_to_host(got.data(), y, got.size() * 2, nullptr);
+      be->synchronize(nullptr);
+      be->free(y);
+      size_t bad = 0;
+      for (size_t i = 0; i < x.size(); ++i)
+        bad += got[i] != (t == zof::DType::BF16 ? zof::f32_to_bf16(x[i]) : zof::f32_to_f16(x[i]));
+      EXPECT_EQ(bad, 0u) << c.label << " " << zof::dtype_name(t);
+    }
+  }
+}
+
+// The bf16 copies are the fp32 copies rounded to nearest even, bit for bit; theta's update is the
+// same as with fp32 copies. With update terms, a sub-range, both signs and the Rademacher z.
+TEST(Ops, ZoPassBf16CopiesAreTheFp32CopiesRounded) {
+  const int64_t total = 5000, first = 133, n = 3001;
+  const std::vector<float> theta0 = uniform(size_t(total), -0.1f, 0.1f, 47);
+  std::vector<zof::ZOUpdateTerm> upd;
+  for (int j = 0; j < 3; ++j) {
+    zof::ZKey k{77, 4, uint32_t(j)};
+    upd.push_back({k, 1e-3f * float(j + 1)});
+  }
+  for (uint32_t dist : {zof::kZGaussian, zof::kZRademacher}) {
+    zof::ZKey cur{77, 5, 0};
+    cur.dist = dist;
+    for (auto& c : all_backends()) {
+      auto be = c.make();
+      Device dev(*be);
+      float* th32 = dev.put(theta0);
+      float* th16 = dev.put(theta0);
+      float *p32 = dev.output(size_t(n)), *m32 = dev.output(size_t(n));
+      auto* p16 = static_cast<uint16_t*>(be->alloc(size_t(n) * 2));
+      auto* m16 = static_cast<uint16_t*>(be->alloc(size_t(n) * 2));
+      be->zo_pass(th32 + first, n, 9, first, upd.data(), 3, 1e-4f, &cur, 1e-3f, p32, m32);
+      be->zo_pass(th16 + first, n, 9, first, upd.data(), 3, 1e-4f, &cur, 1e-3f, p16, m16,
+                  zof::DType::BF16);
+      std::vector<uint16_t> hp(static_cast<size_t>(n)), hm(static_cast<size_t>(n));
+      be->copy_to_host(hp.data(), p16, hp.size() * 2, nullptr);
+      be->copy_to_host(hm.data(), m16, hm.size() * 2, nullptr);
+      be->synchronize(nullptr);
+      be->free(p16);
+      be->free(m16);
+      const std::vector<float> fp = dev.get(p32, size_t(n)), fm = dev.get(m32, size_t(n));
+      size_t bad = 0, moved = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        bad += hp[i] != zof::f32_to_bf16(fp[i]) || hm[i] != zof::f32_to_bf16(fm[i]);
+        moved += hp[i] != hm[i];  // eps z survives the rounding in most entries
+      }
+      EXPECT_EQ(bad, 0u) << c.label;
+      EXPECT_GT(moved, size_t(n) / 2) << c.label;
+      EXPECT_TRUE(bit_identical(dev.get(th32, size_t(total)), dev.get(th16, size_t(total))))
+          << c.label << ": the update does not depend on the copies' type";
+    }
+  }
+}
+
 // ---- the CPU backend's results do not depend on its thread count -------------------------------
 
 TEST(Ops, CpuThreadCountIndependence) {

@@ -1,0 +1,230 @@
+// bf16 matrix products (--dtype bf16, ZOStepOptions::compute, Forward::set_compute) on every
+// golden model: the forward against its fp32 self and transformers' fp64 logits (bf16's error,
+// not fp32's, and not more), the CPU backend's bf16 products against the reference backend's;
+// the ZO walk's bf16 copies against the forward on theta +/- eps z written plainly; and the fp32
+// master: the walk leaves it untouched bit for bit (MeZO's half-precision failure, parameters
+// not restored after +/- eps, cannot happen) and its update does not depend on the dtype.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "golden_batch.h"
+#include "zof/backend.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+#include "zof/philox.h"
+#include "zof/zo.h"
+
+namespace {
+
+using zof::DType;
+using zof::test::golden_batch;
+using zof::test::golden_dir;
+using zof::test::golden_models;
+
+std::vector<float> logits(const zof::Model& m, zof::Backend& be, const zof::Batch& b, DType t) {
+  zof::Forward fwd(m, be, b.B * b.T);
+  fwd.set_compute(t);
+  std::vector<float> out;
+  fwd.logits(b, out);
+  return out;
+}
+
+double mean_nll(const zof::Model& m, zof::Backend& be, const zof::LossBatch& lb, DType t) {
+  zof::Forward fwd(m, be, lb.batch.B * lb.batch.T);
+  fwd.set_compute(t);
+  std::vector<float> nll(lb.batch.B * lb.batch.T);
+  fwd.nll(lb.batch, lb.targets.data(), nll.data());
+  double s = 0;
+  for (float x : nll) s += x;
+  return s / (double)lb.scored();
+}
+
+// max |a - b| over the real positions, relative to the largest |b| of each position's row.
+double max_rel(const std::vector<float>& a, const std::vector<float>& b, const zof::Batch& batch,
+               int64_t V) {
+  double worst = 0;
+  for (int64_t r = 0; r < batch.B; ++r)
+    for (int64_t t = 0; t < batch.lengths[r]; ++t) {
+      const float* x = a.data() + (r * batch.T + t) * V;
+      const float* y = b.data() + (r * batch.T + t) * V;
+      double scale = 1e-6;
+      for (int64_t v = 0; v < V; ++v) scale = std::max(scale, (double)std::fabs(y[v]));
+      for (int64_t v = 0; v < V; ++v) {
+        if (!std::isfinite(x[v])) return INFINITY;
+        worst = std::max(worst, std::fabs((double)x[v] - y[v]) / scale);
+      }
+    }
+  return worst;
+}
+
+class Bf16Forward : public ::testing::TestWithParam<std::string> {};
+
+// bf16 products round every weight and every product's input to 8 significant bits (relative
+// 2^-9): the logits move by about that, compounded over the layers. Measured on the 12 goldens
+// (this test's RecordProperty, --gtest_output=xml): 7.7e-3 to 1.9e-2 of the row's largest logit
+// against fp32 (the tiny random models' logits are small and flat); set at 4e-2. The CPU's
+// oneDNN bf16 products and the reference's exact ones see the same rounded operands and differ
+// only in the order of fp32 sums, which rarely flips the rounding of an activation to bf16 in a
+// later layer: bit-equal on 10 goldens, 2.0e-3 and 3.8e-3 on two; set at 1e-2 (a wrong weight
+// moves logits by far more, a product left in fp32 by less than 1e-5: both fail).
+TEST_P(Bf16Forward, NearFp32AndTheReferenceProducts) {
+  const std::string name = GetParam();
+  ZOF_REQUIRE_PATH(golden_dir(name) + "/golden.json");
+  const zof::LossBatch lb = golden_batch(name);
+  ZOF_REQUIRE_PATH(zof::test::golden_model_dir(name));
+  const zof::Model m = zof::Model::load(zof::test::golden_model_dir(name));
+  const int64_t V = m.config().vocab_size;
+  auto cpu = zof::test::cpu_backend(0);
+  auto ref = zof::test::reference_backend();
+  const std::vector<float> f32 = logits(m, *cpu, lb.batch, DType::F32);
+  const std::vector<float> b16 = logits(m, *cpu, lb.batch, DType::BF16);
+  const std::vector<float> b16_ref = logits(m, *ref, lb.batch, DType::BF16);
+  const double vs_fp32 = max_rel(b16, f32, lb.batch, V);
+  const double vs_ref = max_rel(b16, b16_ref, lb.batch, V);
+  RecordProperty("bf16_vs_fp32", std::to_string(vs_fp32));
+  RecordProperty("bf16_cpu_vs_reference", std::to_string(vs_ref));
+  EXPECT_LT(vs_fp32, 4e-2) << name;
+  EXPECT_GT(vs_fp32, 1e-5) << name << ": the bf16 forward computed in fp32";
+  EXPECT_LT(vs_ref, 1e-2) << name;
+  // The mean NLL, what training and evaluation see: within 1% of fp32's.
+  const double n32 = mean_nll(m, *cpu, lb, DType::F32), n16 = mean_nll(m, *cpu, lb, DType::BF16);
+  EXPECT_NEAR(n16, n32, 1e-2 * n32) << name;
+  // The bf16 copies are kept between walks and stay valid: a second walk gives the same bits.
+  zof::Forward fwd(m, *cpu, lb.batch.B * lb.batch.T);
+  fwd.set_compute(DType::BF16);
+  std::vector<float> a, b;
+  fwd.logits(lb.batch, a);
+  fwd.logits(lb.batch, b);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.data(), b16.data(), a.size() * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Bf16Forward, ::testing::ValuesIn(golden_models()),
+                         [](const auto& info) { return info.param; });
+
+// The model's weights changed under a Forward (what the engine's updates and a resumed
+// checkpoint do): weights_changed() makes the bf16 copies again, and without it they would be
+// stale (which is why every writer calls it).
+TEST(Bf16Forward, CopiesFollowTheWeightsWhenTold) {
+  const std::string name = "llama_gqa";
+  ZOF_REQUIRE_PATH(golden_dir(name) + "/golden.json");
+  const zof::LossBatch lb = golden_batch(name);
+  zof::Model m = zof::Model::load(golden_dir(name));
+  auto cpu = zof::test::cpu_backend(0);
+  zof::Forward fwd(m, *cpu, lb.batch.B * lb.batch.T);
+  fwd.set_compute(DType::BF16);
+  std::vector<float> before, stale, after;
+  fwd.logits(lb.batch, before);
+  for (int64_t i = 0; i < m.storage_size(); ++i) m.storage()[i] *= 0.5f;
+  fwd.logits(lb.batch, stale);
+  // Resident copies are not remade per walk (that would cost a pass over the weights per
+  // batch, per token in generation): until told, the forward reads its old matrix copies.
+  EXPECT_NE(stale, after);
+  fwd.weights_changed();
+  fwd.logits(lb.batch, after);
+  EXPECT_NE(0, std::memcmp(before.data(), after.data(), before.size() * sizeof(float)));
+  EXPECT_EQ(after, logits(m, *cpu, lb.batch, DType::BF16)) << "a fresh forward's logits";
+}
+
+struct Bf16StepCase {
+  std::string model;
+  int queries;
+  bool one_sided;
+};
+
+class Bf16Step : public ::testing::TestWithParam<Bf16StepCase> {};
+
+// The engine's L(theta +/- eps z) with bf16 products against the forward (bf16) on a model whose
+// fp32 weights are theta +/- eps z, formed as the ZO pass forms them (one fmaf); the forward
+// rounds them to bf16 as the pass rounds its copies, so both read the same bf16 weights. And the
+// master is exactly what it was.
+TEST_P(Bf16Step, LossesAreTheForwardOnTheRoundedCopies) {
+  const Bf16StepCase c = GetParam();
+  ZOF_REQUIRE_PATH(golden_dir(c.model) + "/golden.json");
+  const zof::LossBatch lb = golden_batch(c.model);
+  zof::ZOStepOptions o;
+  o.eps = 1e-2f;
+  o.queries = c.queries;
+  o.seed = 4321;
+  o.one_sided = c.one_sided;
+  o.compute = DType::BF16;
+  const uint32_t step = 3;
+  zof::Model m = zof::Model::load(golden_dir(c.model));
+  const std::vector<float> theta0(m.storage(), m.storage() + m.storage_size());
+  auto be = zof::test::cpu_backend(0);
+  zof::QueryLosses ql;
+  {
+    zof::ZOEngine eng(m, *be, lb.batch.B * lb.batch.T, o);
+    ql = eng.perturbed_losses(step, {lb});
+  }
+  ASSERT_EQ(0, std::memcmp(m.storage(), theta0.data(), theta0.size() * sizeof(float)))
+      << "the walk changed the master";
+  zof::Model p = zof::Model::load(golden_dir(c.model));
+  auto ref = zof::test::reference_backend();
+  for (int j = 0; j < c.queries; ++j) {
+    const zof::ZKey key{o.seed, step, (uint32_t)j};
+    for (int sign : {1, -1}) {
+      if (sign < 0 && c.one_sided) {
+        std::copy(theta0.begin(), theta0.end(), p.storage());
+      } else {
+        for (size_t pi = 0; pi < p.params().size(); ++pi) {
+          const zof::Param& q = p.params()[pi];
+          const int64_t off = q.data - p.storage();
+          for (int64_t e = 0; e < q.numel; ++e)
+            q.data[e] = zof::zo_perturbed(theta0[off + e], zof::z_element(key, (uint32_t)pi, e),
+                                          sign * o.eps);
+        }
+      }
+      const double want = mean_nll(p, *be, lb, DType::BF16);
+      const double got = (sign > 0 ? ql.sum_plus[j] : ql.sum_minus[j]) / ql.count;
+      EXPECT_NEAR(got, want, 2e-6 * want) << "query " << j << " sign " << sign;
+      // The reference backend's exact bf16 products agree to the same rounding of activations.
+      EXPECT_NEAR(got, mean_nll(p, *ref, lb, DType::BF16), 2e-3 * want);
+    }
+  }
+  EXPECT_NE(ql.sum_plus[0], ql.sum_minus[0]) << "eps z was rounded away";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Bf16Step,
+                         ::testing::Values(Bf16StepCase{"llama_gqa", 2, false},
+                                           Bf16StepCase{"gpt2", 1, false},
+                                           Bf16StepCase{"opt350_shape", 1, true},
+                                           Bf16StepCase{"phi3", 1, false},
+                                           Bf16StepCase{"qwen3", 1, false}),
+                         [](const auto& info) {
+                           return info.param.model + "_q" + std::to_string(info.param.queries) +
+                                  (info.param.one_sided ? "_one_sided" : "");
+                         });
+
+// The update goes to the fp32 master as it always did: with the same g, a bf16 run's weights
+// after the update equal an fp32 run's bit for bit (Momentum, so the state plane too).
+TEST(Bf16Step, UpdateOfTheMasterDoesNotDependOnTheDtype) {
+  const std::string name = "llama_gqa";
+  ZOF_REQUIRE_PATH(golden_dir(name) + "/golden.json");
+  const zof::LossBatch lb = golden_batch(name);
+  std::vector<std::vector<float>> w;
+  for (DType t : {DType::F32, DType::BF16}) {
+    for (auto opt : {zof::ZOStepOptions::Optimizer::SGD, zof::ZOStepOptions::Optimizer::Momentum}) {
+      zof::Model m = zof::Model::load(golden_dir(name));
+      auto be = zof::test::cpu_backend(0);
+      zof::ZOStepOptions o;
+      o.compute = t;
+      o.weight_decay = 0.1f;
+      o.optimizer = opt;
+      zof::ZOEngine eng(m, *be, lb.batch.B * lb.batch.T, o);
+      eng.perturbed_losses(0, {lb});
+      eng.schedule_update(0, 1e-2f, {0.75});
+      eng.perturbed_losses(1, {lb});  // applies the update as the walk goes
+      eng.schedule_update(1, 1e-2f, {-0.5});
+      eng.flush();
+      w.emplace_back(m.storage(), m.storage() + m.storage_size());
+    }
+  }
+  EXPECT_EQ(w[0], w[2]) << "SGD";
+  EXPECT_EQ(w[1], w[3]) << "momentum";
+  EXPECT_NE(w[0], w[1]);
+}
+
+}  // namespace
