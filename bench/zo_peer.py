@@ -88,6 +88,9 @@ def main():
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the model's weights and activations (bfloat16: PyTorch's fast mode on "
+                        "AMX CPUs; z drawn in the same dtype)")
     a = p.parse_args()
 
     if a.threads > 0:
@@ -97,7 +100,8 @@ def main():
     rss_base = rss_mb("VmRSS")
     cfg = CONFIGS[a.model_config]()
     torch.manual_seed(a.seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=a.attn, dtype=torch.float32)
+    dtype = getattr(torch, a.dtype)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=a.attn, dtype=dtype)
     model.eval()
     nparams = sum(p.numel() for p in model.parameters())
     g = torch.Generator().manual_seed(a.seed + 1)
@@ -118,13 +122,14 @@ def main():
     flop_step = 2 * flops(cfg, B, T)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * 1.048576  # kB -> MB
     print(json.dumps({
-        "impl": "pytorch", "attn": a.attn, "model": a.model_config, "threads": threads,
+        "impl": "pytorch", "dtype": {"float32": "fp32", "bfloat16": "bf16"}[a.dtype],
+        "attn": a.attn, "model": a.model_config, "threads": threads,
         "batch": B, "seq": T, "queries": 1, "params": nparams,
         "step_ms": step * 1e3, "forward_ms": fwd * 1e3, "param_pass_ms": pas * 1e3,
         "rest_ms": (step - fwd - pas) * 1e3, "tokens_per_s": B * T / step,
         "gflop_per_step": flop_step * 1e-9, "step_gflops": flop_step / step * 1e-9,
         "forward_gflops": flop_step / fwd * 1e-9,
-        "model_mb": 4 * nparams / 1e6, "rss_base_mb": rss_base, "rss_peak_mb": peak,
+        "model_mb": (4 if a.dtype == "float32" else 2) * nparams / 1e6, "rss_base_mb": rss_base, "rss_peak_mb": peak,
         "loss": loss, "torch": torch.__version__, "transformers": transformers.__version__,
     }), flush=True)
     return 0

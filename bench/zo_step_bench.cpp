@@ -22,7 +22,7 @@ namespace {
 using namespace zof_bench;
 
 struct Args {
-  std::string model_config = "gpt2-124m", model_dir;
+  std::string model_config = "gpt2-124m", model_dir, dtype = "auto";
   int64_t batch = 8, seq = 128, vocab_chunk = 0;
   int threads = 0, queries = 1;
   int warmup = 2, iters = 5;
@@ -37,10 +37,12 @@ int run(const Args& a) {
   zof::BackendOptions bo;
   bo.threads = threads;
   auto backend = zof::make_backend(bo);
+  const zof::DType dtype = zof::resolve_compute_dtype(a.dtype, *backend);
+  const std::string unit = backend->compute_info().isa;
 
-  // The GEMM rate, sampled before and after the steps; its buffers exist before the memory
-  // baseline is read.
-  GemmRate gemm(*backend);
+  // The GEMM rate in the step's dtype, sampled before and after the steps; its buffers exist
+  // before the memory baseline is read.
+  GemmRate gemm(*backend, dtype);
   gemm.sample();
 
   const double rss_base = proc_status_bytes("VmRSS");
@@ -65,6 +67,7 @@ int run(const Args& a) {
   zo.queries = a.queries;
   zo.seed = a.seed;
   zo.vocab_chunk = a.vocab_chunk;
+  zo.compute = dtype;
   const size_t live0 = tb.live_bytes;
   zof::ZOEngine engine(model, tb, rows, zo);
   const double engine_bytes = (double)(tb.live_bytes - live0);
@@ -102,14 +105,16 @@ int run(const Args& a) {
   const double net_peak = rss_peak - rss_base;
   const double mem_ratio = net_peak / (model_bytes + act_bytes);
 
-  std::printf("%-14s %4ld x %-4ld q=%d threads=%d: %.1f ms/step (forwards %.1f ms = %.1f%%, "
-              "parameter passes %.1f ms = %.1f%%, rest %.1f ms)\n",
-              name.c_str(), long(B), long(T), a.queries, threads, s * 1e3, s_ops * 1e3,
+  std::printf("%-14s %4ld x %-4ld q=%d threads=%d %s (%s): %.1f ms/step (forwards %.1f ms = "
+              "%.1f%%, parameter passes %.1f ms = %.1f%%, rest %.1f ms)\n",
+              name.c_str(), long(B), long(T), a.queries, threads, zof::compute_dtype_word(dtype),
+              unit.c_str(), s * 1e3, s_ops * 1e3,
               100 * s_ops / s, s_pass * 1e3, 100 * s_pass / s, (s - s_ops - s_pass) * 1e3);
   std::printf("  %.0f tokens/s (%ld tokens/step); %.1f GFLOP/s over the step, %.1f GFLOP/s in the "
-              "forwards = %.0f%% of the GEMM rate %.1f GFLOP/s\n",
+              "forwards = %.0f%% of the %s GEMM rate %.1f GFLOP/s\n",
               rows / s, long(rows), flop_step / s * 1e-9, flop_step / s_ops * 1e-9,
-              100 * flop_step / s_ops * 1e-9 / gemm_gflops, gemm_gflops);
+              100 * flop_step / s_ops * 1e-9 / gemm_gflops, zof::compute_dtype_word(dtype),
+              gemm_gflops);
   std::printf("  memory: peak RSS %.0f MB above a %.0f MB baseline; fp32 model %.0f MB + one "
               "forward's activations %.0f MB = %.0f MB -> ratio %.2f (engine buffers %.0f MB)\n",
               net_peak / 1e6, rss_base / 1e6, model_bytes / 1e6, act_bytes / 1e6,
@@ -127,6 +132,8 @@ int run(const Args& a) {
   }
   if (a.json) {
     json j = {{"impl", "zof"},
+              {"dtype", zof::compute_dtype_word(dtype)},
+              {"unit", unit},
               {"model", name},
               {"threads", threads},
               {"batch", B},
@@ -164,6 +171,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--model", a.model_dir, "a Hugging Face model directory instead (its weights)");
   app.add_option("--batch", a.batch, "sequences per step")->capture_default_str();
+  app.add_option("--dtype", a.dtype, "matrix products: auto | bf16 | fp32 (as zof finetune)")
+      ->capture_default_str();
   app.add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
   app.add_option("--queries", a.queries, "SPSA directions per step")->capture_default_str();
   app.add_option("--vocab-chunk", a.vocab_chunk, "LM head rows per chunk (0: the engine's)")
