@@ -71,16 +71,24 @@ class PyModel {
     return {out, {(size_t)batch.B, (size_t)batch.T, (size_t)V}, owner};
   }
 
+  // dtype: --dtype's word (auto resolved against this model's backend, as the CLI does).
+  zof::WeightPlacement placement(const std::string& dtype) const {
+    zof::WeightPlacement p;
+    p.compute = zof::resolve_compute_dtype(dtype, *backend_);
+    return p;
+  }
+
   std::string eval(const std::string& text, const std::string& source, int64_t seq_len,
-                   int64_t batch, int64_t max_windows) {
+                   int64_t batch, int64_t max_windows, const std::string& dtype) {
+    const zof::WeightPlacement p = placement(dtype);
     nb::gil_scoped_release release;
     return zof::evaluate_text(model_, tokenizer(), *backend_, text, source, seq_len, batch,
-                              max_windows)
+                              max_windows, p)
         .dump();
   }
 
   std::string generate(const std::string& prompt, int64_t max_new_tokens, float temperature,
-                       float top_p, uint64_t seed) {
+                       float top_p, uint64_t seed, const std::string& dtype) {
     // The CLI's ranges for these flags (CLI11 checks them there).
     ZOF_CHECK(max_new_tokens >= 1, "--max-new-tokens must be at least 1");
     ZOF_CHECK(temperature >= 0.f && temperature <= 100.f, "--temperature must be in [0, 100]");
@@ -90,8 +98,9 @@ class PyModel {
     opt.temperature = temperature;
     opt.top_p = top_p;
     opt.seed = seed;
+    const zof::WeightPlacement p = placement(dtype);
     nb::gil_scoped_release release;
-    return zof::generate_text(model_, tokenizer(), *backend_, prompt, opt).dump();
+    return zof::generate_text(model_, tokenizer(), *backend_, prompt, opt, {}, p).dump();
   }
 
   std::string config() const { return model_.config().raw.dump(); }
@@ -205,7 +214,7 @@ NB_MODULE(_zof, m) {
   nb::class_<zof::TrainOptions> t(m, "TrainOptions");
   t.def(nb::init<>());
 #define ZOF_FIELD(name) t.def_rw(#name, &zof::TrainOptions::name)
-  ZOF_FIELD(model); ZOF_FIELD(task); ZOF_FIELD(objective); ZOF_FIELD(dtype); ZOF_FIELD(data); ZOF_FIELD(out);
+  ZOF_FIELD(model); ZOF_FIELD(task); ZOF_FIELD(objective); ZOF_FIELD(dtype); ZOF_FIELD(save_dtype); ZOF_FIELD(data); ZOF_FIELD(out);
   ZOF_FIELD(steps); ZOF_FIELD(lr); ZOF_FIELD(eps); ZOF_FIELD(weight_decay);
   ZOF_FIELD(batch); ZOF_FIELD(micro_batches); ZOF_FIELD(queries); ZOF_FIELD(seed);
   ZOF_FIELD(schedule); ZOF_FIELD(estimator); ZOF_FIELD(z); ZOF_FIELD(one_sided);
@@ -222,9 +231,9 @@ NB_MODULE(_zof, m) {
            nb::arg("device") = "cpu", nb::arg("threads") = 0)
       .def("logits", &PyModel::logits, nb::arg("rows"))
       .def("eval", &PyModel::eval, nb::arg("text"), nb::arg("source"), nb::arg("seq_len"),
-           nb::arg("batch"), nb::arg("max_windows"))
+           nb::arg("batch"), nb::arg("max_windows"), nb::arg("dtype"))
       .def("generate", &PyModel::generate, nb::arg("prompt"), nb::arg("max_new_tokens"),
-           nb::arg("temperature"), nb::arg("top_p"), nb::arg("seed"))
+           nb::arg("temperature"), nb::arg("top_p"), nb::arg("seed"), nb::arg("dtype"))
       .def("config", &PyModel::config)
       .def("num_params", &PyModel::num_params)
       .def("source", &PyModel::source);

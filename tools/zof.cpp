@@ -478,6 +478,10 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
   run.push_back(ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the "
                                "fine-tuned model"));
   run.push_back(ft->add_option("--dtype", t.dtype, kDtypeHelp)->capture_default_str());
+  run.push_back(ft->add_option("--save-dtype", t.save_dtype, "The saved model's tensors: fp32, "
+                               "bf16, f16, input (as the input model), or auto (the master "
+                               "weights', fp32: every update kept); the final evaluation scores "
+                               "the saved weights")->capture_default_str());
   num("--steps", t.steps, "ZO steps");
   num("--lr", t.lr, "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
       "need larger steps (the demo's stories260K: 1e-4)");

@@ -140,19 +140,19 @@ class Forward {
   std::vector<int> head_blocks() const;
   // logits (n, V) of device rows h, copied to the host at out.
   void logits_to_host(const float* h, int64_t n, float* out);
-  // Block b's views read the bf16 copies (converting first unless they are current).
-  uint16_t* copies();
-  const uint16_t* compute_copy(int block);
-  const uint16_t* lm_copy();
-  Weight typed(int pi, const float* fp32, const uint16_t* copy, int64_t copy_off) const;
+  // Where parameter pi's bf16 copy lives when block `block` is converted (allocating the copies
+  // on first use), and the conversion of a block's matrices (tied_head: of the tied LM head),
+  // skipped while resident copies are current.
+  uint16_t* copy_of(int pi, int block);
+  void convert(int block, bool tied_head);
   const Model& model_;
   const ModelConfig& cfg_;
   Backend& be_;
   int64_t max_rows_;
   DType compute_ = DType::F32;
   // bf16 copies: resident, one per element of the model's storage (at the same offsets);
-  // streamed, one block's span then the LM head. fresh_[b] (resident only): block b's copy is
-  // current (the last entry: the LM head's).
+  // streamed, one block's span, then a tied LM head. fresh_[b] (resident only): block b's copy
+  // is current (the last entry: the tied LM head's).
   uint16_t* copies_ = nullptr;
   std::vector<bool> fresh_;
   std::vector<float*> bufs_;

@@ -146,6 +146,9 @@ class Model {
   // Writes out_dir/config.json and out_dir/model.safetensors in dtype (default: as loaded),
   // atomically, in Hugging Face layout (tied LM head omitted, GPT-2 Conv1D transposed back).
   void save(const std::string& out_dir, DType dtype) const;
+  // Every weight rounded to dtype's nearest value (nearest even; F32 changes nothing), held in
+  // fp32 again: the weights save(dtype) writes, for evaluating what is saved.
+  void round_to(DType dtype);
 
   const ModelConfig& config() const { return cfg_; }
   DType stored_dtype() const { return stored_dtype_; }

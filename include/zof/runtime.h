@@ -33,8 +33,9 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& opt);
 
 // --dtype, the type of the matrix products: "fp32" or "bf16" as given, "auto" bf16 where the
 // backend's bf16 products are faster than fp32 (Backend::compute_info: AMX, tensor cores), fp32
-// elsewhere. zof::Error naming --dtype for any other word.
-DType resolve_compute_dtype(const std::string& flag, const Backend& be);
+// elsewhere. zof::Error naming --dtype for any other word, and for bf16 on a backend that has
+// no bf16 products (one is tried).
+DType resolve_compute_dtype(const std::string& flag, Backend& be);
 // The flag's word for a compute dtype: "fp32" or "bf16".
 const char* compute_dtype_word(DType t);
 

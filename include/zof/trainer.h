@@ -29,6 +29,11 @@ struct TrainOptions {
   // The type of the matrix products (--dtype): fp32, bf16, or auto (bf16 where it is faster:
   // AMX, tensor cores). A new run records the resolved word; runs from before it were fp32.
   std::string dtype = "auto";
+  // The saved model's tensors (--save-dtype): fp32, bf16, f16, input (the input model's dtype),
+  // or auto, the master weights' dtype (fp32), which keeps every update. The evaluation after
+  // the run scores the weights rounded so: what is saved is what was evaluated. Runs from
+  // before the flag saved as the input.
+  std::string save_dtype = "auto";
   int64_t steps = 1000;
   float lr = 1e-6f, eps = 1e-3f, weight_decay = 0.f;
   int64_t batch = 16;        // examples (or text windows) per step
@@ -75,6 +80,9 @@ struct TrainOptions {
 // (--train_as_classification for SST-2, RTE and CB; not for COPA, nor for jsonl and text, which
 // have no candidates to compare).
 std::string training_objective(const TrainOptions& o);
+
+// The dtype a run saves its model in: --save-dtype, "input" as the model loaded, auto fp32.
+DType save_dtype(const TrainOptions& o, const Model& model);
 
 // What a task supplies to the loop: deterministic batches per step and an evaluation.
 class TrainData {

@@ -182,6 +182,9 @@ class ZOEngine {
   // Device memory another part of the run allocated on this backend for its walks (the JVP
   // estimator's buffers): counted with the engine's buffers in the streaming minimum and budget.
   void add_buffer_bytes(size_t bytes) { buffer_bytes_ += bytes; }
+  // Rounds the master weights to dtype in place (Model::round_to) after the pending update, and
+  // makes every copy read them: the device's streamed blocks and the forward's bf16 copies.
+  void round_weights(DType dtype);
   // The least gpu_mem that enable_streaming() accepts.
   size_t streaming_minimum() const;
   // The device bytes streaming keeps apart from the blocks: the engine's buffers, and a bf16

@@ -57,9 +57,10 @@ class Model:
         out = self._m.logits([[int(t) for t in r] for r in rows])
         return out[0] if single else out
 
-    def eval(self, text_or_path, seq_len=0, batch=8, max_windows=0):
+    def eval(self, text_or_path, seq_len=0, batch=8, max_windows=0, dtype="auto"):
         """Perplexity as `zof eval --json`: text_or_path is a file (an os.PathLike, or a str
-        naming an existing file) or the text itself. seq_len=0: the context, at most 512."""
+        naming an existing file) or the text itself. seq_len=0: the context, at most 512.
+        dtype: the matrix products, as --dtype (auto: bf16 where it is faster, else fp32)."""
         if isinstance(text_or_path, os.PathLike) or (
                 isinstance(text_or_path, str) and "\n" not in text_or_path
                 and os.path.isfile(text_or_path)):
@@ -72,11 +73,13 @@ class Model:
                 raise Error(source + ": cannot be read (check its permissions)") from None
         else:
             text, source = text_or_path, "the text"
-        return json.loads(self._m.eval(text, source, seq_len, batch, max_windows))
+        return json.loads(self._m.eval(text, source, seq_len, batch, max_windows, dtype))
 
-    def generate(self, prompt="", max_new_tokens=128, temperature=0.0, top_p=1.0, seed=0):
-        """The completion of prompt, as `zof generate` (greedy at temperature 0)."""
-        r = json.loads(self._m.generate(prompt, max_new_tokens, temperature, top_p, seed))
+    def generate(self, prompt="", max_new_tokens=128, temperature=0.0, top_p=1.0, seed=0,
+                 dtype="auto"):
+        """The completion of prompt, as `zof generate` (greedy at temperature 0); dtype as in
+        eval."""
+        r = json.loads(self._m.generate(prompt, max_new_tokens, temperature, top_p, seed, dtype))
         return r["completion"]
 
 

@@ -94,53 +94,44 @@ int64_t max_block_span(const Model& m) {
   for (const Block& b : m.blocks()) n = std::max(n, b.span);
   return n;
 }
-int64_t lm_numel(const Model& m) { return m.params()[m.lm_head()].numel; }
+// Elements of the LM head's bf16 copy outside the blocks' copies: a tied head is the token
+// table, which the blocks' copies leave out (it is gathered in fp32); an untied one is a matrix
+// of the head block.
+int64_t tied_lm_numel(const Model& m) {
+  const Param& lm = m.params()[m.lm_head()];
+  return lm.gemm ? 0 : lm.numel;
+}
 }  // namespace
 
 size_t Forward::streamed_compute_bytes() const {
   if (compute_ != DType::BF16) return 0;
-  return size_t(max_block_span(model_) + lm_numel(model_)) * sizeof(uint16_t);
+  return size_t(max_block_span(model_) + tied_lm_numel(model_)) * sizeof(uint16_t);
 }
 
-uint16_t* Forward::copies() {
-  const int64_t n = weights_ ? max_block_span(model_) + lm_numel(model_) : model_.storage_size();
+uint16_t* Forward::copy_of(int pi, int block) {
+  const int64_t n = weights_ ? max_block_span(model_) + tied_lm_numel(model_)
+                             : model_.storage_size();
   if (!copies_) copies_ = (uint16_t*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(uint16_t));
-  return copies_;
-}
-
-const uint16_t* Forward::compute_copy(int block) {
-  const Block& blk = model_.blocks()[block];
-  // Resident: the block's copy at the storage offsets; streamed: at the front.
-  uint16_t* base = weights_ ? copies() - blk.offset : copies();
-  if (!weights_ && fresh_[block]) return base;
-  for (int pi : blk.params) {
-    const Param& p = model_.params()[pi];
-    if (!p.gemm) continue;
-    const float* src = weights_ ? weights_->param(pi) : p.data;
-    be_.cast(src, base + (p.data - model_.storage()), DType::BF16, p.numel);
-  }
-  fresh_[block] = true;
-  return base;
-}
-
-const uint16_t* Forward::lm_copy() {
-  const int lm = model_.lm_head();
-  const Param& p = model_.params()[lm];
-  if (!weights_) {
-    uint16_t* dst = copies() + (p.data - model_.storage());
-    if (!fresh_.back()) be_.cast(p.data, dst, DType::BF16, p.numel);
-    fresh_.back() = true;
-    return dst;
-  }
-  uint16_t* dst = copies() + max_block_span(model_);
-  be_.cast(weights_->param(lm), dst, DType::BF16, p.numel);
-  return dst;
-}
-
-Weight Forward::typed(int pi, const float* fp32, const uint16_t* copy, int64_t copy_off) const {
   const Param& p = model_.params()[pi];
-  if (compute_ != DType::BF16 || !p.gemm) return fp32;
-  return Weight(copy + copy_off, DType::BF16);
+  const int64_t off = p.data - model_.storage();
+  if (!weights_) return copies_ + off;                      // resident: at its storage offset
+  if (!p.gemm) return copies_ + max_block_span(model_);     // the tied head, after the block
+  return copies_ + (off - model_.blocks()[block].offset);  // streamed: one block at a time
+}
+
+void Forward::convert(int block, bool tied_head) {
+  const int slot = tied_head ? (int)model_.blocks().size() : block;
+  if (!weights_ && fresh_[slot]) return;  // resident copies stay until weights_changed()
+  auto cast = [&](int pi) {
+    const float* src = weights_ ? weights_->param(pi) : model_.params()[pi].data;
+    be_.cast(src, copy_of(pi, block), DType::BF16, model_.params()[pi].numel);
+  };
+  if (tied_head)
+    cast(model_.lm_head());
+  else
+    for (int pi : model_.blocks()[block].params)
+      if (model_.params()[pi].gemm) cast(pi);
+  fresh_[slot] = true;
 }
 
 DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
@@ -321,17 +312,21 @@ void Forward::acquire(int block) {
 void Forward::release(int block) {
   if (weights_) weights_->release(block, false);
 }
-// The views of block b: fp32 from the model or the streamer, the matrices from the bf16 copies
-// in a bf16 walk.
+// The views of block b: fp32 from the model or the streamer, the matrices (and a tied LM head,
+// in the head's views) from the bf16 copies in a bf16 walk.
 Model::ParamLocator Forward::locator(int block) {
-  const uint16_t* copy = compute_ == DType::BF16 ? compute_copy(block) : nullptr;
+  const bool bf16 = compute_ == DType::BF16;
+  const bool head = block == (int)model_.blocks().size() - 1;
   const int lm = model_.lm_head();
-  const uint16_t* lmc = compute_ == DType::BF16 && block == (int)model_.blocks().size() - 1
-                            ? lm_copy() : nullptr;
-  return [this, copy, lm, lmc](int pi) -> Weight {
+  const bool tied = !model_.params()[lm].gemm;
+  if (bf16) {
+    convert(block, false);
+    if (head && tied) convert(block, true);
+  }
+  return [this, block, bf16, head, lm](int pi) -> Weight {
     const float* f = weights_ ? weights_->param(pi) : model_.params()[pi].data;
-    if (pi == lm && lmc) return Weight(lmc, DType::BF16);
-    return typed(pi, f, copy, model_.params()[pi].data - model_.storage());
+    if (!bf16 || !(model_.params()[pi].gemm || (head && pi == lm))) return f;
+    return Weight(copy_of(pi, block), DType::BF16);
   };
 }
 EmbedWeights Forward::embed_weights() { return model_.embed(locator(0)); }

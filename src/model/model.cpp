@@ -324,6 +324,16 @@ uint64_t hash_chunk(const float* x, int64_t n, uint64_t seed) {
 
 }  // namespace
 
+void Model::round_to(DType dtype) {
+  if (dtype == DType::F32) return;
+  const int64_t n = (int64_t)storage_.size();
+  float* w = storage_.data();
+  const bool bf = dtype == DType::BF16;
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i)
+    w[i] = bf ? bf16_to_f32(f32_to_bf16(w[i])) : f16_to_f32(f32_to_f16(w[i]));
+}
+
 Model::NonFinite Model::find_non_finite() const {
   NonFinite r;
   const int64_t n = (int64_t)storage_.size();

@@ -53,8 +53,10 @@ Placed place_forward(const Model& model, Backend& be, int64_t rows, const Weight
   // No --gpu-mem: what the device has free, less the engine's margin (ZOEngine::enable_streaming).
   const size_t margin = p.budget > 0 ? 0 : std::max<size_t>(size_t(256) << 20, free1 / 50);
   const size_t taken = buffers + cache_bytes;
+  // Without a budget, what is free now less what is allocated later (the cache, the scratch).
+  const size_t later = margin + cache_bytes + out.fwd->streamed_compute_bytes();
   const size_t blocks = p.budget > 0 ? (p.budget > taken ? p.budget - taken : 0)
-                                     : (free1 > margin + cache_bytes ? free1 - margin - cache_bytes : 0);
+                                     : (free1 > later ? free1 - later : 0);
   const size_t need = BlockStreamer::min_bytes(model);
   ZOF_CHECK(blocks >= need,
             "--gpu-mem " + format_bytes(p.budget > 0 ? p.budget : free1) +

@@ -33,12 +33,29 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   return make_sim_device(std::move(be), so);
 }
 
-DType resolve_compute_dtype(const std::string& flag, const Backend& be) {
+DType resolve_compute_dtype(const std::string& flag, Backend& be) {
   ZOF_CHECK(flag == "auto" || flag == "bf16" || flag == "fp32",
             "--dtype must be auto, bf16 or fp32, not '" + flag + "'");
-  if (flag == "bf16") return DType::BF16;
   if (flag == "fp32") return DType::F32;
-  return be.compute_info().bf16_fast ? DType::BF16 : DType::F32;
+  if (flag == "auto" && !be.compute_info().bf16_fast) return DType::F32;
+  // One bf16 product now, so that a backend without them refuses before anything is created
+  // (its error names the unit and --dtype fp32).
+  auto* x = static_cast<float*>(be.alloc(sizeof(float)));
+  auto* w = static_cast<uint16_t*>(be.alloc(sizeof(uint16_t)));
+  auto* y = static_cast<float*>(be.alloc(sizeof(float)));
+  try {
+    const float one = 1.f;
+    const uint16_t wone = f32_to_bf16(1.f);
+    be.copy_to_device(x, &one, sizeof one, nullptr);
+    be.copy_to_device(w, &wone, sizeof wone, nullptr);
+    be.matmul(x, w, DType::BF16, nullptr, y, 1, 1, 1);
+    be.synchronize(nullptr);
+  } catch (...) {
+    be.free(x), be.free(w), be.free(y);
+    throw;
+  }
+  be.free(x), be.free(w), be.free(y);
+  return DType::BF16;
 }
 
 const char* compute_dtype_word(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }

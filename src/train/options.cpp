@@ -174,6 +174,9 @@ void validate_options(const TrainOptions& o) {
                 o.task + " has none; use it with sst2, rte, cb or copa, or --objective lm");
   ZOF_CHECK(o.dtype == "auto" || o.dtype == "bf16" || o.dtype == "fp32",
             "--dtype must be auto, bf16 or fp32, not '" + o.dtype + "'");
+  ZOF_CHECK(o.save_dtype == "auto" || o.save_dtype == "fp32" || o.save_dtype == "bf16" ||
+                o.save_dtype == "f16" || o.save_dtype == "input",
+            "--save-dtype must be auto, fp32, bf16, f16 or input, not '" + o.save_dtype + "'");
   // The forward-mode tangents run in fp32 (their matrix products, the tangent rules in double
   // on the host); a bf16 primal beside them would mix two models' derivatives.
   ZOF_CHECK(o.estimator != "jvp" || o.dtype != "bf16",
@@ -208,6 +211,13 @@ uint64_t device_memory_budget(const TrainOptions& o) {
   return bytes;
 }
 
+DType save_dtype(const TrainOptions& o, const Model& model) {
+  if (o.save_dtype == "bf16") return DType::BF16;
+  if (o.save_dtype == "f16") return DType::F16;
+  if (o.save_dtype == "input") return model.stored_dtype();
+  return DType::F32;  // fp32, and auto: the master's
+}
+
 ZOStepOptions zo_step_options(const TrainOptions& o) {
   ZOStepOptions zo;
   zo.eps = o.eps;
@@ -225,7 +235,9 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   zo.adam_eps = o.adam_eps;
   // The JVP walk estimates g itself: the engine only applies the updates.
   zo.perturb = o.estimator != "jvp";
-  zo.compute = o.dtype == "bf16" ? DType::BF16 : DType::F32;  // resolved by finetune()
+  // finetune() resolves auto first (run.json holds the word); replay applies updates only,
+  // which no dtype changes.
+  zo.compute = o.dtype == "bf16" ? DType::BF16 : DType::F32;
   return zo;
 }
 
@@ -234,6 +246,7 @@ json TrainOptions::to_json() const {
               {"task", task},
               {"objective", objective},
               {"dtype", dtype},
+              {"save_dtype", save_dtype},
               {"data", data},
               {"out", out},
               {"steps", steps},
@@ -274,6 +287,8 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   get("objective", o.objective);
   o.dtype = "fp32";  // runs from before --dtype computed in fp32
   get("dtype", o.dtype);
+  o.save_dtype = "input";  // runs from before --save-dtype saved in the input's dtype
+  get("save_dtype", o.save_dtype);
   get("data", o.data);
   get("out", o.out);
   get("steps", o.steps);

@@ -123,7 +123,7 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   train::fs::create_directories(out_dir, ec);
   ZOF_CHECK(!ec, "--out " + out_dir + ": cannot create the directory (" + ec.message() + ")");
   try {
-    model.save(out_dir, model.stored_dtype());
+    model.save(out_dir, save_dtype(o, model));  // as the run saved it
     train::copy_tokenizer_files(base_model, out_dir);
   } catch (...) {
     if (!existed) train::fs::remove_all(out_dir, ec);

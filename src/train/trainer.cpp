@@ -107,6 +107,10 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
     if (!r.job.root) return json{{"rank", r.job.rank}, {"interrupted", true}};
     return json{{"steps", end.step}, {"interrupted", true}, {"run", run}};
   }
+  // The model is saved in --save-dtype: the evaluation scores those weights (the final
+  // checkpoint above keeps the exact fp32 master).
+  const DType saved = save_dtype(r.opt, r.model);
+  r.engine.round_weights(saved);
   const json after = r.eval.evaluate(end.step, "after");
   if (!r.job.root) return json{{"rank", r.job.rank}};
   // Weights that score a non-finite metric are no fine-tuned model (the checkpoint has them).
@@ -114,7 +118,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
             "the model after step " + std::to_string(end.step) + " scores a non-finite " +
                 after["metric"].get<std::string>() + " on the held-out set: no model was "
                 "written (the logs and checkpoint are in " + run + "); lower --lr and start a new run");
-  r.model.save(run, r.model.stored_dtype());
+  r.model.save(run, saved);
   copy_tokenizer_files(r.opt.model, run);
   json summary{{"steps", end.step},
                {"train_loss", r.loop.recent_loss()},
@@ -126,6 +130,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"train_s", r.c.train_s},
                {"dist", dist_summary},
                {"compute", {{"dtype", r.opt.dtype}, {"unit", r.backend.compute_info().isa}}},
+               {"save_dtype", dtype_torch_name(saved)},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
   return summary;
@@ -163,6 +168,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   // A new run records the objective it trains on, not "auto": a later change of the default
   // cannot change what a resumed or replayed run computes.
   if (opt.resume.empty()) opt.objective = training_objective(opt);
+  // Likewise the saved dtype: auto is the master's, fp32.
+  if (opt.resume.empty() && opt.save_dtype == "auto") opt.save_dtype = "fp32";
   const uint64_t gpu_mem = device_memory_budget(opt);
   auto comm = connect_job(opt.dist_timeout);
   Job job(*comm, opt.pipeline_stages);
@@ -175,9 +182,14 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   // A new run records the dtype it computes in (auto resolved on this machine: a resumed run
   // computes as it started, wherever it resumes); the JVP estimator is fp32 only.
   const Backend::ComputeInfo unit = backend->compute_info();
-  if (opt.dtype == "auto")
-    opt.dtype = opt.estimator == "jvp" ? "fp32"
-                                       : compute_dtype_word(resolve_compute_dtype("auto", *backend));
+  if (opt.dtype == "auto") {
+    // bf16 only where every rank has it fast: ranks on mixed machines compute alike.
+    double bf16 = opt.estimator != "jvp" && resolve_compute_dtype("auto", *backend) == DType::BF16;
+    comm->allreduce_sum_ordered(&bf16, 1);
+    opt.dtype = bf16 == comm->size() ? "bf16" : "fp32";
+  } else {
+    resolve_compute_dtype(opt.dtype, *backend);  // a backend without bf16 refuses here
+  }
   const json compute{{"dtype", opt.dtype}, {"unit", unit.isa}};
   Model model = Model::load(opt.model);
   const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume

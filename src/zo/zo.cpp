@@ -629,6 +629,14 @@ void ZOEngine::flush(bool to_host) {
   if (stream_ && to_host) stream_->sync_to_host();
 }
 
+void ZOEngine::round_weights(DType dtype) {
+  if (dtype == DType::F32) return;
+  flush();  // the host master is current
+  model_.round_to(dtype);
+  if (stream_) stream_->reload_from_host();
+  fwd_.weights_changed();
+}
+
 float* ZOEngine::theta(int pi) const {
   return stream_ ? stream_->param(pi) : model_.params()[pi].data;
 }

@@ -23,8 +23,9 @@ json last_json(const std::string& out) {
 
 TEST(Cli, GreedyStoryFromBos) {
   ZOF_REQUIRE_PATH(stories());
+  // fp32 products, as transformers' greedy text (auto would pick bf16 on an AMX machine).
   auto r = run_command(zof::test::zof_binary() + " generate --model " + stories() +
-                       " --prompt \"\" --temperature 0 --max-new-tokens 60");
+                       " --prompt \"\" --temperature 0 --max-new-tokens 60 --dtype fp32");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily. She loved to play "
                         "outside in the park. One day, she saw a big, red ball.", 0),
@@ -50,7 +51,9 @@ TEST(Cli, PerplexityOfStories260K) {
   const std::string sh = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
   ZOF_REQUIRE_PATH(ts);
   ZOF_REQUIRE_PATH(sh);
-  auto a = run_command(zof::test::zof_binary() + " eval --model " + stories() + " --text " + ts + " --json");
+  // fp32 products, as the golden's (on an AMX machine auto would pick bf16).
+  auto a = run_command(zof::test::zof_binary() + " eval --model " + stories() + " --text " + ts +
+                       " --dtype fp32 --json");
   ASSERT_EQ(a.code, 0) << a.err;
   json ja = last_json(a.out);
   // transformers on the same documents and windows (tests/reference/make_golden.py).

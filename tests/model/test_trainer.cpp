@@ -213,6 +213,36 @@ TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
   }
 }
 
+// What a run saves is what its final evaluation scored: with --save-dtype bf16 the weights are
+// rounded before the evaluation, so a new run from the saved model scores the same held-out
+// set (the same seed's windows) at exactly that value before its first step. The default keeps
+// the fp32 master (auto: fp32), which scores differently from its bf16 rounding.
+TEST_F(Finetune, SavedModelIsTheEvaluatedModel) {
+  auto after_of = [](const std::string& out) {
+    return json::parse(out.substr(out.rfind('\n', out.size() - 2) + 1))["eval"];
+  };
+  std::vector<double> after;
+  for (const std::string save : {"bf16", "auto"}) {
+    SCOPED_TRACE(save);
+    const fs::path a = dir_ / ("a-" + save), b = dir_ / ("b-" + save);
+    auto ra = run_command(zof::test::zof_binary() + " " + args(a.string(), 6) +
+                          " --save-dtype " + save + " --json");
+    ASSERT_EQ(ra.code, 0) << ra.err;
+    const json ea = after_of(ra.out);
+    const std::string header = zof::test::read_file((a / "model.safetensors").string()).substr(0, 4096);
+    EXPECT_NE(header.find(save == "bf16" ? "\"BF16\"" : "\"F32\""), std::string::npos) << header;
+    EXPECT_EQ(header.find(save == "bf16" ? "\"F32\"" : "\"BF16\""), std::string::npos) << header;
+    auto rb = run_command(zof::test::zof_binary() + " finetune --model " + a.string() +
+                          " --task text --data " + (dir_ / "text.txt").string() + " --out " +
+                          b.string() + " --steps 1 --batch 4 --seq-len 32 --lr 1e-4 --seed 7 "
+                          "--eval-examples 8 --json");
+    ASSERT_EQ(rb.code, 0) << rb.err;
+    EXPECT_EQ(after_of(rb.out)["before"].get<double>(), ea["after"].get<double>());
+    after.push_back(ea["after"].get<double>());
+  }
+  EXPECT_NE(after[0], after[1]) << "rounding to bf16 changed nothing the evaluation saw";
+}
+
 // SST-2 trains with MeZO's classification objective by default (run.json says so), and such a
 // run resumes after SIGKILL and replays bit for bit like any other; --objective lm trains on the
 // answer's tokens, a different run from the same seed.
