@@ -54,9 +54,11 @@ SKIP_N=$(grep -oE "^\[  SKIPPED \] [0-9]+" "$RES/gpu_tests.log" | grep -oE "[0-9
 say "block_bench"
 timeout 240 "$BUILD/block_bench" --tokens 2048,8192,16384 --iters 5 >"$RES/block_bench.md" 2>"$RES/block_bench.err" \
   || { status=1; cat "$RES/block_bench.err" >&2; }
-say "zo_bench (src's ZOEngine step, fp32, model built on the host and resident on the GPU)"
-timeout 240 "$BUILD/zo_bench" --batch 8 --seq 512 --steps 3 >"$RES/zo_bench.json" 2>"$RES/zo_bench.err" \
-  || { status=1; cat "$RES/zo_bench.err" >&2; }
+say "zo_bench (src's ZOEngine step, fp32 and bf16 products, model resident on the GPU)"
+for d in fp32 bf16; do
+  timeout 240 "$BUILD/zo_bench" --batch 8 --seq 512 --steps 3 --dtype $d >>"$RES/zo_bench.json" 2>>"$RES/zo_bench.err" \
+    || { status=1; cat "$RES/zo_bench.err" >&2; }
+done
 say "stream_bench (src's engine on the GPU, weights streamed from host memory)"
 timeout 150 "$BUILD/stream_bench" --device cuda --model-config llama-125m --batch 8 --seq 512 \
   --warmup 1 --iters 3 >"$RES/stream_bench.md" 2>"$RES/stream_bench.err" \
@@ -88,7 +90,7 @@ timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/me
   echo
   cat "$RES/stream_bench.md" 2>/dev/null
   echo
-  echo "MeZO step, ~1.1B LLaMA-shaped model (bench/gpu/tinyllama_1b.json), fp32 resident, batch 8 x 512"
+  echo "MeZO step, ~1.1B LLaMA-shaped model (bench/gpu/tinyllama_1b.json), resident, batch 8 x 512"
   echo "(zof: src/zo's ZOEngine, the trainer's step, on the CUDA backend):"
   echo
   "$PY" - "$RES/zo_bench.json" "$RES/mezo_peer.json" <<'PYEOF' 2>/dev/null || cat "$RES/zo_bench.json" "$RES/mezo_peer.json"
@@ -99,8 +101,9 @@ for path in sys.argv[1:]:
         rows += [json.loads(l) for l in open(path) if l.strip().startswith("{")]
     except OSError:
         pass
-ours = next((r for r in rows if r["impl"] == "zof"), None)
-print("| implementation | dtype | step s | tokens/s | forward s | zof / this |")
+ours = next((r for r in rows if r["impl"] == "zof" and r["dtype"] == "bf16"), None) or \
+    next((r for r in rows if r["impl"] == "zof"), None)
+print("| implementation | dtype | step s | tokens/s | forward s | zof (bf16) / this |")
 print("|---|---|---:|---:|---:|---:|")
 for r in rows:
     ratio = "%.2fx" % (ours["tokens_per_s"] / r["tokens_per_s"]) if ours and r is not ours else "—"

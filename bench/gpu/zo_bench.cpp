@@ -19,6 +19,7 @@
 #include "zof/error.h"
 #include "zof/model.h"
 #include "zof/streaming.h"
+#include "zof/runtime.h"
 #include "zof/zo.h"
 
 namespace {
@@ -30,15 +31,17 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"zo_bench: MeZO step tokens/s of a ~1B model on the GPU (fp32, resident)"};
+  CLI::App app{"zo_bench: MeZO step tokens/s of a ~1B model on the GPU (resident)"};
   std::string config = std::string(ZOF_SOURCE_DIR) + "/bench/gpu/tinyllama_1b.json";
   int64_t batch = 8, seq = 512;
   int steps = 3, queries = 1;
+  std::string dtype = "fp32";
   app.add_option("--model-config", config, "config.json of the model (random weights)");
   app.add_option("--batch", batch, "sequences per step");
   app.add_option("--seq", seq, "tokens per sequence");
   app.add_option("--steps", steps, "timed steps (after one warm-up)");
   app.add_option("--queries", queries, "ZO directions per step");
+  app.add_option("--dtype", dtype, "the step's matrix products: fp32 | bf16 | auto (as zof finetune)");
   CLI11_PARSE(app, argc, argv);
   try {
     ZOF_CHECK(zof::cuda_device_count() > 0, "zo_bench needs a CUDA device; none is visible");
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
     opt.queries = queries;
     opt.seed = 1;
     auto be = zof::make_cuda_backend(0);
+    opt.compute = zof::resolve_compute_dtype(dtype, *be);
     zof::ZOEngine zo(model, *be, rows, opt);
     // Room for every block beside the engine's buffers: all resident, as in a run whose model
     // fits (the trainer's --device cuda without --gpu-mem).
@@ -97,10 +101,11 @@ int main(int argc, char** argv) {
     for (int s = 0; s < steps; ++s) forward();
     const double fwd_s = seconds_since(t1) / steps;
 
-    std::printf("{\"impl\": \"zof\", \"dtype\": \"fp32\", \"params\": %lld, \"batch\": %lld, "
+    std::printf("{\"impl\": \"zof\", \"dtype\": \"%s\", \"params\": %lld, \"batch\": %lld, "
                 "\"seq\": %lld, \"queries\": %d, \"step_s\": %.4f, \"tokens_per_s\": %.1f, "
                 "\"forward_s\": %.4f, \"loss\": %.4f}\n",
-                (long long)model.num_params(), (long long)batch, (long long)seq, queries, step_s,
+                zof::compute_dtype_word(opt.compute), (long long)model.num_params(),
+                (long long)batch, (long long)seq, queries, step_s,
                 double(rows) / step_s, fwd_s, loss);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zo_bench: %s\n", e.what());

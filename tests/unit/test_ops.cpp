@@ -819,6 +819,10 @@ TEST(Ops, CpuThreadCountIndependence) {
     auto bias = uniform(size_t(sh.N), -1, 1, 37);
     same("matmul M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) + " K=" + std::to_string(sh.K),
          [&](Backend& be) { return run_matmul(be, a, wm, bias, sh.M, sh.N, sh.K); });
+    // The bf16 products too: data-parallel ranks run fewer threads than one process.
+    same("bf16 matmul M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) +
+             " K=" + std::to_string(sh.K),
+         [&](Backend& be) { return run_matmul_bf16(be, a, to_bf16(wm), bias, sh.M, sh.N, sh.K); });
   }
 }
 
