@@ -623,6 +623,8 @@ void check_resume_flags(const FinetuneArgs& f, const NumberFlags& n,
     std::string key = flag.substr(2);
     for (auto& c : key) c = c == '-' ? '_' : c;
     if (!saved.contains(key) || saved[key] == now[key]) continue;
+    // --save-dtype auto is the master's dtype, fp32, on every machine: it changes nothing.
+    if (key == "save_dtype" && now[key] == "auto" && saved[key] == "fp32") continue;
     // --out naming the run itself changes nothing either.
     if (key == "out") {
       std::error_code ec;

@@ -55,6 +55,8 @@ say "block_bench"
 timeout 240 "$BUILD/block_bench" --tokens 2048,8192,16384 --iters 5 >"$RES/block_bench.md" 2>"$RES/block_bench.err" \
   || { status=1; cat "$RES/block_bench.err" >&2; }
 say "zo_bench (src's ZOEngine step, fp32 and bf16 products, model resident on the GPU)"
+: >"$RES/zo_bench.json"
+: >"$RES/zo_bench.err"
 for d in fp32 bf16; do
   timeout 240 "$BUILD/zo_bench" --batch 8 --seq 512 --steps 3 --dtype $d >>"$RES/zo_bench.json" 2>>"$RES/zo_bench.err" \
     || { status=1; cat "$RES/zo_bench.err" >&2; }

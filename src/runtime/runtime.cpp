@@ -39,22 +39,29 @@ DType resolve_compute_dtype(const std::string& flag, Backend& be) {
   if (flag == "fp32") return DType::F32;
   if (flag == "auto" && !be.compute_info().bf16_fast) return DType::F32;
   // One bf16 product now, so that a backend without them refuses before anything is created
-  // (its error names the unit and --dtype fp32).
-  auto* x = static_cast<float*>(be.alloc(sizeof(float)));
-  auto* w = static_cast<uint16_t*>(be.alloc(sizeof(uint16_t)));
-  auto* y = static_cast<float*>(be.alloc(sizeof(float)));
+  // (its error names the unit and --dtype fp32); auto falls back to fp32 instead.
+  struct Buffers {
+    Backend& be;
+    void* p[3] = {};
+    ~Buffers() {
+      for (void* q : p) be.free(q);
+    }
+  } b{be};
   try {
+    b.p[0] = be.alloc(sizeof(float));
+    b.p[1] = be.alloc(sizeof(uint16_t));
+    b.p[2] = be.alloc(sizeof(float));
     const float one = 1.f;
     const uint16_t wone = f32_to_bf16(1.f);
-    be.copy_to_device(x, &one, sizeof one, nullptr);
-    be.copy_to_device(w, &wone, sizeof wone, nullptr);
-    be.matmul(x, w, DType::BF16, nullptr, y, 1, 1, 1);
+    be.copy_to_device(b.p[0], &one, sizeof one, nullptr);
+    be.copy_to_device(b.p[1], &wone, sizeof wone, nullptr);
+    be.matmul(static_cast<float*>(b.p[0]), b.p[1], DType::BF16, nullptr,
+              static_cast<float*>(b.p[2]), 1, 1, 1);
     be.synchronize(nullptr);
-  } catch (...) {
-    be.free(x), be.free(w), be.free(y);
+  } catch (const Error&) {
+    if (flag == "auto") return DType::F32;
     throw;
   }
-  be.free(x), be.free(w), be.free(y);
   return DType::BF16;
 }
 

@@ -119,11 +119,20 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
     throw Error("--log " + run_dir + ": the replayed weights are not finite (" +
                 model.params()[bad.param].name + " element " + std::to_string(bad.index) +
                 "); the run diverged, so there is no model to rebuild: rerun it with a lower --lr");
+  // The run's saved dtype: rounded here as save() would, so that a weight beyond f16's range
+  // is refused (the run refused to write it too) rather than written as inf.
+  const DType out_t = save_dtype(o, model);
+  model.round_to(out_t);
+  if (const Model::NonFinite bad = model.find_non_finite(); bad.param >= 0)
+    throw Error("--log " + run_dir + ": replayed weight " + std::to_string(bad.index) + " of " +
+                model.params()[bad.param].name + " is beyond " + dtype_torch_name(out_t) +
+                "'s range (the run's --save-dtype " + o.save_dtype + "), so the run wrote no "
+                "model and neither does its replay");
   const bool existed = train::fs::exists(out_dir, ec);
   train::fs::create_directories(out_dir, ec);
   ZOF_CHECK(!ec, "--out " + out_dir + ": cannot create the directory (" + ec.message() + ")");
   try {
-    model.save(out_dir, save_dtype(o, model));  // as the run saved it
+    model.save(out_dir, out_t);  // as the run saved it
     train::copy_tokenizer_files(base_model, out_dir);
   } catch (...) {
     if (!existed) train::fs::remove_all(out_dir, ec);

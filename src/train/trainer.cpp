@@ -113,6 +113,12 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   r.engine.round_weights(saved);
   const json after = r.eval.evaluate(end.step, "after");
   if (!r.job.root) return json{{"rank", r.job.rank}};
+  // f16 holds at most 65504: a larger weight saved so would be inf, a file no loader takes.
+  if (const Model::NonFinite bad = r.model.find_non_finite(); bad.param >= 0)
+    throw Error("--save-dtype " + r.opt.save_dtype + ": weight " + std::to_string(bad.index) +
+                " of " + r.model.params()[bad.param].name + " is beyond " +
+                dtype_torch_name(saved) + "'s range: no model was written (the logs and the "
+                "fp32 checkpoint are in " + run + "); use --save-dtype bf16 or fp32 in a new run");
   // Weights that score a non-finite metric are no fine-tuned model (the checkpoint has them).
   ZOF_CHECK(std::isfinite(after["value"].get<double>()),
             "the model after step " + std::to_string(end.step) + " scores a non-finite " +
@@ -130,7 +136,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"train_s", r.c.train_s},
                {"dist", dist_summary},
                {"compute", {{"dtype", r.opt.dtype}, {"unit", r.backend.compute_info().isa}}},
-               {"save_dtype", dtype_torch_name(saved)},
+               {"save_dtype", saved == DType::F16 ? "f16" : compute_dtype_word(saved)},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
   return summary;

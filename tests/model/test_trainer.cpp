@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "zof/model.h"
 #include "zof/trainer.h"
 
 namespace fs = std::filesystem;
@@ -241,6 +242,30 @@ TEST_F(Finetune, SavedModelIsTheEvaluatedModel) {
     after.push_back(ea["after"].get<double>());
   }
   EXPECT_NE(after[0], after[1]) << "rounding to bf16 changed nothing the evaluation saw";
+}
+
+// A weight beyond f16's range (65504) cannot be saved in f16: the run keeps its logs and fp32
+// checkpoint, writes no model and says which weight and what to use instead (checked before the
+// held-out metric, which such a weight in the tied head's row 511 also makes infinite).
+TEST_F(Finetune, SaveDtypeF16RefusesAWeightBeyondItsRange) {
+  zof::Model m = zof::Model::load(stories());
+  const fs::path big = dir_ / "big";
+  m.params()[m.token_table()].data[511 * 64] = 7e4f;
+  m.save(big.string(), zof::DType::F32);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    fs::copy_file(fs::path(stories()) / f, big / f);
+  const fs::path out = dir_ / "f16";
+  auto r = run_command(zof::test::zof_binary() + " finetune --model " + big.string() +
+                       " --task text --data " + (dir_ / "text.txt").string() + " --out " +
+                       out.string() + " --steps 2 --batch 2 --seq-len 32 --eval-examples 4 "
+                       "--save-dtype f16 --no-report");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("zof: error: --save-dtype f16: weight 32704 of model.embed_tokens.weight "
+                       "is beyond float16's range: no model was written"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "checkpoint-2" / "model.safetensors"));
 }
 
 // SST-2 trains with MeZO's classification objective by default (run.json says so), and such a
