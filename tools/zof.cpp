@@ -214,7 +214,7 @@ const char* const kDtypeHelp =
 // --sim-device) that the weights stream through within --gpu-mem.
 struct DeviceArgs {
   std::string device = "cpu", gpu_mem;
-  bool sim_device = false;
+  bool sim_device = false, tf32 = false;
   std::string dtype = "auto";
 };
 
@@ -254,6 +254,7 @@ std::unique_ptr<zof::Backend> text_backend(const DeviceArgs& d, int threads,
   b.threads = threads;
   b.sim_device = d.sim_device;
   b.sim_budget = place.budget;
+  b.tf32 = d.tf32;
   ZOF_CHECK(d.dtype == "auto" || d.dtype == "bf16" || d.dtype == "fp32",
             "--dtype must be auto, bf16 or fp32, not '" + d.dtype + "'");
   auto be = zof::make_backend(b);
@@ -270,6 +271,7 @@ void add_device_flags(CLI::App* app, DeviceArgs& d) {
   app->add_flag("--sim-device", d.sim_device, "Run on the simulated device (host memory with the "
                 "--gpu-mem budget): the streaming schedule without a GPU");
   app->add_option("--dtype", d.dtype, kDtypeHelp)->capture_default_str();
+  app->add_flag("--tf32", d.tf32, "With --device cuda: the fp32 products on TF32 tensor cores");
 }
 
 int run_generate(const GenerateArgs& a) {
@@ -478,6 +480,8 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
   run.push_back(ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the "
                                "fine-tuned model"));
   run.push_back(ft->add_option("--dtype", t.dtype, kDtypeHelp)->capture_default_str());
+  run.push_back(ft->add_flag("--tf32", t.tf32, "With --device cuda: the fp32 products on TF32 "
+                             "tensor cores (off: strict fp32; --dtype bf16 is faster still)"));
   run.push_back(ft->add_option("--save-dtype", t.save_dtype, "The saved model's tensors: fp32, "
                                "bf16, f16, input (as the input model), or auto (the master "
                                "weights', fp32: every update kept); the final evaluation scores "

@@ -64,7 +64,8 @@ class CudaBackend : public Backend {
 };
 
 // The backend on device `device`. Throws zof::Error (names the device count and the fix) when
-// there is no such device or this build has no CUDA.
-std::unique_ptr<CudaBackend> make_cuda_backend(int device = 0);
+// there is no such device or this build has no CUDA. tf32: its fp32 products run on TF32 tensor
+// cores (10-bit mantissas in the products, fp32 sums); off, they are strict fp32.
+std::unique_ptr<CudaBackend> make_cuda_backend(int device = 0, bool tf32 = false);
 
 }  // namespace zof

@@ -20,6 +20,7 @@ struct BackendOptions {
   int local_rank = 0;
   // The simulated device (host memory with a byte budget, threads as copy streams) over the
   // cpu backend: the streaming schedule without a GPU.
+  bool tf32 = false;               // cuda: fp32 products on TF32 tensor cores
   bool sim_device = false;
   size_t sim_budget = 0;           // bytes (0: what the host has available)
   double sim_copy_bandwidth = 0;   // bytes/s of each copy stream (0: memcpy speed)

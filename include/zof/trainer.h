@@ -34,6 +34,9 @@ struct TrainOptions {
   // the run scores the weights rounded so: what is saved is what was evaluated. Runs from
   // before the flag saved as the input.
   std::string save_dtype = "auto";
+  // --tf32: with --device cuda, the fp32 products on TF32 tensor cores (saved: it changes what
+  // a run computes; off, fp32 is strict).
+  bool tf32 = false;
   int64_t steps = 1000;
   float lr = 1e-6f, eps = 1e-3f, weight_decay = 0.f;
   int64_t batch = 16;        // examples (or text windows) per step

@@ -13,6 +13,6 @@ const char* kNoCuda =
 
 int cuda_device_count() { return 0; }
 CudaDeviceInfo cuda_device_info(int) { throw Error(kNoCuda); }
-std::unique_ptr<CudaBackend> make_cuda_backend(int) { throw Error(kNoCuda); }
+std::unique_ptr<CudaBackend> make_cuda_backend(int, bool) { throw Error(kNoCuda); }
 
 }  // namespace zof

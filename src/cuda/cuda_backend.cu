@@ -100,7 +100,7 @@ DeviceFrees& device_frees(int device) {
 
 class CudaBackendImpl final : public CudaBackend {
  public:
-  explicit CudaBackendImpl(int device) : device_(device) {
+  CudaBackendImpl(int device, bool tf32) : device_(device), tf32_(tf32) {
     const int n = cuda_device_count();
     ZOF_CHECK(device >= 0 && device < n,
               "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
@@ -274,7 +274,8 @@ class CudaBackendImpl final : public CudaBackend {
     ComputeInfo c;
     c.bf16_fast = cc_major_ >= 8;  // bf16 tensor cores from Ampere (sm_80) on
     c.isa = device_name_ + " (sm_" + std::to_string(cc_major_) + std::to_string(cc_minor_) + ")" +
-            (c.bf16_fast ? " tensor cores" : ", no bf16 tensor cores");
+            (c.bf16_fast ? " tensor cores" : ", no bf16 tensor cores") +
+            (tf32_ ? ", fp32 products in TF32" : "");
     return c;
   }
 
@@ -284,7 +285,8 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     CudaStream* h = handle(s);
     if (wt == DType::F32) {
-      matmul_->run(GemmType::F32, x, w, bias, y, M, N, K, h->workspace, h->stream);
+      matmul_->run(tf32_ ? GemmType::TF32 : GemmType::F32, x, w, bias, y, M, N, K, h->workspace,
+                   h->stream);
       return;
     }
     ZOF_CHECK(wt == DType::BF16,
@@ -642,6 +644,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   int device_;
+  bool tf32_ = false;  // fp32 products on TF32 tensor cores (--tf32)
   std::string device_name_;
   int cc_major_ = 0, cc_minor_ = 0;
   cudaMemPool_t pool_ = nullptr;
@@ -704,8 +707,8 @@ CudaDeviceInfo cuda_device_info(int device) {
   return info;
 }
 
-std::unique_ptr<CudaBackend> make_cuda_backend(int device) {
-  return std::make_unique<cuda::CudaBackendImpl>(device);
+std::unique_ptr<CudaBackend> make_cuda_backend(int device, bool tf32) {
+  return std::make_unique<cuda::CudaBackendImpl>(device, tf32);
 }
 
 }  // namespace zof

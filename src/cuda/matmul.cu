@@ -64,9 +64,11 @@ const Matmul::Plan& Matmul::plan(const Key& key, const void* bias) {
   const auto [type, M, N, K, has_bias, ax, aw, ay, ab] = key;
   (void)ab;
   // in: x and w; out: bias, y (and cuBLASLt's C, which beta = 0 never reads).
-  const cudaDataType_t in_t = type == int(GemmType::F32) ? CUDA_R_32F : CUDA_R_16BF;
+  const bool f32_in = type == int(GemmType::F32) || type == int(GemmType::TF32);
+  const cudaDataType_t in_t = f32_in ? CUDA_R_32F : CUDA_R_16BF;
   const cudaDataType_t out_t = type == int(GemmType::BF16) ? CUDA_R_16BF : CUDA_R_32F;
   const char* what = type == int(GemmType::F32)    ? "fp32"
+                     : type == int(GemmType::TF32) ? "fp32 (TF32)"
                      : type == int(GemmType::BF16) ? "bf16"
                                                    : "bf16 (fp32 out)";
   auto p = std::make_unique<Plan>();
@@ -90,8 +92,11 @@ const Matmul::Plan& Matmul::plan(const Key& key, const void* bias) {
   cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
   for (const bool epilogue : {has_bias, false}) {
     if (p->desc) cublasLtMatmulDescDestroy(p->desc);
-    // CUBLAS_COMPUTE_32F with fp32 inputs is true fp32: TF32 only under COMPUTE_32F_FAST_TF32.
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // CUBLAS_COMPUTE_32F with fp32 inputs is true fp32: TF32 only under COMPUTE_32F_FAST_TF32,
+    // which --tf32 asks for.
+    const cublasComputeType_t compute =
+        type == int(GemmType::TF32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));

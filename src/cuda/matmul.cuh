@@ -18,6 +18,7 @@ enum class GemmType {
   F32,          // all fp32: strict fp32 products
   BF16,         // all bf16 (CudaBackend::matmul_bf16)
   BF16_F32OUT,  // x and w bf16 (tensor cores), bias and y fp32 (Backend::matmul with bf16 weights)
+  TF32,         // all fp32 in memory, the products on TF32 tensor cores (--tf32)
 };
 
 class Matmul {

@@ -15,11 +15,13 @@ namespace zof {
 std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   ZOF_CHECK(o.device == "cpu" || o.device == "reference" || o.device == "cuda",
             "unknown device '" + o.device + "': use cpu, reference or cuda");
+  ZOF_CHECK(!o.tf32 || o.device == "cuda",
+            "--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda");
   ZOF_CHECK(!o.sim_device || o.device == "cpu",
             "the simulated device runs over the cpu backend, not '" + o.device + "'");
   std::unique_ptr<Backend> be;
   if (o.device == "cuda")
-    be = make_cuda_backend(o.local_rank % std::max(1, cuda_device_count()));
+    be = make_cuda_backend(o.local_rank % std::max(1, cuda_device_count()), o.tf32);
   else if (o.device == "reference")
     be = make_reference_backend();
   else

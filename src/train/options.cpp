@@ -197,6 +197,8 @@ uint64_t device_memory_budget(const TrainOptions& o) {
             "--device must be cpu or cuda, not '" + o.device + "'");
   ZOF_CHECK(o.device == "cpu" || !o.sim_device,
             "--sim-device simulates a GPU on the CPU: drop it with --device cuda");
+  ZOF_CHECK(!o.tf32 || o.device == "cuda",
+            "--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda");
   const bool device = o.sim_device || o.device == "cuda";
   const uint64_t bytes = o.gpu_mem.empty() ? 0 : parse_memory_size(o.gpu_mem, "--gpu-mem");
   if (!device) {
@@ -247,6 +249,7 @@ json TrainOptions::to_json() const {
               {"objective", objective},
               {"dtype", dtype},
               {"save_dtype", save_dtype},
+              {"tf32", tf32},
               {"data", data},
               {"out", out},
               {"steps", steps},
@@ -289,6 +292,7 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   get("dtype", o.dtype);
   o.save_dtype = "input";  // runs from before --save-dtype saved in the input's dtype
   get("save_dtype", o.save_dtype);
+  get("tf32", o.tf32);
   get("data", o.data);
   get("out", o.out);
   get("steps", o.steps);

@@ -43,6 +43,7 @@ std::unique_ptr<Backend> rank_backend(const TrainOptions& opt, const dist::Commu
   b.threads = opt.threads;
   b.local_rank = comm.local_rank();
   b.sim_device = opt.sim_device;
+  b.tf32 = opt.tf32;
   b.sim_budget = gpu_mem;  // 0: what the host has available
   return make_backend(b);
 }

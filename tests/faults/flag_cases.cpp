@@ -44,6 +44,10 @@ std::vector<Case> flag_cases() {
        R"(^--dtype must be auto, bf16 or fp32, not 'fp16'$)"},
       {"FlagDtypeUnknownEval", {}, "eval --model {M} --text {T} --dtype half", 1,
        R"(^--dtype must be auto, bf16 or fp32, not 'half'$)"},
+      {"FlagTf32OnTheCpu", {}, kRun + " --tf32 --json", 1,
+       R"(^--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda$)"},
+      {"FlagTf32OnTheCpuEval", {}, "eval --model {M} --text {T} --tf32", 1,
+       R"(^--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda$)"},
       {"FlagDtypeJvpBf16", {}, kRun + " --estimator jvp --dtype bf16", 1,
        R"(^--estimator jvp computes in fp32 only; use --dtype fp32 \(or auto\), or --estimator spsa for bf16$)"},
 
