@@ -5,11 +5,13 @@
 # finding (crash, UB, leak, timeout over 5 s, allocation over 1 GB, memory over 2 GB); the
 # reproducer is in build-fuzz/runs/<target>/artifacts/, and its log beside it.
 #
-#   scripts/fuzz.sh [-n RUNS] [-t SECONDS] [--merge] [TARGET...]
+#   scripts/fuzz.sh [-n RUNS] [-t SECONDS] [--merge] [--resume] [TARGET...]
 #     -n RUNS   executions per target (default 10000000; ZOF_FUZZ_RUNS overrides the default)
 #     -t SECS   stop each target after SECS seconds if it has not reached RUNS (a quick pass)
 #     --merge   afterwards, add the inputs that reached new edges to fuzz/corpus/<target>/
 #               (libFuzzer -merge=1 on edge coverage alone, which keeps the corpus small)
+#     --resume  continue from the corpus the last run left in build-fuzz/runs/<target>/ (a long
+#               run in chunks: add up the chunks' executions); its log is kept as log.1, ...
 #     TARGET    config, safetensors, safetensors_index, task_data, tokenizer, tokenizer_text
 #               (default: all)
 # Not part of CI (10 million executions take minutes to an hour a target); CI replays the corpus
@@ -19,6 +21,7 @@ cd "$(dirname "$0")/.."
 
 RUNS=${ZOF_FUZZ_RUNS:-10000000}
 MERGE=0
+RESUME=0
 SECS=0
 TARGETS=()
 while (($#)); do
@@ -26,7 +29,8 @@ while (($#)); do
     -n) RUNS="$2"; shift 2 ;;
     -t) SECS="$2"; shift 2 ;;
     --merge) MERGE=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --resume) RESUME=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) TARGETS+=("$1"); shift ;;
   esac
@@ -68,7 +72,13 @@ rows=()
 failed=0
 for t in "${TARGETS[@]}"; do
   dir="$BUILD/runs/$t"
-  rm -rf "$dir"
+  if [ "$RESUME" = 1 ] && [ -d "$dir/corpus" ]; then
+    k=1
+    while [ -e "$dir/log.$k" ]; do k=$((k + 1)); done
+    [ ! -f "$dir/log" ] || mv "$dir/log" "$dir/log.$k"
+  else
+    rm -rf "$dir"
+  fi
   mkdir -p "$dir/corpus" "$dir/artifacts"
   cp -r "fuzz/corpus/$t/." "$dir/corpus/"
   dict=()
