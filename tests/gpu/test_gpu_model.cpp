@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "golden_batch.h"
 #include "gpu/gpu_test.h"
 #include "zof/error.h"
 #include "zof/forward.h"
@@ -65,16 +66,7 @@ Golden load_golden(const std::string& name) {
   return g;
 }
 
-std::vector<std::string> golden_models() {
-  std::vector<std::string> out;
-  const fs::path root = fs::path(ZOF_SOURCE_DIR) / "tests/golden";
-  if (fs::exists(root))
-    for (auto& e : fs::directory_iterator(root))
-      if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  if (out.empty()) out.push_back("missing");
-  return out;
-}
+using zof::test::golden_models;  // tests/golden_batch.h
 
 // A streaming budget that keeps every block of m resident (the streamer takes no less than two
 // slots of the largest block, more than the whole of a model that one block dominates).
