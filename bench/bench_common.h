@@ -176,9 +176,13 @@ class TimingBackend : public zof::Backend {
   void cast(const float* x, void* y, zof::DType yt, int64_t n, zof::Stream* s) override {
     timed("cast", 0, [&] { in_.cast(x, y, yt, n, s); });
   }
+  using zof::Backend::attention;
+  using zof::Backend::attention_jvp;
+  using zof::Backend::rms_norm;
+  using zof::Backend::rms_norm_jvp;
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
-                zof::Stream* s) override {
-    timed("rms_norm", 0, [&] { in_.rms_norm(x, w, y, rows, dim, eps, s); });
+                float w_offset, zof::Stream* s) override {
+    timed("rms_norm", 0, [&] { in_.rms_norm(x, w, y, rows, dim, eps, w_offset, s); });
   }
   void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                   int64_t dim, float eps, zof::Stream* s) override {
@@ -190,13 +194,26 @@ class TimingBackend : public zof::Backend {
   }
   void attention(const float* q, const float* k, const float* v, float* out, const uint8_t* mask,
                  int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
-                 int64_t q_offset, float scale, zof::Stream* s) override {
+                 int64_t q_offset, float scale, int64_t window, float softcap,
+                 zof::Stream* s) override {
+    // Causal pairs (a sliding window's are fewer: the count is an upper bound there).
     const double flop = 4.0 * B * H * D * (Tq * (Tq + 1) / 2.0 + Tq * q_offset);
-    timed("attention", flop,
-          [&] { in_.attention(q, k, v, out, mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, s); });
+    timed("attention", flop, [&] {
+      in_.attention(q, k, v, out, mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap, s);
+    });
   }
   void silu_mul(const float* g, const float* u, float* o, int64_t n, zof::Stream* s) override {
     timed("silu_mul", 0, [&] { in_.silu_mul(g, u, o, n, s); });
+  }
+  void gelu_tanh_mul(const float* g, const float* u, float* o, int64_t n,
+                     zof::Stream* s) override {
+    timed("gelu_tanh_mul", 0, [&] { in_.gelu_tanh_mul(g, u, o, n, s); });
+  }
+  void mul_scalar(float* x, float a, int64_t n, zof::Stream* s) override {
+    timed("mul_scalar", 0, [&] { in_.mul_scalar(x, a, n, s); });
+  }
+  void softcap(const float* x, float* y, float cap, int64_t n, zof::Stream* s) override {
+    timed("softcap", 0, [&] { in_.softcap(x, y, cap, n, s); });
   }
   void gelu_tanh(float* x, int64_t n, zof::Stream* s) override {
     timed("gelu_tanh", 0, [&] { in_.gelu_tanh(x, n, s); });
@@ -246,8 +263,9 @@ class TimingBackend : public zof::Backend {
     in_.zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, s);
   }
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
-                    int64_t rows, int64_t dim, float eps, zof::Stream* s) override {
-    in_.rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, s);
+                    int64_t rows, int64_t dim, float eps, float w_offset,
+                    zof::Stream* s) override {
+    in_.rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, w_offset, s);
   }
   void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                       const float* db, float* dy, int64_t rows, int64_t dim, float eps,
@@ -256,9 +274,17 @@ class TimingBackend : public zof::Backend {
   }
   void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                      const float* v, const float* dv, float* dout, const uint8_t* mask, int64_t B,
-                     int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                     zof::Stream* s) override {
-    in_.attention_jvp(q, dq, k, dk, v, dv, dout, mask, B, S, H, Hkv, D, scale, s);
+                     int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
+                     float softcap, zof::Stream* s) override {
+    in_.attention_jvp(q, dq, k, dk, v, dv, dout, mask, B, S, H, Hkv, D, scale, window, softcap, s);
+  }
+  void gelu_tanh_mul_jvp(const float* g, const float* dg, const float* u, const float* du,
+                         float* o, int64_t n, zof::Stream* s) override {
+    in_.gelu_tanh_mul_jvp(g, dg, u, du, o, n, s);
+  }
+  void softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n,
+                   zof::Stream* s) override {
+    in_.softcap_jvp(x, dx, dy, cap, n, s);
   }
   void silu_mul_jvp(const float* g, const float* dg, const float* u, const float* du, float* o,
                     int64_t n, zof::Stream* s) override {

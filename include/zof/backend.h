@@ -110,9 +110,15 @@ class Backend {
   }
   // y(n) = x(n) in dtype yt (BF16 and F16 round to nearest even; F32 copies).
   virtual void cast(const float* x, void* y, DType yt, int64_t n, Stream* s = nullptr) = 0;
-  // y(rows,dim) = x / sqrt(mean(x^2) + eps) * w. y may alias x.
+  // y(rows,dim) = x / sqrt(mean(x^2) + eps) * (w + w_offset): w_offset is 0, or 1 for Gemma's
+  // RMSNorm (its weights are stored as offsets from 1; the sum is formed in fp32 first, as
+  // transformers' (1 + w.float())). y may alias x.
   virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim,
-                        float eps, Stream* s = nullptr) = 0;
+                        float eps, float w_offset, Stream* s = nullptr) = 0;
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+                Stream* s = nullptr) {
+    rms_norm(x, w, y, rows, dim, eps, 0.f, s);
+  }
   // y(rows,dim) = (x - mean) / sqrt(var + eps) * w + b (biased variance). y may alias x.
   virtual void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                           int64_t dim, float eps, Stream* s = nullptr) = 0;
@@ -131,13 +137,28 @@ class Backend {
   // h / (H / Hkv)). q (B,Tq,H,D), k and v (B,Tk,Hkv,D), out (B,Tq,H,D). Query i sits at position
   // q_offset + i and sees key j iff j <= q_offset + i and key_mask[b*Tk + j] != 0 (key_mask null:
   // all keys valid). A query that sees no key gets zeros.
+  // Gemma's variants: window > 0 is a sliding window, the query at position p sees only keys
+  // j > p - window (transformers' sliding_window; 0: no window); softcap > 0 replaces each
+  // scaled score x by softcap * tanh(x / softcap) before the mask and the softmax (0: none).
   virtual void attention(const float* q, const float* k, const float* v, float* out,
                          const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                         int64_t Hkv, int64_t D, int64_t q_offset, float scale,
-                         Stream* s = nullptr) = 0;
+                         int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+                         float softcap, Stream* s = nullptr) = 0;
+  void attention(const float* q, const float* k, const float* v, float* out,
+                 const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream* s = nullptr) {
+    attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, 0, 0.f, s);
+  }
   // out(n) = silu(gate) * up. out may alias gate or up.
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n,
                         Stream* s = nullptr) = 0;
+  // out(n) = gelu_tanh(gate) * up (Gemma's GeGLU). out may alias gate or up.
+  virtual void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
+                             Stream* s = nullptr) = 0;
+  // x(n) *= a (Gemma's embedding normalizer).
+  virtual void mul_scalar(float* x, float a, int64_t n, Stream* s = nullptr) = 0;
+  // y(n) = cap * tanh(x / cap) (Gemma 2's final-logit soft-capping). y may alias x.
+  virtual void softcap(const float* x, float* y, float cap, int64_t n, Stream* s = nullptr) = 0;
   // In place: tanh-approximated GELU ("gelu_new"/"gelu_pytorch_tanh"), exact erf GELU, ReLU.
   virtual void gelu_tanh(float* x, int64_t n, Stream* s = nullptr) = 0;
   virtual void gelu_erf(float* x, int64_t n, Stream* s = nullptr) = 0;
@@ -203,24 +224,43 @@ class Backend {
   // embedding are linear and need no rule of their own: their tangent is the op applied to the
   // tangents. The host backends run jvp_ops.h's loops (double accumulation); device backends
   // are tested against them.
-  // dy = (dx r + x dr) w + x r dw, r = (mean(x^2) + eps)^-1/2, dr = -r^3 mean(x dx).
+  // dy = (dx r + x dr) (w + w_offset) + x r dw, r = (mean(x^2) + eps)^-1/2,
+  // dr = -r^3 mean(x dx).
   virtual void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
-                            float* dy, int64_t rows, int64_t dim, float eps,
+                            float* dy, int64_t rows, int64_t dim, float eps, float w_offset,
                             Stream* s = nullptr) = 0;
+  void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
+                    int64_t rows, int64_t dim, float eps, Stream* s = nullptr) {
+    rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, 0.f, s);
+  }
   // dy = ((dx - dmean) r + (x - mean) dr) w + (x - mean) r dw + db, dr = -r^3 cov(x, dx).
   virtual void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                               const float* db, float* dy, int64_t rows, int64_t dim, float eps,
                               Stream* s = nullptr) = 0;
   // The tangent of attention() with Tq = Tk = S and q_offset = 0 (a whole causal sequence):
   // with p = softmax(s), s_j = scale q.k_j: dout = sum_j p_j (dv_j + (ds_j - sum_l p_l ds_l) v_j),
-  // ds_j = scale (dq.k_j + q.dk_j). Shapes and the key mask as attention(); D <= 256.
+  // ds_j = scale (dq.k_j + q.dk_j). Shapes, the key mask, window and softcap as attention()
+  // (with a softcap, s_j = c tanh(x_j / c) and ds_j is that times 1 - tanh^2); D <= 256.
   virtual void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                              const float* v, const float* dv, float* dout, const uint8_t* key_mask,
                              int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                             Stream* s = nullptr) = 0;
+                             int64_t window, float softcap, Stream* s = nullptr) = 0;
+  void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
+                     const float* v, const float* dv, float* dout, const uint8_t* key_mask,
+                     int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
+                     Stream* s = nullptr) {
+    attention_jvp(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, 0, 0.f, s);
+  }
   // dout = silu'(gate) dgate up + silu(gate) dup.
   virtual void silu_mul_jvp(const float* gate, const float* dgate, const float* up,
                             const float* dup, float* dout, int64_t n, Stream* s = nullptr) = 0;
+  // dout = gelu_tanh'(gate) dgate up + gelu_tanh(gate) dup.
+  virtual void gelu_tanh_mul_jvp(const float* gate, const float* dgate, const float* up,
+                                 const float* dup, float* dout, int64_t n,
+                                 Stream* s = nullptr) = 0;
+  // dy = (1 - tanh(x / cap)^2) dx, the tangent of softcap() at its input x.
+  virtual void softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n,
+                           Stream* s = nullptr) = 0;
   // dy = act'(x) dx for the in-place activations above (ReLU's slope is 0 at 0, as torch's).
   virtual void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n,
                              Stream* s = nullptr) = 0;

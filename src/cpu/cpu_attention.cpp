@@ -36,17 +36,20 @@ struct Tiles {
   std::vector<float> s;      // (kKeyBlock, kRows): scores, then probabilities
   std::vector<float> o;      // (D, kRows): unnormalized outputs, transposed like qt
   std::vector<int64_t> lim;  // (kRows): the last key each row sees (causal), -1: none
+  std::vector<int64_t> lo;   // (kRows): the first key each row sees (a sliding window), else 0
   float m[kRows], l[kRows];  // running max and sum of exp per row
 };
 
 // One row (query position i of head h) at a time, vectorized along D: for items with few rows
 // (decoding one token), where a 16-row tile would be mostly padding. acc holds D floats.
+// Keys first_key .. n_keys-1; softcap > 0 caps the scores (backend.h).
 void attend_row(const float* qi, const float* kb, const float* vb, const uint8_t* mask,
-                int64_t kv_stride, int64_t n_keys, int64_t D, float scale, float* acc, float* oi) {
+                int64_t kv_stride, int64_t first_key, int64_t n_keys, int64_t D, float scale,
+                float softcap, float* acc, float* oi) {
   float p[kKeyBlock];
   float m = kNegInf, l = 0.0f;
   for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
+  for (int64_t j0 = first_key; j0 < n_keys; j0 += kKeyBlock) {
     const int64_t len = std::min(kKeyBlock, n_keys - j0);
     float block_max = kNegInf;
     for (int64_t jj = 0; jj < len; ++jj) {
@@ -57,6 +60,7 @@ void attend_row(const float* qi, const float* kb, const float* vb, const uint8_t
 #pragma omp simd reduction(+ : dot)
       for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
       p[jj] = dot * scale;
+      if (softcap > 0.0f) p[jj] = softcap * tanh_f32(p[jj] / softcap);
       block_max = std::max(block_max, p[jj]);
     }
     if (block_max == kNegInf) continue;  // the whole block is masked
@@ -119,18 +123,31 @@ inline void score_block(Tiles& t, const float* kb, int64_t kv_stride, int64_t j0
   }
 }
 
-// Hide masked keys and, past all_see, the keys after each row's causal limit.
-inline void hide_keys(Tiles& t, const uint8_t* mask, int64_t j0, int64_t len, int64_t all_see) {
+// Hide masked keys and, past all_see, the keys after each row's causal limit; before all_lo,
+// the keys before each row's window.
+inline void hide_keys(Tiles& t, const uint8_t* mask, int64_t j0, int64_t len, int64_t all_see,
+                      int64_t all_lo) {
   for (int64_t jj = 0; jj < len; ++jj) {
     const int64_t j = j0 + jj;
     float* sj = &t.s[jj * kRows];
     if (mask && mask[j] == 0) {
       std::fill(sj, sj + kRows, kNegInf);
-    } else if (j > all_see) {
+      continue;
+    }
+    if (j > all_see) {
       for (int64_t rr = 0; rr < kRows; ++rr)
         if (j > t.lim[rr]) sj[rr] = kNegInf;
     }
+    if (j < all_lo) {
+      for (int64_t rr = 0; rr < kRows; ++rr)
+        if (j < t.lo[rr]) sj[rr] = kNegInf;
+    }
   }
+}
+
+// Gemma 2's attention soft-capping of a block's scores: s = cap tanh(s / cap).
+inline void cap_scores(Tiles& t, int64_t len, float cap) {
+  for (int64_t i = 0; i < len * kRows; ++i) t.s[i] = cap * tanh_f32(t.s[i] / cap);
 }
 
 // The online softmax over the block, all rows at once: scores become exp(s - running max),
@@ -199,7 +216,8 @@ inline void accumulate_block(Tiles& t, const float* vb, const uint8_t* mask, int
 
 void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int threads) {
+               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+               float softcap, int threads) {
   ZOF_ASSERT(Hkv > 0 && H % Hkv == 0);
   const int64_t group = H / Hkv;
   // Row r of kv head hk is query i = r / group of head hk * group + r % group: for one position
@@ -217,6 +235,7 @@ void attention(const float* q, const float* k, const float* v, float* out,
     t.s.resize(size_t(kKeyBlock * kRows));
     t.o.resize(size_t(D * kRows));
     t.lim.resize(size_t(kRows));
+    t.lo.resize(size_t(kRows));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = item / (Hkv * row_blocks);
@@ -229,9 +248,11 @@ void attention(const float* q, const float* k, const float* v, float* out,
       auto q_row = [&](int64_t r) { return ((b * Tq + r / group) * H + hk * group + r % group) * D; };
       if (n_rows <= kFewRows) {
         for (int64_t r = r0; r < r0 + n_rows; ++r) {
-          const int64_t n_keys = std::min(Tk, q_offset + r / group + 1);
-          attend_row(q + q_row(r), kb, vb, mask, kv_stride, n_keys, D, scale, t.o.data(),
-                     out + q_row(r));
+          const int64_t p = q_offset + r / group;  // the query's position
+          const int64_t n_keys = std::min(Tk, p + 1);
+          const int64_t first = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+          attend_row(q + q_row(r), kb, vb, mask, kv_stride, first, n_keys, D, scale, softcap,
+                     t.o.data(), out + q_row(r));
         }
         continue;
       }
@@ -244,19 +265,24 @@ void attention(const float* q, const float* k, const float* v, float* out,
       }
       int64_t n_keys = 0;  // keys 0 .. n_keys-1 are visible to some row of the item
       for (int64_t rr = 0; rr < kRows; ++rr) {
-        t.lim[rr] = rr < n_rows ? std::min(Tk - 1, q_offset + (r0 + rr) / group) : -1;
+        const int64_t p = q_offset + (r0 + rr) / group;  // the row's position
+        t.lim[rr] = rr < n_rows ? std::min(Tk - 1, p) : -1;
+        t.lo[rr] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
         n_keys = std::max(n_keys, t.lim[rr] + 1);
         t.m[rr] = kNegInf;
         t.l[rr] = 0.0f;
       }
       const int64_t all_see = t.lim[0];  // every real row sees keys 0 .. all_see
+      // Keys before first_key are outside every row's window, keys from all_lo on inside all.
+      const int64_t first_key = t.lo[0], all_lo = t.lo[n_rows - 1];
       std::fill(t.o.begin(), t.o.end(), 0.0f);
 
-      for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
+      for (int64_t j0 = first_key; j0 < n_keys; j0 += kKeyBlock) {
         const int64_t len = std::min(kKeyBlock, n_keys - j0);
         float correction[kRows];
         score_block(t, kb, kv_stride, j0, len, D);
-        hide_keys(t, mask, j0, len, all_see);
+        if (softcap > 0.0f) cap_scores(t, len, softcap);
+        hide_keys(t, mask, j0, len, all_see, all_lo);
         softmax_block(t, len, correction);
         accumulate_block(t, vb, mask, kv_stride, j0, len, D, correction);
       }

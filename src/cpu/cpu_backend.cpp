@@ -24,8 +24,8 @@ class CpuBackend final : public HostBackend {
     matmul_.run(x, w, wt, bias, y, M, N, K);
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
-                Stream*) override {
-    cpu::rms_norm(x, w, y, rows, dim, eps, threads_);
+                float w_offset, Stream*) override {
+    cpu::rms_norm(x, w, y, rows, dim, eps, w_offset, threads_);
   }
   void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                   int64_t dim, float eps, Stream*) override {
@@ -38,11 +38,23 @@ class CpuBackend final : public HostBackend {
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream*) override {
-    cpu::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, threads_);
+                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+                 float softcap, Stream*) override {
+    cpu::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap,
+                   threads_);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream*) override {
     cpu::silu_mul(gate, up, out, n, threads_);
+  }
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
+                     Stream*) override {
+    cpu::gelu_tanh_mul(gate, up, out, n, threads_);
+  }
+  void mul_scalar(float* x, float a, int64_t n, Stream*) override {
+    cpu::mul_scalar(x, a, n, threads_);
+  }
+  void softcap(const float* x, float* y, float cap, int64_t n, Stream*) override {
+    cpu::softcap(x, y, cap, n, threads_);
   }
   void gelu_tanh(float* x, int64_t n, Stream*) override { cpu::gelu_tanh(x, n, threads_); }
   void gelu_erf(float* x, int64_t n, Stream*) override { cpu::gelu_erf(x, n, threads_); }

@@ -7,7 +7,7 @@
 namespace zof::cpu {
 
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
-              int threads) {
+              float w_offset, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * dim >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;  // y may alias x: the row is read in full before it is written
@@ -16,8 +16,13 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t di
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i];
     const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
+    if (w_offset == 0.0f) {
 #pragma omp simd
-    for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+      for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+    } else {  // Gemma: (w + 1) in fp32 first, as transformers' (1 + w.float())
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * (w[i] + w_offset);
+    }
   }
 }
 

@@ -28,15 +28,19 @@ class Matmul {
 };
 
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
-              int threads);
+              float w_offset, int threads);
 void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                 int64_t dim, float eps, int threads);
 void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
           int64_t rotary_dim, const float* inv_freq, int threads);
 void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int threads);
+               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+               float softcap, int threads);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n, int threads);
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n, int threads);
+void mul_scalar(float* x, float a, int64_t n, int threads);
+void softcap(const float* x, float* y, float cap, int64_t n, int threads);
 void gelu_tanh(float* x, int64_t n, int threads);
 void gelu_erf(float* x, int64_t n, int threads);
 void relu(float* x, int64_t n, int threads);

@@ -35,6 +35,32 @@ void gelu_tanh(float* x, int64_t n, int threads) {
   });
 }
 
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n, int threads) {
+  constexpr float kC = 0.7978845608028654f;  // as gelu_tanh
+  parallel_blocks(n, threads, [=](int64_t begin, int64_t end) {
+#pragma omp simd simdlen(16)
+    for (int64_t i = begin; i < end; ++i) {
+      float a = gate[i];
+      float u = kC * (a + 0.044715f * a * a * a);
+      out[i] = a / (1.0f + exp_f32(-2.0f * u)) * up[i];
+    }
+  });
+}
+
+void mul_scalar(float* x, float a, int64_t n, int threads) {
+  parallel_blocks(n, threads, [=](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) x[i] *= a;
+  });
+}
+
+void softcap(const float* x, float* y, float cap, int64_t n, int threads) {
+  parallel_blocks(n, threads, [=](int64_t begin, int64_t end) {
+#pragma omp simd simdlen(16)
+    for (int64_t i = begin; i < end; ++i) y[i] = cap * tanh_f32(x[i] / cap);
+  });
+}
+
 void gelu_erf(float* x, int64_t n, int threads) {
   parallel_blocks(n, threads, [=](int64_t begin, int64_t end) {
 #pragma omp simd simdlen(16)

@@ -112,8 +112,9 @@ void HostBackend::cross_entropy_chunk(const float* logits, const int32_t* target
 }
 
 void HostBackend::rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
-                               float* dy, int64_t rows, int64_t dim, float eps, Stream*) {
-  jvp::rms_norm_jvp<float>(x, dx, w, dw, dy, rows, dim, eps);
+                               float* dy, int64_t rows, int64_t dim, float eps, float w_offset,
+                               Stream*) {
+  jvp::rms_norm_jvp<float>(x, dx, w, dw, dy, rows, dim, eps, w_offset);
 }
 void HostBackend::layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                                  const float* db, float* dy, int64_t rows, int64_t dim, float eps,
@@ -123,12 +124,22 @@ void HostBackend::layer_norm_jvp(const float* x, const float* dx, const float* w
 void HostBackend::attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                                 const float* v, const float* dv, float* dout,
                                 const uint8_t* key_mask, int64_t B, int64_t S, int64_t H,
-                                int64_t Hkv, int64_t D, float scale, Stream*) {
-  jvp::attention_jvp<float>(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, double(scale));
+                                int64_t Hkv, int64_t D, float scale, int64_t window,
+                                float softcap, Stream*) {
+  jvp::attention_jvp<float>(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, double(scale),
+                            window, double(softcap));
 }
 void HostBackend::silu_mul_jvp(const float* gate, const float* dgate, const float* up,
                                const float* dup, float* dout, int64_t n, Stream*) {
   jvp::silu_mul_jvp<float>(gate, dgate, up, dup, dout, n);
+}
+void HostBackend::gelu_tanh_mul_jvp(const float* gate, const float* dgate, const float* up,
+                                    const float* dup, float* dout, int64_t n, Stream*) {
+  jvp::gelu_tanh_mul_jvp<float>(gate, dgate, up, dup, dout, n);
+}
+void HostBackend::softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n,
+                              Stream*) {
+  jvp::softcap_jvp<float>(x, dx, dy, double(cap), n);
 }
 void HostBackend::gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream*) {
   jvp::activation_jvp<float>(Activation::GeluTanh, x, dx, dy, n);

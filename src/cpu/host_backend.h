@@ -38,7 +38,11 @@ class HostBackend : public Backend {
 
   // Ops on host memory that both host backends share (backend.h says what each computes).
   // The ZO passes and the chunked loss: cpu_zo.h and cpu_ops.h, OpenMP's default team.
+  using Backend::attention;
+  using Backend::attention_jvp;
   using Backend::matmul;
+  using Backend::rms_norm;
+  using Backend::rms_norm_jvp;
   using Backend::zo_pass;
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
@@ -54,16 +58,20 @@ class HostBackend : public Backend {
                            int64_t v0, float* max, float* sum, float* target, Stream* s) override;
   // The tangents: jvp_ops.h's loops in fp32 (double accumulation).
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
-                    int64_t rows, int64_t dim, float eps, Stream* s) override;
+                    int64_t rows, int64_t dim, float eps, float w_offset, Stream* s) override;
   void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                       const float* db, float* dy, int64_t rows, int64_t dim, float eps,
                       Stream* s) override;
   void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                      const float* v, const float* dv, float* dout, const uint8_t* key_mask,
                      int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                     Stream* s) override;
+                     int64_t window, float softcap, Stream* s) override;
   void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
                     float* dout, int64_t n, Stream* s) override;
+  void gelu_tanh_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                         float* dout, int64_t n, Stream* s) override;
+  void softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n,
+                   Stream* s) override;
   void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override;
   void gelu_erf_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override;
   void relu_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override;

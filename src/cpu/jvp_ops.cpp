@@ -52,20 +52,22 @@ void matmul_jvp(const T* x, const T* dx, const T* w, const T* dw, const T* db, T
 }
 
 template <class T>
-void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t dim, float eps) {
+void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t dim, float eps,
+              float w_offset) {
 #pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * dim;
     double ss = 0.0;
     for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
     const double inv = 1.0 / std::sqrt(ss / double(dim) + double(eps));
-    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = T(double(xr[i]) * inv * double(w[i]));
+    for (int64_t i = 0; i < dim; ++i)
+      y[r * dim + i] = T(double(xr[i]) * inv * (double(w[i]) + double(w_offset)));
   }
 }
 
 template <class T>
 void rms_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, T* dy, int64_t rows,
-                  int64_t dim, float eps) {
+                  int64_t dim, float eps, float w_offset) {
   // y = x r w with r = (mean(x^2) + eps)^-1/2, so dr = -r^3 mean(x dx).
 #pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
@@ -80,7 +82,7 @@ void rms_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, T* dy, int64
     const double dinv = -inv * inv * inv * sd / double(dim);
     for (int64_t i = 0; i < dim; ++i) {
       const double xi = xr[i], dxi = dxr ? double(dxr[i]) : 0.0;
-      double d = (dxi * inv + xi * dinv) * double(w[i]);
+      double d = (dxi * inv + xi * dinv) * (double(w[i]) + double(w_offset));
       if (dw) d += xi * inv * double(dw[i]);
       dy[r * dim + i] = T(d);
     }
@@ -242,13 +244,21 @@ inline double dot_padded(const double* a, const double* b, int64_t n) {
   return s;
 }
 
-// Softmax weights p of the query qi (D, already scaled) against its n visible keys in kt (D
-// rows of stride Sp), written for all padded(n) keys (0 past n); false when it sees no key.
-inline bool softmax_row(const double* qi, const double* kt, const double* bias, int64_t n,
-                        int64_t Sp, int64_t D, double* p) {
+// Softmax weights p of the query qi (D, already scaled) against its keys lo..n-1 in kt (D
+// rows of stride Sp), written for all padded(n) keys (0 outside); false when it sees no key.
+// cap > 0: each score x is cap tanh(x / cap) first, and slope (when given) gets 1 - tanh^2.
+inline bool softmax_row(const double* qi, const double* kt, const double* bias, int64_t lo,
+                        int64_t n, int64_t Sp, int64_t D, double cap, double* p,
+                        double* slope = nullptr) {
   const int64_t nr = padded(n);
   dot_keys(qi, kt, Sp, D, nr, p, false);
-  for (int64_t j = 0; j < nr; ++j) p[j] += j < n ? bias[j] : kNegInf;
+  if (cap > 0.0)
+    for (int64_t j = 0; j < nr; ++j) {
+      const double t = std::tanh(p[j] / cap);
+      p[j] = cap * t;
+      if (slope) slope[j] = 1.0 - t * t;
+    }
+  for (int64_t j = 0; j < nr; ++j) p[j] += j < n && j >= lo ? bias[j] : kNegInf;
   double lane[kLanes];
   for (int64_t l = 0; l < kLanes; ++l) lane[l] = kNegInf;
   for (int64_t j0 = 0; j0 < nr; j0 += kLanes)
@@ -272,7 +282,8 @@ inline bool softmax_row(const double* qi, const double* kt, const double* bias, 
 
 template <class T>
 void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* key_mask, int64_t B,
-               int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale) {
+               int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, int64_t window,
+               double softcap) {
   ZOF_ASSERT(Hkv > 0 && H % Hkv == 0);
   const int64_t group = H / Hkv, items = B * S * H;
   std::vector<double> kt, vt;
@@ -289,8 +300,9 @@ void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* key_ma
       const int64_t qo = ((b * S + i) * H + h) * D, kvo = (b * Hkv + hk) * D * Sp;
       const int64_t nr = padded(i + 1);
       for (int64_t d = 0; d < D; ++d) qi[d] = double(q[qo + d]) * scale;
-      const bool sees =
-          softmax_row(qi.data(), kt.data() + kvo, bias.data() + b * S, i + 1, Sp, D, p.data());
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+      const bool sees = softmax_row(qi.data(), kt.data() + kvo, bias.data() + b * S, lo, i + 1,
+                                    Sp, D, softcap, p.data());
       for (int64_t d = 0; d < D; ++d)
         out[qo + d] = T(sees ? dot_padded(p.data(), vt.data() + kvo + d * Sp, nr) : 0.0);
     }
@@ -300,7 +312,7 @@ void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* key_ma
 template <class T>
 void attention_jvp(const T* q, const T* dq, const T* k, const T* dk, const T* v, const T* dv,
                    T* dout, const uint8_t* key_mask, int64_t B, int64_t S, int64_t H, int64_t Hkv,
-                   int64_t D, double scale) {
+                   int64_t D, double scale, int64_t window, double softcap) {
   ZOF_ASSERT(Hkv > 0 && H % Hkv == 0);
   const int64_t group = H / Hkv, items = B * S * H;
   std::vector<double> kt, vt, dkt, dvt;
@@ -313,6 +325,7 @@ void attention_jvp(const T* q, const T* dq, const T* k, const T* dk, const T* v,
 #pragma omp parallel if (4 * items * S * D >= kMinParallelWork)
   {
     std::vector<double> p(std::max<int64_t>(Sp, 1)), ds(std::max<int64_t>(Sp, 1));
+    std::vector<double> slope(softcap > 0.0 ? std::max<int64_t>(Sp, 1) : 0);
     std::vector<double> qi(std::max<int64_t>(D, 1)), dqi(std::max<int64_t>(D, 1));
 #pragma omp for schedule(dynamic, 16)
     for (int64_t item = 0; item < items; ++item) {
@@ -323,13 +336,17 @@ void attention_jvp(const T* q, const T* dq, const T* k, const T* dk, const T* v,
         qi[d] = double(q[qo + d]) * scale;
         dqi[d] = dq ? double(dq[qo + d]) * scale : 0.0;
       }
-      if (!softmax_row(qi.data(), kt.data() + kvo, bias.data() + b * S, i + 1, Sp, D, p.data())) {
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+      if (!softmax_row(qi.data(), kt.data() + kvo, bias.data() + b * S, lo, i + 1, Sp, D, softcap,
+                       p.data(), softcap > 0.0 ? slope.data() : nullptr)) {
         for (int64_t d = 0; d < D; ++d) dout[qo + d] = T(0);
         continue;
       }
       // ds_j = dq.k_j + q.dk_j (scaled); hidden keys have p_j = 0 and drop out below.
       dot_keys(dqi.data(), kt.data() + kvo, Sp, D, nr, ds.data(), false);
       if (dk) dot_keys(qi.data(), dkt.data() + kvo, Sp, D, nr, ds.data(), true);
+      if (softcap > 0.0)
+        for (int64_t j = 0; j < nr; ++j) ds[j] *= slope[j];  // through the cap's tanh
       const double sbar = dot_padded(p.data(), ds.data(), nr);  // sum_l p_l ds_l
       for (int64_t j = 0; j < nr; ++j) ds[j] = p[j] * (ds[j] - sbar);  // dp_j
       for (int64_t d = 0; d < D; ++d) {
@@ -404,6 +421,46 @@ void silu_mul_jvp(const T* gate, const T* dgate, const T* up, const T* dup, T* d
 
 namespace {
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
+double act_value(Activation act, double a);
+double act_slope(Activation act, double a);
+}  // namespace
+
+template <class T>
+void gelu_tanh_mul(const T* gate, const T* up, T* out, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = T(act_value(Activation::GeluTanh, double(gate[i])) * double(up[i]));
+}
+
+template <class T>
+void gelu_tanh_mul_jvp(const T* gate, const T* dgate, const T* up, const T* dup, T* dout,
+                       int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    double d = 0.0;
+    if (dgate) d += act_slope(Activation::GeluTanh, g) * double(dgate[i]) * double(up[i]);
+    if (dup) d += act_value(Activation::GeluTanh, g) * double(dup[i]);
+    dout[i] = T(d);
+  }
+}
+
+template <class T>
+void softcap(const T* x, T* y, double cap, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t i = 0; i < n; ++i) y[i] = T(cap * std::tanh(double(x[i]) / cap));
+}
+
+template <class T>
+void softcap_jvp(const T* x, const T* dx, T* dy, double cap, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    const double t = std::tanh(double(x[i]) / cap);
+    dy[i] = dx ? T((1.0 - t * t) * double(dx[i])) : T(0);
+  }
+}
+
+namespace {
 constexpr double kGeluA = 0.044715;
 
 double act_value(Activation act, double a) {
@@ -497,18 +554,22 @@ void cross_entropy_jvp(const T* logits, const T* dlogits, const int32_t* targets
   template void matmul<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t);          \
   template void matmul_jvp<T>(const T*, const T*, const T*, const T*, const T*, T*, int64_t,     \
                               int64_t, int64_t);                                                 \
-  template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, float);                    \
+  template void rms_norm<T>(const T*, const T*, T*, int64_t, int64_t, float, float);             \
   template void rms_norm_jvp<T>(const T*, const T*, const T*, const T*, T*, int64_t, int64_t,    \
-                                float);                                                          \
+                                float, float);                                                   \
   template void layer_norm<T>(const T*, const T*, const T*, T*, int64_t, int64_t, float);        \
   template void layer_norm_jvp<T>(const T*, const T*, const T*, const T*, const T*, T*, int64_t, \
                                   int64_t, float);                                               \
   template void rope<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, const float*);  \
   template void attention<T>(const T*, const T*, const T*, T*, const uint8_t*, int64_t, int64_t, \
-                             int64_t, int64_t, int64_t, double);                                 \
+                             int64_t, int64_t, int64_t, double, int64_t, double);                \
   template void attention_jvp<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, \
                                  const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t,    \
-                                 double);                                                        \
+                                 double, int64_t, double);                                       \
+  template void gelu_tanh_mul<T>(const T*, const T*, T*, int64_t);                               \
+  template void gelu_tanh_mul_jvp<T>(const T*, const T*, const T*, const T*, T*, int64_t);       \
+  template void softcap<T>(const T*, T*, double, int64_t);                                       \
+  template void softcap_jvp<T>(const T*, const T*, T*, double, int64_t);                         \
   template void silu_mul<T>(const T*, const T*, T*, int64_t);                                    \
   template void silu_mul_jvp<T>(const T*, const T*, const T*, const T*, T*, int64_t);            \
   template void activation<T>(Activation, const T*, T*, int64_t);                                \

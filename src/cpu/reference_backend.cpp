@@ -38,14 +38,16 @@ void matmul_bf16(const float* x, const uint16_t* w, const float* bias, float* y,
   }
 }
 
-void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
+              float w_offset) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
     double ss = 0.0;
     for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
     double inv = 1.0 / std::sqrt(ss / double(dim) + double(eps));
-    for (int64_t i = 0; i < dim; ++i) yr[i] = float(double(xr[i]) * inv * double(w[i]));
+    // (w + w_offset) in fp32, as transformers' Gemma forms (1 + w.float())
+    for (int64_t i = 0; i < dim; ++i) yr[i] = float(double(xr[i]) * inv * double(w[i] + w_offset));
   }
 }
 
@@ -87,7 +89,8 @@ void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t h
 
 void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-               int64_t Hkv, int64_t D, int64_t q_offset, float scale) {
+               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+               float softcap) {
   const int64_t group = H / Hkv;
   std::vector<double> score(size_t(Tk > 0 ? Tk : 1));
   for (int64_t b = 0; b < B; ++b) {
@@ -98,13 +101,15 @@ void attention(const float* q, const float* k, const float* v, float* out,
         float* oi = out + ((b * Tq + i) * H + h) * D;
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < Tk; ++j) {
-          bool visible = j <= q_offset + i && (!key_mask || key_mask[b * Tk + j] != 0);
+          bool visible = j <= q_offset + i && (!key_mask || key_mask[b * Tk + j] != 0) &&
+                         (window <= 0 || j > q_offset + i - window);
           score[j] = -std::numeric_limits<double>::infinity();
           if (!visible) continue;
           const float* kj = k + ((b * Tk + j) * Hkv + hk) * D;
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) dot += double(qi[d]) * double(kj[d]);
           score[j] = dot * double(scale);
+          if (softcap > 0.0f) score[j] = double(softcap) * std::tanh(score[j] / double(softcap));
           if (score[j] > mx) mx = score[j];
         }
         for (int64_t d = 0; d < D; ++d) oi[d] = 0.0f;
@@ -138,6 +143,22 @@ void gelu_tanh(float* x, int64_t n) {
     double a = x[i];
     x[i] = float(0.5 * a * (1.0 + std::tanh(c * (a + 0.044715 * a * a * a))));
   }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  const double c = std::sqrt(2.0 / std::numbers::pi);
+  for (int64_t i = 0; i < n; ++i) {
+    double a = gate[i];
+    out[i] = float(0.5 * a * (1.0 + std::tanh(c * (a + 0.044715 * a * a * a))) * double(up[i]));
+  }
+}
+
+void mul_scalar(float* x, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+void softcap(const float* x, float* y, float cap, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = float(double(cap) * std::tanh(double(x[i]) / double(cap)));
 }
 
 void gelu_erf(float* x, int64_t n) {
@@ -202,8 +223,8 @@ class ReferenceBackend final : public cpu::HostBackend {
       ref::matmul(x, static_cast<const float*>(w), bias, y, M, N, K);
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
-                Stream*) override {
-    ref::rms_norm(x, w, y, rows, dim, eps);
+                float w_offset, Stream*) override {
+    ref::rms_norm(x, w, y, rows, dim, eps, w_offset);
   }
   void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                   int64_t dim, float eps, Stream*) override {
@@ -216,12 +237,21 @@ class ReferenceBackend final : public cpu::HostBackend {
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream*) override {
+                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+                 float softcap, Stream*) override {
     ZOF_ASSERT(Hkv > 0 && H % Hkv == 0);
-    ref::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale);
+    ref::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream*) override {
     ref::silu_mul(gate, up, out, n);
+  }
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
+                     Stream*) override {
+    ref::gelu_tanh_mul(gate, up, out, n);
+  }
+  void mul_scalar(float* x, float a, int64_t n, Stream*) override { ref::mul_scalar(x, a, n); }
+  void softcap(const float* x, float* y, float cap, int64_t n, Stream*) override {
+    ref::softcap(x, y, cap, n);
   }
   void gelu_tanh(float* x, int64_t n, Stream*) override { ref::gelu_tanh(x, n); }
   void gelu_erf(float* x, int64_t n, Stream*) override { ref::gelu_erf(x, n); }

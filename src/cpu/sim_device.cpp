@@ -76,7 +76,11 @@ void merge(std::vector<uint64_t>& into, const std::vector<uint64_t>& from) {
 
 class SimDeviceImpl final : public SimDevice {
  public:
+  using Backend::attention;
+  using Backend::attention_jvp;
   using Backend::matmul;
+  using Backend::rms_norm;
+  using Backend::rms_norm_jvp;
   using Backend::zo_pass;
   SimDeviceImpl(std::unique_ptr<Backend> host, SimDeviceOptions opt)
       : host_(std::move(host)), opt_(opt) {
@@ -247,9 +251,9 @@ class SimDeviceImpl final : public SimDevice {
            [=, h = host_.get()] { h->cast(x, y, yt, n, nullptr); });
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
-                Stream* s) override {
+                float w_offset, Stream* s) override {
     submit(s, {R(x, rows * dim * F), R(w, dim * F), W(y, rows * dim * F)},
-           [=, h = host_.get()] { h->rms_norm(x, w, y, rows, dim, eps, nullptr); });
+           [=, h = host_.get()] { h->rms_norm(x, w, y, rows, dim, eps, w_offset, nullptr); });
   }
   void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                   int64_t dim, float eps, Stream* s) override {
@@ -265,13 +269,27 @@ class SimDeviceImpl final : public SimDevice {
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream* s) override {
+                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+                 float softcap, Stream* s) override {
     submit(s,
            {R(q, B * Tq * H * D * F), R(k, B * Tk * Hkv * D * F), R(v, B * Tk * Hkv * D * F),
             R(key_mask, B * Tk), W(out, B * Tq * H * D * F)},
            [=, h = host_.get()] {
-             h->attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, nullptr);
+             h->attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
+                          softcap, nullptr);
            });
+  }
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
+                     Stream* s) override {
+    submit(s, {R(gate, n * F), R(up, n * F), W(out, n * F)},
+           [=, h = host_.get()] { h->gelu_tanh_mul(gate, up, out, n, nullptr); });
+  }
+  void mul_scalar(float* x, float a, int64_t n, Stream* s) override {
+    submit(s, {W(x, n * F)}, [=, h = host_.get()] { h->mul_scalar(x, a, n, nullptr); });
+  }
+  void softcap(const float* x, float* y, float cap, int64_t n, Stream* s) override {
+    submit(s, {R(x, n * F), W(y, n * F)},
+           [=, h = host_.get()] { h->softcap(x, y, cap, n, nullptr); });
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream* s) override {
     submit(s, {R(gate, n * F), R(up, n * F), W(out, n * F)},
@@ -349,10 +367,12 @@ class SimDeviceImpl final : public SimDevice {
 
   // ---- tangents ------------------------------------------------------------------------------
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
-                    int64_t rows, int64_t dim, float eps, Stream* s) override {
+                    int64_t rows, int64_t dim, float eps, float w_offset, Stream* s) override {
     const int64_t n = rows * dim * F;
     submit(s, {R(x, n), R(dx, n), R(w, dim * F), R(dw, dim * F), W(dy, n)},
-           [=, h = host_.get()] { h->rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, nullptr); });
+           [=, h = host_.get()] {
+             h->rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, w_offset, nullptr);
+           });
   }
   void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                       const float* db, float* dy, int64_t rows, int64_t dim, float eps,
@@ -366,14 +386,27 @@ class SimDeviceImpl final : public SimDevice {
   void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                      const float* v, const float* dv, float* dout, const uint8_t* key_mask,
                      int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                     Stream* s) override {
+                     int64_t window, float softcap, Stream* s) override {
     const int64_t nq = B * S * H * D * F, nk = B * S * Hkv * D * F;
     submit(s,
            {R(q, nq), R(dq, nq), R(k, nk), R(dk, nk), R(v, nk), R(dv, nk), R(key_mask, B * S),
             W(dout, nq)},
            [=, h = host_.get()] {
-             h->attention_jvp(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, nullptr);
+             h->attention_jvp(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, window,
+                              softcap, nullptr);
            });
+  }
+  void gelu_tanh_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                         float* dout, int64_t n, Stream* s) override {
+    submit(s, {R(gate, n * F), R(dgate, n * F), R(up, n * F), R(dup, n * F), W(dout, n * F)},
+           [=, h = host_.get()] {
+             h->gelu_tanh_mul_jvp(gate, dgate, up, dup, dout, n, nullptr);
+           });
+  }
+  void softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n,
+                   Stream* s) override {
+    submit(s, {R(x, n * F), R(dx, n * F), W(dy, n * F)},
+           [=, h = host_.get()] { h->softcap_jvp(x, dx, dy, cap, n, nullptr); });
   }
   void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
                     float* dout, int64_t n, Stream* s) override {

@@ -1,10 +1,13 @@
 // Flash attention kernels. Both walk the keys a query tile can see (causal: up to q_offset + its
-// last row) in blocks held in shared memory, and keep per row a running max m, sum l and output
-// accumulator rescaled as each block arrives (op_math.h's online softmax).
+// last row; with a sliding window, from the window start of its first row) in blocks held in
+// shared memory, and keep per row a running max m, sum l and output accumulator rescaled as each
+// block arrives (op_math.h's online softmax).
 //
 // Generic kernel: a block of 4 warps owns 16 rows of one (batch, kv head), rows ordered as
 // (query position, query head of the group) so that a kv head's group shares every key block.
 // A warp scores 32 keys for 4 rows (lane = key), then accumulates outputs (lane = dimension).
+// It alone takes Gemma's variants: a sliding window (a row sees keys j with p - window < j <= p)
+// and soft-capped scores (softcap * tanh(x / softcap) of the scaled score x, before the mask).
 //
 // Tensor-core kernel (FlashAttention-2 layout): a block of 4 warps owns 64 query positions of one
 // (batch, head), each warp 16 of them; S = Q K^T and O += P V run as mma.sync m16n8k16 with the
@@ -29,12 +32,15 @@ size_t generic_smem_bytes(int64_t D) {
                                 kGenRows * kGenKeys + kGenKeys);
 }
 
-template <class T>
+// kVariants: the kernel with Gemma's sliding window and softcap (window, softcap); without,
+// the plain kernel, which never reads them (and keeps its registers: no window bounds).
+template <class T, bool kVariants>
 __global__ void __launch_bounds__(kGenWarps * 32)
     attention_generic_kernel(const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, T* __restrict__ out,
                              const uint8_t* __restrict__ key_mask, int64_t Tq, int64_t Tk,
-                             int64_t H, int64_t Hkv, int64_t D, int64_t q_offset, float scale) {
+                             int64_t H, int64_t Hkv, int64_t D, int64_t q_offset, float scale,
+                             int64_t window, float softcap) {
   extern __shared__ float smem[];
   float* Qs = smem;                      // (16, D) scaled queries
   float* Ks = Qs + kGenRows * D;         // (32, D+1): the +1 spreads a lane's row over banks
@@ -52,13 +58,15 @@ __global__ void __launch_bounds__(kGenWarps * 32)
     const int64_t rr = e / D, d = e % D, r = r0 + rr;
     Qs[e] = r < rows_total ? load_f32(q + q_index(r) + d) * scale : 0.0f;
   }
-  // The last key each of this warp's rows sees (-1: a padding row that sees none).
-  int64_t lim[kGenRowsPerWarp];
+  // The last key each of this warp's rows sees (-1: a padding row that sees none), and the first
+  // (its window start; 0 without a window).
+  int64_t lim[kGenRowsPerWarp], lo[kGenRowsPerWarp];
   float m[kGenRowsPerWarp], l[kGenRowsPerWarp], o[kGenRowsPerWarp][kGenMaxChunks];
 #pragma unroll
   for (int rr = 0; rr < kGenRowsPerWarp; ++rr) {
     const int64_t r = r0 + warp * kGenRowsPerWarp + rr;
     lim[rr] = r < rows_total ? min(Tk - 1, q_offset + r / group) : -1;
+    lo[rr] = kVariants && window > 0 ? q_offset + r / group - window + 1 : 0;
     m[rr] = -INFINITY;
     l[rr] = 0.0f;
 #pragma unroll
@@ -67,8 +75,15 @@ __global__ void __launch_bounds__(kGenWarps * 32)
   const int64_t last_row = min(rows_total - 1, r0 + kGenRows - 1);
   const int64_t n_keys = min(Tk, q_offset + last_row / group + 1);
   const int nc = int((D + 31) / 32);
+  // With a window, the key blocks wholly before the window start of the block's first row (the
+  // earliest of its rows) are seen by no row: start at the block that holds that key.
+  int64_t first_key = 0;
+  if (kVariants && window > 0) {
+    const int64_t lo0 = q_offset + r0 / group - window + 1;
+    if (lo0 > 0) first_key = lo0 / kGenKeys * kGenKeys;
+  }
 
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kGenKeys) {
+  for (int64_t j0 = first_key; j0 < n_keys; j0 += kGenKeys) {
     __syncthreads();  // the previous block's keys and probabilities are consumed
     for (int64_t e = threadIdx.x; e < kGenKeys * D; e += blockDim.x) {
       const int64_t jj = e / D, d = e % D, j = j0 + jj;
@@ -93,11 +108,14 @@ __global__ void __launch_bounds__(kGenWarps * 32)
     for (int rr = 0; rr < kGenRowsPerWarp; ++rr) {
       const int row = warp * kGenRowsPerWarp + rr;
       float s = -INFINITY;
-      if (key_ok && j <= lim[rr]) {
+      if (key_ok && j <= lim[rr] && (!kVariants || j >= lo[rr])) {
         const float* qr = Qs + row * D;
         const float* kr = Ks + lane * (D + 1);
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
+        if constexpr (kVariants) {
+          if (softcap > 0.0f) dot = opmath::softcap(dot, softcap);
+        }
         s = dot;
       }
       const float block_max = warp_max(s);
@@ -140,21 +158,35 @@ __global__ void __launch_bounds__(kGenWarps * 32)
   }
 }
 
-template <class T>
-void attention_generic(const T* q, const T* k, const T* v, T* out, const uint8_t* key_mask,
-                       int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t q_offset, float scale, cudaStream_t s) {
+template <class T, bool kVariants>
+void attention_generic_launch(const T* q, const T* k, const T* v, T* out,
+                              const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                              int64_t H, int64_t Hkv, int64_t D, int64_t q_offset, float scale,
+                              int64_t window, float softcap, cudaStream_t s) {
   const size_t smem = generic_smem_bytes(D);
   // Above 48 KB (D > 146) needs the opt-in; it is per device, so it is set on every launch (to
   // the largest size, so that concurrent callers never lower it under each other).
-  CUDA_CHECK(cudaFuncSetAttribute(attention_generic_kernel<T>,
+  CUDA_CHECK(cudaFuncSetAttribute(attention_generic_kernel<T, kVariants>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(generic_smem_bytes(kMaxHeadDim))));
   const int64_t rows_total = Tq * (H / Hkv);
   const dim3 grid(unsigned((rows_total + kGenRows - 1) / kGenRows), unsigned(B * Hkv));
-  attention_generic_kernel<T><<<grid, kGenWarps * 32, smem, s>>>(q, k, v, out, key_mask, Tq, Tk,
-                                                                 H, Hkv, D, q_offset, scale);
+  attention_generic_kernel<T, kVariants><<<grid, kGenWarps * 32, smem, s>>>(
+      q, k, v, out, key_mask, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap);
   CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void attention_generic(const T* q, const T* k, const T* v, T* out, const uint8_t* key_mask,
+                       int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                       int64_t q_offset, float scale, int64_t window, float softcap,
+                       cudaStream_t s) {
+  if (window > 0 || softcap > 0.0f)
+    attention_generic_launch<T, true>(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset,
+                                      scale, window, softcap, s);
+  else
+    attention_generic_launch<T, false>(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset,
+                                       scale, 0, 0.0f, s);
 }
 
 // ---- bf16 tensor-core kernel ----------------------------------------------------------------------
@@ -354,30 +386,32 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <class T>
 void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* key_mask, int64_t B,
                int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, int64_t q_offset,
-               float scale, cudaStream_t s) {
+               float scale, int64_t window, float softcap, cudaStream_t s) {
   if (B <= 0 || Tq <= 0 || H <= 0 || D <= 0) return;
   if constexpr (std::is_same_v<T, bf16>) {
-    const bool tc_ok = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out) && Tk > 0;
+    const bool tc_ok = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out) && Tk > 0 &&
+                       window <= 0 && softcap <= 0.0f;  // the tensor-core kernel has neither
     if (tc_ok && D == 64)
       return attention_tc<64>(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, q_offset, scale, s);
     if (tc_ok && D == 128)
       return attention_tc<128>(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, q_offset, scale, s);
   }
-  attention_generic(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, s);
+  attention_generic(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
+                    softcap, s);
 }
 
 template void attention<float>(const float*, const float*, const float*, float*, const uint8_t*,
                                int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                               float, cudaStream_t);
+                               float, int64_t, float, cudaStream_t);
 template void attention<bf16>(const bf16*, const bf16*, const bf16*, bf16*, const uint8_t*,
                               int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                              cudaStream_t);
+                              int64_t, float, cudaStream_t);
 
 void attention_bf16_generic(const bf16* q, const bf16* k, const bf16* v, bf16* out,
                             const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                             int64_t Hkv, int64_t D, int64_t q_offset, float scale, cudaStream_t s) {
   if (B <= 0 || Tq <= 0 || H <= 0 || D <= 0) return;
-  attention_generic(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, s);
+  attention_generic(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, 0, 0.0f, s);
 }
 
 }  // namespace zof::cuda

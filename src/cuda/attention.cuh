@@ -11,11 +11,13 @@ namespace zof::cuda {
 constexpr int64_t kMaxHeadDim = 256;
 
 // As Backend::attention: q (B,Tq,H,D), k and v (B,Tk,Hkv,D), out (B,Tq,H,D), key_mask (B,Tk) or
-// null, all on the device. bf16 goes to the tensor-core kernel where it applies.
+// null, all on the device. window > 0: the query at position p sees only keys j > p - window;
+// softcap > 0: each scaled score x becomes softcap * tanh(x / softcap) (0: neither). bf16 goes to
+// the tensor-core kernel where it applies (no window, no softcap), else to the generic kernel.
 template <class T>
 void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* key_mask, int64_t B,
                int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, int64_t q_offset,
-               float scale, cudaStream_t s);
+               float scale, int64_t window, float softcap, cudaStream_t s);
 
 // The generic kernel for bf16 too (tests compare the two bf16 paths).
 void attention_bf16_generic(const bf16* q, const bf16* k, const bf16* v, bf16* out,

@@ -269,6 +269,11 @@ class CudaBackendImpl final : public CudaBackend {
   // ---- fp32 ops ----
   using Backend::matmul;   // the fp32 overload, next to the override below
   using Backend::zo_pass;  // likewise
+  // The overloads without Gemma's variants (w_offset 0, no window, no softcap), likewise.
+  using Backend::rms_norm;
+  using Backend::attention;
+  using Backend::rms_norm_jvp;
+  using Backend::attention_jvp;
 
   ComputeInfo compute_info() const override {
     ComputeInfo c;
@@ -321,10 +326,10 @@ class CudaBackendImpl final : public CudaBackend {
     ZOF_ABORT("cast to an unknown dtype");
   }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
-                Stream* s) override {
+                float w_offset, Stream* s) override {
     ZOF_ASSERT(rows >= 0 && dim >= 0);
     use();
-    cuda::rms_norm(x, w, y, rows, dim, eps, st(s));
+    cuda::rms_norm(x, w, y, rows, dim, eps, w_offset, st(s));
   }
   void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t rows,
                   int64_t dim, float eps, Stream* s) override {
@@ -340,14 +345,31 @@ class CudaBackendImpl final : public CudaBackend {
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream* s) override {
+                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+                 float softcap, Stream* s) override {
     check_attention(B, Tq, Tk, H, Hkv, D, q_offset);
+    ZOF_ASSERT(window >= 0 && softcap >= 0.0f);
     use();
-    cuda::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, st(s));
+    cuda::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
+                    softcap, st(s));
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream* s) override {
     use();
     cuda::silu_mul(gate, up, out, n, st(s));
+  }
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
+                     Stream* s) override {
+    use();
+    cuda::gelu_tanh_mul(gate, up, out, n, st(s));
+  }
+  void mul_scalar(float* x, float a, int64_t n, Stream* s) override {
+    use();
+    cuda::mul_scalar(x, a, n, st(s));
+  }
+  void softcap(const float* x, float* y, float cap, int64_t n, Stream* s) override {
+    ZOF_ASSERT(cap > 0.0f);
+    use();
+    cuda::softcap(x, y, cap, n, st(s));
   }
   void gelu_tanh(float* x, int64_t n, Stream* s) override {
     use();
@@ -424,10 +446,10 @@ class CudaBackendImpl final : public CudaBackend {
 
   // ---- fp32 tangents ----
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
-                    int64_t rows, int64_t dim, float eps, Stream* s) override {
+                    int64_t rows, int64_t dim, float eps, float w_offset, Stream* s) override {
     ZOF_ASSERT(rows >= 0 && dim >= 0);
     use();
-    cuda::rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, st(s));
+    cuda::rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, w_offset, st(s));
   }
   void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                       const float* db, float* dy, int64_t rows, int64_t dim, float eps,
@@ -439,19 +461,32 @@ class CudaBackendImpl final : public CudaBackend {
   void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                      const float* v, const float* dv, float* dout, const uint8_t* key_mask,
                      int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                     Stream* s) override {
+                     int64_t window, float softcap, Stream* s) override {
     check_attention(B, S, S, H, Hkv, D, 0);
+    ZOF_ASSERT(window >= 0 && softcap >= 0.0f);
     ZOF_CHECK(D <= cuda::kMaxJvpHeadDim,
               "the CUDA attention tangent takes head_dim <= " +
                   std::to_string(cuda::kMaxJvpHeadDim) + ", not " + std::to_string(D) +
                   ": use the SPSA estimator (--estimator spsa) for this model");
     use();
-    cuda::attention_jvp(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, st(s));
+    cuda::attention_jvp(q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, window,
+                        softcap, st(s));
   }
   void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
                     float* dout, int64_t n, Stream* s) override {
     use();
     cuda::silu_mul_jvp(gate, dgate, up, dup, dout, n, st(s));
+  }
+  void gelu_tanh_mul_jvp(const float* gate, const float* dgate, const float* up,
+                         const float* dup, float* dout, int64_t n, Stream* s) override {
+    use();
+    cuda::gelu_tanh_mul_jvp(gate, dgate, up, dup, dout, n, st(s));
+  }
+  void softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n,
+                   Stream* s) override {
+    ZOF_ASSERT(cap > 0.0f);
+    use();
+    cuda::softcap_jvp(x, dx, dy, cap, n, st(s));
   }
   void gelu_tanh_jvp(const float* x, const float* dx, float* dy, int64_t n, Stream* s) override {
     use();
@@ -485,13 +520,13 @@ class CudaBackendImpl final : public CudaBackend {
     check_attention(B, Tq, Tk, H, Hkv, D, q_offset);
     use();
     cuda::attention(as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(out), key_mask, B, Tq, Tk, H, Hkv,
-                    D, q_offset, scale, st(s));
+                    D, q_offset, scale, 0, 0.0f, st(s));
   }
   void rms_norm_bf16(const uint16_t* x, const float* w, uint16_t* y, int64_t rows, int64_t dim,
                      float eps, Stream* s) override {
     ZOF_ASSERT(rows >= 0 && dim >= 0);
     use();
-    cuda::rms_norm(as_bf16(x), w, as_bf16(y), rows, dim, eps, st(s));
+    cuda::rms_norm(as_bf16(x), w, as_bf16(y), rows, dim, eps, 0.0f, st(s));
   }
   void layer_norm_bf16(const uint16_t* x, const float* w, const float* b, uint16_t* y,
                        int64_t rows, int64_t dim, float eps, Stream* s) override {

@@ -17,8 +17,11 @@ int row_threads(int64_t dim) {
 
 __device__ __forceinline__ float at(const float* p, int64_t i) { return p ? p[i] : 0.0f; }
 
+// kOffset: the weight is w + w_offset (Gemma), else w itself (no addition, not even of 0).
+template <bool kOffset>
 __global__ void rms_norm_jvp_kernel(const float* x, const float* dx, const float* w,
-                                    const float* dw, float* dy, int64_t dim, float eps) {
+                                    const float* dw, float* dy, int64_t dim, float eps,
+                                    float w_offset) {
   __shared__ float scratch[32];
   const int64_t o = blockIdx.x * dim;
   float ss = 0.0f, sd = 0.0f;
@@ -31,7 +34,8 @@ __global__ void rms_norm_jvp_kernel(const float* x, const float* dx, const float
   sd = block_reduce<false>(sd, scratch);
   const float inv = opmath::rms_inv(ss, dim, eps), dinv = opmath::rms_norm_dinv(inv, sd, dim);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-    dy[o + i] = opmath::norm_jvp(x[o + i], at(dx, o + i), inv, dinv, w[i], at(dw, i));
+    dy[o + i] = opmath::norm_jvp(x[o + i], at(dx, o + i), inv, dinv,
+                                 kOffset ? w[i] + w_offset : w[i], at(dw, i));
 }
 
 // Two passes over the row: the means of x and dx, then the centred sums (no E[x^2] - mean^2).
@@ -69,10 +73,15 @@ constexpr int kMaxPerLane = int(kMaxJvpHeadDim / 32);
 // One warp per query (b, i, h): lane l holds components l, l + 32, ... of q, dq and the output.
 // Pass 1: scores and their tangents key by key (warp sums), the online max, sum l and
 // sum e^(s - max) ds. Pass 2: the same scores again, each key's terms with its final weight.
+// kVariants (Gemma's): a sliding window (window > 0) starts both passes at key i - window + 1;
+// a softcap (> 0) maps each scaled score x and its tangent dx to c tanh(x / c) and
+// (1 - tanh^2) dx. Without, the plain kernel, which never reads window and softcap.
+template <bool kVariants>
 __global__ void attention_jvp_kernel(const float* q, const float* dq, const float* k,
                                      const float* dk, const float* v, const float* dv,
                                      float* dout, const uint8_t* key_mask, int64_t B, int64_t S,
-                                     int64_t H, int64_t Hkv, int64_t D, float scale) {
+                                     int64_t H, int64_t Hkv, int64_t D, float scale,
+                                     int64_t window, float softcap) {
   const int lane = threadIdx.x & 31;
   const int64_t item = (int64_t)blockIdx.x * kAttnWarps + (threadIdx.x >> 5);
   if (item >= B * S * H) return;  // whole warps leave together
@@ -102,9 +111,16 @@ __global__ void attention_jvp_kernel(const float* q, const float* dq, const floa
     }
     s = warp_sum(a);
     ds = warp_sum(da);
+    if constexpr (kVariants) {
+      if (softcap > 0.0f) opmath::softcap_with_tangent(s, ds, softcap);
+    }
   };
+  int64_t j_first = 0;
+  if constexpr (kVariants) {
+    if (window > 0 && i - window + 1 > 0) j_first = i - window + 1;
+  }
   float m = opmath::neg_inf(), l = 0.0f, sds = 0.0f;
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = j_first; j <= i; ++j) {
     if (key_mask && !key_mask[b * S + j]) continue;
     float s, ds;
     score(j, s, ds);
@@ -119,7 +135,7 @@ __global__ void attention_jvp_kernel(const float* q, const float* dq, const floa
   const float inv = opmath::softmax_inv_sum(l);
   if (inv > 0.0f) {
     const float sbar = sds * inv;
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = j_first; j <= i; ++j) {
       if (key_mask && !key_mask[b * S + j]) continue;
       float s, ds;
       score(j, s, ds);
@@ -146,6 +162,18 @@ __global__ void attention_jvp_kernel(const float* q, const float* dq, const floa
 __global__ void silu_mul_jvp_kernel(const float* gate, const float* dgate, const float* up,
                                     const float* dup, float* dout, int64_t n) {
   ZOF_GRID_STRIDE(i, n) dout[i] = opmath::silu_mul_jvp(gate[i], at(dgate, i), up[i], at(dup, i));
+}
+
+__global__ void gelu_tanh_mul_jvp_kernel(const float* gate, const float* dgate, const float* up,
+                                         const float* dup, float* dout, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) {
+    dout[i] = opmath::gelu_tanh_mul_jvp(gate[i], at(dgate, i), up[i], at(dup, i));
+  }
+}
+
+__global__ void softcap_jvp_kernel(const float* x, const float* dx, float* dy, float cap,
+                                   int64_t n) {
+  ZOF_GRID_STRIDE(i, n) dy[i] = opmath::softcap_slope(x[i], cap) * at(dx, i);
 }
 
 template <JvpAct kAct>
@@ -188,9 +216,14 @@ __global__ void cross_entropy_jvp_kernel(const float* logits, const float* dlogi
 }  // namespace
 
 void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
-                  int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+                  int64_t rows, int64_t dim, float eps, float w_offset, cudaStream_t s) {
   if (rows <= 0 || dim <= 0) return;
-  rms_norm_jvp_kernel<<<unsigned(rows), row_threads(dim), 0, s>>>(x, dx, w, dw, dy, dim, eps);
+  if (w_offset != 0.0f)
+    rms_norm_jvp_kernel<true><<<unsigned(rows), row_threads(dim), 0, s>>>(x, dx, w, dw, dy, dim,
+                                                                          eps, w_offset);
+  else
+    rms_norm_jvp_kernel<false><<<unsigned(rows), row_threads(dim), 0, s>>>(x, dx, w, dw, dy, dim,
+                                                                           eps, 0.0f);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -206,12 +239,16 @@ void layer_norm_jvp(const float* x, const float* dx, const float* w, const float
 void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                    const float* v, const float* dv, float* dout, const uint8_t* key_mask,
                    int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                   cudaStream_t s) {
+                   int64_t window, float softcap, cudaStream_t s) {
   const int64_t items = B * S * H;
   if (items <= 0 || D <= 0) return;
   const unsigned blocks = unsigned((items + kAttnWarps - 1) / kAttnWarps);
-  attention_jvp_kernel<<<blocks, 32 * kAttnWarps, 0, s>>>(q, dq, k, dk, v, dv, dout, key_mask, B,
-                                                          S, H, Hkv, D, scale);
+  if (window > 0 || softcap > 0.0f)
+    attention_jvp_kernel<true><<<blocks, 32 * kAttnWarps, 0, s>>>(
+        q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, window, softcap);
+  else
+    attention_jvp_kernel<false><<<blocks, 32 * kAttnWarps, 0, s>>>(
+        q, dq, k, dk, v, dv, dout, key_mask, B, S, H, Hkv, D, scale, 0, 0.0f);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -219,6 +256,21 @@ void silu_mul_jvp(const float* gate, const float* dgate, const float* up, const 
                   float* dout, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   silu_mul_jvp_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(gate, dgate, up, dup, dout, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void gelu_tanh_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                       float* dout, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  gelu_tanh_mul_jvp_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(gate, dgate, up, dup, dout,
+                                                                      n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n,
+                 cudaStream_t s) {
+  if (n <= 0) return;
+  softcap_jvp_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(x, dx, dy, cap, n);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -13,8 +13,10 @@ int threads_for(int64_t dim) {
   return int(warps >= 8 ? 256 : warps * 32);
 }
 
-template <class T>
-__global__ void rms_norm_kernel(const T* x, const float* w, T* y, int64_t dim, float eps) {
+// kOffset: the weight is w + w_offset (Gemma), else w itself (no addition, not even of 0).
+template <class T, bool kOffset>
+__global__ void rms_norm_kernel(const T* x, const float* w, T* y, int64_t dim, float eps,
+                                float w_offset) {
   __shared__ float scratch[32];
   const T* xr = x + blockIdx.x * dim;
   T* yr = y + blockIdx.x * dim;
@@ -25,7 +27,8 @@ __global__ void rms_norm_kernel(const T* x, const float* w, T* y, int64_t dim, f
   }
   ss = block_reduce<false>(ss, scratch);
   const float inv = opmath::rms_inv(ss, dim, eps);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) store_f32(yr + i, load_f32(xr + i) * inv * w[i]);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    store_f32(yr + i, load_f32(xr + i) * inv * (kOffset ? w[i] + w_offset : w[i]));
 }
 
 __device__ __forceinline__ opmath::Welford shfl_welford(const opmath::Welford& a, int offset) {
@@ -60,9 +63,14 @@ __global__ void layer_norm_kernel(const T* x, const float* w, const float* b, T*
 
 template <class T>
 void rms_norm(const T* x, const float* w, T* y, int64_t rows, int64_t dim, float eps,
-              cudaStream_t s) {
+              float w_offset, cudaStream_t s) {
   if (rows <= 0 || dim <= 0) return;
-  rms_norm_kernel<<<unsigned(rows), threads_for(dim), 0, s>>>(x, w, y, dim, eps);
+  if (w_offset != 0.0f)
+    rms_norm_kernel<T, true><<<unsigned(rows), threads_for(dim), 0, s>>>(x, w, y, dim, eps,
+                                                                        w_offset);
+  else
+    rms_norm_kernel<T, false><<<unsigned(rows), threads_for(dim), 0, s>>>(x, w, y, dim, eps,
+                                                                         0.0f);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -74,8 +82,10 @@ void layer_norm(const T* x, const float* w, const float* b, T* y, int64_t rows, 
   CUDA_CHECK(cudaGetLastError());
 }
 
-template void rms_norm<float>(const float*, const float*, float*, int64_t, int64_t, float, cudaStream_t);
-template void rms_norm<bf16>(const bf16*, const float*, bf16*, int64_t, int64_t, float, cudaStream_t);
+template void rms_norm<float>(const float*, const float*, float*, int64_t, int64_t, float, float,
+                              cudaStream_t);
+template void rms_norm<bf16>(const bf16*, const float*, bf16*, int64_t, int64_t, float, float,
+                             cudaStream_t);
 template void layer_norm<float>(const float*, const float*, const float*, float*, int64_t, int64_t,
                                 float, cudaStream_t);
 template void layer_norm<bf16>(const bf16*, const float*, const float*, bf16*, int64_t, int64_t,

@@ -25,6 +25,10 @@ ZOF_HD float gelu_tanh(float x) {
 ZOF_HD float gelu_erf(float x) { return 0.5f * x * erfcf(-x * 0.70710678118654752f); }
 // NaN stays NaN, as in torch.
 ZOF_HD float relu(float x) { return x < 0.0f ? 0.0f : x; }
+// gelu_tanh(g) * up (Gemma's GeGLU): the GELU exactly as gelu_tanh above, then the product.
+ZOF_HD float gelu_tanh_mul(float g, float up) { return gelu_tanh(g) * up; }
+// Soft-capping (Gemma 2's attention scores and final logits): cap tanh(x / cap), cap > 0.
+ZOF_HD float softcap(float x, float cap) { return cap * tanhf(x / cap); }
 
 // ---- normalizations ----------------------------------------------------------------------------
 // 1 / sqrt(mean(x^2) + eps) from the row's sum of squares, as the CPU backend forms it.
@@ -141,9 +145,25 @@ ZOF_HD float gelu_erf_slope(float x) {
 }
 // torch's relu gradient: 0 at 0 (and for NaN).
 ZOF_HD float relu_slope(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+// gelu_tanh'(g) dg up + gelu_tanh(g) dup.
+ZOF_HD float gelu_tanh_mul_jvp(float g, float dg, float up, float dup) {
+  return gelu_tanh_slope(g) * dg * up + gelu_tanh(g) * dup;
+}
+// d/dx of softcap at x: 1 - tanh(x / cap)^2 (0 far out, where tanh rounds to +-1).
+ZOF_HD float softcap_slope(float x, float cap) {
+  const float t = tanhf(x / cap);
+  return 1.0f - t * t;
+}
+// A soft-capped score and its tangent from the raw scaled score x and its tangent dx (the
+// attention tangent with a softcap): x <- cap tanh(x / cap), dx <- (1 - tanh^2) dx.
+ZOF_HD void softcap_with_tangent(float& x, float& dx, float cap) {
+  const float t = tanhf(x / cap);
+  x = cap * t;
+  dx = (1.0f - t * t) * dx;
+}
 
 // RMSNorm: r = rms_inv, dr = -r^3 mean(x dx) from the row's sum of x dx;
-// dy = (dx r + x dr) w + x r dw.
+// dy = (dx r + x dr) w + x r dw (w is w + w_offset, formed in fp32, for Gemma's RMSNorm).
 ZOF_HD float rms_norm_dinv(float inv, float sum_xdx, int64_t dim) {
   return -inv * inv * inv * (sum_xdx / (float)dim);
 }

@@ -18,6 +18,20 @@ __global__ void silu_mul_kernel(const T* gate, const T* up, T* out, int64_t n) {
   ZOF_GRID_STRIDE(i, n) store_f32(out + i, opmath::silu_mul(load_f32(gate + i), load_f32(up + i)));
 }
 template <class T>
+__global__ void gelu_tanh_mul_kernel(const T* gate, const T* up, T* out, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) {
+    store_f32(out + i, opmath::gelu_tanh_mul(load_f32(gate + i), load_f32(up + i)));
+  }
+}
+template <class T>
+__global__ void mul_scalar_kernel(T* x, float a, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) store_f32(x + i, load_f32(x + i) * a);
+}
+template <class T>
+__global__ void softcap_kernel(const T* x, T* y, float cap, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) store_f32(y + i, opmath::softcap(load_f32(x + i), cap));
+}
+template <class T>
 __global__ void gelu_tanh_kernel(T* x, int64_t n) {
   ZOF_GRID_STRIDE(i, n) store_f32(x + i, opmath::gelu_tanh(load_f32(x + i)));
 }
@@ -75,6 +89,18 @@ void silu_mul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t s) {
   ZOF_LAUNCH(silu_mul_kernel<T>, n, gate, up, out, n);
 }
 template <class T>
+void gelu_tanh_mul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(gelu_tanh_mul_kernel<T>, n, gate, up, out, n);
+}
+template <class T>
+void mul_scalar(T* x, float a, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(mul_scalar_kernel<T>, n, x, a, n);
+}
+template <class T>
+void softcap(const T* x, T* y, float cap, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(softcap_kernel<T>, n, x, y, cap, n);
+}
+template <class T>
 void gelu_tanh(T* x, int64_t n, cudaStream_t s) {
   ZOF_LAUNCH(gelu_tanh_kernel<T>, n, x, n);
 }
@@ -102,11 +128,14 @@ void to_f16(const float* x, __half* y, int64_t n, cudaStream_t s) {
 
 #undef ZOF_LAUNCH
 
-#define ZOF_INSTANTIATE(T)                                                      \
-  template void silu_mul<T>(const T*, const T*, T*, int64_t, cudaStream_t);     \
-  template void gelu_tanh<T>(T*, int64_t, cudaStream_t);                        \
-  template void gelu_erf<T>(T*, int64_t, cudaStream_t);                         \
-  template void relu<T>(T*, int64_t, cudaStream_t);                             \
+#define ZOF_INSTANTIATE(T)                                                       \
+  template void silu_mul<T>(const T*, const T*, T*, int64_t, cudaStream_t);      \
+  template void gelu_tanh_mul<T>(const T*, const T*, T*, int64_t, cudaStream_t); \
+  template void mul_scalar<T>(T*, float, int64_t, cudaStream_t);                 \
+  template void softcap<T>(const T*, T*, float, int64_t, cudaStream_t);          \
+  template void gelu_tanh<T>(T*, int64_t, cudaStream_t);                         \
+  template void gelu_erf<T>(T*, int64_t, cudaStream_t);                          \
+  template void relu<T>(T*, int64_t, cudaStream_t);                              \
   template void add<T>(T*, const T*, int64_t, cudaStream_t);
 ZOF_INSTANTIATE(float)
 ZOF_INSTANTIATE(bf16)

@@ -1,5 +1,5 @@
-// Elementwise ops (SwiGLU gate, GELU, ReLU, residual add, dtype conversion) and the embedding
-// gather, on fp32 or bf16 activations with fp32 math.
+// Elementwise ops (SwiGLU and GeGLU gates, GELU, ReLU, residual add, scaling, soft-capping,
+// dtype conversion) and the embedding gather, on fp32 or bf16 activations with fp32 math.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -12,6 +12,15 @@ namespace zof::cuda {
 // out(n) = silu(gate) * up; out may alias gate or up.
 template <class T>
 void silu_mul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t s);
+// out(n) = gelu_tanh(gate) * up (the tanh GELU of gelu_tanh below); out may alias gate or up.
+template <class T>
+void gelu_tanh_mul(const T* gate, const T* up, T* out, int64_t n, cudaStream_t s);
+// x(n) *= a, in place.
+template <class T>
+void mul_scalar(T* x, float a, int64_t n, cudaStream_t s);
+// y(n) = cap * tanh(x / cap); y may alias x.
+template <class T>
+void softcap(const T* x, T* y, float cap, int64_t n, cudaStream_t s);
 // In place.
 template <class T>
 void gelu_tanh(T* x, int64_t n, cudaStream_t s);

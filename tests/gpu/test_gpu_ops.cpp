@@ -81,6 +81,15 @@ std::vector<float> run_rms_norm(Backend& be, const std::vector<float>& x, const 
   be.rms_norm(dev.put(x), dev.put(w), y, rows, dim, eps);
   return dev.get(y, x.size());
 }
+// Gemma's RMSNorm: the weight is w + w_offset.
+std::vector<float> run_rms_norm_offset(Backend& be, const std::vector<float>& x,
+                                       const std::vector<float>& w, int64_t rows, int64_t dim,
+                                       float eps, float w_offset) {
+  Device dev(be);
+  float* y = dev.output(x.size());
+  be.rms_norm(dev.put(x), dev.put(w), y, rows, dim, eps, w_offset);
+  return dev.get(y, x.size());
+}
 std::vector<float> run_layer_norm(Backend& be, const std::vector<float>& x, const std::vector<float>& w,
                                   const std::vector<float>& b, int64_t rows, int64_t dim, float eps) {
   Device dev(be);
@@ -118,11 +127,44 @@ std::vector<float> run_attention(Backend& be, const std::vector<float>& q, const
                s.D, s.q_offset, 1.0f / std::sqrt(float(s.D)));
   return dev.get(out, n);
 }
+// Gemma's variants: a sliding window (0: none) and soft-capped scores (0: none); scale
+// 1/sqrt(D) unless given.
+std::vector<float> run_attention_gemma(Backend& be, const std::vector<float>& q,
+                                       const std::vector<float>& k, const std::vector<float>& v,
+                                       const std::vector<uint8_t>& mask, const AttnShape& s,
+                                       int64_t window, float softcap, float scale = 0.0f) {
+  Device dev(be);
+  const size_t n = size_t(s.B * s.Tq * s.H * s.D);
+  float* out = dev.output(n);
+  be.attention(dev.put(q), dev.put(k), dev.put(v), out, dev.put(mask), s.B, s.Tq, s.Tk, s.H, s.Hkv,
+               s.D, s.q_offset, scale > 0.0f ? scale : 1.0f / std::sqrt(float(s.D)), window,
+               softcap);
+  return dev.get(out, n);
+}
 std::vector<float> run_silu_mul(Backend& be, const std::vector<float>& gate, const std::vector<float>& up) {
   Device dev(be);
   float* out = dev.output(gate.size());
   be.silu_mul(dev.put(gate), dev.put(up), out, int64_t(gate.size()));
   return dev.get(out, gate.size());
+}
+std::vector<float> run_gelu_tanh_mul(Backend& be, const std::vector<float>& gate,
+                                     const std::vector<float>& up) {
+  Device dev(be);
+  float* out = dev.output(gate.size());
+  be.gelu_tanh_mul(dev.put(gate), dev.put(up), out, int64_t(gate.size()));
+  return dev.get(out, gate.size());
+}
+std::vector<float> run_mul_scalar(Backend& be, const std::vector<float>& x, float a) {
+  Device dev(be);
+  float* d = dev.put(x);
+  be.mul_scalar(d, a, int64_t(x.size()));
+  return dev.get(d, x.size());
+}
+std::vector<float> run_softcap(Backend& be, const std::vector<float>& x, float cap) {
+  Device dev(be);
+  float* y = dev.output(x.size());
+  be.softcap(dev.put(x), y, cap, int64_t(x.size()));
+  return dev.get(y, x.size());
 }
 using InPlaceOp = void (Backend::*)(float*, int64_t, zof::Stream*);
 std::vector<float> run_in_place(Backend& be, InPlaceOp op, const std::vector<float>& x) {
@@ -266,6 +308,38 @@ TEST(GpuOpsHand, PointwiseAndLoss) {
   EXPECT_EQ(nll[1], 0.0f);
   nll = run_cross_entropy(*be, {0, float(std::log(2.0)), float(std::log(3.0)), 1000, -1000, 0}, {2, 1}, 3);
   EXPECT_TRUE(close({float(std::log(2.0)), 2000.0f}, nll, 1e-6));
+}
+
+// Gemma's variants by hand: RMSNorm's offset weight, the sliding window (prefill and decode),
+// soft-capped scores, GeGLU, the scalar multiply and the softcap op.
+TEST(GpuOpsHand, GemmaVariants) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  // w + 1 = {1, 2}.
+  EXPECT_TRUE(close({float(3 / std::sqrt(12.5)), float(8 / std::sqrt(12.5))},
+                    run_rms_norm_offset(*be, {3, 4}, {0, 1}, 1, 2, 0.0f, 1.0f), 1e-6));
+  // Equal scores: window 1 gives each query its own value, window 2 the mean of two.
+  const AttnShape causal{1, 3, 3, 1, 1, 2, 0};
+  const std::vector<float> ones(6, 1.0f), v = {10, 20, 30, 40, 50, 60};
+  EXPECT_EQ(run_attention_gemma(*be, ones, ones, v, {}, causal, 1, 0.0f), v);
+  EXPECT_TRUE(close({10, 20, 20, 30, 40, 50},
+                    run_attention_gemma(*be, ones, ones, v, {}, causal, 2, 0.0f), 1e-6));
+  // Decode at position 3 with window 2: keys 2 and 3; with key 3 masked, key 2 alone.
+  const AttnShape decode{1, 1, 4, 1, 1, 1, 3};
+  EXPECT_TRUE(close({3.5f}, run_attention_gemma(*be, {1}, {0, 0, 0, 0}, {1, 2, 3, 4}, {}, decode,
+                                                2, 0.0f), 1e-6));
+  EXPECT_TRUE(close({3.0f}, run_attention_gemma(*be, {1}, {0, 0, 0, 0}, {1, 2, 3, 4},
+                                                {1, 1, 1, 0}, decode, 2, 0.0f), 1e-6));
+  // Softcap 1 on the scores {0, 2} (scale 1): weights of 0 and tanh(2).
+  const AttnShape row{1, 1, 2, 1, 1, 1, 1};
+  const double e = std::exp(std::tanh(2.0));
+  EXPECT_TRUE(close({float((6.0 + 12.0 * e) / (1.0 + e))},
+                    run_attention_gemma(*be, {1}, {0, 2}, {6, 12}, {}, row, 0, 1.0f, 1.0f), 1e-6));
+  // GeGLU: gelu_tanh(0) = 0, gelu_tanh(1000) = 1000, gelu_tanh(-1000) = -0.
+  EXPECT_EQ(run_gelu_tanh_mul(*be, {0, 1000, -1000}, {5, 2, 3}), (std::vector<float>{0, 2000, 0}));
+  EXPECT_EQ(run_mul_scalar(*be, {1, 2, -3, 0}, 2.5f), (std::vector<float>{2.5f, 5, -7.5f, 0}));
+  EXPECT_TRUE(close({0, 30, -30, float(30 * std::tanh(0.1))},
+                    run_softcap(*be, {0, 1000, -1000, 3}, 30.0f), 1e-6));
 }
 
 // ---- random inputs against the reference (the shapes of tests/unit/test_ops.cpp, and larger) -----
@@ -471,6 +545,100 @@ TEST(GpuOps, Aliasing) {
     float* u = dev.put(up);
     be->silu_mul(dev.put(x), u, u, int64_t(x.size()));
     EXPECT_TRUE(bit_identical(dev.get(u, x.size()), want)) << "out == up";
+  }
+}
+
+// Gemma's RMSNorm (weights stored as offsets from 1) and its pointwise ops against the reference.
+TEST(GpuOpsConform, GemmaNormAndPointwise) {
+  ZOF_REQUIRE_GPU();
+  for (int64_t rows : {1, 3, 17, 300}) {
+    for (int64_t dim : {1, 7, 64, 768, 1001, 5120}) {
+      const std::string what = " rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+      auto x = uniform(size_t(rows * dim), -2, 2, 4);
+      auto w = uniform(size_t(dim), -0.5f, 0.5f, 5);
+      conform("rms_norm w_offset=1" + what,
+              [&](Backend& be) { return run_rms_norm_offset(be, x, w, rows, dim, 1e-6f, 1.0f); });
+    }
+  }
+  for (int64_t n : {1, 15, 1000, 4097, 70001, 1 << 22}) {
+    const std::string what = " n=" + std::to_string(n);
+    auto x = uniform(size_t(n), -8, 8, 13), y = uniform(size_t(n), -3, 3, 14);
+    auto wide = uniform(size_t(n), -200, 200, 15);
+    conform("gelu_tanh_mul" + what, [&](Backend& be) { return run_gelu_tanh_mul(be, x, y); });
+    conform("gelu_tanh_mul wide" + what, [&](Backend& be) { return run_gelu_tanh_mul(be, wide, y); });
+    conform("mul_scalar sqrt(2048)" + what,
+            [&](Backend& be) { return run_mul_scalar(be, x, 45.254833995939045f); });
+    conform("mul_scalar -0.3" + what, [&](Backend& be) { return run_mul_scalar(be, wide, -0.3f); });
+    conform("softcap 30 wide" + what, [&](Backend& be) { return run_softcap(be, wide, 30.0f); });
+    conform("softcap 2.5" + what, [&](Backend& be) { return run_softcap(be, x, 2.5f); });
+  }
+}
+
+TEST(GpuOps, GemmaAliasing) {
+  ZOF_REQUIRE_GPU();
+  const size_t n = 1500;
+  auto x = uniform(n, -4, 4, 25), up = uniform(n, -2, 2, 26);
+  auto be = gpu();
+  const auto want = run_gelu_tanh_mul(*be, x, up);
+  {
+    Device dev(*be);
+    float* g = dev.put(x);
+    be->gelu_tanh_mul(g, dev.put(up), g, int64_t(n));
+    EXPECT_TRUE(bit_identical(dev.get(g, n), want)) << "gelu_tanh_mul out == gate";
+  }
+  {
+    Device dev(*be);
+    float* u = dev.put(up);
+    be->gelu_tanh_mul(dev.put(x), u, u, int64_t(n));
+    EXPECT_TRUE(bit_identical(dev.get(u, n), want)) << "gelu_tanh_mul out == up";
+  }
+  {
+    Device dev(*be);
+    float* d = dev.put(x);
+    be->softcap(d, d, 2.5f, int64_t(n));
+    EXPECT_TRUE(bit_identical(dev.get(d, n), run_softcap(*be, x, 2.5f))) << "softcap y == x";
+  }
+}
+
+// Gemma's attention variants (Gemma 2: window 4096 and softcap 50; here windows short enough to
+// cut into the test sequences) on every attention shape, and decode cases whose window starts
+// in a later key block of the generic kernel.
+struct AttnVariant {
+  int64_t window;
+  float softcap;
+  const char* what;
+};
+const std::vector<AttnVariant>& attention_variants() {
+  static const std::vector<AttnVariant> variants = {
+      {3, 0.0f, "window 3"},
+      {0, 2.5f, "softcap 2.5"},
+      {3, 2.5f, "window 3, softcap 2.5"},
+      {1, 0.0f, "window 1 (itself only)"},
+      {40, 50.0f, "window 40 (across key blocks), softcap 50"},
+  };
+  return variants;
+}
+
+TEST(GpuOpsConform, AttentionGemmaVariants) {
+  ZOF_REQUIRE_GPU();
+  std::vector<AttnCase> cases = attention_cases();
+  cases.push_back({{2, 1, 40, 8, 2, 32, 39}, kNone, "decode one token, GQA, late window"});
+  cases.push_back({{2, 5, 100, 4, 2, 64, 95}, kLeftPad, "decode 5 tokens, GQA, left padding"});
+  cases.push_back({{2, 3, 70, 4, 4, 16, 60}, kRandom, "Tq<Tk, MHA, random mask"});
+  auto be = gpu();
+  for (const AttnCase& c : cases) {
+    std::vector<float> q, k, v;
+    std::vector<uint8_t> mask;
+    attention_inputs(c, q, k, v, mask);
+    for (const AttnVariant& a : attention_variants())
+      conform(std::string("attention ") + a.what + ", " + c.what, [&](Backend& b) {
+        return run_attention_gemma(b, q, k, v, mask, c.s, a.window, a.softcap);
+      });
+    // A window that holds every key a query could see is no window.
+    const int64_t all = c.s.q_offset + c.s.Tq + 5;
+    EXPECT_TRUE(close(run_attention(*be, q, k, v, mask, c.s),
+                      run_attention_gemma(*be, q, k, v, mask, c.s, all, 0.0f), 1e-6))
+        << "attention, a window over every key, " << c.what;
   }
 }
 
@@ -858,6 +1026,101 @@ TEST(GpuJvp, TangentOpsEqualHost) {
       be.cross_entropy_jvp(dev.put(lg), dev.put(dl), dev.put(tg), out, rows, vocab);
       return dev.get(out, size_t(rows));
     });
+  }
+}
+
+
+// The tangents of Gemma's ops and variants against the host loops: RMSNorm with the offset
+// weight, attention with a sliding window and soft-capped scores, GeGLU and the softcap op.
+TEST(GpuJvp, GemmaTangentsEqualHost) {
+  ZOF_REQUIRE_GPU();
+  for (int64_t dim : {1, 64, 288, 4096}) {
+    const int64_t rows = 5;
+    const auto x = uniform(size_t(rows * dim), -2.f, 2.f, 80), dx = uniform(size_t(rows * dim), -1.f, 1.f, 81);
+    const auto w = uniform(size_t(dim), -0.5f, 0.5f, 82), dw = uniform(size_t(dim), -1.f, 1.f, 83);
+    for (bool with_dw : {true, false})
+      conform(std::string("rms_norm_jvp w_offset=1") + (with_dw ? "" : ", null dw") + " dim=" +
+                  std::to_string(dim),
+              [&](Backend& be) {
+                Device dev(be);
+                float* y = dev.output(x.size());
+                be.rms_norm_jvp(dev.put(x), dev.put(dx), dev.put(w), with_dw ? dev.put(dw) : nullptr,
+                                y, rows, dim, 1e-6f, 1.0f);
+                return dev.get(y, x.size());
+              });
+  }
+  struct Case {
+    int64_t B, S, H, Hkv, D;
+    bool mask;
+  };
+  for (Case c : {Case{1, 1, 1, 1, 8, false}, Case{2, 100, 8, 2, 64, true},
+                 Case{1, 300, 4, 4, 128, false}, Case{2, 33, 6, 3, 5, true},
+                 Case{1, 64, 2, 1, 256, false}}) {
+    const size_t nq = size_t(c.B * c.S * c.H * c.D), nk = size_t(c.B * c.S * c.Hkv * c.D);
+    const auto q = uniform(nq, -2.f, 2.f, 90), dq = uniform(nq, -1.f, 1.f, 91),
+               k = uniform(nk, -2.f, 2.f, 92), dk = uniform(nk, -1.f, 1.f, 93),
+               v = uniform(nk, -1.f, 1.f, 94), dv = uniform(nk, -1.f, 1.f, 95);
+    std::vector<uint8_t> mask;
+    if (c.mask) {  // row 1 is right-padded, its key 0 masked too (its first query sees nothing)
+      mask.assign(size_t(c.B * c.S), 1);
+      for (int64_t j = c.S + c.S / 2; j < 2 * c.S; ++j) mask[j] = 0;
+      mask[c.S] = 0;
+    }
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    for (const AttnVariant& a : attention_variants()) {
+      const std::string what = std::string("attention_jvp ") + a.what + " S=" +
+                               std::to_string(c.S) + " H=" + std::to_string(c.H) + " Hkv=" +
+                               std::to_string(c.Hkv) + " D=" + std::to_string(c.D);
+      conform(what, [&](Backend& be) {
+        Device dev(be);
+        float* out = dev.output(nq);
+        be.attention_jvp(dev.put(q), dev.put(dq), dev.put(k), dev.put(dk), dev.put(v),
+                         dev.put(dv), out, dev.put(mask), c.B, c.S, c.H, c.Hkv, c.D, scale,
+                         a.window, a.softcap);
+        return dev.get(out, nq);
+      });
+      conform(what + ", null dk dv", [&](Backend& be) {
+        Device dev(be);
+        float* out = dev.output(nq);
+        be.attention_jvp(dev.put(q), dev.put(dq), dev.put(k), nullptr, dev.put(v), nullptr, out,
+                         dev.put(mask), c.B, c.S, c.H, c.Hkv, c.D, scale, a.window, a.softcap);
+        return dev.get(out, nq);
+      });
+    }
+  }
+  // Pointwise, with tails: |x| > 10 (GELU's slope saturates), far past the cap (tanh is +-1).
+  auto g = uniform(100000, -12.f, 12.f, 96);
+  for (float t : {-200.f, -90.f, -10.5f, 0.f, 10.5f, 200.f}) g.push_back(t);
+  const size_t n = g.size();
+  const auto dg = uniform(n, -1.f, 1.f, 97), up = uniform(n, -2.f, 2.f, 98), dup = uniform(n, -1.f, 1.f, 99);
+  for (int nulls = 0; nulls < 3; ++nulls)  // both tangents, null dgate, null dup
+    conform("gelu_tanh_mul_jvp" + std::string(nulls == 1 ? ", null dgate" : nulls == 2 ? ", null dup" : ""),
+            [&](Backend& be) {
+              Device dev(be);
+              float* out = dev.output(n);
+              be.gelu_tanh_mul_jvp(dev.put(g), nulls == 1 ? nullptr : dev.put(dg), dev.put(up),
+                                   nulls == 2 ? nullptr : dev.put(dup), out, int64_t(n));
+              return dev.get(out, n);
+            });
+  auto logits = uniform(100000, -100.f, 100.f, 102);
+  for (float t : {-1e4f, -500.f, 0.f, 500.f, 1e4f}) logits.push_back(t);
+  const auto dl = uniform(logits.size(), -1.f, 1.f, 103);
+  for (float cap : {2.5f, 30.f})
+    conform("softcap_jvp cap=" + std::to_string(cap), [&](Backend& be) {
+      Device dev(be);
+      float* out = dev.output(logits.size());
+      be.softcap_jvp(dev.put(logits), dev.put(dl), out, cap, int64_t(logits.size()));
+      return dev.get(out, logits.size());
+    });
+  auto be = gpu();
+  {  // by hand: gelu_tanh'(0) = 1/2 and gelu_tanh(0) = 0; softcap'(0) = 1
+    Device dev(*be);
+    float* out = dev.output(1);
+    be->gelu_tanh_mul_jvp(dev.put(std::vector<float>{0}), dev.put(std::vector<float>{2}),
+                          dev.put(std::vector<float>{3}), dev.put(std::vector<float>{7}), out, 1);
+    EXPECT_EQ(dev.get(out, 1), (std::vector<float>{3}));
+    be->softcap_jvp(dev.put(std::vector<float>{0}), dev.put(std::vector<float>{-1.5f}), out, 30.f, 1);
+    EXPECT_EQ(dev.get(out, 1), (std::vector<float>{-1.5f}));
   }
 }
 
