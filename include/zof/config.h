@@ -10,12 +10,15 @@
 
 namespace zof {
 
-enum class Arch { Llama, OPT, GPT2 };  // Llama also covers Mistral, Qwen2, Qwen3 and Phi-3
+// Llama also covers Mistral, Qwen2, Qwen3, Phi-3 and Gemma 2/3 (their differences are the
+// fields below).
+enum class Arch { Llama, OPT, GPT2 };
 enum class Activation { SiLU, ReLU, GeluTanh, GeluErf };
 
 struct ModelConfig {
   Arch arch = Arch::Llama;
-  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "phi3", "opt", "gpt2"
+  // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "opt", "gpt2"
+  std::string model_type;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;  // GPT-2: n_inner or 4*n_embd; OPT: ffn_dim
@@ -35,6 +38,20 @@ struct ModelConfig {
   // Phi-3: q, k and v are the rows of one tensor self_attn.qkv_proj.weight, gate and up those
   // of mlp.gate_up_proj.weight; the layer's q/k/v and gate/up views point into them.
   bool fused_proj = false;
+  // Gemma 2 / Gemma 3 (text). Each is the identity at its default, so the other families' math
+  // is unchanged.
+  float norm_offset = 0.f;      // RMSNorm scales by (w + norm_offset): Gemma stores w - 1 (1)
+  float embed_scale = 0.f;      // the token rows times this (sqrt(hidden), in the config's
+                                // dtype as transformers forms it); 0: not scaled
+  bool sandwich_norm = false;   // post_attention_ and post_feedforward_layernorm on the branch
+                                // outputs; ln2 is then pre_feedforward_layernorm
+  float attn_scale = 0.f;       // scores times this (query_pre_attn_scalar^-1/2); 0: head_dim^-1/2
+  float attn_softcap = 0.f;     // scores s -> c tanh(s / c) (attn_logit_softcapping); 0: none
+  float final_softcap = 0.f;    // logits likewise (final_logit_softcapping); 0: none
+  int64_t sliding_window = 0;   // the window of the layers marked sliding (layer_types)
+  std::vector<uint8_t> layer_sliding;  // per layer: 1 = sliding-window attention; empty: none
+  // The sliding layers' own RoPE table (Gemma 3's rope_local_base_freq); empty: rope_inv_freq.
+  std::vector<float> rope_local_inv_freq;
   Activation act = Activation::SiLU;
   bool qkv_bias = false;   // Qwen2: true; Llama: attention_bias; OPT/GPT-2: true
   bool o_bias = false;     // Llama: attention_bias; OPT/GPT-2: true

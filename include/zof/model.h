@@ -59,7 +59,9 @@ struct Weight {
 // Absent slots are W{} (null). The block graph (src/model/block_graph.h) reads these fields and
 // nothing else, so every walk shares one definition of each block.
 // Llama: ln1=input_layernorm, ln2=post_attention_layernorm, fc1=gate_proj, up=up_proj,
-// fc2=down_proj, q_norm/k_norm=self_attn.q_norm/k_norm (Qwen3); Phi-3: q_w/k_w/v_w point at the
+// fc2=down_proj, q_norm/k_norm=self_attn.q_norm/k_norm (Qwen3, Gemma 3); Gemma:
+// ln2=pre_feedforward_layernorm, post_attn_norm=post_attention_layernorm,
+// post_ffn_norm=post_feedforward_layernorm; Phi-3: q_w/k_w/v_w point at the
 // row ranges q, k, v of self_attn.qkv_proj and fc1_w/up_w at those of mlp.gate_up_proj (views
 // into one parameter each, no copies). OPT: ln1=self_attn_layer_norm,
 // ln2=final_layer_norm. GPT-2: qkv_w is the fused c_attn (3C, C), transposed on load.
@@ -71,7 +73,8 @@ struct LayerT {
   W ln2_w{}, ln2_b{};
   W fc1_w{}, fc1_b{}, up_w{}, up_b{};
   W fc2_w{}, fc2_b{};
-  W q_norm{}, k_norm{};  // Qwen3: RMSNorm weights (head_dim) over each head of q and k
+  W q_norm{}, k_norm{};  // Qwen3, Gemma 3: RMSNorm weights (head_dim) over each head of q and k
+  W post_attn_norm{}, post_ffn_norm{};  // Gemma: RMSNorm of the attention and FFN outputs
   // Every slot, for maps over them (zip a weight view with its z, move pointers into a copy).
   static constexpr auto slots() {
     return std::array{&LayerT::ln1_w, &LayerT::ln1_b, &LayerT::q_w,   &LayerT::q_b,
@@ -79,7 +82,8 @@ struct LayerT {
                       &LayerT::qkv_w, &LayerT::qkv_b, &LayerT::o_w,   &LayerT::o_b,
                       &LayerT::ln2_w, &LayerT::ln2_b, &LayerT::fc1_w, &LayerT::fc1_b,
                       &LayerT::up_w,  &LayerT::up_b,  &LayerT::fc2_w, &LayerT::fc2_b,
-                      &LayerT::q_norm, &LayerT::k_norm};
+                      &LayerT::q_norm, &LayerT::k_norm, &LayerT::post_attn_norm,
+                      &LayerT::post_ffn_norm};
   }
 };
 template <class W>

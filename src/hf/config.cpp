@@ -335,6 +335,111 @@ void parse_llama(const Fields& f, ModelConfig& c) {
   }
 }
 
+// A soft-capping field: absent gives the family's default (0: none), null none, else a
+// positive number.
+float softcap_field(const Fields& f, const std::string& key, double def) {
+  if (!f.j.contains(key)) return float(def);
+  if (f.j[key].is_null()) return 0.f;
+  return float(f.positive_number_or(key, def));
+}
+
+// Gemma 2 (gemma2) and Gemma 3's text model (gemma3_text), as transformers' Gemma2Config and
+// Gemma3TextConfig read them: the Llama-family block with Gemma's differences (config.h), each
+// option zof does not implement refused by name.
+void parse_gemma(const Fields& f, ModelConfig& c) {
+  const std::string& mt = c.model_type;
+  const bool g3 = mt == "gemma3_text";
+  c.arch = Arch::Llama;
+  c.hidden_size = f.positive("hidden_size");
+  c.intermediate_size = f.positive("intermediate_size");
+  c.num_layers = f.positive("num_hidden_layers");
+  c.num_heads = f.positive("num_attention_heads");
+  c.num_kv_heads = f.positive_or("num_key_value_heads", 4);  // Gemma2Config's default
+  if (c.num_heads % c.num_kv_heads != 0)
+    f.fail("num_key_value_heads", "(" + std::to_string(c.num_kv_heads) + ") does not divide num_attention_heads (" +
+                                      std::to_string(c.num_heads) + "); fix config.json");
+  c.head_dim = f.positive_or("head_dim", 256);
+  if (c.num_heads * c.head_dim > size_limit("intermediate_size"))
+    f.fail("head_dim", "(" + std::to_string(c.head_dim) + ") times num_attention_heads (" +
+                           std::to_string(c.num_heads) + ") is more than zof accepts (at most " +
+                           std::to_string(size_limit("intermediate_size")) + "); fix config.json");
+  c.max_position = f.positive_or("max_position_embeddings", g3 ? 131072 : 8192);
+  c.norm_eps = float(f.positive_number_or("rms_norm_eps", 1e-6));
+  const char* act_key = f.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string act = f.string_or(act_key, "gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh")
+    f.fail(act_key, "is \"" + act + "\"; zof supports only \"gelu_pytorch_tanh\" for " + mt + " models");
+  c.act = Activation::GeluTanh;  // gated: gelu_tanh(gate) * up
+  c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
+  c.mlp_bias = false;
+  c.qk_norm = g3;
+  c.norm_offset = 1.f;
+  c.sandwich_norm = true;
+  c.tie_embeddings = f.boolean_or("tie_word_embeddings", true);
+  f.reject_if_true("use_bidirectional_attention", false,
+                   "zof trains causal language models (use a checkpoint with causal attention)");
+  // transformers multiplies the token rows by sqrt(hidden_size) held in the model's dtype.
+  const double root = std::sqrt(double(c.hidden_size));
+  const DType dt = parse_torch_dtype(f);
+  c.embed_scale = dt == DType::BF16   ? bf16_to_f32(f32_to_bf16(float(root)))
+                  : dt == DType::F16 ? f16_to_f32(f32_to_f16(float(root)))
+                                     : float(root);
+  c.attn_scale = float(std::pow(f.positive_number_or("query_pre_attn_scalar", 256), -0.5));
+  c.attn_softcap = softcap_field(f, "attn_logit_softcapping", g3 ? 0.0 : 50.0);
+  c.final_softcap = softcap_field(f, "final_logit_softcapping", g3 ? 0.0 : 30.0);
+  // Which layers slide: layer_types, else every other layer (Gemma 2: 0, 2, ...) or all but
+  // every sliding_window_pattern-th (Gemma 3, 6). A null window: every layer attends in full.
+  c.sliding_window = f.j.contains("sliding_window") ? (f.has("sliding_window") ? f.positive("sliding_window") : 0)
+                                                    : 4096;
+  c.layer_sliding.assign(size_t(c.num_layers), 0);
+  if (const json* lt = f.get("layer_types")) {
+    if (!lt->is_array() || (int64_t)lt->size() != c.num_layers)
+      f.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.num_layers) +
+                                ") strings; fix config.json");
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& t = (*lt)[i];
+      const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
+      if (s != "sliding_attention" && s != "full_attention")
+        f.fail("layer_types", "has \"" + s + "\" at " + std::to_string(i) +
+                                  "; zof supports \"sliding_attention\" and \"full_attention\"");
+      c.layer_sliding[i] = s == "sliding_attention";
+    }
+  } else {
+    const int64_t pattern = g3 ? f.positive_or("sliding_window_pattern", 6) : 2;
+    for (int64_t i = 0; i < c.num_layers; ++i) c.layer_sliding[size_t(i)] = (i + 1) % pattern != 0;
+  }
+  if (c.sliding_window == 0) c.layer_sliding.assign(size_t(c.num_layers), 0);
+  if (!g3) {
+    parse_rope(f, c);
+    return;
+  }
+  // Gemma 3: the full-attention layers' RoPE (rope_theta, default 1e6, with rope_scaling) and the
+  // sliding layers' (rope_local_base_freq, default 1e4, unscaled); transformers 5 writes both
+  // into rope_parameters, keyed by layer type.
+  json full = json::object(), local = json::object();
+  const json* rp = f.get("rope_parameters");
+  if (rp && rp->is_object() && (rp->contains("full_attention") || rp->contains("sliding_attention"))) {
+    for (auto it = rp->begin(); it != rp->end(); ++it)
+      if (it.key() != "full_attention" && it.key() != "sliding_attention")
+        f.fail("rope_parameters", "has \"" + it.key() +
+                                      "\"; Gemma 3's are keyed by full_attention and sliding_attention");
+    full["rope_theta"] = 1e6, local["rope_theta"] = 1e4;
+    if (rp->contains("full_attention")) full["rope_parameters"] = (*rp)["full_attention"];
+    if (rp->contains("sliding_attention")) local["rope_parameters"] = (*rp)["sliding_attention"];
+  } else {
+    if (rp) full["rope_parameters"] = *rp;
+    full["rope_theta"] = f.j.value("rope_theta", json(1e6));
+    if (f.has("rope_scaling")) full["rope_scaling"] = *f.get("rope_scaling");
+    local["rope_theta"] = f.j.value("rope_local_base_freq", json(1e4));
+  }
+  const std::string full_src = f.src + " (full-attention layers' RoPE)";
+  const std::string local_src = f.src + " (sliding layers' RoPE, rope_local_base_freq)";
+  parse_rope(Fields{local, local_src}, c);
+  std::vector<float> local_inv = std::move(c.rope_inv_freq);
+  parse_rope(Fields{full, full_src}, c);
+  c.rope_local_inv_freq = std::move(local_inv);
+}
+
 void parse_opt(const Fields& f, ModelConfig& c) {
   c.arch = Arch::OPT;
   c.hidden_size = f.positive("hidden_size");
@@ -393,16 +498,21 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   Fields f{j, source};
   ModelConfig c;
   const json* mt = f.get("model_type");
-  if (!mt) f.fail("model_type", "is missing; zof supports llama, mistral, qwen2, qwen3, phi3, opt and gpt2");
+  if (!mt) f.fail("model_type", "is missing; zof supports llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, opt and gpt2");
   if (!mt->is_string()) f.fail("model_type", "must be a string, got " + mt->dump());
   c.model_type = mt->get<std::string>();
   if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
       c.model_type == "qwen3" || c.model_type == "phi3")
     parse_llama(f, c);
+  else if (c.model_type == "gemma2" || c.model_type == "gemma3_text") parse_gemma(f, c);
   else if (c.model_type == "opt") parse_opt(f, c);
   else if (c.model_type == "gpt2") parse_gpt2(f, c);
+  else if (c.model_type == "gemma3")
+    f.fail("model_type", "is \"gemma3\", the multimodal Gemma 3 checkpoint (its text model is nested in text_config, "
+                         "its tensors under language_model); zof reads text-only checkpoints: use one whose "
+                         "model_type is \"gemma3_text\" (e.g. google/gemma-3-1b-pt)");
   else
-    f.fail("model_type", "is \"" + c.model_type + "\", which zof does not support; supported: llama, mistral, qwen2, qwen3, phi3, opt, gpt2");
+    f.fail("model_type", "is \"" + c.model_type + "\", which zof does not support; supported: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, opt, gpt2");
   c.vocab_size = f.positive("vocab_size");
   c.bos_token_id = f.token_id("bos_token_id");
   c.eos_token_id = f.token_id("eos_token_id");
@@ -437,7 +547,8 @@ int64_t ModelConfig::num_params() const {
       int64_t layer = H * q + 2 * H * kv + q * H  // q, k, v, o
                       + 3 * H * I                 // gate, up, down
                       + 2 * H;                    // input and post-attention RMSNorm
-      if (qk_norm) layer += 2 * head_dim;  // Qwen3's q_norm and k_norm
+      if (qk_norm) layer += 2 * head_dim;  // Qwen3's and Gemma 3's q_norm and k_norm
+      if (sandwich_norm) layer += 2 * H;   // Gemma's post-attention and post-feedforward norms
       if (qkv_bias) layer += q + 2 * kv;
       if (o_bias) layer += H;
       if (mlp_bias) layer += 2 * I + H;

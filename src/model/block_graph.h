@@ -1,5 +1,7 @@
 // The graph of each block of the three families, written once: the embedding, the transformer
-// layer (LLaMA-family: pre-RMSNorm, RoPE, GQA, SwiGLU, Qwen3's per-head q/k RMSNorm; OPT:
+// layer (LLaMA-family: pre-RMSNorm, RoPE, GQA, SwiGLU, Qwen3's per-head q/k RMSNorm; Gemma 2/3:
+// scaled embedding, (1 + w) RMSNorm, sandwich norms, GeGLU, sliding-window layers and soft-capped
+// scores and logits; OPT:
 // learned positions, pre- or post-LayerNorm, ReLU, optional project_in/out; GPT-2: fused QKV,
 // tanh GELU) and the head.
 // Every walk runs these functions; what differs is the ops object they are handed (graph_ops.h):
@@ -11,11 +13,14 @@
 //   using W = ...;                                      the weight handle (a view's slot type)
 //   norm(y, x, w, b)                                    RMSNorm (LLaMA) or LayerNorm over C
 //   head_norm(y, x, w, heads)                           RMSNorm over each head's D (Qwen3's q/k)
+//   scale(x, a)                                         x *= a in place, (rows, C)
+//   softcap(y, x)                                       y = c tanh(x / c) of the logits (rows, V)
 //   matmul(y, x, w, b, N, K)                            y(rows,N) = x(rows,K) w^T + b
 //   split_qkv(qkv, q, k, v)                             GPT-2's (rows, 3C) into three (rows, C)
 //   rope(x, heads)                                      RoPE in place (the first Dr dims per head)
 //   attention(out, q, k, v)                             causal masked attention
-//   activation(out, f1, f2)                             silu(f1) * f2 (f2 != kNone), else act(f1)
+//   activation(out, f1, f2)                             act(f1) * f2 (f2 != kNone; SiLU or tanh
+//                                                       GELU), else act(f1)
 //   add(y, a, b)  copy(y, x)
 //   gather(y, table, dim, positions)                    embedding rows of the ids (or positions)
 //   gather_add(y, table, dim)                           += rows of a learned position table
@@ -37,6 +42,8 @@ enum Value : int {
   kEmb,     // the embedding's token rows in E dims before project_in (OPT-350m)
   kHn, kHo, kLogits, kNll,  // the head: final norm, project_out, logits, loss
   kQp, kKp,  // q and k as projected, before Qwen3's q_norm/k_norm (which write kQ and kK)
+  kAttN, kFfnN,  // Gemma: the attention and FFN outputs normed (post_attention/feedforward)
+  kLogitsRaw,    // Gemma 2: the logits before final_logit_softcapping (which writes kLogits)
   kNumValues,
   kNone = -1
 };
@@ -50,6 +57,16 @@ struct Dims {
   bool qk_norm = false;   // Qwen3: RMSNorm of each head of q and k before RoPE
   Activation act = Activation::SiLU;
   float eps = 0.f;
+  // Gemma (config.h; each 0 or false elsewhere): RMSNorm's weight offset, the embedding's scale,
+  // the sandwich norms, the attention's scale (0: head_dim^-1/2) and soft-caps, the final
+  // logits' soft-cap.
+  float norm_offset = 0.f, embed_scale = 0.f;
+  bool sandwich = false;
+  float attn_scale = 0.f, attn_softcap = 0.f, final_softcap = 0.f;
+  // One layer's attention (of(c, layer)): its sliding window (0: none), and whether RoPE uses
+  // the frame's local table (Gemma 3's sliding layers).
+  int64_t window = 0;
+  bool local_rope = false;
   // E: the LM head's input width (OPT-350m's word_embed_proj_dim), else C.
   static Dims of(const ModelConfig& c) {
     Dims d;
@@ -66,6 +83,19 @@ struct Dims {
     d.eps = c.norm_eps;
     d.Dr = c.rotary_dim;
     d.qk_norm = c.qk_norm;
+    d.norm_offset = c.norm_offset, d.embed_scale = c.embed_scale;
+    d.sandwich = c.sandwich_norm;
+    d.attn_scale = c.attn_scale, d.attn_softcap = c.attn_softcap;
+    d.final_softcap = c.final_softcap;
+    return d;
+  }
+  // The dims of layer `layer`: the model's, with that layer's window and RoPE table.
+  static Dims of(const ModelConfig& c, int64_t layer) {
+    Dims d = of(c);
+    const bool sliding = layer >= 0 && layer < (int64_t)c.layer_sliding.size() &&
+                         c.layer_sliding[size_t(layer)];
+    d.window = sliding ? c.sliding_window : 0;
+    d.local_rope = sliding && !c.rope_local_inv_freq.empty();
     return d;
   }
 };
@@ -90,6 +120,7 @@ void embed(O& o, const Dims& d, const EmbedT<W>& w) {
     o.gather(kHOut, w.tokens, d.C);
   }
   if (present(w.positions)) o.gather_add(kHOut, w.positions, d.C);
+  if (d.embed_scale != 0.f) o.scale(kHOut, d.embed_scale);  // Gemma's normalizer
 }
 
 // One transformer layer: kHIn -> kHOut.
@@ -118,7 +149,12 @@ void layer(O& o, const Dims& d, const LayerT<W>& w) {
   }
   o.attention(kAtt, kQ, kK, kV);
   o.matmul(kAttOut, kAtt, w.o_w, w.o_b, d.C, d.Hq);
-  o.add(kH1, kHIn, kAttOut);
+  if (d.sandwich) {  // Gemma: the attention's output is normed before the residual add
+    o.norm(kAttN, kAttOut, w.post_attn_norm, W{});
+    o.add(kH1, kHIn, kAttN);
+  } else {
+    o.add(kH1, kHIn, kAttOut);
+  }
   // Pre-norm: the FFN reads LN2(h1) and adds to h1. Post-norm: h1 is normed by LN1 first, and
   // the FFN reads and adds to that.
   if (d.pre_norm)
@@ -131,7 +167,12 @@ void layer(O& o, const Dims& d, const LayerT<W>& w) {
   if (gated) o.matmul(kF2, kX2, w.up_w, w.up_b, d.I, d.C);
   o.activation(kAct, kF1, gated ? kF2 : kNone);
   o.matmul(kFfnOut, kAct, w.fc2_w, w.fc2_b, d.C, d.I);
-  o.add(kH2, mid, kFfnOut);
+  if (d.sandwich) {  // Gemma: likewise the FFN's
+    o.norm(kFfnN, kFfnOut, w.post_ffn_norm, W{});
+    o.add(kH2, mid, kFfnN);
+  } else {
+    o.add(kH2, mid, kFfnOut);
+  }
   if (d.pre_norm)
     o.copy(kHOut, kH2);
   else
@@ -158,7 +199,9 @@ Value head_features(O& o, const Dims& d, const HeadT<W>& w) {
 template <class O, class W>
 void head_logits(O& o, const Dims& d, const HeadT<W>& w) {
   const Value x = head_features(o, d, w);
-  o.matmul(kLogits, x, w.lm_head, W{}, d.V, d.E);
+  if (d.final_softcap == 0.f) return o.matmul(kLogits, x, w.lm_head, W{}, d.V, d.E);
+  o.matmul(kLogitsRaw, x, w.lm_head, W{}, d.V, d.E);
+  o.softcap(kLogits, kLogitsRaw);  // Gemma 2's final_logit_softcapping
 }
 
 // The head and the loss: logits, then the NLL of the targets into kNll.

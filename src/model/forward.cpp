@@ -14,8 +14,9 @@
 
 namespace zof {
 namespace {
-// ROPE: the model's RoPE frequency table (ModelConfig::rope_inv_freq), uploaded once.
-enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, HID, HS, NLL, ROPE, NBUF };
+// ROPE: the model's RoPE frequency table (ModelConfig::rope_inv_freq), uploaded once;
+// ROPE_LOCAL: the sliding layers' own (Gemma 3's rope_local_inv_freq), when it has one.
+enum Buf { XN, Q, K, V, ATT, TMP, FF1, FF2, LOGITS, HID, HS, NLL, ROPE, ROPE_LOCAL, NBUF };
 }  // namespace
 
 Batch Batch::from_sequences(const std::vector<std::vector<int32_t>>& seqs, int32_t pad_id) {
@@ -43,7 +44,8 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_rows)
                                max_rows * Hk, max_rows * Hq, max_rows * E,
                                max_rows * F,  max_rows * F,  kHeadChunk * cfg_.vocab_size,
                                max_rows * C,  R * C,         R,
-                               std::max<int64_t>(1, (int64_t)cfg_.rope_inv_freq.size())};
+                               std::max<int64_t>(1, (int64_t)cfg_.rope_inv_freq.size()),
+                               std::max<int64_t>(1, (int64_t)cfg_.rope_local_inv_freq.size())};
   const int64_t isizes[kNIBuf] = {max_rows, max_rows, max_rows, max_rows, R, R};
   try {
     for (int i = 0; i < NBUF; ++i) bufs_.push_back((float*)be_.alloc(sizes[i] * sizeof(float)));
@@ -51,11 +53,13 @@ Forward::Forward(const Model& model, Backend& backend, int64_t max_rows)
       ibufs_.push_back((int32_t*)be_.alloc(isizes[i] * sizeof(int32_t)));
     mask_ = (uint8_t*)be_.alloc(max_rows);
     fresh_.assign(model_.blocks().size() + 1, false);
-    if (!cfg_.rope_inv_freq.empty()) {
+    if (!cfg_.rope_inv_freq.empty())
       be_.copy_to_device(bufs_[ROPE], cfg_.rope_inv_freq.data(),
                          cfg_.rope_inv_freq.size() * sizeof(float), nullptr);
-      be_.synchronize(nullptr);
-    }
+    if (!cfg_.rope_local_inv_freq.empty())
+      be_.copy_to_device(bufs_[ROPE_LOCAL], cfg_.rope_local_inv_freq.data(),
+                         cfg_.rope_local_inv_freq.size() * sizeof(float), nullptr);
+    be_.synchronize(nullptr);
   } catch (...) {  // a device budget ran out part way: give back what was taken
     for (float* p : bufs_) be_.free(p);
     for (int32_t* p : ibufs_) be_.free(p);
@@ -179,12 +183,13 @@ graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float*
   // Pre-norm: LN2(h1) beside h1 (the residual); post-norm: h1 normed in place is the residual.
   f.v[kX2] = d.pre_norm ? bufs[XN] : h;
   f.set({kQKV, kF1, kAct}, bufs[FF1]);
-  f.set({kAttOut, kFfnOut}, bufs[TMP]);
+  f.set({kAttOut, kFfnOut, kAttN, kFfnN}, bufs[TMP]);  // Gemma's output norms run in place
   f.v[kQ] = bufs[Q], f.v[kK] = bufs[K], f.v[kV] = bufs[V], f.v[kAtt] = bufs[ATT];
   f.v[kQp] = bufs[Q], f.v[kKp] = bufs[K];  // Qwen3's q_norm and k_norm run in place
   f.v[kF2] = bufs[FF2];
   f.rows = B * T, f.B = B, f.S = T, f.pos = pos, f.key_mask = key_mask;
   f.inv_freq = bufs[ROPE];
+  f.inv_freq_local = bufs[ROPE_LOCAL];
   return f;
 }
 
@@ -208,7 +213,8 @@ class CachedPrimal : public graph::Primal<graph::BackendKernels> {
       k_.be.copy_device(kb + start * Hk, v(kk) + b * T * Hk, T * Hk * sizeof(float), nullptr);
       k_.be.copy_device(vb + start * Hk, v(vv) + b * T * Hk, T * Hk * sizeof(float), nullptr);
       k_.be.attention(v(q) + b * T * Hq, kb, vb, v(out) + b * T * Hq, nullptr, 1, T, Tk, d_.H,
-                      d_.Hkv, d_.D, start, graph::BackendKernels::scale(d_.D));
+                      d_.Hkv, d_.D, start, graph::attn_scale<graph::BackendKernels>(d_),
+                      d_.window, d_.attn_softcap);
     }
   }
 
@@ -233,7 +239,7 @@ void Forward::embed(const EmbedWeights& w, const int32_t* ids, const int32_t* em
 void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t T,
                     const int32_t* pos, const uint8_t* key_mask, KVCache* cache) {
   ZOF_ASSERT(B * T <= max_rows_);
-  const graph::Dims d = graph::Dims::of(cfg_);
+  const graph::Dims d = graph::Dims::of(cfg_, li);
   graph::Frame<float> f = layer_frame(d, bufs_.data(), h, B, T, pos, key_mask);
   graph::BackendKernels k{be_};
   if (cache) {
@@ -254,7 +260,7 @@ void Forward::head_logits(const HeadWeights& w, const float* h, int64_t rows, fl
     f.v[graph::kHIn] = const_cast<float*>(h) + r0 * d.C;  // read only
     f.v[graph::kHn] = buf(XN);
     f.v[graph::kHo] = buf(TMP);
-    f.v[graph::kLogits] = logits + r0 * d.V;
+    f.set({graph::kLogitsRaw, graph::kLogits}, logits + r0 * d.V);  // the soft-cap in place
     graph::Primal o(k, d, f);
     graph::head_logits(o, d, w);
   }

@@ -23,6 +23,7 @@ struct Frame {
   const int32_t* embed_pos = nullptr;  // gather_add's rows (a learned position table's)
   const int32_t* pos = nullptr;        // RoPE positions
   const float* inv_freq = nullptr;     // RoPE's table (Dims::Dr / 2), ModelConfig::rope_inv_freq
+  const float* inv_freq_local = nullptr;  // the sliding layers' (rope_local_inv_freq), if any
   const uint8_t* key_mask = nullptr;   // (B, S); null: every key valid
   const int32_t* targets = nullptr;    // cross_entropy's (rows); < 0 not scored
   // Several values in one buffer.
@@ -40,6 +41,13 @@ void add_into(K& k, T* y, const T* a, const T* b, int64_t n) {
   k.add(y, b, n);
 }
 
+// The attention's score scale: the config's (Gemma's query_pre_attn_scalar^-1/2), else the
+// kernels' head_dim^-1/2.
+template <class K>
+auto attn_scale(const Dims& d) -> decltype(K::scale(d.D)) {
+  return d.attn_scale != 0.f ? d.attn_scale : K::scale(d.D);
+}
+
 // The primal: each op on the frame's buffers. Values that share a buffer are updated in place
 // where the op allows it (norm, add, copy, activation; see block_graph.h for which may share).
 template <class K>
@@ -52,14 +60,16 @@ class Primal {
 
   void norm(Value y, Value x, W w, W b) {
     if (d_.rms_norm)
-      k_.rms_norm(v(x), w, v(y), f_.rows, d_.C, d_.eps);
+      k_.rms_norm(v(x), w, v(y), f_.rows, d_.C, d_.eps, d_.norm_offset);
     else
       k_.layer_norm(v(x), w, b, v(y), f_.rows, d_.C, d_.eps);
   }
   // RMSNorm of (rows * heads, D): each head's D values (y may be x).
   void head_norm(Value y, Value x, W w, int64_t heads) {
-    k_.rms_norm(v(x), w, v(y), f_.rows * heads, d_.D, d_.eps);
+    k_.rms_norm(v(x), w, v(y), f_.rows * heads, d_.D, d_.eps, d_.norm_offset);
   }
+  void scale(Value x, float a) { k_.mul_scalar(v(x), a, f_.rows * d_.C); }
+  void softcap(Value y, Value x) { k_.softcap(v(x), v(y), d_.final_softcap, f_.rows * d_.V); }
   void matmul(Value y, Value x, W w, W b, int64_t N, int64_t Kd) {
     k_.matmul(v(x), w, b, v(y), f_.rows, N, Kd);
   }
@@ -67,15 +77,18 @@ class Primal {
     k_.split_qkv(v(qkv), v(q), v(kk), v(vv), f_.rows, d_.C);
   }
   void rope(Value x, int64_t heads) {
-    ZOF_ASSERT(f_.inv_freq);
-    k_.rope(v(x), f_.pos, f_.rows, heads, d_.D, d_.Dr, f_.inv_freq);
+    const float* table = d_.local_rope ? f_.inv_freq_local : f_.inv_freq;
+    ZOF_ASSERT(table);
+    k_.rope(v(x), f_.pos, f_.rows, heads, d_.D, d_.Dr, table);
   }
   void attention(Value out, Value q, Value kk, Value vv) {
     k_.attention(v(q), v(kk), v(vv), v(out), f_.key_mask, f_.B, f_.S, d_.H, d_.Hkv, d_.D,
-                 K::scale(d_.D));
+                 attn_scale<K>(d_), d_.window, d_.attn_softcap);
   }
   void activation(Value out, Value f1, Value f2) {
     const int64_t n = f_.rows * d_.I;
+    if (f2 != kNone && d_.act == Activation::GeluTanh)
+      return k_.gelu_tanh_mul(v(f1), v(f2), v(out), n);
     if (f2 != kNone) return k_.silu_mul(v(f1), v(f2), v(out), n);
     if (v(out) != v(f1)) k_.copy(v(out), v(f1), n);
     k_.activation(d_.act, v(out), n);
@@ -128,13 +141,18 @@ class Tangent {
 
   void norm(Value y, Value x, W w, W b) {
     if (d_.rms_norm)
-      k_.rms_norm_jvp(p(x), t(x), w.w, w.z, t(y), p_.rows, d_.C, d_.eps);
+      k_.rms_norm_jvp(p(x), t(x), w.w, w.z, t(y), p_.rows, d_.C, d_.eps, d_.norm_offset);
     else
       k_.layer_norm_jvp(p(x), t(x), w.w, w.z, b.z, t(y), p_.rows, d_.C, d_.eps);
   }
   // The RMSNorm tangent rule over (rows * heads, D).
   void head_norm(Value y, Value x, W w, int64_t heads) {
-    k_.rms_norm_jvp(p(x), t(x), w.w, w.z, t(y), p_.rows * heads, d_.D, d_.eps);
+    k_.rms_norm_jvp(p(x), t(x), w.w, w.z, t(y), p_.rows * heads, d_.D, d_.eps, d_.norm_offset);
+  }
+  // Linear: the tangent scaled in place.
+  void scale(Value x, float a) { k_.mul_scalar(t(x), a, p_.rows * d_.C); }
+  void softcap(Value y, Value x) {
+    k_.softcap_jvp(p(x), t(x), t(y), d_.final_softcap, p_.rows * d_.V);
   }
   void matmul(Value y, Value x, W w, W b, int64_t N, int64_t Kd) {
     k_.matmul_jvp(p(x), t(x), w.w, w.z, b.z, t(y), p_.rows, N, Kd);
@@ -143,15 +161,18 @@ class Tangent {
     k_.split_qkv(t(qkv), t(q), t(kk), t(vv), p_.rows, d_.C);
   }
   void rope(Value x, int64_t heads) {
-    ZOF_ASSERT(p_.inv_freq);
-    k_.rope(t(x), p_.pos, p_.rows, heads, d_.D, d_.Dr, p_.inv_freq);
+    const float* table = d_.local_rope ? p_.inv_freq_local : p_.inv_freq;
+    ZOF_ASSERT(table);
+    k_.rope(t(x), p_.pos, p_.rows, heads, d_.D, d_.Dr, table);
   }
   void attention(Value out, Value q, Value kk, Value vv) {
     k_.attention_jvp(p(q), t(q), p(kk), t(kk), p(vv), t(vv), t(out), p_.key_mask, p_.B, p_.S,
-                     d_.H, d_.Hkv, d_.D, K::scale(d_.D));
+                     d_.H, d_.Hkv, d_.D, attn_scale<K>(d_), d_.window, d_.attn_softcap);
   }
   void activation(Value out, Value f1, Value f2) {
     const int64_t n = p_.rows * d_.I;
+    if (f2 != kNone && d_.act == Activation::GeluTanh)
+      return k_.gelu_tanh_mul_jvp(p(f1), t(f1), p(f2), t(f2), t(out), n);
     if (f2 != kNone) return k_.silu_mul_jvp(p(f1), t(f1), p(f2), t(f2), t(out), n);
     k_.activation_jvp(d_.act, p(f1), t(f1), t(out), n);
   }
@@ -207,16 +228,17 @@ struct BackendKernels {
     be.matmul(x, dw, nullptr, mmtmp, M, N, K);
     be.add(dy, mmtmp, M * N);
   }
-  void rms_norm(const float* x, Weight w, float* y, int64_t rows, int64_t dim, float eps) {
-    be.rms_norm(x, w.f32(), y, rows, dim, eps);
+  void rms_norm(const float* x, Weight w, float* y, int64_t rows, int64_t dim, float eps,
+                float w_offset) {
+    be.rms_norm(x, w.f32(), y, rows, dim, eps, w_offset);
   }
   void layer_norm(const float* x, Weight w, Weight b, float* y, int64_t rows, int64_t dim,
                   float eps) {
     be.layer_norm(x, w.f32(), b.f32(), y, rows, dim, eps);
   }
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
-                    int64_t rows, int64_t dim, float eps) {
-    be.rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps);
+                    int64_t rows, int64_t dim, float eps, float w_offset) {
+    be.rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, w_offset);
   }
   void layer_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                       const float* db, float* dy, int64_t rows, int64_t dim, float eps) {
@@ -228,16 +250,29 @@ struct BackendKernels {
   }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* mask, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
-                 float scale) {
-    be.attention(q, k, v, out, mask, B, S, S, H, Hkv, D, 0, scale);
+                 float scale, int64_t window, float softcap) {
+    be.attention(q, k, v, out, mask, B, S, S, H, Hkv, D, 0, scale, window, softcap);
   }
   void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                      const float* v, const float* dv, float* dout, const uint8_t* mask,
-                     int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale) {
-    be.attention_jvp(q, dq, k, dk, v, dv, dout, mask, B, S, H, Hkv, D, scale);
+                     int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
+                     int64_t window, float softcap) {
+    be.attention_jvp(q, dq, k, dk, v, dv, dout, mask, B, S, H, Hkv, D, scale, window, softcap);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
     be.silu_mul(gate, up, out, n);
+  }
+  void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+    be.gelu_tanh_mul(gate, up, out, n);
+  }
+  void gelu_tanh_mul_jvp(const float* gate, const float* dgate, const float* up, const float* dup,
+                         float* dout, int64_t n) {
+    be.gelu_tanh_mul_jvp(gate, dgate, up, dup, dout, n);
+  }
+  void mul_scalar(float* x, float a, int64_t n) { be.mul_scalar(x, a, n); }
+  void softcap(const float* x, float* y, float cap, int64_t n) { be.softcap(x, y, cap, n); }
+  void softcap_jvp(const float* x, const float* dx, float* dy, float cap, int64_t n) {
+    be.softcap_jvp(x, dx, dy, cap, n);
   }
   // In place.
   void activation(Activation act, float* x, int64_t n) {

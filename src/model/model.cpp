@@ -56,11 +56,15 @@ std::vector<BlockSpec> layout_llama(const ModelConfig& c) {
     if (c.qkv_bias) s.push_back({p + "self_attn.v_proj.bias", {Hk}, false, false});
     s.push_back({p + "self_attn.o_proj.weight", {C, Hq}, true, false});
     if (c.o_bias) s.push_back({p + "self_attn.o_proj.bias", {C}, false, false});
-    if (c.qk_norm) {  // Qwen3: RMSNorm weights over head_dim, shared by every head
+    if (c.qk_norm) {  // Qwen3, Gemma 3: RMSNorm weights over head_dim, shared by every head
       s.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, false, false});
       s.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, false, false});
     }
     s.push_back({p + "post_attention_layernorm.weight", {C}, false, false});
+    if (c.sandwich_norm) {  // Gemma: post_attention_layernorm is the attention output's norm
+      s.push_back({p + "pre_feedforward_layernorm.weight", {C}, false, false});
+      s.push_back({p + "post_feedforward_layernorm.weight", {C}, false, false});
+    }
     s.push_back({p + "mlp.gate_proj.weight", {I, C}, true, false});
     if (c.mlp_bias) s.push_back({p + "mlp.gate_proj.bias", {I}, false, false});
     s.push_back({p + "mlp.up_proj.weight", {I, C}, true, false});
@@ -506,7 +510,9 @@ Model Model::random(const ModelConfig& cfg, uint64_t seed) {
     std::mt19937_64 rng(seed * 1000003u + i);
     std::normal_distribution<float> nd(0.f, 0.02f);
     const bool is_norm = !p.decay && p.shape.size() == 1 && p.name.find("bias") == std::string::npos;
-    for (int64_t j = 0; j < p.numel; ++j) p.data[j] = p.decay ? nd(rng) : (is_norm ? 1.f : 0.f);
+    // A norm's scale is 1: w = 1, or w = 0 where the norm scales by (w + 1) (Gemma).
+    const float one = 1.f - m.cfg_.norm_offset;
+    for (int64_t j = 0; j < p.numel; ++j) p.data[j] = p.decay ? nd(rng) : (is_norm ? one : 0.f);
   }
   return m;
 }
@@ -591,6 +597,11 @@ LayerWeights Model::layer(int i, const ParamLocator& b) const {
       w.q_norm = ptr(p + "self_attn.q_norm.weight", b);
       w.k_norm = ptr(p + "self_attn.k_norm.weight", b);
       w.ln2_w = ptr(p + "post_attention_layernorm.weight", b);
+      if (cfg_.sandwich_norm) {  // Gemma: the FFN reads pre_feedforward_layernorm
+        w.post_attn_norm = w.ln2_w;
+        w.ln2_w = ptr(p + "pre_feedforward_layernorm.weight", b);
+        w.post_ffn_norm = ptr(p + "post_feedforward_layernorm.weight", b);
+      }
       w.fc1_w = ptr(p + "mlp.gate_proj.weight", b);
       w.fc1_b = ptr(p + "mlp.gate_proj.bias", b);
       w.up_w = ptr(p + "mlp.up_proj.weight", b);

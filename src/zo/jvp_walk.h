@@ -149,13 +149,18 @@ class JVPWalk {
       for (auto* b : {&qp_, &dqp_}) b->reserve(be_, R * d_.Hq);
       for (auto* b : {&kp_, &dkp_}) b->reserve(be_, R * d_.Hk);
     }
-    // RoPE's table, once (fp32 in every walk: the angle is fp32, backend.h).
-    const std::vector<float>& inv = cfg_.rope_inv_freq;
-    inv_freq_.reserve(be_, std::max<int64_t>(1, (int64_t)inv.size()));
-    if (!inv.empty()) {
-      be_.copy_to_device(inv_freq_.data(), inv.data(), inv.size() * sizeof(float), nullptr);
-      be_.synchronize(nullptr);
+    if (d_.sandwich) {  // Gemma: the FFN's output kept beside the attention's (their norms'
+      // tangents read both); the normed outputs, primal and tangent, are used once each
+      for (auto* b : {&ffo_, &normed_, &dnormed_}) b->reserve(be_, R * d_.C);
     }
+    // RoPE's tables, once (fp32 in every walk: the angle is fp32, backend.h).
+    for (auto [inv, buf] : {std::pair{&cfg_.rope_inv_freq, &inv_freq_},
+                            std::pair{&cfg_.rope_local_inv_freq, &inv_freq_local_}}) {
+      buf->reserve(be_, std::max<int64_t>(1, (int64_t)inv->size()));
+      if (!inv->empty())
+        be_.copy_to_device(buf->data(), inv->data(), inv->size() * sizeof(float), nullptr);
+    }
+    be_.synchronize(nullptr);
     const int64_t HC = kHeadChunk;
     if constexpr (kFp32) {
       // The largest product: a layer's (R rows) or the LM head's (kHeadChunk rows of V).
@@ -175,6 +180,10 @@ class JVPWalk {
     for (auto* b : {&hs_, &dhs_, &hn_, &dhn_, &ho_, &dho_}) b->reserve(be_, HC * CE);
     logits_.reserve(be_, HC * d_.V);
     dlogits_.reserve(be_, HC * d_.V);
+    if (d_.final_softcap != 0.f) {  // Gemma 2: the logits before the cap, for its tangent
+      raw_logits_.reserve(be_, HC * d_.V);
+      draw_logits_.reserve(be_, HC * d_.V);
+    }
     nll_.reserve(be_, HC);
     dnll_.reserve(be_, HC);
     for (auto [b, n] : {std::pair{&ids_, R}, {&pos_, R}, {&tok_pos_, R}, {&sel_, HC}, {&tg_, HC}})
@@ -293,6 +302,7 @@ class JVPWalk {
     f.v[kQ] = q_.data(), f.v[kK] = k_buf_.data(), f.v[kV] = v_.data(), f.v[kAtt] = att_.data();
     f.v[kQp] = qp_.data(), f.v[kKp] = kp_.data();
     f.set({kAttOut, kFfnOut}, tmp_.data());
+    if (d_.sandwich) f.v[kFfnOut] = ffo_.data(), f.set({kAttN, kFfnN}, normed_.data());
     f.v[kH1] = h1_.data(), f.v[kX2] = x2_.data(), f.v[kF1] = f1_.data(), f.v[kF2] = f2_.data();
     f.v[kAct] = a_.data(), f.v[kH2] = h2_.data(), f.v[kHOut] = h_.data();
     f.v[kEmb] = xn1_.data();
@@ -307,6 +317,7 @@ class JVPWalk {
     f.v[kQ] = dq_.data(), f.v[kK] = dk_.data(), f.v[kV] = dv_.data(), f.v[kAtt] = datt_.data();
     f.v[kQp] = dqp_.data(), f.v[kKp] = dkp_.data();
     f.set({kAttOut, kFfnOut}, dtmp_.data());
+    if (d_.sandwich) f.set({kAttN, kFfnN}, dnormed_.data());
     f.v[kH1] = dh1_.data(), f.v[kX2] = dx2_.data(), f.v[kF1] = df1_.data();
     f.v[kF2] = df2_.data(), f.v[kAct] = da_.data();
     // Pre-norm: the last add writes the output tangent in place (kHIn is last read before it).
@@ -320,12 +331,13 @@ class JVPWalk {
     f.v[kHIn] = (tangent ? dhs_ : hs_).data(), f.v[kHn] = (tangent ? dhn_ : hn_).data();
     f.v[kHo] = (tangent ? dho_ : ho_).data();
     f.v[kLogits] = (tangent ? dlogits_ : logits_).data(), f.v[kNll] = (tangent ? dnll_ : nll_).data();
+    f.v[kLogitsRaw] = (tangent ? draw_logits_ : raw_logits_).data();
     return f;
   }
   void set_inputs(Frame& f, int64_t B, int64_t S) {
     f.rows = B * S, f.B = B, f.S = S;
     f.ids = ids_.data(), f.embed_pos = tok_pos_.data(), f.pos = pos_.data();
-    f.inv_freq = inv_freq_.data();
+    f.inv_freq = inv_freq_.data(), f.inv_freq_local = inv_freq_local_.data();
     f.key_mask = mask_.data();
   }
 
@@ -369,10 +381,12 @@ class JVPWalk {
   Buf<T> h_, hin_, xn1_, q_, k_buf_, v_, att_, h1_, x2_, f1_, f2_, a_, h2_, qkv_, tmp_;
   Buf<T> dx_, dq_, dk_, dv_, datt_, dtmp_, dh1_, dx2_, df1_, df2_, da_, dh2_, dqkv_, mmtmp_;
   Buf<T> qp_, kp_, dqp_, dkp_;  // Qwen3: q and k before q_norm/k_norm
-  Buf<float> inv_freq_;         // RoPE's table
+  Buf<T> ffo_, normed_, dnormed_;  // Gemma: the FFN's output; the outputs' norms
+  Buf<float> inv_freq_, inv_freq_local_;  // RoPE's tables (the sliding layers' own: Gemma 3)
   std::vector<Buf<T>> dh_;  // per direction
   // The head's chunk of rows.
   Buf<T> hs_, dhs_, hn_, dhn_, ho_, dho_, logits_, dlogits_, nll_, dnll_;
+  Buf<T> raw_logits_, draw_logits_;  // Gemma 2: before final_logit_softcapping
   // A micro-batch's inputs and the head's scored rows, in the backend's memory.
   Buf<int32_t> ids_, pos_, tok_pos_, sel_, tg_;
   Buf<uint8_t> mask_;
@@ -423,16 +437,17 @@ void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
   for (int li = 0; li < (int)cfg_.num_layers; ++li) {
     const LayerT<const T*> w = layer_view(li, block_weights(li + 1, w_block_, shift_key, shift));
     k_.copy(hin_.data(), h_.data(), rows * d_.C);
+    const graph::Dims dl = graph::Dims::of(cfg_, li);  // the layer's window and RoPE table
     {
-      graph::Primal<K> po(k_, d_, p);
-      graph::layer(po, d_, w);
+      graph::Primal<K> po(k_, dl, p);
+      graph::layer(po, dl, w);
     }
     for (int j = 0; j < q; ++j) {
       block_z(li + 1, keys[j], z_block_);
       Frame t = layer_tangent_frame(dh_[j].data());
       set_inputs(t, b.B, b.T);
-      graph::Tangent<K> to(k_, d_, p, t);
-      graph::layer(to, d_, dual(w, layer_view(li, z_block_.data())));
+      graph::Tangent<K> to(k_, dl, p, t);
+      graph::layer(to, dl, dual(w, layer_view(li, z_block_.data())));
     }
     done_with(li + 1, shift_key);
   }

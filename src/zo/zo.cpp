@@ -369,6 +369,7 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, cons
   float *mp = ce_state_, *sp = mp + n, *tp = sp + n, *mm = tp + n, *sm = mm + n, *tm = sm + n;
   const ZKey mk = masked(key, lm_);
   float* head = theta(lm_);
+  const float cap = model_.config().final_softcap;  // Gemma 2's final_logit_softcapping
   for (int64_t v0 = 0; v0 < V; v0 += vocab_chunk_) {
     const int64_t nv = std::min(vocab_chunk_, V - v0);
     // Two-point: both signs from one pass; one-sided: the second stream reads theta itself.
@@ -377,6 +378,7 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, cons
     be_.zo_pass(head + v0 * E, nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk, opt_.eps,
                 w_plus_, two_point ? w_minus_ : nullptr, ct);
     be_.matmul(x_plus_, w_plus_, ct, nullptr, logit_plus_, n, nv, E);
+    if (cap != 0.f) be_.softcap(logit_plus_, logit_plus_, cap, n * nv);
     be_.cross_entropy_chunk(logit_plus_, targets_, n, nv, v0, mp, sp, tp);
     if (!minus) continue;
     const void* wm = two_point ? (const void*)w_minus_ : head + v0 * E;
@@ -386,6 +388,7 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, cons
     }
     be_.matmul(x_minus_, wm, two_point || ct != DType::F32 ? ct : DType::F32, nullptr,
                logit_minus_, n, nv, E);
+    if (cap != 0.f) be_.softcap(logit_minus_, logit_minus_, cap, n * nv);
     be_.cross_entropy_chunk(logit_minus_, targets_, n, nv, v0, mm, sm, tm);
   }
   be_.copy_to_host(st.data(), ce_state_, 6 * n * sizeof(float), nullptr);

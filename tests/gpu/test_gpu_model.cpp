@@ -319,7 +319,8 @@ TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuZOStep, ::testing::Values("llama_gqa", "opt", "gpt2", "opt350_shape",
-                                                            "llama3_scaled", "qwen3"),
+                                                            "llama3_scaled", "qwen3", "gemma2",
+                                                            "gemma3"),
                          [](const auto& info) { return info.param; });
 
 

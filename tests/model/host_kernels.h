@@ -25,16 +25,17 @@ struct HostKernels {
                   int64_t M, int64_t N, int64_t K) {
     jvp::matmul_jvp(x, dx, w, dw, db, dy, M, N, K);
   }
-  void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t dim, float eps) {
-    jvp::rms_norm(x, w, y, rows, dim, eps);
+  void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t dim, float eps,
+                float w_offset) {
+    jvp::rms_norm(x, w, y, rows, dim, eps, w_offset);
   }
   void layer_norm(const T* x, const T* w, const T* b, T* y, int64_t rows, int64_t dim,
                   float eps) {
     jvp::layer_norm(x, w, b, y, rows, dim, eps);
   }
   void rms_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, T* dy, int64_t rows,
-                    int64_t dim, float eps) {
-    jvp::rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps);
+                    int64_t dim, float eps, float w_offset) {
+    jvp::rms_norm_jvp(x, dx, w, dw, dy, rows, dim, eps, w_offset);
   }
   void layer_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, const T* db, T* dy,
                       int64_t rows, int64_t dim, float eps) {
@@ -45,15 +46,31 @@ struct HostKernels {
     jvp::rope(x, pos, rows, heads, D, Dr, inv_freq);
   }
   void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* mask, int64_t B,
-                 int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale) {
-    jvp::attention(q, k, v, out, mask, B, S, H, Hkv, D, scale);
+                 int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, int64_t window,
+                 float softcap) {
+    jvp::attention(q, k, v, out, mask, B, S, H, Hkv, D, scale, window, double(softcap));
   }
   void attention_jvp(const T* q, const T* dq, const T* k, const T* dk, const T* v, const T* dv,
                      T* dout, const uint8_t* mask, int64_t B, int64_t S, int64_t H, int64_t Hkv,
-                     int64_t D, double scale) {
-    jvp::attention_jvp(q, dq, k, dk, v, dv, dout, mask, B, S, H, Hkv, D, scale);
+                     int64_t D, double scale, int64_t window, float softcap) {
+    jvp::attention_jvp(q, dq, k, dk, v, dv, dout, mask, B, S, H, Hkv, D, scale, window,
+                       double(softcap));
   }
   void silu_mul(const T* gate, const T* up, T* out, int64_t n) { jvp::silu_mul(gate, up, out, n); }
+  void gelu_tanh_mul(const T* gate, const T* up, T* out, int64_t n) {
+    jvp::gelu_tanh_mul(gate, up, out, n);
+  }
+  void gelu_tanh_mul_jvp(const T* gate, const T* dgate, const T* up, const T* dup, T* dout,
+                         int64_t n) {
+    jvp::gelu_tanh_mul_jvp(gate, dgate, up, dup, dout, n);
+  }
+  void mul_scalar(T* x, float a, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] = T(double(x[i]) * double(a));
+  }
+  void softcap(const T* x, T* y, float cap, int64_t n) { jvp::softcap(x, y, double(cap), n); }
+  void softcap_jvp(const T* x, const T* dx, T* dy, float cap, int64_t n) {
+    jvp::softcap_jvp(x, dx, dy, double(cap), n);
+  }
   void activation(Activation act, T* x, int64_t n) { jvp::activation(act, x, x, n); }
   void silu_mul_jvp(const T* gate, const T* dgate, const T* up, const T* dup, T* dout, int64_t n) {
     jvp::silu_mul_jvp(gate, dgate, up, dup, dout, n);

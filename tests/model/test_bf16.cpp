@@ -194,7 +194,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Bf16Step,
                                            Bf16StepCase{"gpt2", 1, false},
                                            Bf16StepCase{"opt350_shape", 1, true},
                                            Bf16StepCase{"phi3", 1, false},
-                                           Bf16StepCase{"qwen3", 1, false}),
+                                           Bf16StepCase{"qwen3", 1, false},
+                                           Bf16StepCase{"gemma2", 1, false}),
                          [](const auto& info) {
                            return info.param.model + "_q" + std::to_string(info.param.queries) +
                                   (info.param.one_sided ? "_one_sided" : "");

@@ -145,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenLogits, ::testing::ValuesIn(golden_models
 // double and rounds once (the bits zof has always used); measured: llama_linear bit-equal,
 // llama3_scaled 1 ulp, qwen3 2 ulp (D = 12: 8/12 and 10/12 are not fp32 numbers).
 TEST(GoldenRope, TableMatchesTransformers) {
-  for (const char* name : {"llama3_scaled", "llama_linear", "qwen3", "phi3"}) {
+  for (const char* name : {"llama3_scaled", "llama_linear", "qwen3", "phi3", "gemma2", "gemma3"}) {
     const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
     ZOF_REQUIRE_PATH(dir / "golden.json");
     std::ifstream f(dir / "golden.json");
@@ -166,8 +166,21 @@ TEST(GoldenRope, TableMatchesTransformers) {
     }
     std::printf("  %-13s RoPE table vs transformers: max %.0f ulp, %d of %zu scaled\n", name,
                 max_ulp, scaled, want.size());
-    if (std::string(name) != "qwen3" && std::string(name) != "phi3") {
+    const std::string n = name;
+    if (n != "qwen3" && n != "phi3" && n != "gemma2") {
       EXPECT_GT(scaled, 0) << name << ": the scaling matters";
+    }
+    // Gemma 3's sliding layers have their own table (rope_local_base_freq, unscaled).
+    ASSERT_EQ(meta.contains("rope_inv_freq_local"), !c.rope_local_inv_freq.empty()) << name;
+    if (meta.contains("rope_inv_freq_local")) {
+      const auto& local = meta["rope_inv_freq_local"];
+      ASSERT_EQ(c.rope_local_inv_freq.size(), local.size());
+      for (size_t i = 0; i < local.size(); ++i) {
+        const float w = (float)local[i].get<double>();
+        EXPECT_LE(std::fabs(c.rope_local_inv_freq[i] - w) / (std::nextafter(w, INFINITY) - w), 4)
+            << name << " local inv_freq[" << i << "]";
+      }
+      EXPECT_NE(c.rope_local_inv_freq, c.rope_inv_freq);
     }
   }
 }
@@ -181,7 +194,8 @@ TEST(GoldenSave, FineTunedOutputReloads) {
   const char* keep = std::getenv("ZOF_RELOAD_OUT");
   const fs::path root = keep ? fs::path(keep)
                              : fs::temp_directory_path() / ("zof_reload_" + std::to_string(::getpid()));
-  for (const char* name : {"llama3_scaled", "llama_linear", "qwen3", "phi3", "llama_gqa"}) {
+  for (const char* name : {"llama3_scaled", "llama_linear", "qwen3", "phi3", "gemma2", "gemma3",
+                           "llama_gqa"}) {
     const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
     ZOF_REQUIRE_PATH(dir / "model.safetensors");
     Golden g = load_golden(name);
@@ -224,7 +238,7 @@ TEST(GoldenSave, FineTunedOutputReloads) {
 // Greedy decoding with the KV cache reproduces transformers' generate().
 TEST(GoldenGenerate, GreedyMatchesTransformers) {
   for (const char* name : {"stories260K", "llama_gqa", "llama3_scaled", "llama_linear", "qwen3",
-                           "phi3"}) {
+                           "phi3", "gemma2", "gemma3"}) {
     const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
     ZOF_REQUIRE_PATH(dir / "golden.json");
     Golden g = load_golden(name);

@@ -50,7 +50,8 @@ double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b)
 // The JVP directional derivative is PyTorch's float64 gradient dotted with z, for two
 // directions in one walk; the float64 loss at theta is PyTorch's float64 loss.
 TEST(Jvp, MatchesAutogradGradientDotZ) {
-  for (const char* name : {"llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3"}) {
+  for (const char* name : {"llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3", "gemma2",
+                           "gemma3"}) {
     ZOF_REQUIRE_PATH(golden_dir(name) + "/grad.safetensors");
     zof::Model m = zof::Model::load(golden_dir(name));
     const zof::LossBatch lb = golden_batch(name);
@@ -87,7 +88,7 @@ TEST(Jvp, MatchesAutogradGradientDotZ) {
 TEST(Jvp, EveryArchitectureMatchesCentralDifference) {
   for (const char* name : {"llama_gqa", "qwen2_bias", "mistral", "opt", "opt350_shape", "gpt2",
                            "llama_bf16", "stories260K", "llama3_scaled", "llama_linear", "qwen3",
-                           "phi3"}) {
+                           "phi3", "gemma2", "gemma3"}) {
     ZOF_REQUIRE_PATH(model_dir(name) + "/model.safetensors");
     zof::Model m = zof::Model::load(model_dir(name));
     const zof::LossBatch lb = golden_batch(name);
@@ -186,9 +187,11 @@ TEST(Jvp, QueriesAndMicroBatchesAdd) {
 // that each access is ordered), for the three architectures' layer shapes (LLaMA GQA with RoPE
 // and SwiGLU, GPT-2's fused QKV and tanh GELU, OPT's post-norm ReLU with project_in/out) and the
 // newer blocks (Llama 3's scaled RoPE table, Qwen3's per-head q/k norms, Phi-3's fused
-// projections viewed as q/k/v and gate/up, and its partial rotary).
+// projections viewed as q/k/v and gate/up, and its partial rotary; Gemma 2's soft-caps, sliding
+// window, sandwich norms and GeGLU; Gemma 3's two RoPE tables).
 TEST(Jvp, BackendOpsEqualPlainLoops) {
-  for (const char* name : {"llama_gqa", "gpt2", "opt350_shape", "llama3_scaled", "qwen3", "phi3"}) {
+  for (const char* name : {"llama_gqa", "gpt2", "opt350_shape", "llama3_scaled", "qwen3", "phi3",
+                           "gemma2", "gemma3"}) {
     ZOF_REQUIRE_PATH(golden_dir(name) + "/model.safetensors");
     zof::Model m = zof::Model::load(golden_dir(name));
     const zof::LossBatch lb = golden_batch(name);
@@ -219,7 +222,7 @@ TEST(Jvp, BackendOpsEqualPlainLoops) {
 // at the least budget, every block through two slots): the same bits as on the CPU backend, no
 // unordered access, and no operand outside device memory: the walk a GPU runs.
 TEST(Jvp, StreamedOnADeviceEqualsTheCpuWalk) {
-  for (const char* name : {"llama_gqa", "gpt2", "opt350_shape", "qwen3", "phi3"}) {
+  for (const char* name : {"llama_gqa", "gpt2", "opt350_shape", "qwen3", "phi3", "gemma2"}) {
     ZOF_REQUIRE_PATH(golden_dir(name) + "/model.safetensors");
     zof::Model m = zof::Model::load(golden_dir(name));
     const zof::LossBatch lb = golden_batch(name);

@@ -237,7 +237,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"opt350_shape", 2, 0.f, false, Opt::SGD, zof::DType::BF16},
                       Case{"gpt2", 1, 0.f, true, Opt::Momentum, zof::DType::BF16},
                       Case{"stories260K", 1, 0.f, false, Opt::Adam, zof::DType::BF16},
-                      Case{"phi3", 2, 0.1f, false, Opt::SGD, zof::DType::BF16}),
+                      Case{"phi3", 2, 0.1f, false, Opt::SGD, zof::DType::BF16},
+                      Case{"gemma2", 2, 0.1f},
+                      Case{"gemma3", 1, 0.f, false, Opt::SGD, zof::DType::BF16}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.model + "_q" + std::to_string(c.queries) + (c.weight_decay > 0 ? "_wd" : "") +

@@ -18,6 +18,7 @@ Everything runs on the CPU.
 """
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -29,8 +30,9 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig,
-                          MistralConfig, OPTConfig, Phi3Config, Qwen2Config, Qwen3Config)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, Gemma2Config, Gemma3TextConfig,
+                          GPT2Config, LlamaConfig, MistralConfig, OPTConfig, Phi3Config,
+                          Qwen2Config, Qwen3Config)
 
 FORMAT = 1
 B = 3          # batch rows
@@ -44,6 +46,11 @@ H = 64
 V = 320
 V_ODD = 301    # GPT-2's vocabulary (50257) is odd too: catches SIMD/tiling tail bugs
 POS = 128
+# Gemma 2's tanh soft-caps, small enough that both saturate for these random weights.
+GEMMA2_ATTN_SOFTCAP = 1.0
+GEMMA2_FINAL_SOFTCAP = 2.0
+# Families whose RMSNorm scales by (1 + weight) (weights initialised at 0).
+GEMMA_TYPES = ("gemma2", "gemma3_text")
 
 
 def tiny_models():
@@ -52,7 +59,7 @@ def tiny_models():
     common_llama = dict(vocab_size=V, hidden_size=H, intermediate_size=80, num_hidden_layers=2,
                         max_position_embeddings=POS, hidden_act="silu", bos_token_id=1,
                         eos_token_id=2, pad_token_id=None, initializer_range=0.02)
-    # The newer families' goldens are smaller (each directory well under 400 KB).
+    # The newer families' goldens are smaller (each directory about 400 KB at most).
     small_llama = dict(common_llama, hidden_size=32, intermediate_size=48)
     return {
         "llama_gqa": (LlamaConfig(**common_llama, num_attention_heads=8, num_key_value_heads=2,
@@ -130,6 +137,43 @@ def tiny_models():
                             sliding_window=None, bos_token_id=1, eos_token_id=2,
                             pad_token_id=None),
                  torch.float32),
+        # Gemma 2: RMSNorm x * (1 + w), embeddings times sqrt(hidden), four norms per layer,
+        # query_pre_attn_scalar 20 != head_dim 12 (scores scaled by 20**-0.5), gelu_pytorch_tanh,
+        # sliding window 4 < T on layer 0, attention and final logit tanh soft-capping small
+        # enough to saturate for these weights (see softcap_effect in golden.json).
+        "gemma2": (Gemma2Config(vocab_size=V, hidden_size=32, intermediate_size=48,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                head_dim=12, query_pre_attn_scalar=20,
+                                hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64,
+                                rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+                                rms_norm_eps=1e-6, sliding_window=4,
+                                layer_types=["sliding_attention", "full_attention"],
+                                attn_logit_softcapping=GEMMA2_ATTN_SOFTCAP,
+                                final_logit_softcapping=GEMMA2_FINAL_SOFTCAP,
+                                attention_bias=False, tie_word_embeddings=True,
+                                bos_token_id=2, eos_token_id=1, pad_token_id=0),
+                   torch.float32),
+        # Gemma 3 (text): as Gemma 2 plus q_norm / k_norm (before RoPE), no soft-capping (its
+        # defaults), and a RoPE table per layer type: sliding layers theta 1000, full layers
+        # theta 10000 with linear scaling factor 2 (Gemma 3 4B+ uses factor 8 there).
+        "gemma3": (Gemma3TextConfig(vocab_size=V, hidden_size=32, intermediate_size=48,
+                                    num_hidden_layers=3, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=12, query_pre_attn_scalar=20,
+                                    hidden_activation="gelu_pytorch_tanh",
+                                    max_position_embeddings=64,
+                                    rope_parameters={
+                                        "full_attention": dict(rope_type="linear",
+                                                               rope_theta=10000.0, factor=2.0),
+                                        "sliding_attention": dict(rope_type="default",
+                                                                  rope_theta=1000.0)},
+                                    rms_norm_eps=1e-6, sliding_window=4,
+                                    layer_types=["sliding_attention", "sliding_attention",
+                                                 "full_attention"],
+                                    attn_logit_softcapping=None, final_logit_softcapping=None,
+                                    use_bidirectional_attention=False, attention_bias=False,
+                                    tie_word_embeddings=True,
+                                    bos_token_id=2, eos_token_id=1, pad_token_id=0),
+                   torch.float32),
     }
 
 
@@ -151,8 +195,9 @@ def fmt(x, digits=8):
     return float(f"{float(x):.{digits}g}")
 
 
-def randomize_(model, gen):
-    """Large-ish random weights so the logits depend visibly on every parameter."""
+def randomize_(model, gen, norm_offset=1.0):
+    """Large-ish random weights so the logits depend visibly on every parameter. Norm scales are
+    norm_offset + N(0, 0.1): 1 + N(0, 0.1) for x * w norms, N(0, 0.1) for Gemma's x * (1 + w)."""
     with torch.no_grad():
         for name, p in model.named_parameters():   # tied parameters are yielded once
             if p.ndim >= 2:
@@ -161,7 +206,8 @@ def randomize_(model, gen):
             elif name.endswith("bias"):
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
             else:  # norm scales
-                p.copy_(1.0 + torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
+                p.copy_(norm_offset
+                        + torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1)
 
 
 def random_inputs(cfg, seed):
@@ -178,8 +224,18 @@ def random_inputs(cfg, seed):
     return ids, mask
 
 
+def model_mask(mask, model_type):
+    """The attention_mask given to transformers. The Gemma (sliding-window) models get none:
+    with right padding and causal attention the padding mask changes only padded query rows (a
+    valid query sees keys 0..i, all valid), and a padded row under a window shorter than its
+    distance to the last valid token would see no key at all; transformers' eager softmax casts
+    the float64 model's finfo.min mask to float32 (-inf), so such a row is NaN, and 0 * NaN in the
+    next layer's P.V spreads it to the whole batch row."""
+    return None if model_type in GEMMA_TYPES else mask
+
+
 def forward(model, ids, mask, model_type):
-    kw = dict(input_ids=ids, attention_mask=mask, use_cache=False)
+    kw = dict(input_ids=ids, attention_mask=model_mask(mask, model_type), use_cache=False)
     if model_type != "opt":
         # zof: positions are 0..len-1 per row (right padding). OPT derives the same from
         # cumsum(attention_mask).
@@ -265,7 +321,7 @@ def grad_golden(out_dir, ids, mask, model_type):
     (g of SPSA must approach grad . z as eps shrinks). Written as grad.safetensors (F32,
     Hugging Face names, tied weights once)."""
     m64 = load(out_dir, torch.float64)
-    kw = dict(input_ids=ids, attention_mask=mask, use_cache=False)
+    kw = dict(input_ids=ids, attention_mask=model_mask(mask, model_type), use_cache=False)
     if model_type != "opt":
         kw["position_ids"] = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
     logits = m64(**kw).logits
@@ -275,6 +331,59 @@ def grad_golden(out_dir, ids, mask, model_type):
     grads = {n: p.grad.float().contiguous() for n, p in m64.named_parameters()}
     save_file(grads, os.path.join(out_dir, "grad.safetensors"), metadata={"format": "pt"})
     return fmt(loss, 12)
+
+
+def softcap_effect(model_dir, ids, mask, model_type):
+    """float64: the largest |value| each tanh soft-cap sees (attention scores after the
+    query_pre_attn_scalar scaling, over the pairs the mask keeps, valid queries only; logits
+    before the final cap), and how far the logits move when the attention cap alone, or both
+    caps, are switched off, so that the golden shows the caps matter. Gemma 3 has no caps
+    (transformers 5's Gemma3Attention would not apply attn_logit_softcapping anyway); its record
+    shows the uncapped magnitudes."""
+    family = model_type.split("_")[0]   # gemma3_text -> gemma3
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    orig = mod.eager_attention_forward
+    seen = []
+
+    def spy(module, query, key, value, attention_mask, scaling=None, **kw):
+        k = mod.repeat_kv(key, module.num_key_value_groups)
+        s = torch.matmul(query, k.transpose(2, 3)) * scaling
+        if attention_mask is None:
+            keep = torch.ones_like(s, dtype=torch.bool)
+        else:
+            keep = (attention_mask == 0).expand_as(s)
+        # Padded query rows are not scored; only positions < length count.
+        valid_q = mask.bool()[:, None, :, None].expand_as(s)
+        seen.append(s[keep & valid_q].abs().max().item())
+        return orig(module, query, key, value, attention_mask, scaling=scaling, **kw)
+
+    m = load(model_dir, torch.float64)
+    valid = mask.bool()
+    mod.eager_attention_forward = spy
+    try:
+        capped = forward(m, ids, mask, model_type)
+    finally:
+        mod.eager_attention_forward = orig
+    final_cap, attn_cap = m.config.final_logit_softcapping, m.config.attn_logit_softcapping
+    m.config.final_logit_softcapping = None
+    precap = forward(m, ids, mask, model_type)
+    m.config.attn_logit_softcapping = None
+    for layer in m.model.layers:
+        layer.self_attn.attn_logit_softcapping = None
+    uncapped = forward(m, ids, mask, model_type)
+    m.config.final_logit_softcapping = final_cap
+    attn_uncapped = forward(m, ids, mask, model_type)
+
+    def dmax(a, b):
+        return fmt((a - b)[valid].abs().max(), 6)
+    return {
+        "attn_logit_softcapping": attn_cap,
+        "final_logit_softcapping": final_cap,
+        "attn_scores_max_abs": fmt(max(seen), 6),
+        "logits_precap_max_abs": fmt(precap[valid].abs().max(), 6),
+        "logits_vs_attn_uncapped_max_abs": dmax(capped, attn_uncapped),
+        "logits_vs_uncapped_max_abs": dmax(capped, uncapped),
+    }
 
 
 def write_golden(out_dir, meta, tensors):
@@ -306,10 +415,10 @@ def base_meta(name, model_dir_rel, cfg, ids, mask, stored, info):
 
 
 # Which goldens record greedy generation and the float64 gradient.
-GREEDY = ("llama_gqa", "llama3_scaled", "llama_linear", "qwen3", "phi3")
-GRAD = ("llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3")
-# Which goldens record transformers' RoPE frequency table.
-ROPE_TABLE = ("llama3_scaled", "llama_linear", "qwen3", "phi3")
+GREEDY = ("llama_gqa", "llama3_scaled", "llama_linear", "qwen3", "phi3", "gemma2", "gemma3")
+GRAD = ("llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3", "gemma2", "gemma3")
+# Which goldens record transformers' RoPE frequency table (gemma3: one per layer type).
+ROPE_TABLE = ("llama3_scaled", "llama_linear", "qwen3", "phi3", "gemma2", "gemma3")
 # Which goldens' config.json is rewritten in transformers 4's RoPE spelling.
 T4_SPELLING = ("llama_linear",)
 
@@ -335,7 +444,8 @@ def make_tiny(name, cfg, dtype, out_root, index):
     os.makedirs(out_dir)
     torch.manual_seed(SEED + index)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    randomize_(model, torch.Generator().manual_seed(SEED + 100 + index))
+    randomize_(model, torch.Generator().manual_seed(SEED + 100 + index),
+               norm_offset=0.0 if cfg.model_type in GEMMA_TYPES else 1.0)
     model.eval()
     if dtype != torch.float32:
         model = model.to(dtype)
@@ -359,7 +469,18 @@ def make_tiny(name, cfg, dtype, out_root, index):
     meta["n_params"] = int(sum(p.numel() for p in m32.parameters()))
     if name in ROPE_TABLE:
         # transformers' fp32 RoPE frequencies (exact: float32 values are exact doubles in JSON).
-        meta["rope_inv_freq"] = [float(x) for x in m32.model.rotary_emb.inv_freq.tolist()]
+        rot = m32.model.rotary_emb
+        if hasattr(rot, "inv_freq"):
+            meta["rope_inv_freq"] = [float(x) for x in rot.inv_freq.tolist()]
+        else:
+            # Gemma 3: one table per layer type; rope_inv_freq is the full-attention layers'.
+            meta["rope_inv_freq"] = [float(x) for x in rot.full_attention_inv_freq.tolist()]
+            meta["rope_inv_freq_local"] = [float(x)
+                                           for x in rot.sliding_attention_inv_freq.tolist()]
+    if cfg.model_type in GEMMA_TYPES:
+        # Which layers use the sliding window (and, for Gemma 3, rope_inv_freq_local).
+        meta["layer_types"] = list(cfg.layer_types)
+        meta["softcap_effect"] = softcap_effect(out_dir, ids, mask, cfg.model_type)
     if name in GREEDY:
         prefix = ids[:1, :5]
         toks, margin = greedy(m32, prefix, 10, cfg.model_type)

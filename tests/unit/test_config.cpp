@@ -341,7 +341,10 @@ TEST(Config, LoadErrors) {
 }
 
 TEST(Config, UnknownModelType) {
-  expect_error(with(kLlama2_7b, {{"model_type", "bert"}}), {"model_type", "bert", "llama, mistral, qwen2, qwen3, phi3, opt, gpt2"});
+  expect_error(with(kLlama2_7b, {{"model_type", "bert"}}),
+               {"model_type", "bert", "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, opt, gpt2"});
+  // The multimodal Gemma 3 checkpoint is named, with the text-only model_type to use instead.
+  expect_error(with(kLlama2_7b, {{"model_type", "gemma3"}}), {"model_type", "multimodal", "gemma3_text"});
   expect_error(with(kLlama2_7b, {{"model_type", nullptr}}), {"model_type", "missing"});
   expect_error(with(kLlama2_7b, {{"model_type", 3}}), {"model_type", "string"});
 }
@@ -555,6 +558,119 @@ const char* kPhi3Mini = R"({
   "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
   "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
   "transformers_version": "4.40.2", "use_cache": true, "vocab_size": 32064})";
+
+// google/gemma-2-2b and google/gemma-3-1b-pt as the Hub has them (transformers 4 spelling).
+const char* kGemma2_2b = R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+  "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+  "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2",
+  "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+  "torch_dtype": "float32", "transformers_version": "4.42.4", "use_cache": true, "vocab_size": 256000})";
+
+const char* kGemma3_1b = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+  "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 1152, "initializer_range": 0.02, "intermediate_size": 6912,
+  "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+  "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+  "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})";
+
+TEST(Config, Gemma2) {
+  ModelConfig c = parse(kGemma2_2b);
+  EXPECT_EQ(c.arch, Arch::Llama);
+  EXPECT_EQ(c.act, Activation::GeluTanh);
+  EXPECT_TRUE(c.sandwich_norm && c.tie_embeddings);
+  EXPECT_FALSE(c.qk_norm || c.qkv_bias || c.fused_proj);
+  EXPECT_EQ(c.norm_offset, 1.f);
+  EXPECT_EQ(c.embed_scale, 48.f);  // sqrt(2304)
+  EXPECT_EQ(c.attn_scale, 1.f / 16);  // query_pre_attn_scalar 256
+  EXPECT_EQ(c.attn_softcap, 50.f);
+  EXPECT_EQ(c.final_softcap, 30.f);
+  EXPECT_EQ(c.sliding_window, 4096);
+  ASSERT_EQ(c.layer_sliding.size(), 26u);
+  for (int i = 0; i < 26; ++i) EXPECT_EQ(c.layer_sliding[i], i % 2 == 0) << i;  // 0, 2, ... slide
+  EXPECT_TRUE(c.rope_local_inv_freq.empty());
+  EXPECT_EQ(c.rope_inv_freq, zof::rope_default_inv_freq(10000.f, 256));
+  EXPECT_EQ(c.num_params(), 2614341888);  // transformers 5.24 on the meta device
+  // Gemma2Config's defaults when the fields are absent; null soft-caps and window switch them off.
+  json bare = json::parse(kGemma2_2b);
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "sliding_window",
+                        "head_dim", "query_pre_attn_scalar", "max_position_embeddings"})
+    bare.erase(k);
+  ModelConfig d = parse(bare);
+  EXPECT_EQ(d.attn_softcap, 50.f);
+  EXPECT_EQ(d.final_softcap, 30.f);
+  EXPECT_EQ(d.sliding_window, 4096);
+  EXPECT_EQ(d.head_dim, 256);
+  EXPECT_EQ(d.max_position, 8192);
+  json nulls = json::parse(kGemma2_2b);  // (with() would remove a field given null)
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "sliding_window"})
+    nulls[k] = nullptr;
+  ModelConfig off = parse(nulls);
+  EXPECT_EQ(off.attn_softcap, 0.f);
+  EXPECT_EQ(off.final_softcap, 0.f);
+  for (uint8_t s : off.layer_sliding) EXPECT_EQ(s, 0);
+  // layer_types (transformers 5) overrides the alternation.
+  json lt = json::parse(kGemma2_2b);
+  lt["num_hidden_layers"] = 3;
+  lt["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention"};
+  EXPECT_EQ(parse(lt).layer_sliding, (std::vector<uint8_t>{0, 1, 1}));
+  // A bf16 checkpoint's normalizer is bf16(sqrt(hidden)), as transformers forms it.
+  EXPECT_EQ(parse(with(kGemma2_2b, {{"hidden_size", 3584}, {"torch_dtype", "bfloat16"}})).embed_scale,
+            59.75f);
+  EXPECT_EQ(parse(with(kGemma2_2b, {{"hidden_size", 3584}})).embed_scale, float(std::sqrt(3584.0)));
+  // Refused by name.
+  expect_error(with(kGemma2_2b, {{"hidden_activation", "gelu"}}), {"hidden_activation", "gelu_pytorch_tanh"});
+  expect_error(with(kGemma2_2b, {{"use_bidirectional_attention", true}}), {"use_bidirectional_attention"});
+  expect_error(with(kGemma2_2b, {{"final_logit_softcapping", -1.0}}), {"final_logit_softcapping", "positive"});
+  expect_error(with(kGemma2_2b, {{"layer_types", {"full_attention"}}}), {"layer_types", "26"});
+  json bad = lt;
+  bad["layer_types"][1] = "chunked_attention";
+  expect_error(bad, {"layer_types", "chunked_attention"});
+  expect_error(with(kGemma2_2b, {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}}}}),
+               {"rope_scaling", "yarn"});
+}
+
+TEST(Config, Gemma3Text) {
+  ModelConfig c = parse(kGemma3_1b);
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_TRUE(c.qk_norm && c.sandwich_norm && c.tie_embeddings);
+  EXPECT_EQ(c.norm_offset, 1.f);
+  EXPECT_EQ(c.attn_softcap, 0.f);
+  EXPECT_EQ(c.final_softcap, 0.f);
+  EXPECT_EQ(c.embed_scale, zof::bf16_to_f32(zof::f32_to_bf16(std::sqrt(1152.f))));  // bf16 checkpoint
+  EXPECT_EQ(c.sliding_window, 512);
+  ASSERT_EQ(c.layer_sliding.size(), 26u);
+  for (int i = 0; i < 26; ++i) EXPECT_EQ(c.layer_sliding[i], (i + 1) % 6 != 0) << i;  // 5, 11, ... full
+  EXPECT_EQ(c.rope_inv_freq, zof::rope_default_inv_freq(1e6f, 256));
+  EXPECT_EQ(c.rope_local_inv_freq, zof::rope_default_inv_freq(1e4f, 256));
+  EXPECT_EQ(c.num_params(), 999885952);  // transformers 5.24 on the meta device
+  // Gemma 3 4B+: linear scaling (factor 8) of the full-attention layers only, in transformers 4's
+  // spelling and in transformers 5's rope_parameters keyed by layer type: the same tables.
+  ModelConfig s4 = parse(with(kGemma3_1b, {{"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}}));
+  ModelConfig s5 = parse(with(kGemma3_1b, {{"rope_scaling", nullptr}, {"rope_theta", nullptr},
+                                           {"rope_local_base_freq", nullptr},
+                                           {"rope_parameters",
+                                            {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0},
+                                                                 {"rope_theta", 1000000.0}}},
+                                             {"sliding_attention", {{"rope_type", "default"},
+                                                                    {"rope_theta", 10000.0}}}}}}));
+  EXPECT_EQ(s4.rope_inv_freq, s5.rope_inv_freq);
+  EXPECT_EQ(s4.rope_local_inv_freq, s5.rope_local_inv_freq);
+  EXPECT_EQ(s4.rope_local_inv_freq, c.rope_local_inv_freq);
+  EXPECT_EQ(s4.rope_inv_freq[1], float(double(c.rope_inv_freq[1]) / 8.0));
+  expect_error(with(kGemma3_1b, {{"rope_parameters", {{"global", {{"rope_type", "default"}}}}}}),
+               {"rope_parameters", "global"});
+  expect_error(with(kGemma3_1b, {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}}}),
+               {"full-attention", "yarn"});
+  expect_error(with(kGemma3_1b, {{"sliding_window_pattern", 0}}), {"sliding_window_pattern", "positive"});
+}
 
 TEST(Config, Phi3) {
   ModelConfig c = parse(kPhi3Mini);
