@@ -61,7 +61,7 @@ void rms_norm(const T* x, const T* w, T* y, int64_t rows, int64_t dim, float eps
     for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * double(xr[i]);
     const double inv = 1.0 / std::sqrt(ss / double(dim) + double(eps));
     for (int64_t i = 0; i < dim; ++i)
-      y[r * dim + i] = T(double(xr[i]) * inv * (double(w[i]) + double(w_offset)));
+      y[r * dim + i] = T(double(xr[i]) * inv * double(w[i] + T(w_offset)));  // (w + 1) in T
   }
 }
 
@@ -82,7 +82,7 @@ void rms_norm_jvp(const T* x, const T* dx, const T* w, const T* dw, T* dy, int64
     const double dinv = -inv * inv * inv * sd / double(dim);
     for (int64_t i = 0; i < dim; ++i) {
       const double xi = xr[i], dxi = dxr ? double(dxr[i]) : 0.0;
-      double d = (dxi * inv + xi * dinv) * (double(w[i]) + double(w_offset));
+      double d = (dxi * inv + xi * dinv) * double(w[i] + T(w_offset));
       if (dw) d += xi * inv * double(dw[i]);
       dy[r * dim + i] = T(d);
     }

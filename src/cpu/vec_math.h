@@ -58,8 +58,9 @@ inline float erf_f32(float x) {
 }
 
 // tanh, branch-free: the odd Taylor series to x^11 where |x| < 0.25 (remainder under 1e-9
-// relative), else (1 - e) / (1 + e) with e = e^(-2|x|) <= 0.61 (no cancellation, never
-// overflows) and the sign put back. NaN stays NaN.
+// relative), else (1 - e) / (1 + e) with e = e^(-2|x|) <= 0.61 (1 - e cancels at most ~1.4
+// bits there: 3 ulp worst, measured by tests/unit/test_ops.cpp; never overflows) and the sign
+// put back. NaN stays NaN.
 inline float tanh_f32(float x) {
   const float a = x < 0.0f ? -x : x;
   const float e = exp_f32(-2.0f * a);

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "zof/backend.h"
 #include "zof/config.h"
 #include "zof/error.h"
 #include "cpu/jvp_ops.h"
@@ -141,6 +143,38 @@ TEST(JvpOps, RmsNorm) {
   EXPECT_TANGENT_OK(e, "rms_norm");
 }
 
+// Gemma's RMSNorm, y = x r (w + 1): the weights are offsets around 0, and dw enters as it does
+// without the offset.
+TEST(JvpOps, RmsNormGemmaOffset) {
+  std::mt19937_64 rng(11);
+  const int64_t rows = 3, dim = 11;
+  const float eps = 1e-6f;
+  auto tangent = [&](auto&& x, auto&& dx) {
+    using T = typename std::decay_t<decltype(x[0])>::value_type;
+    std::vector<T> y(rows * dim);
+    zof::jvp::rms_norm_jvp<T>(x[0].data(), dx[0].data(), x[1].data(), dx[1].data(), y.data(), rows,
+                              dim, eps, 1.0f);
+    return as_vec(y);
+  };
+  Op op{[&](const Inputs& x) {
+          Vec y(rows * dim);
+          zof::jvp::rms_norm<double>(x[0].data(), x[1].data(), y.data(), rows, dim, eps, 1.0f);
+          return y;
+        },
+        tangent, tangent};
+  const Vec x = randn(rng, rows * dim), w = randn(rng, dim, 0.3);
+  auto e = check(op, {x, w}, rng);
+  EXPECT_TANGENT_OK(e, "rms_norm w_offset=1");
+  // In float64, w_offset 1 is the plain rule at w + 1, exactly.
+  Vec w1 = w, dx = randn(rng, rows * dim), dw = randn(rng, dim), a(rows * dim), b(rows * dim);
+  for (auto& v : w1) v += 1.0;
+  zof::jvp::rms_norm_jvp<double>(x.data(), dx.data(), w.data(), dw.data(), a.data(), rows, dim, eps,
+                                 1.0f);
+  zof::jvp::rms_norm_jvp<double>(x.data(), dx.data(), w1.data(), dw.data(), b.data(), rows, dim,
+                                 eps);
+  EXPECT_EQ(a, b);
+}
+
 TEST(JvpOps, LayerNorm) {
   std::mt19937_64 rng(3);
   const int64_t rows = 4, dim = 13;
@@ -192,6 +226,8 @@ struct AttnCase {
   int64_t B, S, H, Hkv, D;
   std::vector<uint8_t> mask;  // (B, S) or empty
   const char* name;
+  int64_t window = 0;    // Gemma's sliding window (0: none)
+  double softcap = 0.0;  // Gemma 2's score cap (0: none)
 };
 
 TEST(JvpOps, Attention) {
@@ -246,6 +282,99 @@ TEST(JvpOps, Attention) {
   }
 }
 
+// Gemma's attention: a sliding window, soft-capped scores (the tangent passes through the cap's
+// 1 - tanh^2), and both with a key mask, where one query's whole window is padding.
+TEST(JvpOps, AttentionGemma) {
+  std::mt19937_64 rng(12);
+  std::vector<AttnCase> cases;
+  cases.push_back(AttnCase{2, 9, 6, 2, 5, {}, "attention window 3, GQA", 3, 0.0});
+  cases.push_back(AttnCase{1, 20, 2, 1, 8, {}, "attention window 5, MQA S=20", 5, 0.0});
+  // Scores of order 1-3 and beyond: the cap of 2.5 bends them, the cap of 50 hardly.
+  AttnCase capped{2, 7, 4, 4, 4, {}, "attention cap 2.5, masked", 0, 2.5};
+  capped.mask.assign(2 * 7, 1);
+  capped.mask[7 + 2] = 0;
+  cases.push_back(capped);
+  cases.push_back(AttnCase{1, 9, 4, 2, 6, {}, "attention cap 50", 0, 50.0});
+  // Window 2 and a cap; keys 3 and 4 of row 1 masked: its query 4 sees no key.
+  AttnCase both{2, 8, 4, 2, 4, {}, "attention window 2 + cap 2.5", 2, 2.5};
+  both.mask.assign(2 * 8, 1);
+  both.mask[8 + 3] = 0;
+  both.mask[8 + 4] = 0;
+  cases.push_back(both);
+  for (const auto& c : cases) {
+    const double scale = 1.0 / std::sqrt(double(c.D));
+    const int64_t nq = c.B * c.S * c.H * c.D, nk = c.B * c.S * c.Hkv * c.D;
+    const uint8_t* mask = c.mask.empty() ? nullptr : c.mask.data();
+    auto tangent = [&](auto&& x, auto&& dx) {
+      using T = typename std::decay_t<decltype(x[0])>::value_type;
+      std::vector<T> y(nq);
+      zof::jvp::attention_jvp<T>(x[0].data(), dx[0].data(), x[1].data(), dx[1].data(), x[2].data(),
+                                 dx[2].data(), y.data(), mask, c.B, c.S, c.H, c.Hkv, c.D, scale,
+                                 c.window, c.softcap);
+      return as_vec(y);
+    };
+    Op op{[&](const Inputs& x) {
+            Vec y(nq);
+            zof::jvp::attention<double>(x[0].data(), x[1].data(), x[2].data(), y.data(), mask, c.B,
+                                        c.S, c.H, c.Hkv, c.D, scale, c.window, c.softcap);
+            return y;
+          },
+          tangent, tangent};
+    const Vec q = randn(rng, nq, 2.0), k = randn(rng, nk, 1.5), v = randn(rng, nk);
+    auto e = check(op, {q, k, v}, rng);
+    EXPECT_TANGENT_OK(e, c.name);
+    // The primal differentiated here is the backends' forward op: jvp::attention in fp32 against
+    // the reference backend's attention. Both accumulate in double and round once: measured
+    // identical bits on these cases; 1e-6 of the largest output (a few fp32 roundings) allows
+    // another summation order and still fails a cap off by 0.1% (measured 4.6e-6 at cap 50).
+    const std::vector<float> q32 = to_f32(q), k32 = to_f32(k), v32 = to_f32(v);
+    std::vector<float> mine(nq), theirs(nq);
+    zof::jvp::attention<float>(q32.data(), k32.data(), v32.data(), mine.data(), mask, c.B, c.S, c.H,
+                               c.Hkv, c.D, double(float(scale)), c.window, c.softcap);
+    zof::make_reference_backend()->attention(q32.data(), k32.data(), v32.data(), theirs.data(),
+                                             mask, c.B, c.S, c.S, c.H, c.Hkv, c.D, 0, float(scale),
+                                             c.window, float(c.softcap));
+    double err = 0, big = 0;
+    for (int64_t i = 0; i < nq; ++i) {
+      err = std::max(err, std::fabs(double(mine[i]) - double(theirs[i])));
+      big = std::max(big, std::fabs(double(theirs[i])));
+    }
+    EXPECT_LT(err, 1e-6 * big) << c.name << ": jvp::attention is not the backends' attention";
+  }
+  // The blind query (row 1, position 4 of the last case): zero output, zero tangent; its
+  // neighbours at positions 3 and 5 see one key each and move.
+  const auto& c = cases.back();
+  const int64_t nq = c.B * c.S * c.H * c.D, nk = c.B * c.S * c.Hkv * c.D;
+  Vec q = randn(rng, nq), k = randn(rng, nk), v = randn(rng, nk), o(nq), d(nq);
+  zof::jvp::attention<double>(q.data(), k.data(), v.data(), o.data(), c.mask.data(), c.B, c.S, c.H,
+                              c.Hkv, c.D, 0.5, c.window, c.softcap);
+  zof::jvp::attention_jvp<double>(q.data(), q.data(), k.data(), k.data(), v.data(), v.data(),
+                                  d.data(), c.mask.data(), c.B, c.S, c.H, c.Hkv, c.D, 0.5, c.window,
+                                  c.softcap);
+  for (int64_t pos : {3, 4, 5}) {
+    const int64_t at = (1 * c.S + pos) * c.H * c.D;
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < c.H * c.D; ++i) zeros += (o[at + i] == 0.0) + (d[at + i] == 0.0);
+    EXPECT_EQ(zeros, pos == 4 ? 2 * c.H * c.D : 0) << "position " << pos;
+  }
+  // A window of S keys or more is no window: the same output and tangent, bit for bit.
+  Vec o0(nq), d0(nq);
+  zof::jvp::attention<double>(q.data(), k.data(), v.data(), o0.data(), c.mask.data(), c.B, c.S, c.H,
+                              c.Hkv, c.D, 0.5, 0, c.softcap);
+  zof::jvp::attention_jvp<double>(q.data(), q.data(), k.data(), k.data(), v.data(), v.data(),
+                                  d0.data(), c.mask.data(), c.B, c.S, c.H, c.Hkv, c.D, 0.5, 0,
+                                  c.softcap);
+  for (int64_t window : {c.S, c.S + 7}) {
+    zof::jvp::attention<double>(q.data(), k.data(), v.data(), o.data(), c.mask.data(), c.B, c.S,
+                                c.H, c.Hkv, c.D, 0.5, window, c.softcap);
+    zof::jvp::attention_jvp<double>(q.data(), q.data(), k.data(), k.data(), v.data(), v.data(),
+                                    d.data(), c.mask.data(), c.B, c.S, c.H, c.Hkv, c.D, 0.5, window,
+                                    c.softcap);
+    EXPECT_EQ(o, o0) << "window " << window;
+    EXPECT_EQ(d, d0) << "window " << window;
+  }
+}
+
 TEST(JvpOps, SiluMul) {
   std::mt19937_64 rng(6);
   const int64_t n = 37;
@@ -263,6 +392,101 @@ TEST(JvpOps, SiluMul) {
         tangent, tangent};
   auto e = check(op, {randn(rng, n, 3.0), randn(rng, n)}, rng);
   EXPECT_TANGENT_OK(e, "silu_mul");
+}
+
+// Gemma's GeGLU, gelu_tanh(gate) * up: both tangents, then each alone (a null tangent is zero)
+// against the difference along that input only.
+TEST(JvpOps, GeluTanhMul) {
+  std::mt19937_64 rng(13);
+  const int64_t n = 37;
+  auto tangent = [&](auto&& x, auto&& dx) {
+    using T = typename std::decay_t<decltype(x[0])>::value_type;
+    std::vector<T> y(n);
+    zof::jvp::gelu_tanh_mul_jvp<T>(x[0].data(), dx[0].data(), x[1].data(), dx[1].data(), y.data(),
+                                   n);
+    return as_vec(y);
+  };
+  Op op{[&](const Inputs& x) {
+          Vec y(n);
+          zof::jvp::gelu_tanh_mul<double>(x[0].data(), x[1].data(), y.data(), n);
+          return y;
+        },
+        tangent, tangent};
+  const Vec gate = randn(rng, n, 3.0), up = randn(rng, n);
+  auto e = check(op, {gate, up}, rng);
+  EXPECT_TANGENT_OK(e, "gelu_tanh_mul");
+
+  // dup null: the gate moves, up stays.
+  auto only_gate = [&](auto&& x, auto&& dx) {
+    using T = typename std::decay_t<decltype(x[0])>::value_type;
+    const std::vector<T> u(up.begin(), up.end());
+    std::vector<T> y(n);
+    zof::jvp::gelu_tanh_mul_jvp<T>(x[0].data(), dx[0].data(), u.data(), nullptr, y.data(), n);
+    return as_vec(y);
+  };
+  Op gate_op{[&](const Inputs& x) {
+               Vec y(n);
+               zof::jvp::gelu_tanh_mul<double>(x[0].data(), up.data(), y.data(), n);
+               return y;
+             },
+             only_gate, only_gate};
+  e = check(gate_op, {gate}, rng);
+  EXPECT_TANGENT_OK(e, "gelu_tanh_mul, dup null");
+
+  // dgate null: up moves, the gate stays.
+  auto only_up = [&](auto&& x, auto&& dx) {
+    using T = typename std::decay_t<decltype(x[0])>::value_type;
+    const std::vector<T> g(gate.begin(), gate.end());
+    std::vector<T> y(n);
+    zof::jvp::gelu_tanh_mul_jvp<T>(g.data(), nullptr, x[0].data(), dx[0].data(), y.data(), n);
+    return as_vec(y);
+  };
+  Op up_op{[&](const Inputs& x) {
+             Vec y(n);
+             zof::jvp::gelu_tanh_mul<double>(gate.data(), x[0].data(), y.data(), n);
+             return y;
+           },
+           only_up, only_up};
+  e = check(up_op, {up}, rng);
+  EXPECT_TANGENT_OK(e, "gelu_tanh_mul, dgate null");
+
+  // The primal is the activation times up.
+  Vec g(n), y(n);
+  zof::jvp::activation<double>(zof::Activation::GeluTanh, gate.data(), g.data(), n);
+  zof::jvp::gelu_tanh_mul<double>(gate.data(), up.data(), y.data(), n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_DOUBLE_EQ(y[i], g[i] * up[i]);
+}
+
+// cap tanh(x / cap): Gemma 2's final cap of 30 over logits up to +-100 (flat in the tails), and a
+// small cap where every input bends. A null dx gives a zero tangent. With outputs near 30 the
+// difference quotient itself carries ~1e-16 * 30 / h = 3e-9 of rounding: measured 1.9e-9 in
+// float64, inside the common 1e-8.
+TEST(JvpOps, Softcap) {
+  std::mt19937_64 rng(14);
+  const int64_t n = 41;
+  for (auto [cap, spread, name] : {std::tuple{30.0, 40.0, "softcap 30, logits to +-100"},
+                                   std::tuple{2.5, 3.0, "softcap 2.5"}}) {
+    auto tangent = [&, cap = cap](auto&& x, auto&& dx) {
+      using T = typename std::decay_t<decltype(x[0])>::value_type;
+      std::vector<T> y(n);
+      zof::jvp::softcap_jvp<T>(x[0].data(), dx[0].data(), y.data(), cap, n);
+      return as_vec(y);
+    };
+    Op op{[&, cap = cap](const Inputs& x) {
+            Vec y(n);
+            zof::jvp::softcap<double>(x[0].data(), y.data(), cap, n);
+            return y;
+          },
+          tangent, tangent};
+    Vec x = randn(rng, n, spread);
+    x[0] = 100.0;
+    x[1] = -100.0;
+    auto e = check(op, {x}, rng);
+    EXPECT_TANGENT_OK(e, name);
+  }
+  Vec x = randn(rng, n, 40.0), d(n, 1.0);
+  zof::jvp::softcap_jvp<double>(x.data(), nullptr, d.data(), 30.0, n);
+  EXPECT_EQ(d, Vec(n, 0.0));
 }
 
 TEST(JvpOps, Activations) {

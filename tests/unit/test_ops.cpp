@@ -123,11 +123,13 @@ std::vector<float> run_matmul(Backend& be, const std::vector<float>& x, const st
   return dev.get(y, size_t(M * N));
 }
 
+// w_offset 1: Gemma's RMSNorm, y = x r (w + 1).
 std::vector<float> run_rms_norm(Backend& be, const std::vector<float>& x,
-                                const std::vector<float>& w, int64_t rows, int64_t dim, float eps) {
+                                const std::vector<float>& w, int64_t rows, int64_t dim, float eps,
+                                float w_offset = 0.f) {
   Device dev(be);
   float* y = dev.output(x.size());
-  be.rms_norm(dev.put(x), dev.put(w), y, rows, dim, eps);
+  be.rms_norm(dev.put(x), dev.put(w), y, rows, dim, eps, w_offset);
   return dev.get(y, x.size());
 }
 
@@ -162,14 +164,18 @@ struct AttnShape {
   int64_t B, Tq, Tk, H, Hkv, D, q_offset;
 };
 
+// window > 0: a sliding window; softcap > 0: Gemma 2's score soft-capping (backend.h); scale 0:
+// 1 / sqrt(D).
 std::vector<float> run_attention(Backend& be, const std::vector<float>& q,
                                  const std::vector<float>& k, const std::vector<float>& v,
-                                 const std::vector<uint8_t>& mask, const AttnShape& s) {
+                                 const std::vector<uint8_t>& mask, const AttnShape& s,
+                                 int64_t window = 0, float softcap = 0.f, float scale = 0.f) {
   Device dev(be);
   const size_t n = size_t(s.B * s.Tq * s.H * s.D);
   float* out = dev.output(n);
+  if (scale == 0.f) scale = 1.0f / std::sqrt(float(s.D));
   be.attention(dev.put(q), dev.put(k), dev.put(v), out, dev.put(mask), s.B, s.Tq, s.Tk, s.H, s.Hkv,
-               s.D, s.q_offset, 1.0f / std::sqrt(float(s.D)));
+               s.D, s.q_offset, scale, window, softcap);
   return dev.get(out, n);
 }
 
@@ -179,6 +185,28 @@ std::vector<float> run_silu_mul(Backend& be, const std::vector<float>& gate,
   float* out = dev.output(gate.size());
   be.silu_mul(dev.put(gate), dev.put(up), out, int64_t(gate.size()));
   return dev.get(out, gate.size());
+}
+
+std::vector<float> run_gelu_tanh_mul(Backend& be, const std::vector<float>& gate,
+                                     const std::vector<float>& up) {
+  Device dev(be);
+  float* out = dev.output(gate.size());
+  be.gelu_tanh_mul(dev.put(gate), dev.put(up), out, int64_t(gate.size()));
+  return dev.get(out, gate.size());
+}
+
+std::vector<float> run_mul_scalar(Backend& be, const std::vector<float>& x, float a) {
+  Device dev(be);
+  float* d = dev.put(x);
+  be.mul_scalar(d, a, int64_t(x.size()));
+  return dev.get(d, x.size());
+}
+
+std::vector<float> run_softcap(Backend& be, const std::vector<float>& x, float cap) {
+  Device dev(be);
+  float* y = dev.output(x.size());
+  be.softcap(dev.put(x), y, cap, int64_t(x.size()));
+  return dev.get(y, x.size());
 }
 
 using InPlaceOp = void (Backend::*)(float*, int64_t, zof::Stream*);
@@ -394,6 +422,40 @@ TEST(OpsHand, Pointwise) {
   }
 }
 
+// Gemma's variants: RMSNorm with weights stored as offsets from 1, a sliding window, soft-capped
+// scores, GeGLU, the embedding normalizer and the final-logit soft-capping.
+TEST(OpsHand, Gemma) {
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    // rms([3,4]) = sqrt(12.5), weights (0, 1) + 1
+    auto y = run_rms_norm(*be, {3, 4}, {0, 1}, 1, 2, 0.0f, 1.0f);
+    EXPECT_TRUE(close({float(3 / std::sqrt(12.5)), float(8 / std::sqrt(12.5))}, y, 1e-6));
+    // q = 1, D = 1, scale 1, keys [0, ln2, ln3]: window 2 leaves query i keys i-1 and i, so the
+    // weights are (1/3, 2/3) and (2/5, 3/5); window 1 leaves each query its own key exactly.
+    AttnShape seq{1, 3, 3, 1, 1, 1, 0};
+    const std::vector<float> kl = {0, float(std::log(2.0)), float(std::log(3.0))}, vl = {6, 12, 18};
+    y = run_attention(*be, {1, 1, 1}, kl, vl, {}, seq, 2, 0.f, 1.f);
+    EXPECT_TRUE(close({6.0f, 10.0f, 15.6f}, y, 1e-6));
+    EXPECT_EQ(run_attention(*be, {1, 1, 1}, kl, vl, {}, seq, 1, 0.f, 1.f), vl);
+    // The same window for a decoded query at position 2 (q_offset 2).
+    y = run_attention(*be, {1}, kl, vl, {}, AttnShape{1, 1, 3, 1, 1, 1, 2}, 2, 0.f, 1.f);
+    EXPECT_TRUE(close({15.6f}, y, 1e-6));
+    // Soft-capped scores: keys [0, 3] with cap 2 score 0 and 2 tanh(1.5) instead of 0 and 3.
+    y = run_attention(*be, {1, 1}, {0, 3}, {6, 12}, {}, AttnShape{1, 2, 2, 1, 1, 1, 0}, 0, 2.f,
+                      1.f);
+    const double s1 = 2 * std::tanh(1.5), w1 = std::exp(s1) / (1 + std::exp(s1));
+    EXPECT_TRUE(close({6.0f, float(6 + 6 * w1)}, y, 1e-6));
+    // gelu_tanh(1) = 0.8411919906 and gelu_tanh(-1) = gelu_tanh(1) - 1, times up.
+    y = run_gelu_tanh_mul(*be, {0, 1, -1}, {3, 2, 0.5f});
+    EXPECT_TRUE(close({0.0f, 2 * 0.8411919906f, 0.5f * (0.8411919906f - 1)}, y, 1e-6));
+    EXPECT_EQ(run_mul_scalar(*be, {1, -2, 0.5f, 0}, 3.0f), (std::vector<float>{3, -6, 1.5f, 0}));
+    // cap tanh(x / cap): 0, 2 tanh(1), and -cap for a score far below -cap.
+    y = run_softcap(*be, {0, 2, -200}, 2.0f);
+    EXPECT_TRUE(close({0.0f, float(2 * std::tanh(1.0)), -2.0f}, y, 1e-6));
+  }
+}
+
 TEST(OpsHand, CrossEntropy) {
   for (auto& c : all_backends()) {
     SCOPED_TRACE(c.label);
@@ -477,8 +539,27 @@ TEST(OpsConform, Rope) {
   }
 }
 
+enum Mask { kNone, kRightPad, kLeftPad, kRandom };
+
+// A key mask (B, Tk) of the kind asked (empty for kNone): odd sequences are padded on the right
+// or the left by Tk/3 + 1 keys, or a random quarter of all keys is masked.
+std::vector<uint8_t> attention_mask(Mask kind, const AttnShape& s) {
+  std::vector<uint8_t> mask;
+  if (kind == kNone) return mask;
+  mask.assign(size_t(s.B * s.Tk), 1);
+  std::mt19937 rng(12);
+  for (int64_t b = 0; b < s.B; ++b) {
+    const int64_t pad = b % 2 == 1 ? s.Tk / 3 + 1 : 0;  // odd sequences are padded
+    for (int64_t j = 0; j < s.Tk; ++j) {
+      if (kind == kRightPad && j >= s.Tk - pad) mask[b * s.Tk + j] = 0;
+      if (kind == kLeftPad && j < pad) mask[b * s.Tk + j] = 0;
+      if (kind == kRandom && rng() % 4 == 0) mask[b * s.Tk + j] = 0;
+    }
+  }
+  return mask;
+}
+
 TEST(OpsConform, Attention) {
-  enum Mask { kNone, kRightPad, kLeftPad, kRandom };
   struct Case {
     AttnShape s;
     Mask mask;
@@ -501,19 +582,7 @@ TEST(OpsConform, Attention) {
     auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 9);
     auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 10);
     auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 11);
-    std::vector<uint8_t> mask;
-    if (c.mask != kNone) {
-      mask.assign(size_t(s.B * s.Tk), 1);
-      std::mt19937 rng(12);
-      for (int64_t b = 0; b < s.B; ++b) {
-        const int64_t pad = b % 2 == 1 ? s.Tk / 3 + 1 : 0;  // odd sequences are padded
-        for (int64_t j = 0; j < s.Tk; ++j) {
-          if (c.mask == kRightPad && j >= s.Tk - pad) mask[b * s.Tk + j] = 0;
-          if (c.mask == kLeftPad && j < pad) mask[b * s.Tk + j] = 0;
-          if (c.mask == kRandom && rng() % 4 == 0) mask[b * s.Tk + j] = 0;
-        }
-      }
-    }
+    const std::vector<uint8_t> mask = attention_mask(c.mask, s);
     conform(std::string("attention ") + c.what,
             [&](Backend& be) { return run_attention(be, q, k, v, mask, s); });
   }
@@ -533,6 +602,218 @@ TEST(OpsConform, Pointwise) {
       conform(name + std::string(" wide") + what, [&](Backend& be) { return run_in_place(be, op, wide); });
     }
     conform("add" + what, [&](Backend& be) { return run_add(be, y, x); });
+  }
+}
+
+// ---- Gemma 2/3: RMSNorm on offsets from 1, windowed and capped attention, GeGLU, softcap ----
+
+// Gemma's RMSNorm (w_offset 1): the weights are offsets around 0 and the norm multiplies by
+// (w + 1) formed in fp32, also in place (y == x) as the model runs it (measured worst 1.9e-7, under
+// kTol). That is the plain norm with the weights w + 1 rounded to fp32, bit for bit, on every
+// backend.
+TEST(OpsConform, RmsNormGemmaOffset) {
+  for (int64_t rows : {1, 3, 17, 64}) {
+    for (int64_t dim : {1, 7, 64, 768, 1001}) {
+      const std::string what = " rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+      auto x = uniform(size_t(rows * dim), -2, 2, 51), w = uniform(size_t(dim), -0.5f, 0.5f, 52);
+      std::vector<float> w1 = w;
+      for (auto& a : w1) a += 1.0f;
+      conform("rms_norm w_offset=1" + what,
+              [&](Backend& be) { return run_rms_norm(be, x, w, rows, dim, 1e-6f, 1.0f); });
+      conform("rms_norm w_offset=1 in place" + what, [&](Backend& be) {
+        Device dev(be);
+        float* d = dev.put(x);
+        be.rms_norm(d, dev.put(w), d, rows, dim, 1e-6f, 1.0f);
+        return dev.get(d, x.size());
+      });
+      for (auto& c : all_backends()) {
+        auto be = c.make();
+        EXPECT_TRUE(bit_identical(run_rms_norm(*be, x, w, rows, dim, 1e-6f, 1.0f),
+                                  run_rms_norm(*be, x, w1, rows, dim, 1e-6f)))
+            << c.label << what;
+      }
+    }
+  }
+}
+
+// Sliding windows and soft-capped scores on both kernel paths of the CPU backend: items of 16
+// rows (a row is a (position, query head) pair of one kv head: 16 / group positions per item)
+// walking keys in blocks of 64, and items of <= 4 rows one row at a time (decoding). Windows of
+// 1, 3, 5 keys and ones that cross block boundaries (64, 100), alone and with caps of 2.5 (scores
+// of +-4 and more: most of them bent) and 50 (Gemma 2's attention cap), with and without masks.
+// The queries are twice the usual range so that the cap of 2.5 saturates. kTol holds: the
+// measured worst is 1.5e-6 (uncapped or capped at 50: scores up to ~10, whose fp32 rounding the
+// softmax amplifies; 5.8e-7 under the cap of 2.5, decoding 6.0e-7), tanh_f32's few ulp are lost
+// in the scores' own rounding.
+TEST(OpsConform, AttentionGemma) {
+  struct Case {
+    AttnShape s;
+    Mask mask;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {{2, 70, 70, 8, 2, 64, 0}, kNone, "tiles, GQA H/Hkv=4"},
+      {{2, 70, 70, 8, 2, 64, 0}, kRightPad, "tiles, GQA H/Hkv=4, right padding"},
+      {{2, 130, 130, 2, 1, 64, 0}, kRandom, "tiles, MQA H/Hkv=2, several key blocks"},
+      {{1, 150, 150, 2, 2, 32, 0}, kLeftPad, "tiles, MHA (16 positions an item)"},
+      {{1, 70, 200, 4, 4, 80, 130}, kLeftPad, "tiles, long cache q_offset=130, D=80"},
+      {{1, 9, 30, 2, 1, 16, 21}, kNone, "a 16-row item and a 2-row item"},
+      {{2, 1, 9, 4, 1, 64, 8}, kRightPad, "decode one token, MQA, right padding"},
+      {{2, 2, 40, 4, 2, 16, 38}, kRandom, "decode two tokens, GQA"},
+      {{3, 3, 100, 3, 3, 24, 97}, kLeftPad, "decode three tokens, MHA, 100 keys"},
+  };
+  for (const Case& c : cases) {
+    const AttnShape& s = c.s;
+    auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -4, 4, 53);
+    auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 54);
+    auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 55);
+    const std::vector<uint8_t> mask = attention_mask(c.mask, s);
+    for (int64_t window : {0, 1, 3, 5, 64, 100}) {
+      for (float cap : {0.0f, 2.5f, 50.0f}) {
+        conform(std::string("attention ") + c.what + " window=" + std::to_string(window) +
+                    " softcap=" + std::to_string(cap),
+                [&](Backend& be) { return run_attention(be, q, k, v, mask, s, window, cap); });
+      }
+    }
+    // A window that reaches key 0 from the last query (q_offset + Tq keys) or beyond is no
+    // window: the same bits as without one, on every backend. One key less changes the output.
+    const int64_t reach = s.q_offset + s.Tq;
+    for (auto& bc : all_backends()) {
+      auto be = bc.make();
+      for (float cap : {0.0f, 2.5f}) {
+        const std::vector<float> plain = run_attention(*be, q, k, v, mask, s, 0, cap);
+        for (int64_t window : {reach, reach + 1, int64_t(1) << 40})
+          EXPECT_TRUE(bit_identical(plain, run_attention(*be, q, k, v, mask, s, window, cap)))
+              << bc.label << " " << c.what << " window=" << window << " softcap=" << cap;
+        if (c.mask == kNone) {
+          EXPECT_FALSE(bit_identical(plain, run_attention(*be, q, k, v, mask, s, reach - 1, cap)))
+              << bc.label << " " << c.what << " window=" << reach - 1 << " softcap=" << cap;
+        }
+      }
+    }
+  }
+}
+
+// A window can leave a query no visible key where causality and the mask alone would not: the
+// right-padded positions whose last `window` keys are all padding. They get zeros, not NaN, on
+// both kernel paths, with and without a cap; without the window the same rows read real keys.
+// The other rows meet kTol (measured 2.1e-7).
+TEST(OpsConform, AttentionWindowPastPaddingGivesZeros) {
+  const int64_t Tk = 40, pad_from = 26, window = 3;  // sequence 1: keys 26..39 are padding
+  for (AttnShape s : {AttnShape{2, 40, 40, 4, 2, 32, 0}, AttnShape{2, 1, 40, 4, 1, 32, 39},
+                      AttnShape{2, 3, 40, 2, 2, 32, 37}, AttnShape{2, 2, 40, 2, 1, 32, 38}}) {
+    auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 56);
+    auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 57);
+    auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 58);
+    std::vector<uint8_t> mask(size_t(s.B * Tk), 1);
+    for (int64_t j = pad_from; j < Tk; ++j) mask[Tk + j] = 0;
+    const std::string what = "Tq=" + std::to_string(s.Tq) + " H=" + std::to_string(s.H) +
+                             " Hkv=" + std::to_string(s.Hkv);
+    for (float cap : {0.0f, 2.5f}) {
+      conform("attention window past padding " + what,
+              [&](Backend& be) { return run_attention(be, q, k, v, mask, s, window, cap); });
+      for (auto& bc : all_backends()) {
+        auto be = bc.make();
+        const std::vector<float> y = run_attention(*be, q, k, v, mask, s, window, cap);
+        const std::vector<float> y0 = run_attention(*be, q, k, v, mask, s, 0, cap);
+        for (int64_t i = 0; i < s.Tq; ++i) {
+          const int64_t p = s.q_offset + i;
+          const bool blind = p - window + 1 >= pad_from;  // every key of its window is padding
+          const size_t o = size_t((s.Tq + i) * s.H * s.D), n = size_t(s.H * s.D);  // sequence 1
+          size_t zeros = 0, zeros0 = 0;
+          for (size_t e = o; e < o + n; ++e) {
+            zeros += y[e] == 0.0f;
+            zeros0 += y0[e] == 0.0f;
+          }
+          EXPECT_EQ(zeros, blind ? n : size_t(0)) << bc.label << " " << what << " position " << p;
+          EXPECT_EQ(zeros0, size_t(0)) << bc.label << " " << what << " position " << p;
+        }
+      }
+    }
+  }
+}
+
+// GeGLU and softcap within kTol (measured worst 2.4e-7); mul_scalar exactly.
+TEST(OpsConform, PointwiseGemma) {
+  for (int64_t n : {1, 15, 1000, 4097, 70001}) {
+    const std::string what = " n=" + std::to_string(n);
+    auto x = uniform(size_t(n), -8, 8, 59), y = uniform(size_t(n), -3, 3, 60);
+    // The tails: exp overflow and underflow inside the GELU must not make NaN.
+    auto wide = uniform(size_t(n), -200, 200, 61);
+    conform("gelu_tanh_mul" + what, [&](Backend& be) { return run_gelu_tanh_mul(be, x, y); });
+    conform("gelu_tanh_mul wide" + what,
+            [&](Backend& be) { return run_gelu_tanh_mul(be, wide, y); });
+    for (float cap : {30.0f, 50.0f, 2.5f}) {
+      conform("softcap " + std::to_string(cap) + what,
+              [&](Backend& be) { return run_softcap(be, x, cap); });
+      conform("softcap " + std::to_string(cap) + " wide" + what,
+              [&](Backend& be) { return run_softcap(be, wide, cap); });
+    }
+    // One fp32 product per element: the same bits as the reference.
+    auto ref = zof::make_reference_backend();
+    for (float a : {48.0f, float(std::sqrt(2304.0)), 0.3f, -1.5f}) {
+      const std::vector<float> want = run_mul_scalar(*ref, x, a);
+      for (auto& c : fast_backends()) {
+        auto be = c.make();
+        EXPECT_TRUE(bit_identical(want, run_mul_scalar(*be, x, a)))
+            << c.label << " mul_scalar" << what;
+      }
+    }
+  }
+}
+
+// tanh_f32 (vec_math.h) through softcap, element by element against the reference's double tanh
+// rounded to fp32: tiny |x / cap| (the odd series), dense on both sides of |x / cap| = 0.25 where
+// tanh_f32 switches from the series to (1 - e^-2a) / (1 + e^-2a), across the curve, saturated,
+// huge, negative, and Gemma 2's final cap of 30 over logits up to +-100. The error relative to
+// each element (not to the largest) is measured at 2.85e-7 (3 ulp of 0.628 at |x / cap| = 0.257,
+// just past the switch, where 1 - e with e = 0.6 loses bits to cancellation; 2.4e-7 for the cap of
+// 30 over the logits); 5e-7 (4 to 8 ulp) leaves room for other CPUs and compilers and still fails
+// a formula that is off by 1e-6 anywhere.
+TEST(OpsConform, SoftcapTanhAccuracy) {
+  constexpr double kTanhTol = 5e-7;
+  for (float cap : {30.0f, 50.0f, 2.5f, 1.0f}) {
+    std::vector<float> x;
+    for (double r : {1e-30, 1e-12, 1e-6, 1e-3, 0.01, 0.1, 0.2, 0.249, 0.251, 0.3, 0.5, 1.0, 2.0,
+                     5.0, 9.0, 10.0, 20.0, 50.0, 1e3, 1e10, 1e30})
+      for (double sign : {1.0, -1.0}) x.push_back(float(sign * r * cap));
+    // |x / cap| in [0.24, 0.26], and the 64 fp32 neighbours of x = 0.25 cap on each side.
+    for (int i = 0; i <= 2000; ++i) {
+      const float r = 0.24f + 0.02f * float(i) / 2000.0f;
+      x.push_back(r * cap);
+      x.push_back(-r * cap);
+    }
+    float up = 0.25f * cap, down = 0.25f * cap;
+    for (int i = 0; i < 64; ++i) {
+      x.push_back(up);
+      x.push_back(-down);
+      up = std::nextafter(up, 2 * cap);
+      down = std::nextafter(down, 0.0f);
+    }
+    for (float r : uniform(20001, -4, 4, 62)) x.push_back(r * cap);
+    for (float l : uniform(70001, -100, 100, 63)) x.push_back(l);  // logits: the cap of 30
+    x.push_back(std::numeric_limits<float>::max());
+    x.push_back(-std::numeric_limits<float>::max());
+    x.push_back(0.0f);
+    auto ref = zof::make_reference_backend();
+    const std::vector<float> want = run_softcap(*ref, x, cap);
+    for (auto& c : fast_backends()) {
+      auto be = c.make();
+      const std::vector<float> got = run_softcap(*be, x, cap);
+      double worst = 0.0;
+      size_t at = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << c.label << " softcap(" << x[i] << ") = " << got[i];
+        if (want[i] == 0.0f) {
+          EXPECT_EQ(got[i], 0.0f) << c.label << " x = " << x[i];
+          continue;
+        }
+        const double e = std::fabs(double(got[i]) - double(want[i])) / std::fabs(double(want[i]));
+        if (e > worst) worst = e, at = i;
+      }
+      EXPECT_LT(worst, kTanhTol) << c.label << " cap " << cap << " at x = " << x[at] << ": "
+                                 << got[at] << " vs " << want[at];
+    }
   }
 }
 
@@ -639,6 +920,45 @@ TEST(Ops, Aliasing) {
       float* u = dev.put(up);
       be->silu_mul(dev.put(x), u, u, int64_t(x.size()));
       EXPECT_TRUE(bit_identical(dev.get(u, x.size()), want)) << "out == up";
+    }
+  }
+}
+
+// Gemma's ops in place: the norm with w_offset 1 (y == x), GeGLU (out == gate or up), softcap
+// (y == x); the same bits as into a separate buffer.
+TEST(Ops, AliasingGemma) {
+  const int64_t rows = 5, dim = 300, n = rows * dim;
+  auto x = uniform(size_t(n), -4, 4, 64), w = uniform(size_t(dim), -0.5f, 0.5f, 65);
+  auto up = uniform(size_t(n), -2, 2, 66);
+  for (auto& c : all_backends()) {
+    SCOPED_TRACE(c.label);
+    auto be = c.make();
+    {
+      Device dev(*be);
+      float* d = dev.put(x);
+      be->rms_norm(d, dev.put(w), d, rows, dim, 1e-6f, 1.0f);
+      EXPECT_TRUE(
+          bit_identical(dev.get(d, x.size()), run_rms_norm(*be, x, w, rows, dim, 1e-6f, 1.0f)));
+    }
+    const auto want = run_gelu_tanh_mul(*be, x, up);
+    {
+      Device dev(*be);
+      float* g = dev.put(x);
+      be->gelu_tanh_mul(g, dev.put(up), g, n);
+      EXPECT_TRUE(bit_identical(dev.get(g, x.size()), want)) << "gelu_tanh_mul out == gate";
+    }
+    {
+      Device dev(*be);
+      float* u = dev.put(up);
+      be->gelu_tanh_mul(dev.put(x), u, u, n);
+      EXPECT_TRUE(bit_identical(dev.get(u, x.size()), want)) << "gelu_tanh_mul out == up";
+    }
+    {
+      Device dev(*be);
+      float* d = dev.put(x);
+      be->softcap(d, d, 2.5f, n);
+      EXPECT_TRUE(bit_identical(dev.get(d, x.size()), run_softcap(*be, x, 2.5f)))
+          << "softcap y == x";
     }
   }
 }
@@ -823,6 +1143,41 @@ TEST(Ops, CpuThreadCountIndependence) {
     same("bf16 matmul M=" + std::to_string(sh.M) + " N=" + std::to_string(sh.N) +
              " K=" + std::to_string(sh.K),
          [&](Backend& be) { return run_matmul_bf16(be, a, to_bf16(wm), bias, sh.M, sh.N, sh.K); });
+  }
+}
+
+// Gemma's ops on 1, 2, 3 and 8 threads: the same bits. Every attention item (up to 16 rows of
+// one kv head) and every elementwise block runs on one thread, whatever the schedule.
+TEST(Ops, CpuThreadCountIndependenceGemma) {
+  std::vector<std::pair<int, std::unique_ptr<Backend>>> bes;
+  for (int t : {1, 2, 3, 8}) bes.emplace_back(t, zof::make_cpu_backend(t));
+  auto same = [&](const std::string& what, const std::function<std::vector<float>(Backend&)>& run) {
+    const std::vector<float> want = run(*bes[0].second);
+    for (size_t i = 1; i < bes.size(); ++i)
+      EXPECT_TRUE(bit_identical(want, run(*bes[i].second)))
+          << what << ", " << bes[i].first << " threads";
+  };
+  // Sizes above the backend's serial threshold, so the backends really split them.
+  const int64_t n = 100003, rows = 64, dim = 1000;
+  auto x = uniform(size_t(n), -8, 8, 67), y = uniform(size_t(n), -2, 2, 68);
+  auto logits = uniform(size_t(n), -100, 100, 69);
+  auto w = uniform(size_t(dim), -0.5f, 0.5f, 70), xr = uniform(size_t(rows * dim), -2, 2, 71);
+  same("gelu_tanh_mul", [&](Backend& be) { return run_gelu_tanh_mul(be, x, y); });
+  same("softcap 30", [&](Backend& be) { return run_softcap(be, logits, 30.0f); });
+  same("mul_scalar", [&](Backend& be) { return run_mul_scalar(be, x, 48.0f); });
+  same("rms_norm w_offset=1",
+       [&](Backend& be) { return run_rms_norm(be, xr, w, rows, dim, 1e-6f, 1.0f); });
+  // The tiled path (70 positions, 4 query heads per kv head) and decoding (one row at a time).
+  for (AttnShape s : {AttnShape{2, 70, 70, 8, 2, 64, 0}, AttnShape{4, 1, 300, 8, 2, 64, 299}}) {
+    auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -4, 4, 72);
+    auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 73);
+    auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 74);
+    const std::vector<uint8_t> mask = attention_mask(kRightPad, s);
+    for (int64_t window : {0, 5, 100})
+      for (float cap : {0.0f, 50.0f})
+        same("attention Tq=" + std::to_string(s.Tq) + " window=" + std::to_string(window) +
+                 " softcap=" + std::to_string(cap),
+             [&](Backend& be) { return run_attention(be, q, k, v, mask, s, window, cap); });
   }
 }
 
