@@ -1,6 +1,6 @@
 // config.json of the supported families, read as transformers reads it: the same field names, the
 // same defaults per model_type, and an error for every option that would change the math in a way
-// zof does not implement (RoPE scaling, sliding windows, cross-attention, ...).
+// zof does not implement (other RoPE scalings, cross-attention, ...).
 #include "zof/config.h"
 
 #include <cmath>
@@ -258,6 +258,23 @@ DType parse_torch_dtype(const Fields& f) {
   f.fail(key, "is \"" + s + "\"; zof supports float32, float16 and bfloat16 checkpoints");
 }
 
+// layer_types (transformers 5): one "sliding_attention" or "full_attention" per layer, into
+// c.layer_sliding (c.num_layers set).
+void parse_layer_types(const Fields& f, const json& lt, ModelConfig& c) {
+  if (!lt.is_array() || (int64_t)lt.size() != c.num_layers)
+    f.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.num_layers) +
+                              ") strings; fix config.json");
+  c.layer_sliding.assign(size_t(c.num_layers), 0);
+  for (size_t i = 0; i < lt.size(); ++i) {
+    const json& t = lt[i];
+    const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
+    if (s != "sliding_attention" && s != "full_attention")
+      f.fail("layer_types", "has \"" + s + "\" at " + std::to_string(i) +
+                                "; zof supports \"sliding_attention\" and \"full_attention\"");
+    c.layer_sliding[i] = s == "sliding_attention";
+  }
+}
+
 void parse_llama(const Fields& f, ModelConfig& c) {
   const std::string& mt = c.model_type;
   c.arch = Arch::Llama;
@@ -306,32 +323,31 @@ void parse_llama(const Fields& f, ModelConfig& c) {
   }
   c.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
 
-  // Sliding-window attention changes the mask on long inputs; accept only configs where it never
-  // applies. Mistral uses sliding_window (default 4096) as given; Qwen2 only with use_sliding_window
-  // and only on layers from max_window_layers on (or as layer_types says).
+  // Sliding-window attention, as transformers applies it (each query sees itself and the
+  // window - 1 keys before it): Mistral (sliding_window, default 4096) and Phi-3 (default none) on
+  // every layer; Qwen2 and Qwen3 only with use_sliding_window, on the layers layer_types marks,
+  // else on those from max_window_layers on. A window that reaches past the context never applies
+  // and is dropped.
   if (mt == "mistral" || mt == "qwen2" || mt == "qwen3" || mt == "phi3") {
     const json* sw = f.get("sliding_window");
     int64_t window = 0;  // 0: none
     if (!f.j.contains("sliding_window")) window = mt == "phi3" ? 0 : 4096;  // Phi3Config: None
     else if (sw) window = f.positive("sliding_window");
-    bool applies = window > 0 && window < c.max_position;
-    if (applies && (mt == "qwen2" || mt == "qwen3")) {
-      if (!f.boolean_or("use_sliding_window", false)) {
-        applies = false;
-      } else if (const json* lt = f.get("layer_types")) {
-        if (!lt->is_array()) f.fail("layer_types", "must be a list of strings");
-        applies = false;
-        for (const json& t : *lt)
-          if (!t.is_string() || t.get<std::string>() != "full_attention") applies = true;
-      } else {
-        applies = f.positive_or("max_window_layers", 28) < c.num_layers;
-      }
+    if ((mt == "qwen2" || mt == "qwen3") && !f.boolean_or("use_sliding_window", false)) window = 0;
+    c.layer_sliding.assign(size_t(c.num_layers), 0);
+    if (mt == "mistral" || mt == "phi3") {
+      c.layer_sliding.assign(size_t(c.num_layers), window > 0);
+    } else if (const json* lt = f.get("layer_types")) {
+      parse_layer_types(f, *lt, c);
+    } else {
+      const int64_t first = f.positive_or("max_window_layers", 28);
+      for (int64_t i = first; i < c.num_layers; ++i) c.layer_sliding[size_t(i)] = 1;
     }
-    if (applies)
-      f.fail("sliding_window", "is " + std::to_string(window) + ", below max_position_embeddings (" +
-                                   std::to_string(c.max_position) +
-                                   "): sliding-window attention is not supported yet; set it to null if the "
-                                   "model was trained with full attention");
+    c.sliding_window = window;
+    if (window == 0 || window >= c.max_position) {
+      c.sliding_window = 0;
+      c.layer_sliding.clear();
+    }
   }
 }
 
@@ -393,17 +409,7 @@ void parse_gemma(const Fields& f, ModelConfig& c) {
                                                     : 4096;
   c.layer_sliding.assign(size_t(c.num_layers), 0);
   if (const json* lt = f.get("layer_types")) {
-    if (!lt->is_array() || (int64_t)lt->size() != c.num_layers)
-      f.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(c.num_layers) +
-                                ") strings; fix config.json");
-    for (size_t i = 0; i < lt->size(); ++i) {
-      const json& t = (*lt)[i];
-      const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
-      if (s != "sliding_attention" && s != "full_attention")
-        f.fail("layer_types", "has \"" + s + "\" at " + std::to_string(i) +
-                                  "; zof supports \"sliding_attention\" and \"full_attention\"");
-      c.layer_sliding[i] = s == "sliding_attention";
-    }
+    parse_layer_types(f, *lt, c);
   } else {
     const int64_t pattern = g3 ? f.positive_or("sliding_window_pattern", 6) : 2;
     for (int64_t i = 0; i < c.num_layers; ++i) c.layer_sliding[size_t(i)] = (i + 1) % pattern != 0;

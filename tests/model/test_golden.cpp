@@ -238,7 +238,7 @@ TEST(GoldenSave, FineTunedOutputReloads) {
 // Greedy decoding with the KV cache reproduces transformers' generate().
 TEST(GoldenGenerate, GreedyMatchesTransformers) {
   for (const char* name : {"stories260K", "llama_gqa", "llama3_scaled", "llama_linear", "qwen3",
-                           "phi3", "gemma2", "gemma3"}) {
+                           "phi3", "gemma2", "gemma3", "mistral_window", "qwen2_window"}) {
     const fs::path dir = fs::path(zof::test::source_dir()) / "tests/golden" / name;
     ZOF_REQUIRE_PATH(dir / "golden.json");
     Golden g = load_golden(name);

@@ -51,7 +51,7 @@ double rel(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b)
 // directions in one walk; the float64 loss at theta is PyTorch's float64 loss.
 TEST(Jvp, MatchesAutogradGradientDotZ) {
   for (const char* name : {"llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3", "gemma2",
-                           "gemma3"}) {
+                           "gemma3", "mistral_window", "qwen2_window"}) {
     ZOF_REQUIRE_PATH(golden_dir(name) + "/grad.safetensors");
     zof::Model m = zof::Model::load(golden_dir(name));
     const zof::LossBatch lb = golden_batch(name);
@@ -88,7 +88,7 @@ TEST(Jvp, MatchesAutogradGradientDotZ) {
 TEST(Jvp, EveryArchitectureMatchesCentralDifference) {
   for (const char* name : {"llama_gqa", "qwen2_bias", "mistral", "opt", "opt350_shape", "gpt2",
                            "llama_bf16", "stories260K", "llama3_scaled", "llama_linear", "qwen3",
-                           "phi3", "gemma2", "gemma3"}) {
+                           "phi3", "gemma2", "gemma3", "mistral_window", "qwen2_window"}) {
     ZOF_REQUIRE_PATH(model_dir(name) + "/model.safetensors");
     zof::Model m = zof::Model::load(model_dir(name));
     const zof::LossBatch lb = golden_batch(name);

@@ -239,6 +239,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stories260K", 1, 0.f, false, Opt::Adam, zof::DType::BF16},
                       Case{"phi3", 2, 0.1f, false, Opt::SGD, zof::DType::BF16},
                       Case{"gemma2", 2, 0.1f},
+                      Case{"qwen2_window", 1},
                       Case{"gemma3", 1, 0.f, false, Opt::SGD, zof::DType::BF16}),
     [](const auto& info) {
       const Case& c = info.param;

@@ -124,6 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ZOStepVsReference,
                                            StepCase{"phi3", 2, 0.1f},
                                            StepCase{"gemma2", 2, 0.1f},
                                            StepCase{"gemma3", 1, 0.f},
+                                           StepCase{"mistral_window", 1, 0.f},
                                            StepCase{"gemma2", 1, 0.f, 64},
                                            // the LM head in several vocabulary chunks
                                            StepCase{"llama_gqa", 2, 0.1f, 64},

@@ -51,6 +51,9 @@ GEMMA2_ATTN_SOFTCAP = 1.0
 GEMMA2_FINAL_SOFTCAP = 2.0
 # Families whose RMSNorm scales by (1 + weight) (weights initialised at 0).
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+# The sliding-window goldens (see sliding_layers and model_mask): W = 4 < T on some or all layers.
+WINDOW_MODELS = ("gemma2", "gemma3", "mistral_window", "qwen2_window")
+WINDOW = 4
 
 
 def tiny_models():
@@ -174,6 +177,26 @@ def tiny_models():
                                     tie_word_embeddings=True,
                                     bos_token_id=2, eos_token_id=1, pad_token_id=0),
                    torch.float32),
+        # The sliding-window goldens below come last, so the seeds of those above are unchanged.
+        # Mistral with sliding_window 4 < T: every layer slides (MistralConfig has no layer_types).
+        "mistral_window": (MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=48,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=8,
+                                         max_position_embeddings=64, rope_theta=10000.0,
+                                         rms_norm_eps=1e-5, hidden_act="silu",
+                                         sliding_window=WINDOW, tie_word_embeddings=True,
+                                         bos_token_id=1, eos_token_id=2),
+                           torch.float32),
+        # Qwen2 with use_sliding_window: transformers derives layer_types (written to config.json)
+        # as sliding for layers i >= max_window_layers, so [full, sliding, sliding] here.
+        "qwen2_window": (Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=48,
+                                     num_hidden_layers=3, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=64,
+                                     rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
+                                     tie_word_embeddings=True, use_sliding_window=True,
+                                     sliding_window=WINDOW, max_window_layers=1,
+                                     bos_token_id=None, eos_token_id=2),
+                         torch.float32),
     }
 
 
@@ -224,18 +247,34 @@ def random_inputs(cfg, seed):
     return ids, mask
 
 
-def model_mask(mask, model_type):
-    """The attention_mask given to transformers. The Gemma (sliding-window) models get none:
-    with right padding and causal attention the padding mask changes only padded query rows (a
-    valid query sees keys 0..i, all valid), and a padded row under a window shorter than its
-    distance to the last valid token would see no key at all; transformers' eager softmax casts
-    the float64 model's finfo.min mask to float32 (-inf), so such a row is NaN, and 0 * NaN in the
-    next layer's P.V spreads it to the whole batch row."""
-    return None if model_type in GEMMA_TYPES else mask
+def sliding_layers(config):
+    """Per layer, whether it uses the sliding window, as transformers 5 decides: where the config
+    has layer_types (Gemma 2/3; Qwen2/3 derive it from use_sliding_window and max_window_layers)
+    the layers marked sliding_attention, otherwise (Mistral, Phi-3) every layer once
+    sliding_window is set. All False without a sliding_window (Qwen2/3 clear it unless
+    use_sliding_window)."""
+    n = config.num_hidden_layers
+    if getattr(config, "sliding_window", None) is None:
+        return [False] * n
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return [True] * n
+    return [t == "sliding_attention" for t in types]
+
+
+def model_mask(mask, config):
+    """The attention_mask given to transformers. Models with a sliding window on some layer (the
+    Gemma goldens, mistral_window, qwen2_window; decided from the config, so the plain `mistral`
+    and `qwen2_bias` keep theirs) get none: with right padding and causal attention the padding
+    mask changes only padded query rows (a valid query sees keys 0..i, all valid), and a padded
+    row under a window shorter than its distance to the last valid token would see no key at all;
+    transformers' eager softmax casts the float64 model's finfo.min mask to float32 (-inf), so
+    such a row is NaN, and 0 * NaN in the next layer's P.V spreads it to the whole batch row."""
+    return None if any(sliding_layers(config)) else mask
 
 
 def forward(model, ids, mask, model_type):
-    kw = dict(input_ids=ids, attention_mask=model_mask(mask, model_type), use_cache=False)
+    kw = dict(input_ids=ids, attention_mask=model_mask(mask, model.config), use_cache=False)
     if model_type != "opt":
         # zof: positions are 0..len-1 per row (right padding). OPT derives the same from
         # cumsum(attention_mask).
@@ -321,7 +360,7 @@ def grad_golden(out_dir, ids, mask, model_type):
     (g of SPSA must approach grad . z as eps shrinks). Written as grad.safetensors (F32,
     Hugging Face names, tied weights once)."""
     m64 = load(out_dir, torch.float64)
-    kw = dict(input_ids=ids, attention_mask=model_mask(mask, model_type), use_cache=False)
+    kw = dict(input_ids=ids, attention_mask=model_mask(mask, m64.config), use_cache=False)
     if model_type != "opt":
         kw["position_ids"] = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
     logits = m64(**kw).logits
@@ -386,6 +425,25 @@ def softcap_effect(model_dir, ids, mask, model_type):
     }
 
 
+def window_effect(model_dir, ids, mask, model_type):
+    """float64: how far batch row 0's logits move, per position, when the sliding window is
+    switched off (sliding_window set beyond the sequence, so the window mask is plain causal),
+    so that the golden shows the window matters: 0 up to position W - 1 (every key still in the
+    window), nonzero after."""
+    m = load(model_dir, torch.float64)
+    windowed = forward(m, ids, mask, model_type)
+    window = m.config.sliding_window
+    m.config.sliding_window = 1 << 20
+    full = forward(m, ids, mask, model_type)
+    n = int(mask[0].sum())
+    d = (windowed[0, :n] - full[0, :n]).abs().amax(-1)
+    return {
+        "sliding_window": window,
+        "row": 0,
+        "logits_vs_no_window_max_abs_by_pos": [fmt(x, 6) for x in d.tolist()],
+    }
+
+
 def write_golden(out_dir, meta, tensors):
     with open(os.path.join(out_dir, "golden.json"), "w") as f:
         json.dump(meta, f, sort_keys=True, indent=1)
@@ -415,8 +473,10 @@ def base_meta(name, model_dir_rel, cfg, ids, mask, stored, info):
 
 
 # Which goldens record greedy generation and the float64 gradient.
-GREEDY = ("llama_gqa", "llama3_scaled", "llama_linear", "qwen3", "phi3", "gemma2", "gemma3")
-GRAD = ("llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3", "gemma2", "gemma3")
+GREEDY = ("llama_gqa", "llama3_scaled", "llama_linear", "qwen3", "phi3", "gemma2", "gemma3",
+          "mistral_window", "qwen2_window")
+GRAD = ("llama_gqa", "gpt2", "llama3_scaled", "qwen3", "phi3", "gemma2", "gemma3",
+        "mistral_window", "qwen2_window")
 # Which goldens record transformers' RoPE frequency table (gemma3: one per layer type).
 ROPE_TABLE = ("llama3_scaled", "llama_linear", "qwen3", "phi3", "gemma2", "gemma3")
 # Which goldens' config.json is rewritten in transformers 4's RoPE spelling.
@@ -438,6 +498,8 @@ def to_transformers4_rope(path):
 
 
 def make_tiny(name, cfg, dtype, out_root, index):
+    if (name in WINDOW_MODELS) != any(sliding_layers(cfg)):
+        raise RuntimeError(f"{name}: WINDOW_MODELS disagrees with the config's sliding window")
     out_dir = os.path.join(out_root, name)
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
@@ -481,6 +543,11 @@ def make_tiny(name, cfg, dtype, out_root, index):
         # Which layers use the sliding window (and, for Gemma 3, rope_inv_freq_local).
         meta["layer_types"] = list(cfg.layer_types)
         meta["softcap_effect"] = softcap_effect(out_dir, ids, mask, cfg.model_type)
+    elif name in WINDOW_MODELS:
+        # Which layers slide (Mistral's config.json has no layer_types: all of them do).
+        meta["layer_types"] = ["sliding_attention" if s else "full_attention"
+                               for s in sliding_layers(cfg)]
+        meta["window_effect"] = window_effect(out_dir, ids, mask, cfg.model_type)
     if name in GREEDY:
         prefix = ids[:1, :5]
         toks, margin = greedy(m32, prefix, 10, cfg.model_type)

@@ -215,10 +215,12 @@ TEST(Config, Qwen2) {
   EXPECT_EQ(c.bos_token_id, 151643);
   EXPECT_EQ(c.torch_dtype, zof::DType::BF16);
   EXPECT_EQ(c.num_params(), 494032768);
-  // Sliding windows that never apply are accepted.
-  EXPECT_NO_THROW(parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
-                                          {"max_window_layers", 24}})));
-  EXPECT_NO_THROW(parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 131072}})));
+  // Sliding windows that never apply are dropped.
+  for (const ModelConfig& n : {parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
+                                                        {"max_window_layers", 24}})),
+                               parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 131072}}))}) {
+    for (uint8_t s : n.layer_sliding) EXPECT_EQ(s, 0);
+  }
 }
 
 TEST(Config, Mistral) {
@@ -236,7 +238,7 @@ TEST(Config, Mistral) {
   EXPECT_FALSE(c.tie_embeddings);
   EXPECT_EQ(c.num_params(), 7248023552);
   // A window as long as the context never applies.
-  EXPECT_NO_THROW(parse(with(kMistral7b, {{"sliding_window", 32768}})));
+  EXPECT_TRUE(parse(with(kMistral7b, {{"sliding_window", 32768}})).layer_sliding.empty());
 }
 
 TEST(Config, Llama2) {
@@ -541,9 +543,12 @@ TEST(Config, Qwen3) {
   // Qwen3Config's head_dim defaults to 128, not hidden_size / heads.
   EXPECT_EQ(parse(with(kQwen3_06b, {{"head_dim", nullptr}, {"hidden_size", 512}})).head_dim, 128);
   EXPECT_TRUE(parse(with(kQwen3_06b, {{"attention_bias", true}})).qkv_bias);
-  // Sliding windows as Qwen2's.
-  expect_error(with(kQwen3_06b, {{"use_sliding_window", true}, {"sliding_window", 4096}, {"max_window_layers", 1}}),
-               {"sliding_window", "not supported"});
+  // Sliding windows as Qwen2's: layers from max_window_layers on.
+  const ModelConfig w = parse(with(kQwen3_06b, {{"use_sliding_window", true}, {"sliding_window", 4096},
+                                                {"max_window_layers", 1}}));
+  EXPECT_EQ(w.sliding_window, 4096);
+  ASSERT_EQ(w.layer_sliding.size(), size_t(w.num_layers));
+  for (int64_t i = 0; i < w.num_layers; ++i) EXPECT_EQ(w.layer_sliding[i], i >= 1) << i;
   EXPECT_FALSE(parse(kQwen2_05b).qk_norm);
 }
 
@@ -690,9 +695,11 @@ TEST(Config, Phi3) {
   json no_window = json::parse(kPhi3Mini);
   no_window.erase("sliding_window");
   EXPECT_EQ(parse(no_window).max_position, 4096);
-  // The Hub's sliding_window 2047 is refused; one at the context is no window.
-  expect_error(with(kPhi3Mini, {{"sliding_window", 2047}}), {"sliding_window", "2047", "not supported"});
-  EXPECT_TRUE(parse(with(kPhi3Mini, {{"sliding_window", 4096}})).fused_proj);
+  // The Hub's sliding_window 2047 applies to every layer; one at the context is no window.
+  const ModelConfig sw = parse(with(kPhi3Mini, {{"sliding_window", 2047}}));
+  EXPECT_EQ(sw.sliding_window, 2047);
+  EXPECT_EQ(sw.layer_sliding, std::vector<uint8_t>(size_t(sw.num_layers), 1));
+  EXPECT_TRUE(parse(with(kPhi3Mini, {{"sliding_window", 4096}})).layer_sliding.empty());
   // Partial rotary (Phi-4-mini: 0.75 of head_dim 128), top-level (transformers 4) or in
   // rope_parameters (transformers 5): int(head_dim * factor) dims, their own table.
   ModelConfig p = parse(with(kPhi3Mini, {{"num_attention_heads", 24}, {"num_key_value_heads", 8},
@@ -729,21 +736,36 @@ TEST(Config, Qwen25IsQwen2) {
   EXPECT_EQ(c.num_params(), 494032768);
 }
 
+// Which layers slide, as transformers decides (tests/golden's mistral_window and qwen2_window
+// check the attention itself).
 TEST(Config, SlidingWindow) {
-  // Mistral-7B-v0.1: a 4096-token window under a 32768 context.
-  expect_error(with(kMistral7b, {{"sliding_window", 4096}}), {"sliding_window", "4096", "not supported"});
+  const auto all = [](const ModelConfig& c, uint8_t v) {
+    return c.layer_sliding == std::vector<uint8_t>(size_t(c.num_layers), v);
+  };
+  // Mistral-7B-v0.1: a 4096-token window under a 32768 context, on every layer.
+  const ModelConfig m = parse(with(kMistral7b, {{"sliding_window", 4096}}));
+  EXPECT_EQ(m.sliding_window, 4096);
+  EXPECT_TRUE(all(m, 1));
   // transformers' default for Mistral is a 4096 window.
   json j = json::parse(kMistral7b);
   j.erase("sliding_window");
-  expect_error(j, {"sliding_window"});
-  // Qwen2 with use_sliding_window and layers past max_window_layers.
-  expect_error(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096}, {"max_window_layers", 12}}),
-               {"sliding_window"});
-  expect_error(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
-                                 {"layer_types", json::array({"full_attention", "sliding_attention"})}}),
-               {"sliding_window"});
+  EXPECT_EQ(parse(j).sliding_window, 4096);
+  // Qwen2 with use_sliding_window: the layers from max_window_layers on, or as layer_types says.
+  const ModelConfig q = parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
+                                                {"max_window_layers", 12}}));
+  ASSERT_EQ(q.layer_sliding.size(), 24u);
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(q.layer_sliding[i], i >= 12) << i;
+  json lt = json::parse(kQwen2_05b);
+  lt["use_sliding_window"] = true, lt["sliding_window"] = 4096;
+  lt["layer_types"] = json::array();
+  for (int i = 0; i < 24; ++i) lt["layer_types"].push_back(i % 3 ? "full_attention" : "sliding_attention");
+  const ModelConfig t = parse(lt);
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(t.layer_sliding[i], i % 3 == 0) << i;
+  lt["layer_types"] = json::array({"full_attention", "sliding_attention"});
+  expect_error(lt, {"layer_types", "24"});
   // use_sliding_window false: the window is ignored, as in transformers.
-  EXPECT_NO_THROW(parse(with(kQwen2_05b, {{"sliding_window", 4096}})));
+  EXPECT_TRUE(parse(with(kQwen2_05b, {{"sliding_window", 4096}})).layer_sliding.empty());
+  EXPECT_TRUE(all(parse(kMistral7b), 0) || parse(kMistral7b).layer_sliding.empty());
 }
 
 TEST(Config, UnsupportedOptOptions) {
