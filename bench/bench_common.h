@@ -262,6 +262,10 @@ class TimingBackend : public zof::Backend {
                        const zof::ZOOptimizer& o, zof::Stream* s) override {
     in_.zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, s);
   }
+  void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first,
+                             const zof::ZKey& key, zof::Stream* s) override {
+    timed(kZOPass, 0, [&] { in_.round_bf16_stochastic(x, n, tensor, first, key, s); });
+  }
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
                     int64_t rows, int64_t dim, float eps, float w_offset,
                     zof::Stream* s) override {

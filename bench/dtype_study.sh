@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Learning in bf16 (issue 14): the demo's run (stories260K on Tiny Shakespeare, the settings of
-# scripts/demo.sh) with fp32 products and with bf16 products (fp32 master weights), same seed,
+# scripts/demo.sh) with fp32 products, with bf16 products (fp32 master weights), and with a bf16
+# master (fp32 products: --master bf16, updates rounded back stochastically), same seed,
 # through zof finetune itself. Prints one row per run (held-out perplexity before and after, the
 # last training loss, tokens/s, the unit the bf16 products ran on) and the bf16 run's perplexity
 # against fp32's; the curves' data (held-out perplexity every --eval-every steps, the training
@@ -20,35 +21,39 @@ done
 [ -x build/zof ] || { echo "dtype_study.sh: build/zof is missing: build first" >&2; exit 1; }
 rm -rf "$OUT"
 mkdir -p "$OUT"
-for d in fp32 bf16; do
+for d in fp32 bf16 master_bf16; do
+  case $d in master_bf16) flags=(--dtype fp32 --master bf16) ;; *) flags=(--dtype "$d") ;; esac
   build/zof finetune --model "$MODEL" --task text --data "$DATA" --out "$OUT/$d" \
     --steps "$STEPS" --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 --eval-examples 64 \
-    --eval-every "$EVERY" --seed "$SEED" --threads "$THREADS" --dtype "$d" --no-report \
+    --eval-every "$EVERY" --seed "$SEED" --threads "$THREADS" "${flags[@]}" --no-report \
     > "$OUT/$d.json" 2> "$OUT/$d.log"
 done
 python3 - "$OUT" <<'PY'
 import json, sys, os
 out = sys.argv[1]
 rows = {}
-print("| products | held-out ppl before | after | last train loss | tokens/s | unit |")
+RUNS = ("fp32", "bf16", "master_bf16")
+print("| run | held-out ppl before | after | last train loss | tokens/s | unit |")
 print("|---|---:|---:|---:|---:|---|")
-for d in ("fp32", "bf16"):
+for d in RUNS:
     s = json.loads(open(os.path.join(out, d + ".json")).read().strip().splitlines()[-1])
     rows[d] = s
     print(f"| {d} | {s['eval']['before']:.4f} | {s['eval']['after']:.4f} | {s['train_loss']:.4f} "
           f"| {s['tokens_per_s']:.0f} | {s['compute']['unit']} |")
-a32, a16 = rows["fp32"]["eval"]["after"], rows["bf16"]["eval"]["after"]
-print(f"\nbf16 / fp32 held-out perplexity after the run: {a16 / a32:.4f} ({(a16 / a32 - 1):+.2%})")
+a32 = rows["fp32"]["eval"]["after"]
+for d in RUNS[1:]:
+    a = rows[d]["eval"]["after"]
+    print(f"\n{d} / fp32 held-out perplexity after the run: {a / a32:.4f} ({(a / a32 - 1):+.2%})")
 print("\nheld-out perplexity by step (the curves' data; metrics.jsonl has every step's loss):")
 curves = {}
-for d in ("fp32", "bf16"):
+for d in RUNS:
     for line in open(os.path.join(out, d, "metrics.jsonl")):
         j = json.loads(line)
         if j.get("type") == "eval":
             curves.setdefault(j["step"], {})[d] = j["value"]
-print("| step | fp32 | bf16 |")
-print("|---:|---:|---:|")
+print("| step | " + " | ".join(RUNS) + " |")
+print("|---:|" + "---:|" * len(RUNS))
 for step in sorted(curves):
     c = curves[step]
-    print(f"| {step} | {c.get('fp32', float('nan')):.4f} | {c.get('bf16', float('nan')):.4f} |")
+    print(f"| {step} | " + " | ".join(f"{c.get(d, float('nan')):.4f}" for d in RUNS) + " |")
 PY

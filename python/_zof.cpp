@@ -214,7 +214,7 @@ NB_MODULE(_zof, m) {
   nb::class_<zof::TrainOptions> t(m, "TrainOptions");
   t.def(nb::init<>());
 #define ZOF_FIELD(name) t.def_rw(#name, &zof::TrainOptions::name)
-  ZOF_FIELD(model); ZOF_FIELD(task); ZOF_FIELD(objective); ZOF_FIELD(dtype); ZOF_FIELD(save_dtype); ZOF_FIELD(tf32); ZOF_FIELD(data); ZOF_FIELD(out);
+  ZOF_FIELD(model); ZOF_FIELD(task); ZOF_FIELD(objective); ZOF_FIELD(dtype); ZOF_FIELD(save_dtype); ZOF_FIELD(master); ZOF_FIELD(tf32); ZOF_FIELD(data); ZOF_FIELD(out);
   ZOF_FIELD(steps); ZOF_FIELD(lr); ZOF_FIELD(eps); ZOF_FIELD(weight_decay);
   ZOF_FIELD(batch); ZOF_FIELD(micro_batches); ZOF_FIELD(queries); ZOF_FIELD(seed);
   ZOF_FIELD(schedule); ZOF_FIELD(estimator); ZOF_FIELD(z); ZOF_FIELD(one_sided);

@@ -484,8 +484,13 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
                              "tensor cores (off: strict fp32; --dtype bf16 is faster still)"));
   run.push_back(ft->add_option("--save-dtype", t.save_dtype, "The saved model's tensors: fp32, "
                                "bf16, f16, input (as the input model), or auto (the master "
-                               "weights', fp32: every update kept); the final evaluation scores "
+                               "weights' dtype: every update kept); the final evaluation scores "
                                "the saved weights")->capture_default_str());
+  run.push_back(ft->add_option("--master", t.master, "The master weights: fp32, or bf16 (the "
+                               "model rounded to bf16, each update computed in fp32 and rounded "
+                               "back stochastically with bits of (seed, step, tensor, element): "
+                               "exact on resume, replay and data parallel; held in fp32 storage "
+                               "for now, so no memory is saved yet)")->capture_default_str());
   num("--steps", t.steps, "ZO steps");
   num("--lr", t.lr, "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
       "need larger steps (the demo's stories260K: 1e-4)");
@@ -627,8 +632,13 @@ void check_resume_flags(const FinetuneArgs& f, const NumberFlags& n,
     std::string key = flag.substr(2);
     for (auto& c : key) c = c == '-' ? '_' : c;
     if (!saved.contains(key) || saved[key] == now[key]) continue;
-    // --save-dtype auto is the master's dtype, fp32, on every machine: it changes nothing.
-    if (key == "save_dtype" && now[key] == "auto" && saved[key] == "fp32") continue;
+    // --save-dtype auto is the master's dtype: it changes nothing.
+    if (key == "save_dtype" && now[key] == "auto" && saved.contains("master") &&
+        saved[key] == saved["master"])
+      continue;
+    if (key == "save_dtype" && now[key] == "auto" && !saved.contains("master") &&
+        saved[key] == "fp32")
+      continue;
     // --out naming the run itself changes nothing either.
     if (key == "out") {
       std::error_code ec;

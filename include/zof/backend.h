@@ -209,6 +209,12 @@ class Backend {
   virtual void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                                int64_t first, const ZOUpdateTerm* upd, int n_update,
                                const ZOOptimizer& o, Stream* s = nullptr) = 0;
+  // A bf16 master's rounding after an update (--master bf16): elements [first, first + n) of
+  // tensor `tensor` (x points at element first) become bf16 values, held as fp32, rounded
+  // stochastically with the bits of (key.seed, key.step, tensor, element): philox.h's
+  // bf16_round_stochastic and round_bits_group, so every backend gives the same bits.
+  virtual void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first,
+                                     const ZKey& key, Stream* s = nullptr) = 0;
   // Online softmax over a vocabulary split into column chunks: folds logits (rows, n), columns
   // [v0, v0 + n) of the full rows, into per-row running state (max, sum of exp(logit - max),
   // logit of the target; targets < 0 are skipped). Start from max = -inf, sum = 0, target = 0;

@@ -244,4 +244,28 @@ ZOF_HD float zo_updated(float theta, float z, float coef, float lr_wd) {
   return theta - fmaf(coef, z, lr_wd * theta);
 }
 
+// ---- stochastic rounding to bf16 (--master bf16) ------------------------------------------
+// The random bits are a pure function of (seed, step, tensor, element), like z: Philox of the
+// counter (element / 4, tensor, step, kRoundQuery) under the seed, one 32-bit word per element.
+// kRoundQuery is a query no direction uses (queries count from 0), so the bits are independent
+// of every z of the run.
+constexpr uint32_t kRoundQuery = 0xFFFFFFFFu;
+ZOF_HD void round_bits_group(uint64_t seed, uint32_t step, uint32_t tensor, uint32_t group,
+                             uint32_t out[4]) {
+  const Philox4x32 b =
+      philox4x32_10(group, tensor, step, kRoundQuery, (uint32_t)seed, (uint32_t)(seed >> 32));
+  for (int i = 0; i < 4; ++i) out[i] = b.v[i];
+}
+// x rounded to a bf16 value (returned as the fp32 number it is): away from zero with
+// probability |x - trunc| / ulp, toward zero otherwise, from the top 16 bits of r. The bits of
+// |x| plus those 16 bits, the low half dropped: over the 2^16 values of r the mean is x exactly,
+// so an update far below a bf16 ulp is kept on average (round-to-nearest would drop it every
+// time). Infinities stay; a NaN stays NaN; a value within an ulp of the largest finite bf16
+// may round to infinity, with that probability.
+ZOF_HD float bf16_round_stochastic(float x, uint32_t r) {
+  const uint32_t u = zof_float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return x;  // NaN
+  return zof_bits_float((u + (r >> 16)) & 0xFFFF0000u);
+}
+
 }  // namespace zof

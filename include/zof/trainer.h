@@ -30,10 +30,13 @@ struct TrainOptions {
   // AMX, tensor cores). A new run records the resolved word; runs from before it were fp32.
   std::string dtype = "auto";
   // The saved model's tensors (--save-dtype): fp32, bf16, f16, input (the input model's dtype),
-  // or auto, the master weights' dtype (fp32), which keeps every update. The evaluation after
+  // or auto, the master weights' dtype (--master), which keeps every update. The evaluation after
   // the run scores the weights rounded so: what is saved is what was evaluated. Runs from
   // before the flag saved as the input.
   std::string save_dtype = "auto";
+  // The master weights (--master): fp32, or bf16 (updates rounded back stochastically, bits
+  // from (seed, step, tensor, element): ZOStepOptions::master). Runs from before it were fp32.
+  std::string master = "fp32";
   // --tf32: with --device cuda, the fp32 products on TF32 tensor cores (saved: it changes what
   // a run computes; off, fp32 is strict).
   bool tf32 = false;
@@ -84,7 +87,8 @@ struct TrainOptions {
 // have no candidates to compare).
 std::string training_objective(const TrainOptions& o);
 
-// The dtype a run saves its model in: --save-dtype, "input" as the model loaded, auto fp32.
+// The dtype a run saves its model in: --save-dtype, "input" as the model loaded, auto the
+// master's (--master).
 DType save_dtype(const TrainOptions& o, const Model& model);
 
 // What a task supplies to the loop: deterministic batches per step and an evaluation.

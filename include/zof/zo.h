@@ -101,6 +101,13 @@ struct ZOStepOptions {
   // evaluation's Forward reads bf16 copies of the same weights. Updates, z, g and the master
   // weights are the same code in both.
   DType compute = DType::F32;
+  // The master weights (--master): F32, or BF16: the engine rounds the model to bf16 (nearest
+  // even) when it is built, and every update is computed in fp32 and rounded back to bf16
+  // stochastically with bits of (seed, step, tensor, element) (Backend::round_bf16_stochastic),
+  // so resume, data parallel and replay stay exact and updates far below a bf16 ulp are kept on
+  // average. The perturbed copies are built from that master, which they never change. The
+  // values are held in fp32 storage for now (4 bytes each; the bf16 grid is what is exact).
+  DType master = DType::F32;
 };
 
 // The update waiting to be applied. ZO-SGD: theta -= sum_j coef_j z_j + lr_wd theta (decayed
@@ -113,6 +120,7 @@ struct PendingUpdate {
   // Stateful optimizers: Adam's bias corrections use t = step + 1, the step number (counting
   // steps whose update was skipped as non-finite; replay counts the same way).
   uint32_t t = 0;
+  uint32_t step = 0;  // the step whose g this is (a bf16 master's rounding bits)
   bool empty() const { return terms.empty(); }
 };
 
@@ -212,6 +220,8 @@ class ZOEngine {
   // into plus/minus at the block's copy layout. The token table and the LM head matrix get
   // their update here but are never copied whole (see embed_rows and head_sums).
   void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
+  // The bits of a bf16 master's rounding of the pending update: (seed, its step).
+  ZKey round_key() const;
   // One step's walk: the queries' keys and the stage's share of the blocks.
   struct StepWalk {
     std::vector<ZKey> keys;

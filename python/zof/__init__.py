@@ -107,7 +107,7 @@ def _check_resume_options(options):
     except (OSError, ValueError, KeyError, TypeError):
         return  # the library says what the directory is
     # What runs from before an option recorded (TrainOptions::from_json's defaults for them).
-    saved = {"dtype": "fp32", "save_dtype": "input", **saved}
+    saved = {"dtype": "fp32", "save_dtype": "input", "master": "fp32", **saved}
     given, kept = [], []
     for key, value in options.items():
         if key in _LAYOUT_FIELDS or value is None or key not in saved:
@@ -117,8 +117,8 @@ def _check_resume_options(options):
         now, was = getattr(probe, key), saved[key]
         if key in ("model", "data", "out") and os.path.realpath(now) == os.path.realpath(was):
             continue
-        if key == "save_dtype" and now == "auto" and was == "fp32":
-            continue  # auto is the master's dtype, fp32, everywhere
+        if key == "save_dtype" and now == "auto" and was == saved["master"]:
+            continue  # auto is the master's dtype
         if now != was:
             given.append("%s=%r" % (key, value))
             kept.append("%s=%r" % (key, was))

@@ -111,6 +111,21 @@ void HostBackend::cross_entropy_chunk(const float* logits, const int32_t* target
   cpu::cross_entropy_chunk(logits, targets, rows, n, v0, max, sum, target);
 }
 
+void HostBackend::round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first,
+                                        const ZKey& key, Stream*) {
+  if (n <= 0) return;
+  const int64_t g_lo = first / 4, g_hi = (first + n + 3) / 4;
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t g = g_lo; g < g_hi; ++g) {
+    uint32_t r[4];
+    round_bits_group(key.seed, key.step, tensor, (uint32_t)g, r);
+    for (int l = 0; l < 4; ++l) {
+      const int64_t i = g * 4 + l - first;
+      if (i >= 0 && i < n) x[i] = bf16_round_stochastic(x[i], r[l]);
+    }
+  }
+}
+
 void HostBackend::rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw,
                                float* dy, int64_t rows, int64_t dim, float eps, float w_offset,
                                Stream*) {

@@ -56,6 +56,8 @@ class HostBackend : public Backend {
                        Stream* s) override;
   void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,
                            int64_t v0, float* max, float* sum, float* target, Stream* s) override;
+  void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first, const ZKey& key,
+                             Stream* s) override;
   // The tangents: jvp_ops.h's loops in fp32 (double accumulation).
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
                     int64_t rows, int64_t dim, float eps, float w_offset, Stream* s) override;

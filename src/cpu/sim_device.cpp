@@ -365,6 +365,13 @@ class SimDeviceImpl final : public SimDevice {
            });
   }
 
+  void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first, const ZKey& key,
+                             Stream* s) override {
+    submit(s, {W(x, n * F)}, [=, h = host_.get()] {
+      h->round_bf16_stochastic(x, n, tensor, first, key, nullptr);
+    });
+  }
+
   // ---- tangents ------------------------------------------------------------------------------
   void rms_norm_jvp(const float* x, const float* dx, const float* w, const float* dw, float* dy,
                     int64_t rows, int64_t dim, float eps, float w_offset, Stream* s) override {

@@ -417,6 +417,12 @@ class CudaBackendImpl final : public CudaBackend {
                   plus, minus, copy_t, h->stream);
     if (slot) CUDA_CHECK(cudaEventRecord(slot->done, h->stream));
   }
+  void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first, const ZKey& key,
+                             Stream* s) override {
+    ZOF_ASSERT(n >= 0 && first >= 0 && first + n <= (int64_t(1) << 34));
+    use();
+    cuda::round_bf16_stochastic(x, n, tensor, first, key, st(s));
+  }
   void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                Stream* s) override {

@@ -83,6 +83,20 @@ __global__ void zo_rows_kernel(const float* theta, int64_t width, const int32_t*
   }
 }
 
+// Backend::round_bf16_stochastic: one thread per group of 4, the bits of philox.h.
+__global__ void round_bf16_kernel(float* x, int64_t first, int64_t n, uint32_t tensor, ZKey key) {
+  const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;
+  for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
+       g += (int64_t)gridDim.x * blockDim.x) {
+    uint32_t r[4];
+    round_bits_group(key.seed, key.step, tensor, (uint32_t)g, r);
+    for (int l = 0; l < 4; ++l) {
+      const int64_t i = g * 4 + l;
+      if (i >= first && i < end) x[i - first] = bf16_round_stochastic(x[i - first], r[l]);
+    }
+  }
+}
+
 // Backend::zo_update_state: one thread per group of 4, the arithmetic of cpu::zo_update_state.
 __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first, int64_t n,
                                 uint32_t tensor, const ZOUpdateTerm* __restrict__ upd,
@@ -129,6 +143,14 @@ void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_r
   const int64_t groups = width / 4 + 2;  // a row's groups, at any alignment
   const dim3 grid(grid_for(groups, 256), unsigned(n_rows < 65535 ? n_rows : 65535));
   zo_rows_kernel<<<grid, 256, 0, s>>>(theta, width, rows, n_rows, tensor, cur, eps, plus, minus);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first, const ZKey& key,
+                           cudaStream_t s) {
+  if (n <= 0) return;
+  const int64_t groups = n / 4 + 2;
+  round_bf16_kernel<<<grid_for(groups, 256), 256, 0, s>>>(x, first, n, tensor, key);
   CUDA_CHECK(cudaGetLastError());
 }
 

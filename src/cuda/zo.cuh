@@ -24,6 +24,9 @@ void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUp
              int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
              DType copy_t, cudaStream_t s);
 
+// As Backend::round_bf16_stochastic.
+void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first, const ZKey& key,
+                           cudaStream_t s);
 // As Backend::zo_rows (rows in device memory).
 void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
              uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,

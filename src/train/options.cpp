@@ -177,6 +177,8 @@ void validate_options(const TrainOptions& o) {
   ZOF_CHECK(o.save_dtype == "auto" || o.save_dtype == "fp32" || o.save_dtype == "bf16" ||
                 o.save_dtype == "f16" || o.save_dtype == "input",
             "--save-dtype must be auto, fp32, bf16, f16 or input, not '" + o.save_dtype + "'");
+  ZOF_CHECK(o.master == "fp32" || o.master == "bf16",
+            "--master must be fp32 or bf16, not '" + o.master + "'");
   // The forward-mode tangents run in fp32 (their matrix products, the tangent rules in double
   // on the host); a bf16 primal beside them would mix two models' derivatives.
   ZOF_CHECK(o.estimator != "jvp" || o.dtype != "bf16",
@@ -217,7 +219,8 @@ DType save_dtype(const TrainOptions& o, const Model& model) {
   if (o.save_dtype == "bf16") return DType::BF16;
   if (o.save_dtype == "f16") return DType::F16;
   if (o.save_dtype == "input") return model.stored_dtype();
-  return DType::F32;  // fp32, and auto: the master's
+  if (o.save_dtype == "auto" && o.master == "bf16") return DType::BF16;  // auto: the master's
+  return DType::F32;
 }
 
 ZOStepOptions zo_step_options(const TrainOptions& o) {
@@ -240,6 +243,7 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   // finetune() resolves auto first (run.json holds the word); replay applies updates only,
   // which no dtype changes.
   zo.compute = o.dtype == "bf16" ? DType::BF16 : DType::F32;
+  zo.master = o.master == "bf16" ? DType::BF16 : DType::F32;
   return zo;
 }
 
@@ -249,6 +253,7 @@ json TrainOptions::to_json() const {
               {"objective", objective},
               {"dtype", dtype},
               {"save_dtype", save_dtype},
+              {"master", master},
               {"tf32", tf32},
               {"data", data},
               {"out", out},
@@ -292,6 +297,7 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   get("dtype", o.dtype);
   o.save_dtype = "input";  // runs from before --save-dtype saved in the input's dtype
   get("save_dtype", o.save_dtype);
+  get("master", o.master);  // absent in runs from before --master: fp32
   get("tf32", o.tf32);
   get("data", o.data);
   get("out", o.out);

@@ -109,7 +109,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
     return json{{"steps", end.step}, {"interrupted", true}, {"run", run}};
   }
   // The model is saved in --save-dtype: the evaluation scores those weights (the final
-  // checkpoint above keeps the exact fp32 master).
+  // checkpoint above keeps the exact master).
   const DType saved = save_dtype(r.opt, r.model);
   r.engine.round_weights(saved);
   const json after = r.eval.evaluate(end.step, "after");
@@ -138,6 +138,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"dist", dist_summary},
                {"compute", {{"dtype", r.opt.dtype}, {"unit", r.backend.compute_info().isa}}},
                {"save_dtype", saved == DType::F16 ? "f16" : compute_dtype_word(saved)},
+               {"master", r.opt.master},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
   return summary;
@@ -175,8 +176,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   // A new run records the objective it trains on, not "auto": a later change of the default
   // cannot change what a resumed or replayed run computes.
   if (opt.resume.empty()) opt.objective = training_objective(opt);
-  // Likewise the saved dtype: auto is the master's, fp32.
-  if (opt.resume.empty() && opt.save_dtype == "auto") opt.save_dtype = "fp32";
+  // Likewise the saved dtype: auto is the master's.
+  if (opt.resume.empty() && opt.save_dtype == "auto") opt.save_dtype = opt.master;
   const uint64_t gpu_mem = device_memory_budget(opt);
   auto comm = connect_job(opt.dist_timeout);
   Job job(*comm, opt.pipeline_stages);

@@ -68,6 +68,10 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     ZOF_CHECK(opt.sparsity >= 0.f && opt.sparsity < 1.f,
               "--sparsity must be in [0, 1): the fraction of each weight matrix left unperturbed");
     fwd_.set_compute(opt.compute);
+    ZOF_CHECK(opt.master == DType::F32 || opt.master == DType::BF16,
+              std::string("the master weights are fp32 or bf16, not ") + dtype_name(opt.master));
+    // A bf16 master starts as the model rounded to nearest (a bf16 checkpoint: unchanged).
+    if (opt.master == DType::BF16) model_.round_to(DType::BF16);
     const auto& params = model_.params();
     const auto& cfg = model_.config();
     tok_ = model_.token_table();
@@ -299,7 +303,15 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
       be_.zo_update_state(th, state(pi, 1), o.kind == ZOOptimizer::Adam ? state(pi, 2) : nullptr,
                           p.numel, (uint32_t)pi, 0, terms.data(), (int)terms.size(), o);
     }
-    const bool fused = upd && !stateful;  // ZO-SGD's update rides along with the perturbation
+    // A bf16 master: the update in fp32, rounded back stochastically before any copy is made.
+    const bool round = upd && opt_.master == DType::BF16;
+    if (round && !stateful)
+      be_.zo_pass(th, p.numel, (uint32_t)pi, 0, terms.data(), (int)terms.size(),
+                  p.decay ? pending_.lr_wd : 0.f, nullptr, 0.f, nullptr, nullptr, DType::F32);
+    if (round) be_.round_bf16_stochastic(th, p.numel, (uint32_t)pi, 0, round_key());
+    if (round && !copy) continue;
+    // ZO-SGD's update rides along with the perturbation (fp32 master).
+    const bool fused = upd && !stateful && !round;
     const ZKey ck = cur ? masked(*cur, pi) : ZKey{};
     // One-sided: the second stream runs at theta itself. The copies of a bf16 walk's matrices
     // are bf16 (from the fp32 master, after this pass's update).
@@ -577,6 +589,7 @@ std::vector<double> ZOEngine::projected_gradients(const QueryLosses& l) const {
 PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, float lr,
                                     const std::vector<double>& g) {
   PendingUpdate u;
+  u.step = step;
   const double q = (double)g.size();
   const bool sgd = opt.optimizer == ZOStepOptions::Optimizer::SGD;
   for (size_t j = 0; j < g.size(); ++j) {
@@ -592,6 +605,13 @@ PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, flo
     u.t = step + 1;
   }
   return u;
+}
+
+ZKey ZOEngine::round_key() const {
+  ZKey k;
+  k.seed = opt_.seed;
+  k.step = pending_.step;
+  return k;
 }
 
 void ZOEngine::schedule_update(uint32_t step, float lr, const std::vector<double>& g) {

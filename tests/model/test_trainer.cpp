@@ -190,7 +190,11 @@ TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
                                              // bf16 products: the copies are rounded, the
                                              // fp32 master and its updates are exact
                                              "--dtype bf16 --queries 2",
-                                             "--dtype bf16 --optimizer adam --lr 1e-3 --one-sided"};
+                                             "--dtype bf16 --optimizer adam --lr 1e-3 --one-sided",
+                                             // a bf16 master: stochastic rounding's bits are a
+                                             // function of (seed, step, tensor, element)
+                                             "--master bf16 --weight-decay 0.1 --queries 2",
+                                             "--master bf16 --dtype bf16 --optimizer momentum"};
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE(variants[v]);
     const std::string n = std::to_string(v);

@@ -192,6 +192,94 @@ TEST(ZOStep, FusedUpdateEqualsImmediateFlush) {
   ASSERT_EQ(0, std::memcmp(a.storage(), b.storage(), a.storage_size() * sizeof(float)));
 }
 
+// --master bf16: every update is rounded back to bf16 stochastically. A decay of lr * wd = 1e-4
+// per step is 1/20 of half a bf16 ulp: round-to-nearest keeps every weight where it is forever,
+// stochastic rounding shrinks them as fp32 does, on average. A step adds ulp * delta of variance
+// to a weight (delta = 1e-4 |theta|, ulp ~ 2^-7.5 |theta|), so after 200 steps the noise of sum
+// |theta| over llama_gqa's decayed weights is ~6e-5 of it (measured 9e-5 off), against a 2% signal.
+TEST(ZOStep, Bf16MasterKeepsUpdatesFarBelowAnUlp) {
+  ZOF_REQUIRE_PATH(golden_dir("llama_gqa") + "/model.safetensors");
+  const float lr = 1e-3f, wd = 0.1f;  // lr * wd = 1e-4
+  const int steps = 200;
+  zof::ZOStepOptions o;
+  o.weight_decay = wd, o.seed = 3, o.perturb = false;
+  auto be = zof::test::cpu_backend(0);
+  auto abs_sum = [](const zof::Model& m) {
+    double s = 0;
+    for (const zof::Param& p : m.params())
+      if (p.decay)
+        for (int64_t i = 0; i < p.numel; ++i) s += std::fabs((double)p.data[i]);
+    return s;
+  };
+  // Stochastic rounding (the engine rounds the model to bf16 first).
+  zof::Model sr = zof::Model::load(golden_dir("llama_gqa"));
+  o.master = zof::DType::BF16;
+  zof::ZOEngine esr(sr, *be, 1, o);
+  const double start = abs_sum(sr);
+  // Round-to-nearest: an fp32 engine from the same bf16 start, its weights rounded after each step.
+  zof::Model rn = zof::Model::load(golden_dir("llama_gqa"));
+  rn.round_to(zof::DType::BF16);
+  ASSERT_EQ(0, std::memcmp(rn.storage(), sr.storage(), sr.storage_size() * sizeof(float)));
+  o.master = zof::DType::F32;
+  zof::ZOEngine ern(rn, *be, 1, o);
+  for (int t = 0; t < steps; ++t) {
+    for (zof::ZOEngine* e : {&esr, &ern}) {
+      e->schedule_update((uint32_t)t, lr, {0.0});  // g = 0: the decay alone
+      e->flush();
+    }
+    rn.round_to(zof::DType::BF16);
+  }
+  const double want = std::pow(1.0 - (double)lr * wd, steps);  // 0.98020
+  EXPECT_NEAR(abs_sum(sr) / start, want, 1e-3);
+  EXPECT_EQ(abs_sum(rn), start) << "round-to-nearest moved a weight";
+  std::printf("  sum |theta| after %d steps of decay 1e-4: fp32 math %.5f, stochastic %.5f, "
+              "nearest %.5f\n", steps, want, abs_sum(sr) / start, abs_sum(rn) / start);
+  for (int64_t i = 0; i < sr.storage_size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, sr.storage() + i, 4);
+    ASSERT_EQ(u & 0xFFFFu, 0u) << "weight " << i << " is off the bf16 grid";
+  }
+}
+
+// With z in the updates: the bf16 master's moves track the fp32 master's from the same start.
+// Per weight Delta_bf16 = Delta_fp32 + rounding noise (mean 0, at most ulp^2/4 of variance a
+// step), so the slope sum(Df * Db) / sum(Df^2) is 1 to about ulp / (2 c sqrt(P)) ~ 0.01 here
+// (updates c = 1e-4 per step, a sixth of a typical ulp); and the perturbed walk never writes the
+// master (the losses' walk leaves it bit for bit).
+TEST(ZOStep, Bf16MasterTracksTheFp32Master) {
+  ZOF_REQUIRE_PATH(golden_dir("llama_gqa") + "/model.safetensors");
+  const zof::LossBatch lb = golden_batch("llama_gqa");
+  const int64_t rows = lb.batch.B * lb.batch.T;
+  zof::ZOStepOptions o;
+  o.seed = 9;
+  auto be = zof::test::cpu_backend(0);
+  zof::Model b = zof::Model::load(golden_dir("llama_gqa"));
+  o.master = zof::DType::BF16;
+  zof::ZOEngine eb(b, *be, rows, o);
+  zof::Model f = zof::Model::load(golden_dir("llama_gqa"));
+  f.round_to(zof::DType::BF16);
+  o.master = zof::DType::F32;
+  zof::ZOEngine ef(f, *be, rows, o);
+  const std::vector<float> start(b.storage(), b.storage() + b.storage_size());
+  ASSERT_EQ(0, std::memcmp(start.data(), f.storage(), start.size() * sizeof(float)));
+  eb.perturbed_losses(0, {lb});  // the copies theta +/- eps z: the master is untouched
+  ASSERT_EQ(0, std::memcmp(start.data(), b.storage(), start.size() * sizeof(float)));
+  for (uint32_t t = 0; t < 20; ++t) {
+    for (zof::ZOEngine* e : {&eb, &ef}) {
+      e->schedule_update(t, 1e-4f, {1.0});  // theta -= 1e-4 z_t
+      e->flush();
+    }
+  }
+  double dd = 0, ff = 0;
+  for (int64_t i = 0; i < b.storage_size(); ++i) {
+    const double df = (double)f.storage()[i] - start[i], db = (double)b.storage()[i] - start[i];
+    dd += df * db, ff += df * df;
+  }
+  ASSERT_GT(ff, 0);
+  std::printf("  bf16 master's moves against fp32's: slope %.4f\n", dd / ff);
+  EXPECT_NEAR(dd / ff, 1.0, 0.1);
+}
+
 // Losses and weights do not depend on the thread count.
 TEST(ZOStep, IdenticalAtAnyThreadCount) {
   ZOF_REQUIRE_PATH(golden_dir("gpt2") + "/model.safetensors");

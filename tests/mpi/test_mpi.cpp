@@ -97,6 +97,14 @@ TEST_F(Mpi, DataParallelTwoAndFourRanksEqualOneProcess) {
   ASSERT_EQ(r4.code, 0) << r4.err;
   expect_same_run(one, two);
   expect_same_run(one, four);
+  // A bf16 master rounds every update stochastically: each rank draws the same bits.
+  const fs::path one_b = dir_ / "one_bf16", two_b = dir_ / "two_bf16";
+  auto b1 = run_command(zof() + " " + args(one_b, 12, "--master bf16"));
+  ASSERT_EQ(b1.code, 0) << b1.err;
+  auto b2 = run_command(mpirun(2) + " " + args(two_b, 12, "--master bf16"));
+  ASSERT_EQ(b2.code, 0) << b2.err;
+  expect_same_run(one_b, two_b);
+  EXPECT_NE(weights(one_b), weights(one));
   // Rank 0 alone writes: one summary line, one run directory's worth of files.
   const json s = summary(r4.out);
   EXPECT_EQ(s["dist"]["ranks"], 4);

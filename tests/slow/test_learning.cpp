@@ -62,3 +62,43 @@ TEST(Learning, Bf16ProductsLearnAsFp32) {
   EXPECT_NE(after[1], after[0]);
   EXPECT_LT(after[1], 100);  // it learned: 190 before
 }
+
+// A bf16 master learns near the fp32 one (issue 14): 250 steps of the same run with --master bf16
+// (fp32 products) end within 3% in held-out perplexity (measured +1.8%), the saved model is the
+// bf16 master itself, and it learned. At the demo's 1000 steps bench/dtype_study.sh measured
+// +3.6% (seed 0) and +3.8% (seed 1): the rounding noise of stochastic rounding adds up over the
+// run on this small model, whose weights sit close to their bf16 ulps.
+TEST(Learning, Bf16MasterLearnsNearFp32) {
+  const std::string model = zof::test::assets_dir() + "/models/stories260K";
+  const std::string data = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
+  ZOF_REQUIRE_PATH(model);
+  ZOF_REQUIRE_PATH(data);
+  double after[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const char* master = i == 0 ? "fp32" : "bf16";
+    const fs::path out = fs::temp_directory_path() /
+                         ("zof_learn_master_" + std::string(master) + std::to_string(::getpid()));
+    fs::remove_all(out);
+    auto r = zof::test::run_command(zof::test::zof_binary() + " finetune --model " + model +
+                                    " --task text --data " + data + " --out " + out.string() +
+                                    " --steps 250 --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 "
+                                    "--seed 0 --eval-examples 64 --no-report --json --dtype fp32 "
+                                    "--master " + master);
+    const bool saved = fs::exists(out / "model.safetensors");
+    std::string header;
+    if (saved) header = zof::test::read_file((out / "model.safetensors").string()).substr(0, 4096);
+    fs::remove_all(out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    ASSERT_TRUE(saved);
+    const std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
+    const auto s = nlohmann::json::parse(last);
+    EXPECT_EQ(s["master"], master);
+    EXPECT_EQ(s["save_dtype"], master);  // auto: the master's dtype
+    EXPECT_NE(header.find(i == 0 ? "\"F32\"" : "\"BF16\""), std::string::npos);
+    after[i] = s["eval"]["after"];
+    RecordProperty(std::string("ppl_after_master_") + master, std::to_string(after[i]));
+  }
+  EXPECT_NEAR(after[1], after[0], 0.03 * after[0]);
+  EXPECT_NE(after[1], after[0]);
+  EXPECT_LT(after[1], 100);  // it learned: 190 before
+}

@@ -1,6 +1,7 @@
 // Philox4x32-10 against Random123's published known-answer vectors, and the normals built on it.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -219,6 +220,117 @@ TEST(Philox, RowPassEqualsWholePass) {
     EXPECT_EQ(sim->stats().foreign, 0) << sim->stats().first_foreign;
     EXPECT_EQ(sim->stats().hazards, 0) << sim->stats().first_hazard;
   }
+}
+
+}  // namespace
+
+// ---- stochastic rounding to bf16 (--master bf16) ----------------------------------------------
+namespace {
+
+float bf16_down(float x) {  // the bf16 value toward zero
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u &= 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &u, 4);
+  return y;
+}
+bool on_bf16_grid(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u & 0xFFFFu) == 0;
+}
+
+// Over all 2^16 values of the random bits, the rounded values average to x exactly (the
+// definition of unbiased: an update far below an ulp is kept on average), and each is one of x's
+// two bf16 neighbours, the upper one as often as x's 16 low bits say.
+TEST(StochasticRounding, MeanOverAllBitsIsExactlyX) {
+  std::vector<float> xs = {0.1f, -0.1f, 1.0f, 3.14159265f, -2.7182818f, 1e-30f, -7e-39f,
+                           65504.5f, 3.3895e38f, 0.0f, -0.0f, 1.00000012f, 255.999985f};
+  uint64_t s = 42;
+  for (int i = 0; i < 200; ++i) {  // random bit patterns (finite), every exponent
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t u = uint32_t(s >> 32);
+    if ((u & 0x7F800000u) == 0x7F800000u) u &= 0xBFFFFFFFu;
+    float x;
+    std::memcpy(&x, &u, 4);
+    xs.push_back(x);
+  }
+  for (float x : xs) {
+    const float lo = bf16_down(x);
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    const uint32_t frac = u & 0xFFFFu;
+    const uint32_t hu = (u & 0xFFFF0000u) + 0x10000u;  // the next bf16 away from zero
+    float hi;
+    std::memcpy(&hi, &hu, 4);
+    double sum = 0;
+    int up = 0;
+    for (uint32_t r = 0; r < 65536; ++r) {
+      const float y = zof::bf16_round_stochastic(x, r << 16);
+      ASSERT_TRUE(on_bf16_grid(y)) << x;
+      if (y != lo) {
+        ++up;
+        ASSERT_EQ(y, hi) << x;
+      }
+      sum += double(y);
+    }
+    EXPECT_EQ(uint32_t(up), frac) << x;
+    if (std::isfinite(x) && std::fabs(x) < 3.38e38f) EXPECT_EQ(sum / 65536.0, double(x)) << x;
+  }
+}
+
+TEST(StochasticRounding, SpecialValuesAndPureBits) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (uint32_t r : {0u, 0x8000u << 16, 0xFFFFFFFFu}) {
+    EXPECT_EQ(zof::bf16_round_stochastic(inf, r), inf);
+    EXPECT_EQ(zof::bf16_round_stochastic(-inf, r), -inf);
+    EXPECT_TRUE(std::isnan(zof::bf16_round_stochastic(std::nanf(""), r)));
+    EXPECT_EQ(zof::bf16_round_stochastic(0.5f, r), 0.5f);  // on the grid: unchanged
+  }
+  // Bits: a pure function of (seed, step, tensor, group), apart from every z of the run.
+  uint32_t a[4], b[4], c[4];
+  zof::round_bits_group(7, 3, 2, 11, a);
+  zof::round_bits_group(7, 3, 2, 11, b);
+  EXPECT_EQ(0, std::memcmp(a, b, sizeof a));
+  zof::round_bits_group(7, 4, 2, 11, c);
+  EXPECT_NE(0, std::memcmp(a, c, sizeof a));
+  const zof::Philox4x32 z = zof::philox4x32_10(11, 2, 3, 0, 7, 0);  // query 0's z stream
+  EXPECT_NE(0, std::memcmp(a, z.v, sizeof a));
+}
+
+// Backend::round_bf16_stochastic on the CPU backend, the reference and the simulated device:
+// the scalar formula's bits, for whole tensors and sub-ranges at any alignment.
+TEST(StochasticRounding, BackendsGiveTheScalarBits) {
+  const int64_t n = 1003;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * float(i)) * 0.05f + 1e-4f * float(i);
+  zof::ZKey key;
+  key.seed = 0x123456789ull, key.step = 17;
+  std::vector<float> want(x);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t r[4];
+    zof::round_bits_group(key.seed, key.step, 5, uint32_t(i / 4), r);
+    want[i] = zof::bf16_round_stochastic(x[i], r[i % 4]);
+  }
+  auto cpu = zof::make_cpu_backend(2);
+  auto ref = zof::make_reference_backend();
+  auto sim = zof::make_sim_device(zof::make_cpu_backend(1), {});
+  for (zof::Backend* be : {cpu.get(), ref.get(), static_cast<zof::Backend*>(sim.get())}) {
+    for (int64_t first : {int64_t(0), int64_t(1), int64_t(6), int64_t(501)}) {
+      const int64_t m = n - first - 2;
+      float* d = (float*)be->alloc(size_t(m) * 4);
+      be->copy_to_device(d, x.data() + first, size_t(m) * 4, nullptr);
+      be->round_bf16_stochastic(d, m, 5, first, key);
+      std::vector<float> got(static_cast<size_t>(m));
+      be->copy_to_host(got.data(), d, size_t(m) * 4, nullptr);
+      be->synchronize(nullptr);
+      be->free(d);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data() + first, size_t(m) * 4))
+          << be->name() << " from " << first;
+    }
+  }
+  EXPECT_EQ(sim->stats().hazards, 0) << sim->stats().first_hazard;
 }
 
 }  // namespace
