@@ -339,8 +339,11 @@ void parse_llama(const Fields& f, ModelConfig& c) {
       c.layer_sliding.assign(size_t(c.num_layers), window > 0);
     } else if (const json* lt = f.get("layer_types")) {
       parse_layer_types(f, *lt, c);
-    } else {
-      const int64_t first = f.positive_or("max_window_layers", 28);
+    } else if (window > 0) {  // read only when sliding is on, as transformers does; 0: all
+      int64_t first = 28;
+      if (const json* mw = f.get("max_window_layers")) first = f.integer("max_window_layers", *mw);
+      if (first < 0)
+        f.fail("max_window_layers", "must be 0 or more, got " + std::to_string(first) + "; fix config.json");
       for (int64_t i = first; i < c.num_layers; ++i) c.layer_sliding[size_t(i)] = 1;
     }
     c.sliding_window = window;
@@ -381,10 +384,10 @@ void parse_gemma(const Fields& f, ModelConfig& c) {
                            std::to_string(size_limit("intermediate_size")) + "); fix config.json");
   c.max_position = f.positive_or("max_position_embeddings", g3 ? 131072 : 8192);
   c.norm_eps = float(f.positive_number_or("rms_norm_eps", 1e-6));
-  const char* act_key = f.has("hidden_activation") ? "hidden_activation" : "hidden_act";
-  const std::string act = f.string_or(act_key, "gelu_pytorch_tanh");
+  // transformers reads hidden_activation only (hidden_act, which old configs carry too, is unused).
+  const std::string act = f.string_or("hidden_activation", "gelu_pytorch_tanh");
   if (act != "gelu_pytorch_tanh")
-    f.fail(act_key, "is \"" + act + "\"; zof supports only \"gelu_pytorch_tanh\" for " + mt + " models");
+    f.fail("hidden_activation", "is \"" + act + "\"; zof supports only \"gelu_pytorch_tanh\" for " + mt + " models");
   c.act = Activation::GeluTanh;  // gated: gelu_tanh(gate) * up
   c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
   c.mlp_bias = false;
@@ -405,8 +408,11 @@ void parse_gemma(const Fields& f, ModelConfig& c) {
   c.final_softcap = softcap_field(f, "final_logit_softcapping", g3 ? 0.0 : 30.0);
   // Which layers slide: layer_types, else every other layer (Gemma 2: 0, 2, ...) or all but
   // every sliding_window_pattern-th (Gemma 3, 6). A null window: every layer attends in full.
-  c.sliding_window = f.j.contains("sliding_window") ? (f.has("sliding_window") ? f.positive("sliding_window") : 0)
-                                                    : 4096;
+  // null: transformers cannot build the sliding layers' mask (it raises), nor does zof guess.
+  if (f.j.contains("sliding_window") && !f.has("sliding_window"))
+    f.fail("sliding_window", "is null, but " + mt + " models have sliding-window layers; give the "
+                             "window the model was trained with (e.g. 4096)");
+  c.sliding_window = f.positive_or("sliding_window", 4096);
   c.layer_sliding.assign(size_t(c.num_layers), 0);
   if (const json* lt = f.get("layer_types")) {
     parse_layer_types(f, *lt, c);
@@ -414,7 +420,6 @@ void parse_gemma(const Fields& f, ModelConfig& c) {
     const int64_t pattern = g3 ? f.positive_or("sliding_window_pattern", 6) : 2;
     for (int64_t i = 0; i < c.num_layers; ++i) c.layer_sliding[size_t(i)] = (i + 1) % pattern != 0;
   }
-  if (c.sliding_window == 0) c.layer_sliding.assign(size_t(c.num_layers), 0);
   if (!g3) {
     parse_rope(f, c);
     return;
@@ -422,21 +427,21 @@ void parse_gemma(const Fields& f, ModelConfig& c) {
   // Gemma 3: the full-attention layers' RoPE (rope_theta, default 1e6, with rope_scaling) and the
   // sliding layers' (rope_local_base_freq, default 1e4, unscaled); transformers 5 writes both
   // into rope_parameters, keyed by layer type.
+  // The top-level rope_theta and rope_local_base_freq are the defaults of either spelling.
   json full = json::object(), local = json::object();
-  const json* rp = f.get("rope_parameters");
-  if (rp && rp->is_object() && (rp->contains("full_attention") || rp->contains("sliding_attention"))) {
+  full["rope_theta"] = f.has("rope_theta") ? *f.get("rope_theta") : json(1e6);
+  local["rope_theta"] = f.has("rope_local_base_freq") ? *f.get("rope_local_base_freq") : json(1e4);
+  if (f.has("rope_scaling")) full["rope_scaling"] = *f.get("rope_scaling");
+  if (const json* rp = f.get("rope_parameters")) {
+    if (!rp->is_object() || rp->empty())
+      f.fail("rope_parameters", "must be an object keyed by full_attention and sliding_attention");
     for (auto it = rp->begin(); it != rp->end(); ++it)
       if (it.key() != "full_attention" && it.key() != "sliding_attention")
         f.fail("rope_parameters", "has \"" + it.key() +
-                                      "\"; Gemma 3's are keyed by full_attention and sliding_attention");
-    full["rope_theta"] = 1e6, local["rope_theta"] = 1e4;
+                                      "\"; Gemma 3's are keyed by full_attention and sliding_attention "
+                                      "(transformers ignores any other key: fix config.json)");
     if (rp->contains("full_attention")) full["rope_parameters"] = (*rp)["full_attention"];
     if (rp->contains("sliding_attention")) local["rope_parameters"] = (*rp)["sliding_attention"];
-  } else {
-    if (rp) full["rope_parameters"] = *rp;
-    full["rope_theta"] = f.j.value("rope_theta", json(1e6));
-    if (f.has("rope_scaling")) full["rope_scaling"] = *f.get("rope_scaling");
-    local["rope_theta"] = f.j.value("rope_local_base_freq", json(1e4));
   }
   const std::string full_src = f.src + " (full-attention layers' RoPE)";
   const std::string local_src = f.src + " (sliding layers' RoPE, rope_local_base_freq)";

@@ -615,12 +615,15 @@ TEST(Config, Gemma2) {
   EXPECT_EQ(d.head_dim, 256);
   EXPECT_EQ(d.max_position, 8192);
   json nulls = json::parse(kGemma2_2b);  // (with() would remove a field given null)
-  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "sliding_window"})
-    nulls[k] = nullptr;
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"}) nulls[k] = nullptr;
   ModelConfig off = parse(nulls);
   EXPECT_EQ(off.attn_softcap, 0.f);
   EXPECT_EQ(off.final_softcap, 0.f);
-  for (uint8_t s : off.layer_sliding) EXPECT_EQ(s, 0);
+  // A null window: transformers cannot build the sliding layers' mask; zof refuses by name.
+  nulls["sliding_window"] = nullptr;
+  expect_error(nulls, {"sliding_window", "null"});
+  // hidden_act is not read (transformers 5 reads hidden_activation only).
+  EXPECT_EQ(parse(with(kGemma2_2b, {{"hidden_act", "gelu"}})).act, Activation::GeluTanh);
   // layer_types (transformers 5) overrides the alternation.
   json lt = json::parse(kGemma2_2b);
   lt["num_hidden_layers"] = 3;
@@ -672,6 +675,16 @@ TEST(Config, Gemma3Text) {
   EXPECT_EQ(s4.rope_inv_freq[1], float(double(c.rope_inv_freq[1]) / 8.0));
   expect_error(with(kGemma3_1b, {{"rope_parameters", {{"global", {{"rope_type", "default"}}}}}}),
                {"rope_parameters", "global"});
+  // A flat rope_parameters is not Gemma 3's (transformers would ignore it): refused by name.
+  expect_error(with(kGemma3_1b, {{"rope_parameters", {{"rope_type", "linear"}, {"factor", 8.0}}}}),
+               {"rope_parameters", "keyed by full_attention"});
+  // Keyed entries without a theta take the top-level rope_theta / rope_local_base_freq.
+  const ModelConfig k = parse(with(kGemma3_1b, {{"rope_theta", 5000}, {"rope_local_base_freq", 100},
+                                               {"rope_parameters",
+                                                {{"full_attention", {{"rope_type", "default"}}},
+                                                 {"sliding_attention", {{"rope_type", "default"}}}}}}));
+  EXPECT_EQ(k.rope_inv_freq, zof::rope_default_inv_freq(5000.f, 256));
+  EXPECT_EQ(k.rope_local_inv_freq, zof::rope_default_inv_freq(100.f, 256));
   expect_error(with(kGemma3_1b, {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 8.0}}}}),
                {"full-attention", "yarn"});
   expect_error(with(kGemma3_1b, {{"sliding_window_pattern", 0}}), {"sliding_window_pattern", "positive"});
@@ -765,7 +778,17 @@ TEST(Config, SlidingWindow) {
   expect_error(lt, {"layer_types", "24"});
   // use_sliding_window false: the window is ignored, as in transformers.
   EXPECT_TRUE(parse(with(kQwen2_05b, {{"sliding_window", 4096}})).layer_sliding.empty());
-  EXPECT_TRUE(all(parse(kMistral7b), 0) || parse(kMistral7b).layer_sliding.empty());
+  // max_window_layers is read only when sliding is on, and 0 (every layer slides) is valid.
+  EXPECT_TRUE(parse(with(kQwen2_05b, {{"max_window_layers", 0}})).layer_sliding.empty());
+  EXPECT_TRUE(all(parse(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
+                                         {"max_window_layers", 0}})),
+                  1));
+  expect_error(with(kQwen2_05b, {{"use_sliding_window", true}, {"sliding_window", 4096},
+                                 {"max_window_layers", -1}}),
+               {"max_window_layers", "0 or more"});
+  // Mistral-7B-v0.3's null window: no layer slides.
+  EXPECT_TRUE(parse(kMistral7b).layer_sliding.empty());
+  EXPECT_EQ(parse(kMistral7b).sliding_window, 0);
 }
 
 TEST(Config, UnsupportedOptOptions) {
