@@ -632,13 +632,9 @@ void check_resume_flags(const FinetuneArgs& f, const NumberFlags& n,
     std::string key = flag.substr(2);
     for (auto& c : key) c = c == '-' ? '_' : c;
     if (!saved.contains(key) || saved[key] == now[key]) continue;
-    // --save-dtype auto is the master's dtype: it changes nothing.
-    if (key == "save_dtype" && now[key] == "auto" && saved.contains("master") &&
-        saved[key] == saved["master"])
-      continue;
-    if (key == "save_dtype" && now[key] == "auto" && !saved.contains("master") &&
-        saved[key] == "fp32")
-      continue;
+    // --save-dtype auto is the master's dtype: it changes nothing (saved holds "master", fp32
+    // for runs from before it, through TrainOptions' round trip).
+    if (key == "save_dtype" && now[key] == "auto" && saved[key] == saved["master"]) continue;
     // --out naming the run itself changes nothing either.
     if (key == "out") {
       std::error_code ec;

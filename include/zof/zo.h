@@ -120,7 +120,6 @@ struct PendingUpdate {
   // Stateful optimizers: Adam's bias corrections use t = step + 1, the step number (counting
   // steps whose update was skipped as non-finite; replay counts the same way).
   uint32_t t = 0;
-  uint32_t step = 0;  // the step whose g this is (a bf16 master's rounding bits)
   bool empty() const { return terms.empty(); }
 };
 
@@ -220,7 +219,7 @@ class ZOEngine {
   // into plus/minus at the block's copy layout. The token table and the LM head matrix get
   // their update here but are never copied whole (see embed_rows and head_sums).
   void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
-  // The bits of a bf16 master's rounding of the pending update: (seed, its step).
+  // The bits of a bf16 master's rounding of the pending update: its terms' (seed, step).
   ZKey round_key() const;
   // One step's walk: the queries' keys and the stage's share of the blocks.
   struct StepWalk {

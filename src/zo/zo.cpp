@@ -589,7 +589,6 @@ std::vector<double> ZOEngine::projected_gradients(const QueryLosses& l) const {
 PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, float lr,
                                     const std::vector<double>& g) {
   PendingUpdate u;
-  u.step = step;
   const double q = (double)g.size();
   const bool sgd = opt.optimizer == ZOStepOptions::Optimizer::SGD;
   for (size_t j = 0; j < g.size(); ++j) {
@@ -608,9 +607,10 @@ PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, flo
 }
 
 ZKey ZOEngine::round_key() const {
-  ZKey k;
-  k.seed = opt_.seed;
-  k.step = pending_.step;
+  ZOF_ASSERT(!pending_.terms.empty());
+  ZKey k;  // the update's own (seed, step), as its z: whoever made it, they travel together
+  k.seed = pending_.terms[0].key.seed;
+  k.step = pending_.terms[0].key.step;
   return k;
 }
 

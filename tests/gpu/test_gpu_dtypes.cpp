@@ -287,6 +287,32 @@ TEST(GpuDtypes, CastEqualsHostBitForBit) {
   EXPECT_TRUE(same_bits(want_bf16, buf.get(d16, n))) << "to_bf16";
 }
 
+// A bf16 master's stochastic rounding (--master bf16): the kernel gives the CPU backend's bits
+// (philox.h's), whole and over sub-ranges at odd offsets, on another stream.
+TEST(GpuDtypes, RoundBf16StochasticEqualsHostBitForBit) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto cpu = zof::make_cpu_backend(1);
+  std::vector<float> x = cast_inputs();
+  for (float& v : x)
+    if (std::isnan(v)) v = 0.25f;  // a NaN stays NaN, but its payload is not compared here
+  const int64_t n = int64_t(x.size());
+  zof::ZKey key;
+  key.seed = 0xABCDEF0123ull, key.step = 41;
+  zof::Stream* st = be->create_stream();
+  for (int64_t first : {int64_t(0), int64_t(1), int64_t(3), int64_t(5)}) {
+    const int64_t m = n - first - 1;
+    std::vector<float> want(x.begin() + first, x.begin() + first + m);
+    cpu->round_bf16_stochastic(want.data(), m, 9, first, key);
+    Buffers buf(*be);
+    float* d = buf.put(std::vector<float>(x.begin() + first, x.begin() + first + m));
+    be->round_bf16_stochastic(d, m, 9, first, key, st);
+    be->synchronize(st);
+    const auto got = buf.get(d, size_t(m));
+    EXPECT_TRUE(same_bits(want, got)) << "from " << first << ": " << first_difference(want, got);
+  }
+}
+
 // ---- the ZO pass with bf16 copies -------------------------------------------------------------
 
 std::vector<zof::ZOUpdateTerm> update_terms(int n_update, uint32_t step, uint32_t dist, float mask) {

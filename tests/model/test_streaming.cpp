@@ -152,6 +152,7 @@ struct Case {
   bool one_sided = false;
   Opt optimizer = Opt::SGD;
   zof::DType compute = zof::DType::F32;  // --dtype
+  zof::DType master = zof::DType::F32;   // --master
 };
 
 class StreamedSteps : public ::testing::TestWithParam<Case> {};
@@ -167,6 +168,7 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
   o.one_sided = c.one_sided;
   o.optimizer = c.optimizer;
   o.compute = c.compute;
+  o.master = c.master;
   const RunResult plain = run_steps(c.model, o, 0);
   const Sizes sz = sizes(c.model, o);
   ASSERT_LT(sz.minimum, sz.whole);
@@ -240,13 +242,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"phi3", 2, 0.1f, false, Opt::SGD, zof::DType::BF16},
                       Case{"gemma2", 2, 0.1f},
                       Case{"qwen2_window", 1},
+                      // a bf16 master: the rounding on the device, as on the host
+                      Case{"stories260K", 2, 0.1f, false, Opt::SGD, zof::DType::F32,
+                           zof::DType::BF16},
+                      Case{"llama_gqa", 1, 0.f, false, Opt::Adam, zof::DType::BF16,
+                           zof::DType::BF16},
                       Case{"gemma3", 1, 0.f, false, Opt::SGD, zof::DType::BF16}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.model + "_q" + std::to_string(c.queries) + (c.weight_decay > 0 ? "_wd" : "") +
              (c.one_sided ? "_one_sided" : "") +
              (c.optimizer == Opt::Adam ? "_adam" : c.optimizer == Opt::Momentum ? "_momentum" : "") +
-             (c.compute == zof::DType::BF16 ? "_bf16" : "");
+             (c.compute == zof::DType::BF16 ? "_bf16" : "") +
+             (c.master == zof::DType::BF16 ? "_master_bf16" : "");
     });
 
 // The optimizer state streams with its blocks: the minimum grows by a slot's share of m (and v),
