@@ -275,25 +275,31 @@ void parse_layer_types(const Fields& f, const json& lt, ModelConfig& c) {
   }
 }
 
-void parse_llama(const Fields& f, ModelConfig& c) {
-  const std::string& mt = c.model_type;
+// The Llama family's shape: sizes, heads (num_key_value_heads defaults to def_kv, 0: the
+// heads), head_dim (def_head_dim, 0: hidden_size / heads), checked as every family needs.
+void parse_llama_shape(const Fields& f, ModelConfig& c, int64_t def_kv, int64_t def_head_dim) {
   c.arch = Arch::Llama;
   c.hidden_size = f.positive("hidden_size");
   c.intermediate_size = f.positive("intermediate_size");
   c.num_layers = f.positive("num_hidden_layers");
   c.num_heads = f.positive("num_attention_heads");
-  c.num_kv_heads = f.positive_or("num_key_value_heads", c.num_heads);
+  c.num_kv_heads = f.positive_or("num_key_value_heads", def_kv > 0 ? def_kv : c.num_heads);
   if (c.num_heads % c.num_kv_heads != 0)
     f.fail("num_key_value_heads", "(" + std::to_string(c.num_kv_heads) + ") does not divide num_attention_heads (" +
                                       std::to_string(c.num_heads) + "); fix config.json");
-  // Qwen3Config's head_dim defaults to 128, not hidden_size / heads.
   c.head_dim = f.has("head_dim") ? f.positive("head_dim")
-               : mt == "qwen3"   ? 128
-                                 : divide(f, c.hidden_size, "hidden_size", c.num_heads, "num_attention_heads");
+               : def_head_dim > 0 ? def_head_dim
+                                  : divide(f, c.hidden_size, "hidden_size", c.num_heads, "num_attention_heads");
   if (c.num_heads * c.head_dim > size_limit("intermediate_size"))
     f.fail("head_dim", "(" + std::to_string(c.head_dim) + ") times num_attention_heads (" +
                            std::to_string(c.num_heads) + ") is more than zof accepts (at most " +
                            std::to_string(size_limit("intermediate_size")) + "); fix config.json");
+}
+
+void parse_llama(const Fields& f, ModelConfig& c) {
+  const std::string& mt = c.model_type;
+  // Qwen3Config's head_dim defaults to 128, not hidden_size / heads.
+  parse_llama_shape(f, c, 0, mt == "qwen3" ? 128 : 0);
   // transformers' defaults differ by family.
   const int64_t def_pos = mt == "mistral" ? 4096 * 32 : mt == "qwen2" || mt == "qwen3" ? 32768
                           : mt == "phi3" ? 4096 : 2048;
@@ -368,20 +374,7 @@ float softcap_field(const Fields& f, const std::string& key, double def) {
 void parse_gemma(const Fields& f, ModelConfig& c) {
   const std::string& mt = c.model_type;
   const bool g3 = mt == "gemma3_text";
-  c.arch = Arch::Llama;
-  c.hidden_size = f.positive("hidden_size");
-  c.intermediate_size = f.positive("intermediate_size");
-  c.num_layers = f.positive("num_hidden_layers");
-  c.num_heads = f.positive("num_attention_heads");
-  c.num_kv_heads = f.positive_or("num_key_value_heads", 4);  // Gemma2Config's default
-  if (c.num_heads % c.num_kv_heads != 0)
-    f.fail("num_key_value_heads", "(" + std::to_string(c.num_kv_heads) + ") does not divide num_attention_heads (" +
-                                      std::to_string(c.num_heads) + "); fix config.json");
-  c.head_dim = f.positive_or("head_dim", 256);
-  if (c.num_heads * c.head_dim > size_limit("intermediate_size"))
-    f.fail("head_dim", "(" + std::to_string(c.head_dim) + ") times num_attention_heads (" +
-                           std::to_string(c.num_heads) + ") is more than zof accepts (at most " +
-                           std::to_string(size_limit("intermediate_size")) + "); fix config.json");
+  parse_llama_shape(f, c, 4, 256);  // Gemma2Config's defaults: 4 kv heads, head_dim 256
   c.max_position = f.positive_or("max_position_embeddings", g3 ? 131072 : 8192);
   c.norm_eps = float(f.positive_number_or("rms_norm_eps", 1e-6));
   // transformers reads hidden_activation only (hidden_act, which old configs carry too, is unused).
