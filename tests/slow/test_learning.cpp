@@ -31,31 +31,45 @@ TEST(Learning, ShakespearePerplexityDropsByAThird) {
   EXPECT_LT(after, before * 2 / 3) << "before " << before << " after " << after;
 }
 
+// The demo's run cut to 250 steps (stories260K on Tiny Shakespeare, seed 0) with extra flags:
+// its exit, stderr, --json summary and the first 4 KB of the saved model.safetensors ("" when
+// none was written). The run directory is removed.
+struct ShortRun {
+  int code = -1;
+  std::string err, header;
+  nlohmann::json summary;
+};
+ShortRun short_demo_run(const std::string& flags, const std::string& tag) {
+  const std::string model = zof::test::assets_dir() + "/models/stories260K";
+  const std::string data = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
+  const fs::path out = fs::temp_directory_path() / ("zof_learn_" + tag + std::to_string(::getpid()));
+  fs::remove_all(out);
+  auto r = zof::test::run_command(zof::test::zof_binary() + " finetune --model " + model +
+                                  " --task text --data " + data + " --out " + out.string() +
+                                  " --steps 250 --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 "
+                                  "--seed 0 --eval-examples 64 --no-report --json " + flags);
+  ShortRun run;
+  run.code = r.code, run.err = r.err;
+  if (fs::exists(out / "model.safetensors"))
+    run.header = zof::test::read_file((out / "model.safetensors").string()).substr(0, 4096);
+  fs::remove_all(out);
+  if (r.code == 0) run.summary = nlohmann::json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
+  return run;
+}
+
 // bf16 products learn as fp32 does (issue 14): the same run, 250 steps, with --dtype bf16 and
 // --dtype fp32 (fp32 master weights in both), ends within 3% in held-out perplexity; and bf16
 // really ran (a different number). bench/dtype_study.sh measured +0.28% at 1000 steps.
 TEST(Learning, Bf16ProductsLearnAsFp32) {
-  const std::string model = zof::test::assets_dir() + "/models/stories260K";
-  const std::string data = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
-  ZOF_REQUIRE_PATH(model);
-  ZOF_REQUIRE_PATH(data);
+  ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/models/stories260K");
+  ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
   double after[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     const char* dtype = i == 0 ? "fp32" : "bf16";
-    const fs::path out = fs::temp_directory_path() /
-                         ("zof_learn_" + std::string(dtype) + std::to_string(::getpid()));
-    fs::remove_all(out);
-    auto r = zof::test::run_command(zof::test::zof_binary() + " finetune --model " + model +
-                                    " --task text --data " + data + " --out " + out.string() +
-                                    " --steps 250 --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 "
-                                    "--seed 0 --eval-examples 64 --no-report --json --dtype " +
-                                    dtype);
-    fs::remove_all(out);
+    const ShortRun r = short_demo_run(std::string("--dtype ") + dtype, dtype);
     ASSERT_EQ(r.code, 0) << r.err;
-    const std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
-    const auto s = nlohmann::json::parse(last);
-    EXPECT_EQ(s["compute"]["dtype"], dtype);
-    after[i] = s["eval"]["after"];
+    EXPECT_EQ(r.summary["compute"]["dtype"], dtype);
+    after[i] = r.summary["eval"]["after"];
     RecordProperty(std::string("ppl_after_") + dtype, std::to_string(after[i]));
   }
   EXPECT_NEAR(after[1], after[0], 0.03 * after[0]);
@@ -69,33 +83,19 @@ TEST(Learning, Bf16ProductsLearnAsFp32) {
 // +3.6% (seed 0) and +3.8% (seed 1): the rounding noise of stochastic rounding adds up over the
 // run on this small model, whose weights sit close to their bf16 ulps.
 TEST(Learning, Bf16MasterLearnsNearFp32) {
-  const std::string model = zof::test::assets_dir() + "/models/stories260K";
-  const std::string data = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
-  ZOF_REQUIRE_PATH(model);
-  ZOF_REQUIRE_PATH(data);
+  ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/models/stories260K");
+  ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/tinyshakespeare/input.txt");
   double after[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     const char* master = i == 0 ? "fp32" : "bf16";
-    const fs::path out = fs::temp_directory_path() /
-                         ("zof_learn_master_" + std::string(master) + std::to_string(::getpid()));
-    fs::remove_all(out);
-    auto r = zof::test::run_command(zof::test::zof_binary() + " finetune --model " + model +
-                                    " --task text --data " + data + " --out " + out.string() +
-                                    " --steps 250 --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 "
-                                    "--seed 0 --eval-examples 64 --no-report --json --dtype fp32 "
-                                    "--master " + master);
-    const bool saved = fs::exists(out / "model.safetensors");
-    std::string header;
-    if (saved) header = zof::test::read_file((out / "model.safetensors").string()).substr(0, 4096);
-    fs::remove_all(out);
+    const ShortRun r = short_demo_run(std::string("--dtype fp32 --master ") + master,
+                                      std::string("master_") + master);
     ASSERT_EQ(r.code, 0) << r.err;
-    ASSERT_TRUE(saved);
-    const std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
-    const auto s = nlohmann::json::parse(last);
-    EXPECT_EQ(s["master"], master);
-    EXPECT_EQ(s["save_dtype"], master);  // auto: the master's dtype
-    EXPECT_NE(header.find(i == 0 ? "\"F32\"" : "\"BF16\""), std::string::npos);
-    after[i] = s["eval"]["after"];
+    ASSERT_FALSE(r.header.empty());
+    EXPECT_EQ(r.summary["master"], master);
+    EXPECT_EQ(r.summary["save_dtype"], master);  // auto: the master's dtype
+    EXPECT_NE(r.header.find(i == 0 ? "\"F32\"" : "\"BF16\""), std::string::npos);
+    after[i] = r.summary["eval"]["after"];
     RecordProperty(std::string("ppl_after_master_") + master, std::to_string(after[i]));
   }
   EXPECT_NEAR(after[1], after[0], 0.03 * after[0]);
