@@ -8,12 +8,14 @@ Usage (from the repository root):
 For every model it writes <out>/<name>/ holding
   config.json, model.safetensors  (random-weight models only; written by save_pretrained)
   golden.json                     (inputs, metadata, scalar results)
-  golden.safetensors              ("logits", "logits_f64", "nll"; all F32)
+  golden.safetensors              ("logits", "logits_f64", "logits_bf16", "nll"; all F32)
 and for stories260K also perplexity.json (`zof eval` on a TinyStories sample, as zof windows it).
 --only NAME[,NAME...] regenerates just those directories.
+--add-bf16 (re)writes only the "logits_bf16" tensor of the existing goldens (with --only, of those).
 --check-reload DIR... loads models that zof fine-tuned and wrote (tests/model/test_golden.cpp,
 GoldenSave, with ZOF_RELOAD_OUT set) with transformers and compares the logits with zof's.
-The output is deterministic: rerunning with the same torch/transformers gives identical bytes.
+The output is deterministic: rerunning with the same torch/transformers gives identical bytes
+on the same CPU (the last bits of the fp32 and bf16 logits follow the CPU's GEMM kernels).
 Everything runs on the CPU.
 """
 
@@ -325,12 +327,27 @@ def load(model_dir, dtype):
     return m
 
 
+def bf16_logits(model_dir, ids, mask, model_type):
+    """transformers' logits in bf16, as a user runs it: loaded with dtype=bfloat16, so every
+    parameter, activation and the residual stream are bf16 but for transformers' own fp32 islands
+    (RMSNorm statistics, the eager softmax, the RoPE table: from_pretrained keeps inv_freq fp32,
+    where model.to(torch.bfloat16) would round it too). Same inputs and masks as the fp32
+    forward; returned as float32, 0 at padded positions."""
+    l16 = forward(load(model_dir, torch.bfloat16), ids, mask, model_type).float()
+    l16 = torch.where(mask.bool().unsqueeze(-1), l16, torch.zeros_like(l16))
+    if not torch.isfinite(l16).all():
+        raise RuntimeError(f"{model_dir}: the bf16 forward gave non-finite logits")
+    return l16.contiguous()
+
+
 def golden_for(model_dir, ids, mask, model_type):
-    """fp32 and fp64 forwards of the stored weights; returns tensors and scalar results."""
+    """fp32, fp64 and bf16 forwards of the stored weights; returns tensors and scalar results
+    (from the fp32 and fp64 logits only)."""
     m32 = load(model_dir, torch.float32)
     m64 = load(model_dir, torch.float64)
     l32 = forward(m32, ids, mask, model_type)
     l64 = forward(m64, ids, mask, model_type)
+    l16 = bf16_logits(model_dir, ids, mask, model_type)
     valid = mask.bool()
     l32 = torch.where(valid.unsqueeze(-1), l32, torch.zeros_like(l32))
     l64 = torch.where(valid.unsqueeze(-1), l64, torch.zeros_like(l64))
@@ -350,6 +367,7 @@ def golden_for(model_dir, ids, mask, model_type):
     tensors = {
         "logits": l32.float().contiguous(),
         "logits_f64": l64.float().contiguous(),
+        "logits_bf16": l16,
         "nll": nll.float().contiguous(),
     }
     return m32, tensors, info
@@ -683,11 +701,45 @@ def check_reload(dirs):
     return bad
 
 
+def add_bf16(out_root, names, assets):
+    """--add-bf16: (re)writes only the logits_bf16 tensor of existing goldens, from the inputs in
+    their golden.json, and keeps every other tensor's bytes and every other file as they are. A
+    full regeneration recomputes the fp32 logits too, whose last bits depend on the CPU's fp32
+    GEMM kernels: on a machine other than the goldens' own, the H = 64 goldens' fp32 logits (and
+    the scalars, gradients and perplexity derived from them) move by a few ulp."""
+    from safetensors.torch import load_file
+    for name in names:
+        out_dir = os.path.join(out_root, name)
+        with open(os.path.join(out_dir, "golden.json")) as f:
+            meta = json.load(f)
+        md = meta["model_dir"]
+        model_dir = os.path.join(assets, md[len("assets:"):]) if md.startswith("assets:") else out_dir
+        ids = torch.tensor(meta["input_ids"])
+        mask = torch.tensor(meta["attention_mask"])
+        path = os.path.join(out_dir, "golden.safetensors")
+        tensors = load_file(path)
+        tensors["logits_bf16"] = bf16_logits(model_dir, ids, mask, meta["model_type"])
+        save_file(tensors, path, metadata={"format": "pt"})
+        print(f"{name:14s} logits_bf16 written: fp64_vs_bf16 max_rel={bf16_max_rel(out_dir):.3g}")
+
+
+def bf16_max_rel(out_dir):
+    """For the summary only: golden.safetensors' logits_bf16 against logits_f64, as
+    fp64_vs_fp32_max_rel (padded positions are 0 in both, so they add nothing)."""
+    from safetensors.torch import load_file
+    g = load_file(os.path.join(out_dir, "golden.safetensors"))
+    l64, l16 = g["logits_f64"].double(), g["logits_bf16"].double()
+    scale = l64.abs().amax(-1).clamp_min(1e-30)
+    return ((l16 - l64).abs().amax(-1) / scale).max().item()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="tests/golden")
     ap.add_argument("--assets", default="../shared/assets")
     ap.add_argument("--only", default="", help="comma-separated directories to regenerate")
+    ap.add_argument("--add-bf16", action="store_true",
+                    help="only (re)write logits_bf16 in existing goldens (see add_bf16)")
     ap.add_argument("--check-reload", nargs="+", metavar="DIR",
                     help="instead: check models zof wrote (see check_reload) and exit")
     args = ap.parse_args()
@@ -705,6 +757,9 @@ def main():
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    if args.add_bf16:
+        add_bf16(args.out, [n for n in sorted(known) if not only or n in only], args.assets)
+        return 0
     os.makedirs(args.out, exist_ok=True)
 
     metas = []
@@ -716,7 +771,8 @@ def main():
     for m in metas:
         print(f"{m['model']:14s} params={m['n_params']:7d} nll_mean={m['nll_mean']:.6f} "
               f"fp64_vs_fp32 max_rel={m['fp64_vs_fp32_max_rel']:.3g} "
-              f"max_abs={m['fp64_vs_fp32_max_abs']:.3g} |logits|max={m['logits_max_abs']:.3g}")
+              f"max_abs={m['fp64_vs_fp32_max_abs']:.3g} |logits|max={m['logits_max_abs']:.3g} "
+              f"fp64_vs_bf16 max_rel={bf16_max_rel(os.path.join(args.out, m['model'])):.3g}")
     return 0
 
 
