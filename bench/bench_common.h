@@ -242,11 +242,12 @@ class TimingBackend : public zof::Backend {
   }
   // Keyed "zo_pass" whatever the tensor: the passes over parameters (update, perturbation).
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
-               const zof::ZOUpdateTerm* upd, int n_update, float lr_wd, const zof::ZKey* cur,
-               float eps, void* plus, void* minus, zof::DType copy_t, zof::Stream* s) override {
+               const zof::ZOUpdateTerm* upd, int n_update, float lr_wd, const zof::ZKey* round,
+               const zof::ZKey* cur, float eps, void* plus, void* minus, zof::DType copy_t,
+               zof::Stream* s) override {
     timed(kZOPass, 0, [&] {
-      in_.zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, copy_t,
-                  s);
+      in_.zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, round, cur, eps, plus, minus,
+                  copy_t, s);
     });
   }
   static constexpr const char* kZOPass = "zo_pass";
@@ -259,8 +260,9 @@ class TimingBackend : public zof::Backend {
   }
   void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const zof::ZOUpdateTerm* upd, int n_update,
-                       const zof::ZOOptimizer& o, zof::Stream* s) override {
-    in_.zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, s);
+                       const zof::ZOOptimizer& o, const zof::ZKey* round,
+                       zof::Stream* s) override {
+    in_.zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, round, s);
   }
   void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first,
                              const zof::ZKey& key, zof::Stream* s) override {

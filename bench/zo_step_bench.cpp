@@ -22,7 +22,7 @@ namespace {
 using namespace zof_bench;
 
 struct Args {
-  std::string model_config = "gpt2-124m", model_dir, dtype = "auto";
+  std::string model_config = "gpt2-124m", model_dir, dtype = "auto", master = "fp32";
   int64_t batch = 8, seq = 128, vocab_chunk = 0;
   int threads = 0, queries = 1;
   int warmup = 2, iters = 5;
@@ -68,6 +68,7 @@ int run(const Args& a) {
   zo.seed = a.seed;
   zo.vocab_chunk = a.vocab_chunk;
   zo.compute = dtype;
+  zo.master = a.master == "bf16" ? zof::DType::BF16 : zof::DType::F32;
   const size_t live0 = tb.live_bytes;
   zof::ZOEngine engine(model, tb, rows, zo);
   const double engine_bytes = (double)(tb.live_bytes - live0);
@@ -105,10 +106,10 @@ int run(const Args& a) {
   const double net_peak = rss_peak - rss_base;
   const double mem_ratio = net_peak / (model_bytes + act_bytes);
 
-  std::printf("%-14s %4ld x %-4ld q=%d threads=%d %s (%s): %.1f ms/step (forwards %.1f ms = "
+  std::printf("%-14s %4ld x %-4ld q=%d threads=%d %s (%s), %s master: %.1f ms/step (forwards %.1f ms = "
               "%.1f%%, parameter passes %.1f ms = %.1f%%, rest %.1f ms)\n",
               name.c_str(), long(B), long(T), a.queries, threads, zof::compute_dtype_word(dtype),
-              unit.c_str(), s * 1e3, s_ops * 1e3,
+              unit.c_str(), a.master.c_str(), s * 1e3, s_ops * 1e3,
               100 * s_ops / s, s_pass * 1e3, 100 * s_pass / s, (s - s_ops - s_pass) * 1e3);
   std::printf("  %.0f tokens/s (%ld tokens/step); %.1f GFLOP/s over the step, %.1f GFLOP/s in the "
               "forwards = %.0f%% of the %s GEMM rate %.1f GFLOP/s\n",
@@ -134,6 +135,7 @@ int run(const Args& a) {
     json j = {{"impl", "zof"},
               {"dtype", zof::compute_dtype_word(dtype)},
               {"unit", unit},
+              {"master", a.master},
               {"model", name},
               {"threads", threads},
               {"batch", B},
@@ -172,6 +174,9 @@ int main(int argc, char** argv) {
   app.add_option("--model", a.model_dir, "a Hugging Face model directory instead (its weights)");
   app.add_option("--batch", a.batch, "sequences per step")->capture_default_str();
   app.add_option("--dtype", a.dtype, "matrix products: auto | bf16 | fp32 (as zof finetune)")
+      ->capture_default_str();
+  app.add_option("--master", a.master, "master weights: fp32 | bf16 (as zof finetune)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   app.add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
   app.add_option("--queries", a.queries, "SPSA directions per step")->capture_default_str();

@@ -183,13 +183,25 @@ class Backend {
   // plus/minus may be null (update only). z is z_group() of philox.h, so every backend produces
   // the same bits. The copies are of type copy_t: F32, or BF16 (the fp32 value of step 2
   // rounded to nearest even: the perturbed weights of a bf16 matrix product).
+  // round (a bf16 master, --master bf16; null: fp32): when n_update > 0, step 1's result is
+  // rounded to bf16 stochastically, as round_bf16_stochastic(theta, ..., *round) would after
+  // it, and step 2 reads the rounded value: the same bits as those three passes, in one.
   virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
-                       const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                       float eps, void* plus, void* minus, DType copy_t, Stream* s = nullptr) = 0;
+                       const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
+                       const ZKey* cur, float eps, void* plus, void* minus, DType copy_t,
+                       Stream* s = nullptr) = 0;
+  // An fp32 master's pass (no rounding).
+  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+               int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+               DType copy_t, Stream* s = nullptr) {
+    zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, nullptr, cur, eps, plus, minus, copy_t,
+            s);
+  }
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
                Stream* s = nullptr) {
-    zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, DType::F32, s);
+    zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, nullptr, cur, eps, plus, minus,
+            DType::F32, s);
   }
   // Rows of a (rows, width) tensor at theta +/- eps z(cur), in one launch: for k < n_rows, row
   // rows[k] (elements [rows[k] * width, (rows[k] + 1) * width) of the tensor; theta points at
@@ -206,9 +218,10 @@ class Backend {
   //   momentum: m = beta1 m + (gh + wd theta);  theta -= lr m
   //   adam:     m = beta1 m + (1 - beta1) gh;  v = beta2 v + (1 - beta2) gh^2;
   //             theta -= lr (m bc1 / (sqrt(v bc2) + eps) + wd theta)
+  // round (a bf16 master; null: fp32): the new theta rounded as in zo_pass.
   virtual void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                                int64_t first, const ZOUpdateTerm* upd, int n_update,
-                               const ZOOptimizer& o, Stream* s = nullptr) = 0;
+                               const ZOOptimizer& o, const ZKey* round, Stream* s = nullptr) = 0;
   // A bf16 master's rounding after an update (--master bf16): elements [first, first + n) of
   // tensor `tensor` (x points at element first) become bf16 values, held as fp32, rounded
   // stochastically with the bits of (key.seed, key.step, tensor, element): philox.h's

@@ -77,6 +77,20 @@ inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out)
 #endif
 }
 
+// The stochastic-rounding bits of the chunk's 64 elements (philox.h's round_bits_group for its
+// 16 groups): element l's word is out[l].
+inline void round_bits64(const ZKey& round, uint32_t tensor, uint32_t g0, uint32_t* out) {
+  ZKey k;
+  k.seed = round.seed, k.step = round.step, k.query = kRoundQuery;
+  alignas(64) uint32_t c[4][16];
+#if defined(__AVX512F__)
+  philox16_avx512(k, tensor, g0, c[0], c[1], c[2], c[3]);
+#else
+  philox16(k, tensor, g0, c[0], c[1], c[2], c[3]);
+#endif
+  for (int l = 0; l < 64; ++l) out[l] = c[l % 4][l / 4];
+}
+
 constexpr int64_t kChunk = 64;  // elements per z_groups16 call
 constexpr int64_t kStreamingStoreMin = int64_t(1) << 21;  // elements (8 MB per copy)
 
@@ -89,7 +103,8 @@ constexpr int64_t kStreamingStoreMin = int64_t(1) << 21;  // elements (8 MB per 
 template <class C>
 inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
                      uint32_t tensor, const ZOUpdateTerm* upd, int n_update, float lr_wd,
-                     const ZKey* cur, float eps, C* plus, C* minus, bool stream) {
+                     const ZKey* round, const ZKey* cur, float eps, C* plus, C* minus,
+                     bool stream) {
   alignas(64) float th[kChunk], z[kChunk];
   const int64_t base = c * kChunk - first;  // theta[base + l] is the chunk's element l
   // z of the chunk under key; Sparse MeZO zeroes it where |theta| (th before this pass's
@@ -108,7 +123,14 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
       const float k = upd[j].coef;
       for (int64_t l = l0; l < l1; ++l) acc[l] = fmaf(k, z[l], acc[l]);
     }
-    for (int64_t l = l0; l < l1; ++l) theta[base + l] = th[l] = th[l] - acc[l];
+    if (round) {  // a bf16 master: the update rounded stochastically, as the copies see it
+      alignas(64) uint32_t r[kChunk];
+      round_bits64(*round, tensor, (uint32_t)(c * (kChunk / 4)), r);
+      for (int64_t l = l0; l < l1; ++l)
+        theta[base + l] = th[l] = bf16_round_stochastic(th[l] - acc[l], r[l]);
+    } else {
+      for (int64_t l = l0; l < l1; ++l) theta[base + l] = th[l] = th[l] - acc[l];
+    }
   }
   if (cur) {
     gen(*cur);
@@ -146,7 +168,7 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
 // Elements [l0, l1) of chunk c through optimizer state (Backend::zo_update_state).
 inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int64_t c, int64_t l0,
                            int64_t l1, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
-                           const ZOOptimizer& o) {
+                           const ZOOptimizer& o, const ZKey* round) {
   alignas(64) float th[kChunk], z[kChunk], gh[kChunk];
   const int64_t base = c * kChunk - first;
   for (int64_t l = l0; l < l1; ++l) {
@@ -158,11 +180,12 @@ inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int6
     const float mk = upd[j].key.mask, k = upd[j].coef;
     for (int64_t l = l0; l < l1; ++l) gh[l] = fmaf(k, std::fabs(th[l]) > mk ? 0.f : z[l], gh[l]);
   }
+  alignas(64) float nt[kChunk];  // the new theta
   if (o.kind == ZOOptimizer::Momentum) {
     for (int64_t l = l0; l < l1; ++l) {
       const float mm = fmaf(o.beta1, m[base + l], fmaf(o.wd, th[l], gh[l]));
       m[base + l] = mm;
-      theta[base + l] = fmaf(-o.lr, mm, th[l]);
+      nt[l] = fmaf(-o.lr, mm, th[l]);
     }
   } else {
     for (int64_t l = l0; l < l1; ++l) {
@@ -171,15 +194,22 @@ inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int6
       m[base + l] = mm;
       v[base + l] = vv;
       const float step = mm * o.bc1 / (std::sqrt(vv * o.bc2) + o.eps);
-      theta[base + l] = fmaf(-o.lr, fmaf(o.wd, th[l], step), th[l]);  // as zo.cu: one rounding
+      nt[l] = fmaf(-o.lr, fmaf(o.wd, th[l], step), th[l]);  // as zo.cu: one rounding
     }
   }
+  if (round) {
+    alignas(64) uint32_t r[kChunk];
+    round_bits64(*round, tensor, (uint32_t)(c * (kChunk / 4)), r);
+    for (int64_t l = l0; l < l1; ++l) nt[l] = bf16_round_stochastic(nt[l], r[l]);
+  }
+  for (int64_t l = l0; l < l1; ++l) theta[base + l] = nt[l];
 }
 
 }  // namespace
 
 void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
-                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o) {
+                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
+                     const ZKey* round) {
   if (n <= 0 || n_update <= 0) return;
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
@@ -187,15 +217,15 @@ void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tenso
   for (int64_t c = c_lo; c < c_hi; ++c) {
     const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
     const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
-    zo_state_chunk(theta, m, v, first, c, l0, l1, tensor, upd, n_update, o);
+    zo_state_chunk(theta, m, v, first, c, l0, l1, tensor, upd, n_update, o, round);
   }
 }
 
 namespace {
 template <class C>
 void zo_pass_typed(float* theta, int64_t n, uint32_t tensor, int64_t first,
-                   const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur, float eps,
-                   C* plus, C* minus) {
+                   const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
+                   const ZKey* cur, float eps, C* plus, C* minus) {
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
   // Copies too big for the caches go out with streaming stores; smaller ones (an LM-head chunk
@@ -207,8 +237,8 @@ void zo_pass_typed(float* theta, int64_t n, uint32_t tensor, int64_t first,
     for (int64_t c = c_lo; c < c_hi; ++c) {
       const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
       const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
-      zo_chunk(theta, first, c, l0, l1, tensor, upd, n_update, lr_wd, cur, eps, plus, minus,
-               stream);
+      zo_chunk(theta, first, c, l0, l1, tensor, upd, n_update, lr_wd, round, cur, eps, plus,
+               minus, stream);
     }
 #if defined(__AVX512F__)
     _mm_sfence();  // each thread's streaming stores are visible before the copies are read
@@ -219,15 +249,15 @@ void zo_pass_typed(float* theta, int64_t n, uint32_t tensor, int64_t first,
 
 void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
              int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
-             DType copy_t) {
+             DType copy_t, const ZKey* round) {
   if (n <= 0 || (n_update <= 0 && !cur)) return;
   ZOF_CHECK(copy_t == DType::F32 || copy_t == DType::BF16,
             std::string("the ZO pass writes fp32 or bf16 copies, not ") + dtype_name(copy_t));
   if (copy_t == DType::BF16)
-    zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps,
+    zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, round, cur, eps,
                   static_cast<uint16_t*>(plus), static_cast<uint16_t*>(minus));
   else
-    zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps,
+    zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, round, cur, eps,
                   static_cast<float*>(plus), static_cast<float*>(minus));
 }
 

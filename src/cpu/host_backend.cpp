@@ -81,9 +81,11 @@ void HostBackend::wait(Stream*, Event*) {}
 void HostBackend::synchronize(Stream*) {}
 
 void HostBackend::zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
-                          const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                          float eps, void* plus, void* minus, DType copy_t, Stream*) {
-  cpu::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, copy_t);
+                          const ZOUpdateTerm* upd, int n_update, float lr_wd,
+                          const ZKey* round, const ZKey* cur, float eps, void* plus, void* minus,
+                          DType copy_t, Stream*) {
+  cpu::zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, copy_t,
+               round);
 }
 void HostBackend::cast(const float* x, void* y, DType yt, int64_t n, Stream*) {
   if (yt == DType::F32) {
@@ -102,8 +104,8 @@ void HostBackend::zo_rows(const float* theta, int64_t width, const int32_t* rows
 }
 void HostBackend::zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                                   int64_t first, const ZOUpdateTerm* upd, int n_update,
-                                  const ZOOptimizer& o, Stream*) {
-  cpu::zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o);
+                                  const ZOOptimizer& o, const ZKey* round, Stream*) {
+  cpu::zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, round);
 }
 void HostBackend::cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows,
                                       int64_t n, int64_t v0, float* max, float* sum,

@@ -322,17 +322,18 @@ class SimDeviceImpl final : public SimDevice {
            [=, h = host_.get()] { h->cross_entropy(logits, targets, nll, rows, vocab, nullptr); });
   }
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-               int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
-               DType copy_t, Stream* s) override {
-    // The terms and key are host values the caller may reuse: copied into the task.
+               int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps,
+               void* plus, void* minus, DType copy_t, Stream* s) override {
+    // The terms and keys are host values the caller may reuse: copied into the task.
     std::vector<ZOUpdateTerm> terms(upd, upd + std::max(n_update, 0));
-    const bool has_cur = cur != nullptr;
-    const ZKey key = has_cur ? *cur : ZKey{};
+    const bool has_cur = cur != nullptr, has_round = round != nullptr;
+    const ZKey key = has_cur ? *cur : ZKey{}, rkey = has_round ? *round : ZKey{};
     const int64_t cb = n * (int64_t)dtype_size(copy_t);
     submit(s, {n_update > 0 ? W(theta, n * F) : R(theta, n * F), W(plus, cb), W(minus, cb)},
            [=, h = host_.get(), terms = std::move(terms)] {
              h->zo_pass(theta, n, tensor, first, terms.data(), (int)terms.size(), lr_wd,
-                        has_cur ? &key : nullptr, eps, plus, minus, copy_t, nullptr);
+                        has_round ? &rkey : nullptr, has_cur ? &key : nullptr, eps, plus, minus,
+                        copy_t, nullptr);
            });
   }
   void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
@@ -347,12 +348,14 @@ class SimDeviceImpl final : public SimDevice {
   }
   void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
-                       Stream* s) override {
+                       const ZKey* round, Stream* s) override {
     std::vector<ZOUpdateTerm> terms(upd, upd + std::max(n_update, 0));
+    const bool has_round = round != nullptr;
+    const ZKey rkey = has_round ? *round : ZKey{};
     submit(s, {W(theta, n * F), W(m, n * F), W(v, n * F)},
            [=, h = host_.get(), terms = std::move(terms)] {
              h->zo_update_state(theta, m, v, n, tensor, first, terms.data(), (int)terms.size(), o,
-                                nullptr);
+                                has_round ? &rkey : nullptr, nullptr);
            });
   }
   void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,

@@ -400,8 +400,8 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::cross_entropy(logits, targets, nll, rows, vocab, st(s));
   }
   void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-               int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
-               DType copy_t, Stream* s) override {
+               int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps,
+               void* plus, void* minus, DType copy_t, Stream* s) override {
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     // the Philox counter holds the group index in 32 bits
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
@@ -413,8 +413,8 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     CudaStream* h = handle(s);
     TermSlot* slot = n_update > 0 ? &stage_terms(*h, upd, n_update) : nullptr;
-    cuda::zo_pass(theta, n, tensor, first, slot ? slot->dev : nullptr, n_update, lr_wd, cur, eps,
-                  plus, minus, copy_t, h->stream);
+    cuda::zo_pass(theta, n, tensor, first, slot ? slot->dev : nullptr, n_update, lr_wd, round,
+                  cur, eps, plus, minus, copy_t, h->stream);
     if (slot) CUDA_CHECK(cudaEventRecord(slot->done, h->stream));
   }
   void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first, const ZKey& key,
@@ -432,7 +432,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
   void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update,
-                       const ZOOptimizer& o, Stream* s) override {
+                       const ZOOptimizer& o, const ZKey* round, Stream* s) override {
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
     cuda::check_zo_terms(n_update);
@@ -440,7 +440,8 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     CudaStream* h = handle(s);
     TermSlot& slot = stage_terms(*h, upd, n_update);
-    cuda::zo_update_state(theta, m, v, n, tensor, first, slot.dev, n_update, o, h->stream);
+    cuda::zo_update_state(theta, m, v, n, tensor, first, slot.dev, n_update, o, round,
+                          h->stream);
     CUDA_CHECK(cudaEventRecord(slot.done, h->stream));
   }
   void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,

@@ -19,7 +19,8 @@ __device__ __forceinline__ void store_copy(bf16* p, float v) { *p = f32_to_bf16_
 template <class C>
 __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t tensor,
                                const ZOUpdateTerm* __restrict__ upd, int n_update, float lr_wd,
-                               ZKey cur, bool has_cur, float eps, C* plus, C* minus) {
+                               ZKey round, bool has_round, ZKey cur, bool has_cur, float eps,
+                               C* plus, C* minus) {
   const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;
   for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
        g += (int64_t)gridDim.x * blockDim.x) {
@@ -41,6 +42,11 @@ __global__ void zo_pass_kernel(float* theta, int64_t first, int64_t n, uint32_t 
         for (int l = 0; l < 4; ++l) acc[l] = fmaf(coef, z[l], acc[l]);
       }
       for (int l = 0; l < 4; ++l) th[l] = th[l] - acc[l];
+      if (has_round) {  // a bf16 master: the bits of round_bf16_kernel
+        uint32_t r[4];
+        round_bits_group(round.seed, round.step, tensor, (uint32_t)g, r);
+        for (int l = 0; l < 4; ++l) th[l] = bf16_round_stochastic(th[l], r[l]);
+      }
       for (int l = lo; l < hi; ++l) theta[i0 + l] = th[l];
     }
     if (has_cur) {
@@ -100,7 +106,7 @@ __global__ void round_bf16_kernel(float* x, int64_t first, int64_t n, uint32_t t
 // Backend::zo_update_state: one thread per group of 4, the arithmetic of cpu::zo_update_state.
 __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first, int64_t n,
                                 uint32_t tensor, const ZOUpdateTerm* __restrict__ upd,
-                                int n_update, ZOOptimizer o) {
+                                int n_update, ZOOptimizer o, ZKey round, bool has_round) {
   const int64_t end = first + n, g_lo = first / 4, g_hi = (end + 3) / 4;
   for (int64_t g = g_lo + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < g_hi;
        g += (int64_t)gridDim.x * blockDim.x) {
@@ -117,19 +123,23 @@ __global__ void zo_state_kernel(float* theta, float* m, float* v, int64_t first,
       const float mk = key.mask;
       for (int l = 0; l < 4; ++l) gh[l] = fmaf(coef, fabsf(th[l]) > mk ? 0.0f : z[l], gh[l]);
     }
+    uint32_t r[4] = {0u, 0u, 0u, 0u};
+    if (has_round) round_bits_group(round.seed, round.step, tensor, (uint32_t)g, r);
     for (int l = lo; l < hi; ++l) {
+      float nt;
       if (o.kind == ZOOptimizer::Momentum) {
         const float mm = fmaf(o.beta1, m[i0 + l], fmaf(o.wd, th[l], gh[l]));
         m[i0 + l] = mm;
-        theta[i0 + l] = fmaf(-o.lr, mm, th[l]);
+        nt = fmaf(-o.lr, mm, th[l]);
       } else {
         const float mm = fmaf(o.beta1, m[i0 + l], (1.0f - o.beta1) * gh[l]);
         const float vv = fmaf(o.beta2, v[i0 + l], (1.0f - o.beta2) * gh[l] * gh[l]);
         m[i0 + l] = mm;
         v[i0 + l] = vv;
         const float step = mm * o.bc1 / (sqrtf(vv * o.bc2) + o.eps);
-        theta[i0 + l] = fmaf(-o.lr, fmaf(o.wd, th[l], step), th[l]);  // as the host: one rounding
+        nt = fmaf(-o.lr, fmaf(o.wd, th[l], step), th[l]);  // as the host: one rounding
       }
+      theta[i0 + l] = has_round ? bf16_round_stochastic(nt, r[l]) : nt;
     }
   }
 }
@@ -163,13 +173,13 @@ void check_zo_terms(int n_update) {
 
 void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
                      const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
-                     cudaStream_t s) {
+                     const ZKey* round, cudaStream_t s) {
   check_zo_terms(n_update);
   if (n <= 0 || n_update <= 0) return;
   ZOF_ASSERT(upd);
   const int64_t groups = (first + n + 3) / 4 - first / 4;
-  zo_state_kernel<<<grid_for(groups, 256), 256, 0, s>>>(theta, m, v, first, n, tensor, upd,
-                                                        n_update, o);
+  zo_state_kernel<<<grid_for(groups, 256), 256, 0, s>>>(
+      theta, m, v, first, n, tensor, upd, n_update, o, round ? *round : ZKey{}, round != nullptr);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -177,20 +187,20 @@ namespace {
 
 template <class C>
 void launch_zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
-                    const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* cur,
-                    float eps, void* plus, void* minus, cudaStream_t s) {
+                    const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
+                    const ZKey* cur, float eps, void* plus, void* minus, cudaStream_t s) {
   const int64_t groups = (first + n + 3) / 4 - first / 4;
   zo_pass_kernel<C><<<grid_for(groups, 256), 256, 0, s>>>(
-      theta, first, n, tensor, upd, n_update, lr_wd, cur ? *cur : ZKey{}, cur != nullptr, eps,
-      static_cast<C*>(plus), static_cast<C*>(minus));
+      theta, first, n, tensor, upd, n_update, lr_wd, round ? *round : ZKey{}, round != nullptr,
+      cur ? *cur : ZKey{}, cur != nullptr, eps, static_cast<C*>(plus), static_cast<C*>(minus));
   CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-             int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
-             DType copy_t, cudaStream_t s) {
+             int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps, void* plus,
+             void* minus, DType copy_t, cudaStream_t s) {
   check_zo_terms(n_update);
   ZOF_CHECK(copy_t == DType::F32 || copy_t == DType::BF16,
             std::string("the CUDA ZO pass writes fp32 or bf16 perturbed copies, not ") +
@@ -198,9 +208,11 @@ void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUp
   if (n <= 0 || (n_update <= 0 && !cur)) return;
   ZOF_ASSERT(n_update == 0 || upd);
   if (copy_t == DType::BF16)
-    launch_zo_pass<bf16>(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, s);
+    launch_zo_pass<bf16>(theta, n, tensor, first, upd, n_update, lr_wd, round, cur, eps, plus,
+                         minus, s);
   else
-    launch_zo_pass<float>(theta, n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus, s);
+    launch_zo_pass<float>(theta, n, tensor, first, upd, n_update, lr_wd, round, cur, eps, plus,
+                          minus, s);
 }
 
 }  // namespace zof::cuda

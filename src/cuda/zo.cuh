@@ -21,8 +21,8 @@ void check_zo_terms(int n_update);
 // n_update == 0), read by the kernel when the stream reaches it. plus/minus of type copy_t (F32
 // or BF16).
 void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-             int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
-             DType copy_t, cudaStream_t s);
+             int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps, void* plus,
+             void* minus, DType copy_t, cudaStream_t s);
 
 // As Backend::round_bf16_stochastic.
 void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first, const ZKey& key,
@@ -35,6 +35,6 @@ void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_r
 // As Backend::zo_update_state; upd in device memory, as zo_pass.
 void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
                      const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
-                     cudaStream_t s);
+                     const ZKey* round, cudaStream_t s);
 
 }  // namespace zof::cuda

@@ -289,6 +289,11 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
       terms = pending_.terms;
       for (auto& t : terms) t.key.mask = mask_[pi];
     }
+    // A bf16 master: each update in fp32, rounded back stochastically in the same pass, before
+    // any copy is made from it.
+    const bool rounds = upd && opt_.master == DType::BF16;
+    const ZKey rk = rounds ? round_key() : ZKey{};
+    const ZKey* round = rounds ? &rk : nullptr;
     if (upd && stateful) {
       ZOOptimizer o;
       o.kind = opt_.optimizer == ZOStepOptions::Optimizer::Adam ? ZOOptimizer::Adam
@@ -301,24 +306,18 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
       o.bc1 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta1, (double)pending_.t)));
       o.bc2 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta2, (double)pending_.t)));
       be_.zo_update_state(th, state(pi, 1), o.kind == ZOOptimizer::Adam ? state(pi, 2) : nullptr,
-                          p.numel, (uint32_t)pi, 0, terms.data(), (int)terms.size(), o);
+                          p.numel, (uint32_t)pi, 0, terms.data(), (int)terms.size(), o, round);
+      if (!copy) continue;
     }
-    // A bf16 master: the update in fp32, rounded back stochastically before any copy is made.
-    const bool round = upd && opt_.master == DType::BF16;
-    if (round && !stateful)
-      be_.zo_pass(th, p.numel, (uint32_t)pi, 0, terms.data(), (int)terms.size(),
-                  p.decay ? pending_.lr_wd : 0.f, nullptr, 0.f, nullptr, nullptr, DType::F32);
-    if (round) be_.round_bf16_stochastic(th, p.numel, (uint32_t)pi, 0, round_key());
-    if (round && !copy) continue;
-    // ZO-SGD's update rides along with the perturbation (fp32 master).
-    const bool fused = upd && !stateful && !round;
+    // ZO-SGD's update rides along with the perturbation.
+    const bool fused = upd && !stateful;
     const ZKey ck = cur ? masked(*cur, pi) : ZKey{};
     // One-sided: the second stream runs at theta itself. The copies of a bf16 walk's matrices
-    // are bf16 (from the fp32 master, after this pass's update).
+    // are bf16 (from the master, after this pass's update).
     const DType ct = copy_dtype(pi);
     float* mo = copy && minus && !opt_.one_sided ? minus + off : nullptr;
     be_.zo_pass(th, p.numel, (uint32_t)pi, 0, fused ? terms.data() : nullptr,
-                fused ? (int)terms.size() : 0, p.decay ? pending_.lr_wd : 0.f,
+                fused ? (int)terms.size() : 0, p.decay ? pending_.lr_wd : 0.f, round,
                 copy ? &ck : nullptr, opt_.eps, copy && plus ? plus + off : nullptr, mo, ct);
     if (copy && minus && opt_.one_sided) be_.cast(th, minus + off, ct, p.numel);
   }

@@ -330,12 +330,15 @@ std::vector<zof::ZOUpdateTerm> update_terms(int n_update, uint32_t step, uint32_
 // backend and on the GPU, compared bit for bit: theta (all of it) and both copies.
 void expect_zo_pass_equal(Backend& host, Backend& be, int64_t total, int64_t first, int64_t n,
                           int n_update, bool has_cur, DType copy_t, uint32_t dist, float mask,
-                          bool with_minus = true) {
+                          bool with_minus = true, bool bf16_master = false) {
   const std::string what = "total=" + std::to_string(total) + " first=" + std::to_string(first) +
                            " n=" + std::to_string(n) + " terms=" + std::to_string(n_update) +
                            (has_cur ? " +cur" : " update only") + " copies=" +
                            zof::dtype_name(copy_t) + " dist=" + std::to_string(dist) +
-                           " mask=" + std::to_string(mask) + (with_minus ? "" : " no minus");
+                           " mask=" + std::to_string(mask) + (with_minus ? "" : " no minus") +
+                           (bf16_master ? " bf16 master" : "");
+  const zof::ZKey round_key{0xC0FFEEull, 11, 0};
+  const zof::ZKey* round = bf16_master ? &round_key : nullptr;
   const auto theta0 = uniform(size_t(total), -0.1f, 0.1f, 50);
   const auto upd = update_terms(n_update, 11, dist, mask);
   zof::ZKey cur{0x5eed0000ull, 12, 3};
@@ -346,15 +349,15 @@ void expect_zo_pass_equal(Backend& host, Backend& be, int64_t total, int64_t fir
   // Host: copies as raw bytes of copy_t.
   auto th_host = theta0;
   std::vector<uint8_t> ph(bytes, 0xab), mh(bytes, 0xab);
-  host.zo_pass(th_host.data() + first, n, 9, first, upd.data(), n_update, lr_wd,
+  host.zo_pass(th_host.data() + first, n, 9, first, upd.data(), n_update, lr_wd, round,
                has_cur ? &cur : nullptr, eps, ph.data(), with_minus ? mh.data() : nullptr, copy_t);
   // Device.
   Buffers buf(be);
   float* th = buf.put(theta0);
   uint8_t* p = buf.put(std::vector<uint8_t>(bytes, 0xab));
   uint8_t* m = buf.put(std::vector<uint8_t>(bytes, 0xab));
-  be.zo_pass(th + first, n, 9, first, upd.data(), n_update, lr_wd, has_cur ? &cur : nullptr, eps, p,
-             with_minus ? m : nullptr, copy_t);
+  be.zo_pass(th + first, n, 9, first, upd.data(), n_update, lr_wd, round,
+             has_cur ? &cur : nullptr, eps, p, with_minus ? m : nullptr, copy_t);
   const auto th_dev = buf.get(th, size_t(total));
   EXPECT_TRUE(same_bits(th_host, th_dev)) << "theta " << what << ": " << first_difference(th_host, th_dev);
   const auto pd = buf.get(p, bytes), md = buf.get(m, bytes);
@@ -385,6 +388,13 @@ TEST(GpuDtypes, ZOPassBf16CopiesEqualHost) {
     }
     expect_zo_pass_equal(*host, *be, total, first, n, 45, true, DType::BF16, zof::kZGaussian, 0.05f, false);
     expect_zo_pass_equal(*host, *be, total, first, n, 45, false, DType::BF16, zof::kZGaussian, inf);
+    // A bf16 master: the update rounded stochastically in the same pass.
+    for (DType copy_t : {DType::BF16, DType::F32}) {
+      expect_zo_pass_equal(*host, *be, total, first, n, 3, true, copy_t, zof::kZGaussian, inf,
+                           true, true);
+      expect_zo_pass_equal(*host, *be, total, first, n, 3, false, copy_t, zof::kZGaussian, 0.05f,
+                           true, true);
+    }
   }
   // Copies of other types are refused.
   Buffers buf(*be);
@@ -478,9 +488,9 @@ TEST(GpuDtypes, ZOPassesQueuedWithDifferentTermsEqualHost) {
       upd = update_terms(n_update, uint32_t(500 + i), zof::kZGaussian, inf);
       const int64_t first = int64_t(i % 7) * kSlice;  // overlapping passes: the order matters
       host->zo_update_state(t_host.data() + first, m_host.data() + first, v_host.data() + first,
-                            kSlice, 4, first, upd.data(), n_update, o);
+                            kSlice, 4, first, upd.data(), n_update, o, nullptr);
       be->zo_update_state(t_dev + first, m_dev + first, v_dev + first, kSlice, 4, first, upd.data(),
-                          n_update, o, st);
+                          n_update, o, nullptr, st);
       for (auto& t : upd) t.coef = std::numeric_limits<float>::quiet_NaN();
     }
     be->synchronize(st);

@@ -846,7 +846,7 @@ TEST(GpuZO, SubRangeRademacherMaskAndOptimizerStateEqualHost) {
             zof::cpu::zo_update_state(t_host.data() + first, m_host.data() + first,
                                       v_host.data() + first, n, 9, first, upd.data(), 2, o);
             be->zo_update_state(t_dev + first, m_dev + first, v_dev + first, n, 9, first,
-                                upd.data(), 2, o);
+                                upd.data(), 2, o, nullptr);
           }
           EXPECT_TRUE(bit_identical(t_host, dev.get(t_dev, size_t(total)))) << kind << " " << what;
           EXPECT_TRUE(bit_identical(m_host, dev.get(m_dev, size_t(total)))) << kind << " " << what;

@@ -276,7 +276,9 @@ TEST(StochasticRounding, MeanOverAllBitsIsExactlyX) {
       sum += double(y);
     }
     EXPECT_EQ(uint32_t(up), frac) << x;
-    if (std::isfinite(x) && std::fabs(x) < 3.38e38f) EXPECT_EQ(sum / 65536.0, double(x)) << x;
+    if (std::isfinite(x) && std::fabs(x) < 3.38e38f) {
+      EXPECT_EQ(sum / 65536.0, double(x)) << x;
+    }
   }
 }
 
@@ -328,6 +330,104 @@ TEST(StochasticRounding, BackendsGiveTheScalarBits) {
       be->free(d);
       ASSERT_EQ(0, std::memcmp(got.data(), want.data() + first, size_t(m) * 4))
           << be->name() << " from " << first;
+    }
+  }
+  EXPECT_EQ(sim->stats().hazards, 0) << sim->stats().first_hazard;
+}
+
+// The fused pass of a bf16 master (round in zo_pass and zo_update_state): the same bits as the
+// three passes it replaces (the update, round_bf16_stochastic, then the copies from the rounded
+// theta), on every host backend, whole and over sub-ranges at any alignment, with fp32 and bf16
+// copies, Sparse MeZO's mask, and through momentum and Adam's state.
+TEST(StochasticRounding, FusedPassEqualsUpdateThenRoundThenCopies) {
+  const int64_t total = 4099;
+  std::vector<float> theta0(total);
+  for (int64_t i = 0; i < total; ++i)
+    theta0[i] = std::sin(0.61f * float(i)) * 0.04f + 1e-5f * float(i % 97);
+  zof::ZKey round;
+  round.seed = 0xFEEDull, round.step = 9;
+  std::vector<zof::ZOUpdateTerm> terms;
+  for (int j = 0; j < 3; ++j) {
+    zof::ZKey k{0xFEEDull, 9, uint32_t(j)};
+    k.mask = j == 2 ? 0.03f : std::numeric_limits<float>::infinity();
+    terms.push_back({k, 2e-5f * float(j + 1) * (j % 2 ? -1.f : 1.f)});
+  }
+  zof::ZKey cur{0xFEEDull, 10, 0};
+  const float lr_wd = 1e-6f, eps = 1e-3f;
+  auto cpu = zof::make_cpu_backend(2);
+  auto ref = zof::make_reference_backend();
+  auto sim = zof::make_sim_device(zof::make_cpu_backend(1), {});
+  for (zof::Backend* be : {cpu.get(), ref.get(), static_cast<zof::Backend*>(sim.get())}) {
+    auto host = [&](const std::vector<float>& v) {
+      float* d = (float*)be->alloc(v.size() * 4);
+      be->copy_to_device(d, v.data(), v.size() * 4, nullptr);
+      return d;
+    };
+    auto back = [&](const void* d, size_t bytes) {
+      std::vector<uint8_t> out(bytes);
+      be->copy_to_host(out.data(), d, bytes, nullptr);
+      be->synchronize(nullptr);
+      return out;
+    };
+    for (auto [first, n] : {std::pair<int64_t, int64_t>{0, total}, {3, 1001}, {65, 2000}}) {
+      for (zof::DType ct : {zof::DType::F32, zof::DType::BF16}) {
+        const size_t cb = size_t(n) * zof::dtype_size(ct);
+        // Fused.
+        float* a = host(theta0);
+        void* ap = be->alloc(cb);
+        void* am = be->alloc(cb);
+        be->zo_pass(a + first, n, 7, first, terms.data(), 3, lr_wd, &round, &cur, eps, ap, am, ct);
+        // Three passes.
+        float* b = host(theta0);
+        void* bp = be->alloc(cb);
+        void* bm = be->alloc(cb);
+        be->zo_pass(b + first, n, 7, first, terms.data(), 3, lr_wd, nullptr, 0.f, nullptr,
+                    nullptr, zof::DType::F32);
+        be->round_bf16_stochastic(b + first, n, 7, first, round);
+        be->zo_pass(b + first, n, 7, first, nullptr, 0, 0.f, &cur, eps, bp, bm, ct);
+        const std::string what =
+            std::string(be->name()) + " first " + std::to_string(first) + " " + zof::dtype_name(ct);
+        EXPECT_EQ(back(a, total * 4), back(b, total * 4)) << "theta, " << what;
+        EXPECT_EQ(back(ap, cb), back(bp, cb)) << "plus, " << what;
+        EXPECT_EQ(back(am, cb), back(bm, cb)) << "minus, " << what;
+        // The update moved theta, and onto bf16 values.
+        const auto th = back(a, total * 4);
+        int64_t moved = 0, off_grid = 0;
+        for (int64_t i = first; i < first + n; ++i) {
+          float v;
+          std::memcpy(&v, th.data() + 4 * i, 4);
+          moved += v != theta0[i];
+          uint32_t u;
+          std::memcpy(&u, &v, 4);
+          off_grid += (u & 0xFFFFu) != 0;
+        }
+        EXPECT_GT(moved, n / 2) << what;
+        EXPECT_EQ(off_grid, 0) << what;
+        for (void* p : {(void*)a, ap, am, (void*)b, bp, bm}) be->free(p);
+      }
+      // Through optimizer state.
+      for (int kind : {zof::ZOOptimizer::Momentum, zof::ZOOptimizer::Adam}) {
+        zof::ZOOptimizer o;
+        o.kind = kind;
+        o.lr = 1e-3f, o.wd = 1e-2f, o.bc1 = 10.f, o.bc2 = 1000.f;
+        const std::vector<float> zeros(total, 0.f);
+        float *a = host(theta0), *am = host(zeros), *av = host(zeros);
+        float *b = host(theta0), *bm = host(zeros), *bv = host(zeros);
+        be->zo_update_state(a + first, am + first, av + first, n, 7, first, terms.data(), 3, o,
+                            &round);
+        be->zo_update_state(b + first, bm + first, bv + first, n, 7, first, terms.data(), 3, o,
+                            nullptr);
+        be->round_bf16_stochastic(b + first, n, 7, first, round);
+        const std::string what = std::string(be->name()) + " first " + std::to_string(first) +
+                                 " optimizer " + std::to_string(kind);
+        EXPECT_EQ(back(a, total * 4), back(b, total * 4)) << "theta, " << what;
+        EXPECT_EQ(back(am, total * 4), back(bm, total * 4)) << "m, " << what;
+        EXPECT_EQ(back(av, total * 4), back(bv, total * 4)) << "v, " << what;
+        const std::vector<uint8_t> before((const uint8_t*)theta0.data(),
+                                          (const uint8_t*)theta0.data() + total * 4);
+        EXPECT_NE(back(a, total * 4), before) << "the update moved nothing, " << what;
+        for (float* p : {a, am, av, b, bm, bv}) be->free(p);
+      }
     }
   }
   EXPECT_EQ(sim->stats().hazards, 0) << sim->stats().first_hazard;
