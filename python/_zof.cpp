@@ -17,6 +17,7 @@
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zof/forward.h"
+#include "zof/input_file.h"
 #include "zof/model.h"
 #include "zof/runtime.h"
 #include "zof/text.h"
@@ -43,6 +44,7 @@ class PyModel {
     b.device = device;
     b.threads = threads;
     backend_ = zof::make_backend(b);
+    zof::check_model_dir("--model", path);  // as the CLI's eval and generate
     model_ = zof::Model::load(path);
   }
 
@@ -177,6 +179,7 @@ std::string finetune(zof::TrainOptions opt, nb::callable message, nb::callable s
     ZOF_CHECK(!opt.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
     ZOF_CHECK(!opt.out.empty(), "finetune needs --out DIR, the run directory to write");
     ZOF_CHECK(!opt.data.empty(), "finetune needs --data PATH, the task's data file or directory");
+    zof::check_model_dir("--model", opt.model);
   }
   std::unique_ptr<zof::TrainSink> terminal = progress ? zof::make_terminal_sink() : nullptr;
   PySink sink(std::move(message), std::move(step), terminal.get());
@@ -191,6 +194,7 @@ std::string finetune(zof::TrainOptions opt, nb::callable message, nb::callable s
 
 std::string replay(const std::string& model, const std::string& log, const std::string& out,
                    int threads) {
+  zof::check_model_dir("--model", model);
   nb::gil_scoped_release release;
   return zof::replay(model, log, out, threads).dump();
 }

@@ -23,6 +23,7 @@
 
 #include "zof/backend.h"
 #include "zof/error.h"
+#include "zof/input_file.h"
 #include "zof/model.h"
 #include "zof/report.h"
 #include "zof/runtime.h"
@@ -222,6 +223,7 @@ struct GenerateArgs {
   DeviceArgs where;
   std::string model, prompt;
   int64_t max_new_tokens = 128;
+  bool max_new_given = false;
   float temperature = 0.f, top_p = 1.f;
   uint64_t seed = 0;
   int threads = 0;
@@ -277,11 +279,14 @@ void add_device_flags(CLI::App* app, DeviceArgs& d) {
 int run_generate(const GenerateArgs& a) {
   validate_generate(a);
   zof::WeightPlacement place;
+  zof::check_model_dir("--model", a.model);
   auto backend = text_backend(a.where, a.threads, place);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
+  tok.check_ids_below(model.config().vocab_size);
   zof::SampleOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
+  opt.max_new_is_default = !a.max_new_given;
   opt.temperature = a.temperature;
   opt.top_p = a.top_p;
   opt.seed = a.seed;
@@ -323,9 +328,11 @@ int run_eval(const EvalArgs& a) {
   validate_eval(a);
   zof::check_input_file("--text", a.text, "--text takes one plain-text file");
   zof::WeightPlacement place;
+  zof::check_model_dir("--model", a.model);
   auto backend = text_backend(a.where, a.threads, place);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
+  tok.check_ids_below(model.config().vocab_size);
   const std::string text = read_text_file(a.text, "--text");
   json j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
                               a.max_windows, place);
@@ -376,6 +383,10 @@ ExpandedArgs expand_config(int argc, char** argv) {
     while (std::getline(f, line)) {
       ++lineno;
       const std::string at = "--config " + path + " line " + std::to_string(lineno);
+      // A NUL would end the message (and the flag's value) where it stands.
+      ZOF_CHECK(line.find('\0') == std::string::npos,
+                at + ": the line holds a NUL byte; --config takes a text file of `key = value` "
+                     "lines (is it a binary file?)");
       auto trim = [](std::string x) {
         const size_t a = x.find_first_not_of(" \t\r"), b = x.find_last_not_of(" \t\r");
         return a == std::string::npos ? std::string() : x.substr(a, b - a + 1);
@@ -414,6 +425,8 @@ struct FinetuneArgs {
 
 struct ReplayArgs {
   std::string model, log, out;
+  int64_t steps = 0;  // not given: the whole run
+  bool steps_given = false;
   int threads = 0;
   bool json = false;
 };
@@ -557,6 +570,8 @@ CLI::App* add_replay(CLI::App& app, ReplayArgs& r, NumberFlags& n) {
   rp->add_option("--model", r.model, "The base model the run started from")->required();
   rp->add_option("--log", r.log, "The run directory (its zo_log.jsonl)")->required();
   rp->add_option("--out", r.out, "Directory for the rebuilt model")->required();
+  n.add(rp, "--steps", r.steps, "Rebuild only the log's first N steps (default: the whole run, "
+        "which the log must hold)", &train_rule("--steps"), false);
   n.add(rp, "--threads", r.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
   rp->add_flag("--json", r.json, "Print one JSON object as the last line");
   return rp;
@@ -578,6 +593,8 @@ int run_report(const ReportArgs& r) {
             "the comparison goes)");
   const std::string out =
       r.out.empty() ? (fs::path(r.runs[0]) / "report.html").string() : r.out;
+  // Before anything is read: a report never replaces anything but an earlier report.
+  zof::check_report_out(r.runs, out, r.out.empty() ? "" : "--out");
   zof::write_report(r.runs, out);
   std::fprintf(stderr, "zof: wrote %s\n", out.c_str());
   return 0;
@@ -618,6 +635,8 @@ void check_resume_flags(const FinetuneArgs& f, const NumberFlags& n,
   if (t.resume.empty()) return;
   json saved;
   try {
+    std::error_code ec;  // not a regular file (a FIFO would block here): finetune() says what
+    if (!fs::is_regular_file(fs::path(t.resume) / "run.json", ec)) return;
     std::ifstream in(fs::path(t.resume) / "run.json");
     if (!in) return;
     saved = zof::TrainOptions::from_json(json::parse(in).at("options")).to_json();
@@ -666,6 +685,7 @@ int run_finetune(const FinetuneArgs& f, const NumberFlags& n,
     ZOF_CHECK(!t.data.empty(), "finetune needs --data PATH, the task's data file or directory");
   }
   zof::validate_options(t);
+  if (t.resume.empty()) zof::check_model_dir("--model", t.model);
   if (t.resume.empty()) zof::check_task_data(t.task, t.data);
   auto summary = zof::finetune(t);
   // The run's result: always one JSON line, from rank 0 alone under mpirun.
@@ -675,7 +695,9 @@ int run_finetune(const FinetuneArgs& f, const NumberFlags& n,
 
 int run_replay(const ReplayArgs& r) {
   zof::check_whole("--threads", r.threads, train_rule("--threads"));
-  auto summary = zof::replay(r.model, r.log, r.out, r.threads);
+  if (r.steps_given) zof::check_whole("--steps", r.steps, train_rule("--steps"));
+  zof::check_model_dir("--model", r.model);
+  auto summary = zof::replay(r.model, r.log, r.out, r.threads, r.steps);
   std::cout << (r.json ? summary.dump() : summary.dump(1)) << "\n";
   return 0;
 }
@@ -771,6 +793,42 @@ std::string one_line(const std::string& raw) {
   return what;
 }
 
+// A filesystem error that reached the CLI, in zof's words: the path with the flag that named it
+// (when a flag's value is the path or a directory above it), the operation and the reason.
+std::string filesystem_message(const fs::filesystem_error& e, const std::vector<std::string>& args) {
+  const std::string path = e.path1().string();
+  std::string op = e.what();  // "filesystem error: OP: REASON [PATH]"
+  const std::string head = "filesystem error: ";
+  if (op.rfind(head, 0) == 0) op = op.substr(head.size());
+  if (const size_t at = op.find(": "); at != std::string::npos) op = op.substr(0, at);
+  std::string named = path;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) continue;
+    const size_t eq = a.find('=');
+    const std::string flag = a.substr(0, eq);
+    const std::string value = eq != std::string::npos ? a.substr(eq + 1)
+                              : i + 1 < args.size()   ? args[i + 1]
+                                                      : "";
+    if (value.empty() || path.empty()) continue;
+    if (path == value) {
+      named = flag + " " + path;
+      break;
+    }
+    const std::string dir = value.back() == '/' ? value : value + "/";
+    if (path.rfind(dir, 0) == 0) {
+      named = path + " (in " + flag + " " + value + ")";
+      break;
+    }
+  }
+  if (named.empty()) named = "a path";
+  // "status" and its kin look a path up: the path cannot be reached.
+  const std::string did = op.find("status") != std::string::npos ? " cannot be reached"
+                          : op.rfind("cannot ", 0) == 0           ? ": " + op
+                                                                  : ": " + op + " failed";
+  return named + did + " (" + e.code().message() + "); check the path and its permissions";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -839,13 +897,25 @@ int main(int argc, char** argv) {
       numbers.read(sub);
     }
     e.seq_len_given = ev->count("--seq-len") > 0;
+    r.steps_given = rp->count("--steps") > 0;
+    g.max_new_given = gen->count("--max-new-tokens") > 0;
     if (parsed == gen) return run_generate(g);
     if (parsed == ev) return run_eval(e);
     if (parsed == ft) return run_finetune(f, numbers, x.from_config);
     if (parsed == rp) return run_replay(r);
     if (parsed == rpt) return run_report(rep);
   } catch (const zof::Error& err) {
-    return fail(err.what());
+    // A refused flag whose value came from the --config file: its line too.
+    std::string what = err.what();
+    if (what.rfind("--", 0) == 0) {
+      const size_t end = what.find_first_of(" ,;:=");
+      const auto it = x.from_config.find(what.substr(0, end));
+      if (it != x.from_config.end() && end != std::string::npos)
+        what = what.substr(0, end) + " (" + it->second + ")" + what.substr(end);
+    }
+    return fail(what);
+  } catch (const fs::filesystem_error& err) {
+    return fail(filesystem_message(err, x.args));
   } catch (const std::bad_alloc&) {
     return fail("out of memory (try a smaller --batch or --seq-len)");
   } catch (const std::exception& err) {

@@ -25,6 +25,7 @@ struct Example {
   std::string prompt;
   std::vector<std::string> candidates;
   int label = 0;
+  std::string where{};  // "FILE:LINE" it was read from, for messages ("" when built in code)
 };
 
 enum class TaskKind {
@@ -98,9 +99,11 @@ struct TokenizedExample {
 // the answer's. Encoding the candidate alone would differ for SentencePiece-style tokenizers
 // (the normalizer strips it and prepends "▁").
 // Longer than max_len: the prompt is cut on the left, keeping BOS (as MeZO). zof::Error when the
-// candidate alone has max_len tokens or more (names example `index`), or has no tokens.
+// candidate alone has max_len tokens or more (names `where`, the example's FILE:LINE, or else
+// example `index`), or has no tokens. max_len is the run's --seq-len.
 TokenizedExample tokenize_example(const Tokenizer& tok, const std::string& prompt,
-                                  const std::string& candidate, int64_t max_len, int64_t index);
+                                  const std::string& candidate, int64_t max_len, int64_t index,
+                                  const std::string& where = "");
 
 // Training sequences: each example with its correct candidate (candidates[label]).
 // *truncated (if given) receives how many were cut to fit max_len; the caller warns.

@@ -10,6 +10,8 @@ namespace zof {
 
 struct SampleOptions {
   int64_t max_new_tokens = 128;
+  // The default, not asked for: fewer when the context holds fewer (else more is refused).
+  bool max_new_is_default = false;
   float temperature = 0.f;  // 0: greedy
   float top_p = 1.f;        // nucleus sampling mass, (0, 1]
   uint64_t seed = 0;

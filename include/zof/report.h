@@ -45,6 +45,13 @@ std::vector<ReportSeries> report_series(const std::vector<ReportRun>& runs);
 // The page.
 std::string render_report(const std::vector<ReportRun>& runs);
 
+// Refuses (zof::Error naming flag, "--out", and out; "report: cannot write OUT" when flag is
+// empty) an out that a report must not replace: a path inside one of the run directories other
+// than its report.html, a directory, a symbolic link, a device or FIFO, or a file that is not
+// an earlier zof report (which begins as every page does). A new file passes.
+void check_report_out(const std::vector<std::string>& dirs, const std::string& out,
+                      const std::string& flag);
+
 // Loads every directory, labels the runs (their names, and the options that differ between
 // them), and writes the page to out atomically. Nothing is written when any input is bad.
 // summary: finetune()'s summary of a single run that just ended (null otherwise).

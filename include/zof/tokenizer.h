@@ -32,6 +32,10 @@ class Tokenizer {
   int64_t vocab_size() const;  // including added tokens
   std::string id_to_token(int32_t id) const;
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
+  // zof::Error naming tokenizer.json, the token and its id unless every id of the vocabulary and
+  // the post-processor's special tokens is below the model's vocab_size: a larger one would index
+  // past the embedding table. Added tokens past it are allowed (as transformers allows them).
+  void check_ids_below(int64_t vocab_size) const;
 
  private:
   Tokenizer();

@@ -114,8 +114,10 @@ std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokeni
 // Every field of the options, alone and together, checked once before anything is created: a bad
 // value throws zof::Error naming the flag and the fix. (That --batch covers every data-parallel
 // replica is checked once the ranks are known.) Numbers are checked against the rules of
-// train_flag_rule: "--steps must be a whole number of at least 1, not 0".
-void validate_options(const TrainOptions& opt);
+// train_flag_rule: "--steps must be a whole number of at least 1, not 0". new_run: also refuse
+// flags a new run would silently not use (--eps with --estimator jvp); a saved run's options
+// (run.json, which an older zof may have written with them) pass without.
+void validate_options(const TrainOptions& opt, bool new_run = true);
 
 // What a numeric option accepts, said in words and checked in one place: validate_options and
 // the CLI's generate/eval/replay checks test values against it, and the CLI reads each number's
@@ -197,7 +199,10 @@ std::unique_ptr<TrainSink> make_terminal_sink();
 nlohmann::json finetune(TrainOptions opt, TrainSink* sink = nullptr);
 
 // Rebuilds fine-tuned weights from a base model and a run's step log; writes a model directory.
+// The log must be the run's: as long as, and hashing to, what the run's latest checkpoint (else
+// its summary.json, else run.json's --steps) records. steps > 0 rebuilds only the log's first
+// `steps` steps (replay --steps), which a cut log may then hold.
 nlohmann::json replay(const std::string& base_model, const std::string& run_dir,
-                      const std::string& out_dir, int threads);
+                      const std::string& out_dir, int threads, int64_t steps = 0);
 
 }  // namespace zof

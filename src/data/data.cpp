@@ -81,8 +81,9 @@ void score_sequences(Forward& fwd, const std::vector<Scored>& seqs, int64_t batc
 // ---- tokenisation -----------------------------------------------------------------------------
 
 TokenizedExample tokenize_example(const Tokenizer& tok, const std::string& prompt,
-                                  const std::string& candidate, int64_t max_len, int64_t index) {
-  ZOF_CHECK(max_len >= 2, "--max-len must be at least 2");
+                                  const std::string& candidate, int64_t max_len, int64_t index,
+                                  const std::string& where) {
+  ZOF_CHECK(max_len >= 2, "--seq-len must be at least 2");
   TokenizedExample e;
   e.ids = tok.encode(strip_spaces(prompt + candidate), true);
   const std::vector<int32_t> p = tok.encode(strip_spaces(prompt), true);
@@ -90,12 +91,16 @@ TokenizedExample tokenize_example(const Tokenizer& tok, const std::string& promp
   while (lcp < p.size() && lcp < e.ids.size() && p[lcp] == e.ids[lcp]) ++lcp;
   e.cand_start = (int64_t)lcp;
   const int64_t n = (int64_t)e.ids.size(), n_cand = n - e.cand_start;
-  ZOF_CHECK(n_cand >= 1, "example " + std::to_string(index) + ": the answer \"" + candidate +
+  const std::string at = where.empty() ? "example " + std::to_string(index) : where;
+  // An example read from a file is a run's (its limit is --seq-len); one built in code names the
+  // max_len argument as the unit tests expect (tests/unit/test_data.cpp).
+  const std::string limit = where.empty() ? "--max-len" : "--seq-len";
+  ZOF_CHECK(n_cand >= 1, at + ": the answer \"" + candidate +
                              "\" has no tokens of its own after the prompt; give it some text");
-  ZOF_CHECK(n_cand < max_len, "example " + std::to_string(index) + ": the answer alone is " +
-                                  std::to_string(n_cand) + " tokens, which leaves no room for " +
-                                  "the prompt in --max-len " + std::to_string(max_len) +
-                                  "; raise --max-len or shorten the answer");
+  ZOF_CHECK(n_cand < max_len, at + ": the answer alone is " + std::to_string(n_cand) +
+                                  " tokens, which leaves no room for the prompt in " + limit +
+                                  " " + std::to_string(max_len) + "; raise " + limit +
+                                  " or shorten the answer");
   if (n > max_len) {
     // Cut the prompt on the left, keeping BOS, as MeZO does (demonstrations matter least).
     const bool bos = tok.bos_id() >= 0 && e.ids[0] == tok.bos_id();
@@ -120,7 +125,7 @@ std::vector<TokenizedExample> tokenize_examples(const Tokenizer& tok,
     ZOF_CHECK(ex.label >= 0 && ex.label < (int)ex.candidates.size(),
               "example " + std::to_string(i) + " has no valid label (" + std::to_string(ex.label) +
                   ") to train on");
-    out.push_back(tokenize_example(tok, ex.prompt, ex.candidates[ex.label], max_len, (int64_t)i));
+    out.push_back(tokenize_example(tok, ex.prompt, ex.candidates[ex.label], max_len, (int64_t)i, ex.where));
     cut += out.back().truncated;
   }
   if (truncated) *truncated = cut;
@@ -159,7 +164,7 @@ std::vector<std::vector<TokenizedExample>> tokenize_candidates(
                   ") to train on");
     bool any_cut = false;
     for (const std::string& c : ex.candidates) {
-      out[i].push_back(tokenize_example(tok, ex.prompt, c, max_len, (int64_t)i));
+      out[i].push_back(tokenize_example(tok, ex.prompt, c, max_len, (int64_t)i, ex.where));
       any_cut = any_cut || out[i].back().truncated;
     }
     cut += any_cut;
@@ -270,14 +275,14 @@ std::vector<std::vector<double>> candidate_scores(Forward& fwd, const Tokenizer&
                                                   const std::vector<Example>& examples,
                                                   int64_t max_len, int64_t batch_rows) {
   ZOF_CHECK(batch_rows >= max_len, "the evaluation batch (" + std::to_string(batch_rows) +
-                                       " tokens) must hold one sequence of --max-len " +
+                                       " tokens) must hold one sequence of --seq-len " +
                                        std::to_string(max_len));
   std::vector<Scored> seqs;
   for (size_t i = 0; i < examples.size(); ++i)
     for (size_t c = 0; c < examples[i].candidates.size(); ++c)
       seqs.push_back({(int64_t)i, (int64_t)c,
                       tokenize_example(tok, examples[i].prompt, examples[i].candidates[c], max_len,
-                                       (int64_t)i)});
+                                       (int64_t)i, examples[i].where)});
   std::vector<double> sum;
   std::vector<int64_t> count;
   score_sequences(fwd, seqs, batch_rows, sum, count);
@@ -311,7 +316,7 @@ PerplexityResult completion_nll(Forward& fwd, const Tokenizer& tok,
                                 int64_t batch_rows) {
   ZOF_CHECK(!examples.empty(), "no evaluation examples");
   ZOF_CHECK(batch_rows >= max_len, "the evaluation batch (" + std::to_string(batch_rows) +
-                                       " tokens) must hold one sequence of --max-len " +
+                                       " tokens) must hold one sequence of --seq-len " +
                                        std::to_string(max_len));
   const auto tokenized = tokenize_examples(tok, examples, max_len);
   std::vector<Scored> seqs;

@@ -15,6 +15,7 @@
 #include "hf/json_depth.h"
 #include "zof/data.h"
 #include "zof/error.h"
+#include "zof/input_file.h"
 #include "zof/philox.h"
 #include "zof/trainer.h"
 
@@ -194,6 +195,7 @@ std::vector<Example> parse_sst2(const std::string& path, bool require_labels) {
       label = l == "1" ? 1 : 0;
     }
     out.push_back(sst2_example(f[c_sent], label));
+    out.back().where = path + ":" + std::to_string(i + 1);
   }
   return out;
 }
@@ -244,6 +246,7 @@ std::vector<Example> parse_jsonl(const std::string& task, const std::string& pat
                     "to train on");
       out.push_back(std::move(e));
     }
+    out.back().where = path + ":" + std::to_string(i + 1);
   }
   return out;
 }
@@ -300,24 +303,8 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint32_
 
 // (Here beside the task readers, which the fuzz build compiles alone, rather than in data.cpp.)
 void check_input_file(const std::string& flag, const std::string& path, const std::string& want) {
-  const std::string name = flag + " " + path;
   ZOF_CHECK(!path.empty(), flag + " is empty; " + want);
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    const int e = errno;
-    ZOF_CHECK(e != ENOENT && e != ENOTDIR, name + ": no such file (" + want + ")");
-    throw Error(name + " cannot be reached (" + std::strerror(e) + "); " + want);
-  }
-  // Each kind said by name: a FIFO would block the read until a writer comes, a device (like
-  // /dev/zero) would be read for ever.
-  ZOF_CHECK(!S_ISDIR(st.st_mode), name + " is a directory; " + want);
-  ZOF_CHECK(!S_ISFIFO(st.st_mode), name + " is a FIFO (named pipe), not a file; " + want);
-  ZOF_CHECK(!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode),
-            name + " is a device, not a file; " + want);
-  ZOF_CHECK(!S_ISSOCK(st.st_mode), name + " is a socket, not a file; " + want);
-  ZOF_CHECK(S_ISREG(st.st_mode), name + " is not a regular file; " + want);
-  ZOF_CHECK(::access(path.c_str(), R_OK) == 0,
-            name + " cannot be read (" + std::strerror(errno) + "); check its permissions");
+  check_regular_file(flag + " " + path, path, want);
 }
 
 void check_task_data(const std::string& task, const std::string& data) {
@@ -347,13 +334,19 @@ TaskData load_task(const std::string& task, const std::string& data_path, const 
                        : std::vector<std::string>{"val.jsonl", "dev.jsonl"};
     const std::string expect = "--task " + task + " expects " + train_name + " and " +
                                eval_names[0] + " in the --data directory";
+    // Present in any form (a FIFO, a directory, a loop): a regular file, or refused as what it is.
+    auto present = [](const fs::path& p) {
+      std::error_code ec;
+      return fs::exists(p, ec) || bool(ec);  // ec: there but unreachable (a symlink loop)
+    };
     d.train_path = (fs::path(data_path) / train_name).string();
-    ZOF_CHECK(fs::is_regular_file(d.train_path),
-              data_path + ": no " + train_name + " (" + expect + ")");
+    ZOF_CHECK(present(d.train_path), data_path + ": no " + train_name + " (" + expect + ")");
+    check_input_file("--data", d.train_path, expect);
     for (const auto& n : eval_names)
-      if (d.eval_path.empty() && fs::is_regular_file(fs::path(data_path) / n))
+      if (d.eval_path.empty() && present(fs::path(data_path) / n))
         d.eval_path = (fs::path(data_path) / n).string();
     ZOF_CHECK(!d.eval_path.empty(), data_path + ": no " + eval_names[0] + " (" + expect + ")");
+    check_input_file("--data", d.eval_path, expect);
     train = parse_task_file(task, d.train_path);
     eval = parse_task_file(task, d.eval_path);
   } else {

@@ -3,6 +3,7 @@
 // zof does not implement (other RoPE scalings, cross-attention, ...).
 #include "zof/config.h"
 
+#include <filesystem>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -11,6 +12,7 @@
 
 #include "hf/json_depth.h"
 #include "zof/error.h"
+#include "zof/input_file.h"
 
 namespace zof {
 
@@ -527,11 +529,13 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
 }
 
 ModelConfig ModelConfig::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open; check that the model directory holds config.json");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && !ec)
+    throw Error(path + ": no such file; check that the model directory holds config.json");
+  const std::string text = read_input_file(
+      path, path, "config.json must be a regular file of at most " + size_words(kMaxModelJsonBytes) +
+                      ": replace it with the model's own config.json (re-download it)",
+      kMaxModelJsonBytes);
   check_json_depth(text, path);
   json j;
   try {

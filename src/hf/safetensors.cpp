@@ -21,6 +21,7 @@
 
 #include "hf/json_depth.h"
 #include "zof/error.h"
+#include "zof/input_file.h"
 
 namespace zof::safetensors {
 
@@ -79,7 +80,13 @@ struct Mapping {
 };
 
 std::unique_ptr<Mapping> map_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const std::string name = fs::path(path).filename().string();
+  struct stat pre{};
+  if (::stat(path.c_str(), &pre) == 0 || errno != ENOENT)  // a missing file: "cannot open" below
+    check_regular_file(path, path, name + " must be a regular file: replace it with the model's own " +
+                                       name + " (re-download it)");
+  // Without blocking: a file swapped for a FIFO since the check fails below instead of hanging.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail(path, "", "cannot open: " + errno_str(errno) + "; check the path");
   struct stat st{};
   if (fstat(fd, &st) != 0) {
@@ -308,15 +315,6 @@ void parse_file(const Mapping& m, std::map<std::string, TensorInfo>* out,
   check_overlaps(path, spans);
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot open: " + errno_str(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw Error(path + ": read error");
-  return ss.str();
-}
-
 }  // namespace
 
 struct Archive::Impl {
@@ -345,7 +343,7 @@ Archive Archive::open_dir(const std::string& dir) {
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::error_code ec;
-  if (fs::exists(single, ec)) {
+  if (fs::exists(single, ec) || ec) {  // an unreachable one is named by open_file
     Archive a = open_file(single.string());
     a.impl_->source = dir;
     return a;
@@ -354,7 +352,10 @@ Archive Archive::open_dir(const std::string& dir) {
     throw Error("no model.safetensors or model.safetensors.index.json in " + dir +
                 "; point zof at a Hugging Face model directory with safetensors weights");
   const std::string ip = index.string();
-  const std::string text = read_text(ip);
+  const std::string text = read_input_file(
+      ip, ip, "model.safetensors.index.json must be a regular file of at most " +
+                  size_words(kMaxModelJsonBytes) + ": re-download it",
+      kMaxModelJsonBytes);
   check_json_depth(text, ip);
   json j;
   std::string dup, where;
@@ -387,7 +388,7 @@ Archive Archive::open_dir(const std::string& dir) {
   if (want.empty()) throw Error(ip + ": weight_map is empty; re-download the file");
   for (const auto& s : shards) {
     const fs::path sp = fs::path(dir) / s;
-    if (!fs::exists(sp, ec))
+    if (!fs::exists(sp, ec) && !ec)
       throw Error(ip + " names shard " + s + ", which is missing from " + dir + "; download it");
   }
   Archive a;

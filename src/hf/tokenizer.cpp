@@ -25,6 +25,7 @@
 #include "hf/json_depth.h"
 #include "hf/unicode.h"
 #include "zof/error.h"
+#include "zof/input_file.h"
 
 namespace zof {
 namespace {
@@ -79,11 +80,12 @@ struct Source {
 };
 
 json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot open the file for reading");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
+  const std::string name = path.filename().string();
+  const std::string text = read_input_file(
+      path.string(), path.string(),
+      name + " must be a regular file of at most " + size_words(kMaxModelJsonBytes) +
+          ": replace it with the model's own " + name + " (re-download it)",
+      kMaxModelJsonBytes);
   check_json_depth(text, path.string());
   try {
     return json::parse(text);
@@ -1138,6 +1140,8 @@ void AddedTokenMatcher::split(std::string_view s, std::vector<Split>& out) const
 struct PostProcessor {
   virtual ~PostProcessor() = default;
   virtual void apply(std::vector<int32_t>& ids) const = 0;
+  // The largest id apply() may add (-1: none).
+  virtual int32_t max_id() const = 0;
 };
 
 // TemplateProcessing's single template, and Bert/RobertaProcessing ([cls] A [sep]).
@@ -1152,12 +1156,24 @@ struct TemplatePostProcessor : PostProcessor {
     }
     ids.swap(out);
   }
+  int32_t max_id() const override {
+    int32_t m = -1;
+    for (const auto& item : items)
+      if (item)
+        for (const int32_t id : *item) m = std::max(m, id);
+    return m;
+  }
 };
 
 struct SequencePostProcessor : PostProcessor {
   std::vector<std::unique_ptr<PostProcessor>> steps;
   void apply(std::vector<int32_t>& ids) const override {
     for (const auto& s : steps) s->apply(ids);
+  }
+  int32_t max_id() const override {
+    int32_t m = -1;
+    for (const auto& s : steps) m = std::max(m, s->max_id());
+    return m;
   }
 };
 
@@ -1432,8 +1448,9 @@ struct Tokenizer::Impl {
   std::unique_ptr<PostProcessor> post_processor;
   std::unique_ptr<Decoder> decoder;
   std::vector<std::string> tokens;   // id -> token
-  std::vector<uint8_t> id_flags;     // 1: id exists, 2: special added token
+  std::vector<uint8_t> id_flags;     // 1: id exists, 2: special added token, 4: in model.vocab
   int32_t bos = -1, eos = -1, pad = -1;
+  std::string path;  // tokenizer.json, for messages
 
   int32_t find_id(std::string_view token) const {
     if (const auto it = added_ids.find(token); it != added_ids.end()) return it->second;
@@ -1468,7 +1485,8 @@ std::optional<std::string> special_token_name(const Source& src, const json& cfg
 
 Tokenizer Tokenizer::load(const std::string& dir) {
   const fs::path path = fs::path(dir) / "tokenizer.json";
-  if (!fs::exists(path))
+  std::error_code ec;
+  if (!fs::exists(path, ec) && !ec)
     throw Error(path.string() + ": not found; zof needs a Hugging Face tokenizer.json (a tokenizer.model or "
                                 "vocab.json alone is not enough: convert it with transformers' "
                                 "AutoTokenizer.from_pretrained(...).save_pretrained(dir))");
@@ -1477,6 +1495,7 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   if (!j.is_object()) src.fail("(top level)", "expected a JSON object");
   Tokenizer tok;
   Impl& im = *tok.impl_;
+  im.path = path.string();
 
   const json& model = src.at(j, "(top level)", "model");
   if (!model.is_object()) src.fail("model", "expected an object");
@@ -1545,13 +1564,22 @@ void Tokenizer::Impl::build_id_tables(const Source& src) {
   tokens.assign(static_cast<size_t>(max_id + 1), std::string());
   id_flags.assign(static_cast<size_t>(max_id + 1), 0);
   for (const auto& [token, id] : model.vocab) {
+    // Two tokens on one id would decode as whichever came last: the vocabulary is damaged.
+    if (id_flags[static_cast<size_t>(id)]) {
+      const std::string& a = std::min(token, tokens[static_cast<size_t>(id)]);
+      const std::string& b = std::max(token, tokens[static_cast<size_t>(id)]);
+      src.fail("model.vocab", "tokens " + json(a).dump(-1, ' ', false, json::error_handler_t::replace) + " and " +
+                                  json(b).dump(-1, ' ', false, json::error_handler_t::replace) +
+                                  " both have id " + std::to_string(id) +
+                                  "; each id names one token: the file is damaged, re-download it");
+    }
     tokens[static_cast<size_t>(id)] = token;
-    id_flags[static_cast<size_t>(id)] = 1;
+    id_flags[static_cast<size_t>(id)] = 1 | 4;
   }
   std::unordered_set<std::string> special;
   for (const AddedToken& t : added) {
     tokens[static_cast<size_t>(t.id)] = t.content;
-    id_flags[static_cast<size_t>(t.id)] = 1;
+    id_flags[static_cast<size_t>(t.id)] |= 1;
     if (t.special) special.insert(t.content);
   }
   // decode's skip_special_tokens goes by the token's text, as tokenizers' is_special_token does.
@@ -1564,7 +1592,8 @@ void Tokenizer::Impl::load_special_ids(const std::string& dir) {
   std::vector<std::pair<Source, json>> configs;
   for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
     const fs::path p = fs::path(dir) / name;
-    if (fs::exists(p)) configs.emplace_back(Source{p.string()}, read_json(p));
+    std::error_code ec;
+    if (fs::exists(p, ec) || ec) configs.emplace_back(Source{p.string()}, read_json(p));
   }
   auto resolve = [&](const char* key) -> int32_t {
     for (const auto& [csrc, cfg] : configs) {
@@ -1655,5 +1684,26 @@ std::string Tokenizer::id_to_token(int32_t id) const {
 }
 
 int32_t Tokenizer::token_to_id(std::string_view token) const { return impl_->find_id(token); }
+
+void Tokenizer::check_ids_below(int64_t vocab_size) const {
+  const Impl& im = *impl_;
+  const std::string fix = " is beyond the model's vocabulary of " + std::to_string(vocab_size) +
+                          " ids (config.json vocab_size, ids 0 to " +
+                          std::to_string(vocab_size - 1) +
+                          "); this tokenizer is not the model's: use the tokenizer.json that "
+                          "came with the model";
+  // tokens holds one entry per id up to the largest of the vocabulary and the added tokens.
+  // Added tokens past the vocabulary are allowed, as transformers allows them (Gemma 3's
+  // <image_soft_token> is id 262144 of gemma-3-1b's 262144): plain text never produces them, and
+  // the forward refuses a batch that holds one.
+  for (size_t id = static_cast<size_t>(std::max<int64_t>(vocab_size, 0)); id < im.tokens.size(); ++id)
+    if (im.id_flags[id] & 4)
+      throw Error(im.path + ": token " + json(im.tokens[id]).dump(-1, ' ', false, json::error_handler_t::replace) +
+                  " has id " + std::to_string(id) + ", which" + fix);
+  const int32_t post = im.post_processor ? im.post_processor->max_id() : -1;
+  if (post >= vocab_size)
+    throw Error(im.path + ": post_processor adds special token id " + std::to_string(post) +
+                ", which" + fix);
+}
 
 }  // namespace zof

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "zof/error.h"
+#include "zof/input_file.h"
 #include "zof/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -172,7 +173,8 @@ void load_tensor(const safetensors::TensorInfo& t, const Param& p, float* dst) {
 // Where a model directory's tensors are listed, for messages.
 std::string weights_file(const std::string& dir) {
   const fs::path single = fs::path(dir) / "model.safetensors";
-  return (fs::exists(single) ? single : fs::path(dir) / "model.safetensors.index.json").string();
+  std::error_code ec;
+  return (fs::exists(single, ec) || ec ? single : fs::path(dir) / "model.safetensors.index.json").string();
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -463,9 +465,7 @@ int Model::token_table() const {
 int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index("lm_head.weight"); }
 
 Model Model::load(const std::string& dir) {
-  ZOF_CHECK(fs::is_directory(dir),
-            "model directory " + dir + " does not exist (give a Hugging Face model directory "
-            "holding config.json and model.safetensors)");
+  check_model_dir("", dir);
   Model m;
   m.source_ = dir;
   m.cfg_ = ModelConfig::load((fs::path(dir) / "config.json").string());

@@ -134,6 +134,16 @@ json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
   opt.eos_id = tok.eos_id();
   // The KV cache generate() allocates: every layer's keys and values for the whole text.
   const ModelConfig& cfg = model.config();
+  // Every new token but the last is read back at the next position: at most context - prompt
+  // + 1 fit (a prompt that fills the context is refused by generate()). More would be cut short.
+  const int64_t room = cfg.max_position - (int64_t)prompt.size() + 1;
+  if (opt.max_new_is_default && room >= 1) opt.max_new_tokens = std::min(opt.max_new_tokens, room);
+  ZOF_CHECK(room <= 1 || opt.max_new_tokens <= room,
+            "--max-new-tokens " + std::to_string(opt.max_new_tokens) + " does not fit: the " +
+                "prompt's " + std::to_string(prompt.size()) + " token(s) and the new tokens " +
+                "exceed the model's context of " + std::to_string(cfg.max_position) +
+                " tokens (max_position_embeddings in " + model.source() +
+                "/config.json); use --max-new-tokens " + std::to_string(room) + " or less");
   const int64_t positions =
       std::min<int64_t>(cfg.max_position, (int64_t)prompt.size() + opt.max_new_tokens);
   const size_t cache = (size_t)cfg.num_layers * 2 * (size_t)positions *

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -406,10 +408,14 @@ std::string memory_table(const std::vector<ReportRun>& runs) {
 
 }  // namespace
 
+// How every page begins: also how an earlier report is recognised, the one file besides a new
+// one that a report may replace.
+const char* const kPageHead =
+    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>zof report</title>";
+
 std::string render_report(const std::vector<ReportRun>& runs) {
   ZOF_CHECK(!runs.empty(), "report: no run directory given");
-  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>zof report</title><style>" +
-         std::string(kStyle) + "</style></head><body>" + header_html(runs) + charts_html(runs) +
+  return std::string(kPageHead) + "<style>" + std::string(kStyle) + "</style></head><body>" + header_html(runs) + charts_html(runs) +
          memory_table(runs) + "<section><h2>Summary</h2>" + summary_table(runs) +
          "</section><section><h2>Run</h2>" + run_table(runs) + "</section></body></html>\n";
 }
@@ -466,7 +472,56 @@ void check_writable(const fs::path& out) {
                 " is not writable; choose a writable --out");
 }
 
+// p made absolute with its symlinks resolved as far as it exists.
+fs::path resolved(const fs::path& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  return ec ? fs::absolute(p, ec).lexically_normal() : r;
+}
+
+// Whether inner is outer or lies inside it (both resolved).
+bool inside(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
+    if (o->empty()) continue;
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+void check_report_out(const std::vector<std::string>& dirs, const std::string& out,
+                      const std::string& flag) {
+  const std::string what = flag.empty() ? "report: cannot write " + out : flag + " " + out;
+  const std::string fix = flag.empty() ? "give --out a new file name"
+                                       : "choose a new file name for " + flag;
+  // Inside a run directory only its report.html: anything else there is the run's.
+  const fs::path o = resolved(out);
+  for (const std::string& d : dirs) {
+    const fs::path r = resolved(d);
+    if (!inside(o, r) || o == r / "report.html") continue;
+    throw Error(what + " lies inside the run directory " + d + ", where a report may only be " +
+                (fs::path(d) / "report.html").string() + " (the other files are the run's); " +
+                "choose that or a file outside the run");
+  }
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(out, ec);
+  if (!fs::exists(st)) return;  // a new file
+  ZOF_CHECK(!fs::is_directory(st), what + " is a directory; give a file name such as " +
+                                       (fs::path(out) / "report.html").string());
+  ZOF_CHECK(!fs::is_symlink(st), what + " is a symbolic link: a report replaces only an earlier "
+                                        "zof report, never what a link points to; " + fix);
+  ZOF_CHECK(fs::is_regular_file(st), what + " exists and is not a regular file (a device, FIFO "
+                                            "or socket): a report is never written there; " + fix);
+  std::ifstream f(out, std::ios::binary);
+  const size_t n = std::strlen(kPageHead);
+  std::string head(n, '\0');
+  f.read(head.data(), (std::streamsize)n);
+  ZOF_CHECK(f.gcount() == (std::streamsize)n && head == kPageHead,
+            what + " exists and is not a zof report: a report replaces only an earlier page "
+                   "written by zof report, so that no other file is lost; " + fix);
+}
 
 void write_report(const std::vector<std::string>& dirs, const std::string& out,
                   const json& summary) {
@@ -482,6 +537,7 @@ void write_report(const std::vector<std::string>& dirs, const std::string& out,
   }
   label_runs(runs);
   const std::string page = render_report(runs);
+  check_report_out(dirs, out, "");
   check_writable(out);
   try {
     train::write_file_atomic(out, page);

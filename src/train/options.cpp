@@ -121,7 +121,7 @@ const NumberRule* train_flag_rule(const std::string& flag) {
 // The flags a user can get wrong first (estimator, optimizer, device), then the sizes: the
 // order in which the errors have always come. The layout's numbers come first of all, since the
 // combinations below read them.
-void validate_options(const TrainOptions& o) {
+void validate_options(const TrainOptions& o, bool new_run) {
   check_real("--dist-timeout", o.dist_timeout, rule_of("--dist-timeout"));
   check_whole("--threads", o.threads, rule_of("--threads"));
   check_whole("--pipeline-stages", o.pipeline_stages, rule_of("--pipeline-stages"));
@@ -156,6 +156,10 @@ void validate_options(const TrainOptions& o) {
   check_whole("--queries", o.queries, rule_of("--queries"));
   check_real("--lr", o.lr, rule_of("--lr"));
   check_real("--eps", o.eps, rule_of("--eps"));
+  // The forward gradient takes no finite difference: an --eps would be silently unused.
+  ZOF_CHECK(!new_run || o.estimator != "jvp" || o.eps == TrainOptions().eps,
+            "--estimator jvp computes the directional derivative exactly and takes no --eps "
+            "(the finite-difference step of spsa): drop --eps, or use --estimator spsa");
   check_real("--weight-decay", o.weight_decay, rule_of("--weight-decay"));
   ZOF_CHECK(o.schedule == "constant" || o.schedule == "linear" || o.schedule == "cosine",
             "--schedule must be constant, linear or cosine, not '" + o.schedule + "'");

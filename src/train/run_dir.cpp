@@ -8,9 +8,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -18,6 +20,7 @@
 
 #include "hf/json_depth.h"
 #include "zof/error.h"
+#include "zof/input_file.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
 #include "zof/version.h"
@@ -64,11 +67,9 @@ void write_file_atomic(const fs::path& path, const std::string& text) {
 }
 
 json read_json(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  ZOF_CHECK(f.good(), "cannot read " + p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
+  // A regular file of sane size (a FIFO would block, /dev/zero would be read for ever).
+  const std::string text =
+      read_input_file(p.string(), p.string(), "the run directory is damaged", kMaxModelJsonBytes);
   check_json_depth(text, p.string());  // a deep nest would overflow the stack when copied
   try {
     return json::parse(text);
@@ -89,11 +90,70 @@ void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
   }
 }
 
+// ---- hashes ------------------------------------------------------------------------------------
+
+void ByteHash::add(const char* p, size_t n) {
+  uint64_t h = h_;
+  for (size_t i = 0; i < n; ++i) h = (h ^ (unsigned char)p[i]) * 0x100000001b3ull;
+  h_ = h;
+}
+
+std::string ByteHash::text() const {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "fnv1a64:%016llx", (unsigned long long)h_);
+  return buf;
+}
+
+std::string data_fingerprint(const TrainOptions& opt) {
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_directory(opt.data, ec) && opt.task != "text") {
+    // As load_task picks them: the train split's file and the first eval file present.
+    const bool tsv = opt.task == "sst2";
+    files.push_back(fs::path(opt.data) / (tsv ? "train.tsv" : "train.jsonl"));
+    for (const char* n : tsv ? std::vector<const char*>{"dev.tsv"}
+                             : std::vector<const char*>{"val.jsonl", "dev.jsonl"}) {
+      if (fs::is_regular_file(fs::path(opt.data) / n, ec)) {
+        files.push_back(fs::path(opt.data) / n);
+        break;
+      }
+    }
+  } else {
+    files.push_back(opt.data);
+  }
+  ByteHash h;
+  std::vector<char> buf(1 << 20);
+  for (const fs::path& f : files) {
+    // Not a regular file (a FIFO would block the open): no fingerprint; loading refuses it.
+    if (!fs::is_regular_file(f, ec)) return "";
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return "";
+    const std::string head = f.filename().string() + "\n" +
+                             std::to_string(fs::file_size(f, ec)) + "\n";
+    h.add(head);
+    while (in) {
+      in.read(buf.data(), (std::streamsize)buf.size());
+      h.add(buf.data(), (size_t)in.gcount());
+    }
+    if (in.bad()) return "";
+  }
+  return "files-" + h.text();
+}
+
 // ---- JsonlLog ---------------------------------------------------------------------------------
 
 void JsonlLog::open(const fs::path& p, int64_t truncate_to) {
   path_ = p;
+  hash_ = ByteHash();
   if (truncate_to >= 0 && fs::exists(p)) fs::resize_file(p, (uintmax_t)truncate_to);
+  if (truncate_to != 0 && fs::exists(p)) {  // the running hash continues from what is kept
+    std::ifstream in(p, std::ios::binary);
+    std::vector<char> buf(1 << 16);
+    while (in) {
+      in.read(buf.data(), (std::streamsize)buf.size());
+      hash_.add(buf.data(), (size_t)in.gcount());
+    }
+  }
   f_ = std::fopen(p.c_str(), truncate_to == 0 ? "w" : "a");
   ZOF_CHECK(f_, "cannot write " + p.string() + ": " + std::strerror(errno));
 }
@@ -106,6 +166,7 @@ void JsonlLog::write(const json& j) {
   const std::string s = j.dump() + "\n";
   ZOF_CHECK(std::fwrite(s.data(), 1, s.size(), f_) == s.size(),
             "cannot write " + path_.string() + " (disk full?)");
+  hash_.add(s);
   std::fflush(f_);
 }
 
@@ -124,6 +185,21 @@ std::string slurp(const fs::path& p) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// A run that ended and wrote its model: model.safetensors and a summary.json of a run that
+// was not interrupted (an interrupted run writes a summary too, and no model).
+bool run_finished(const fs::path& run) {
+  std::error_code ec;
+  if (!fs::is_regular_file(run / "model.safetensors", ec) ||
+      !fs::is_regular_file(run / "summary.json", ec))
+    return false;
+  try {
+    const json j = json::parse(slurp(run / "summary.json"));
+    return j.is_object() && j.contains("steps") && !j.value("interrupted", false);
+  } catch (const json::exception&) {
+    return false;
+  }
 }
 
 
@@ -211,11 +287,24 @@ TrainOptions parse_run_options(const json& run_json, const std::string& file) {
                   kDamaged);
     }
   }
+  TrainOptions t;
   try {
-    return TrainOptions::from_json(o);
+    t = TrainOptions::from_json(o);
   } catch (const json::exception& e) {
     throw Error(file + ": \"options\" cannot be read (" + e.what() + "); " + kDamaged);
   }
+  // The saved options pass the checks a new run's flags do, blamed on this file (and before a
+  // checkpoint's state.json is read against them): "--steps must be ..." is options.steps.
+  try {
+    validate_options(t, /*new_run=*/false);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    std::string key = what.rfind("--", 0) == 0 ? what.substr(2, what.find_first_of(" ,;:") - 2) : "";
+    for (char& ch : key) ch = ch == '-' ? '_' : ch;
+    throw Error(file + ": " + (o.contains(key) ? "options." + key + " is out of range: " : "") +
+                what + "; " + kDamaged);
+  }
+  return t;
 }
 
 // ---- paths and the lock -----------------------------------------------------------------------
@@ -322,6 +411,12 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
   std::error_code ec;
   ZOF_CHECK(fs::is_directory(run_, ec),
             "--resume " + run_.string() + ": no such run directory; give the --out of a run");
+  // A run stopped before it wrote run.json leaves only zof's leftovers: nothing to resume.
+  ZOF_CHECK(fs::is_regular_file(run_ / "run.json", ec) || !foreign_entries(run_).empty() ||
+                fs::is_empty(run_, ec),
+            "--resume " + run_.string() + ": the run never started (it was stopped before it "
+            "wrote run.json; the directory holds only zof's lock or temporary files): start it "
+            "again with zof finetune --out " + run_.string() + " and the run's flags");
   ZOF_CHECK(fs::is_regular_file(run_ / "run.json", ec),
             "--resume " + run_.string() + ": not a zof run directory (no run.json)");
   const std::string run_json = (run_ / "run.json").string();
@@ -353,12 +448,24 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
   ZOF_CHECK(state_.step == named, sf.string() + ": \"step\" is " + std::to_string(state_.step) +
                                       " but the checkpoint is " + ckpt_.filename().string() +
                                       "; " + kDamaged);
+  // The final checkpoint is written before the model and summary.json: a run stopped between
+  // them resumes to write them; one with its summary has finished.
+  finished_ = state_.step == opt.steps && run_finished(run_);
+  steps_ = opt.steps;
 }
 
 RunDir::~RunDir() {
   if (created_.empty() || started_) return;
   std::error_code ec;
   fs::remove_all(created_, ec);
+}
+
+void RunDir::check_unfinished() const {
+  ZOF_CHECK(!finished_,
+            "--resume " + run_.string() + ": the run finished at step " + std::to_string(steps_) +
+                " of its --steps " + std::to_string(steps_) + " and wrote its model: there is "
+                "nothing to resume; to train further, start a new run from its model with "
+                "zof finetune --model " + run_.string() + " --out NEW_DIR");
 }
 
 void RunDir::check_out(const TrainOptions& opt) const {
@@ -369,11 +476,18 @@ void RunDir::check_out(const TrainOptions& opt) const {
   }
   ZOF_CHECK(!run_.empty(), "--out is required: the run directory to write");
   std::error_code ec;
+  ZOF_CHECK(!fs::exists(run_ / "run.json", ec) || !run_finished(run_),
+            "--out " + run_.string() + " already holds a run, which has finished (nothing to "
+            "--resume); choose another --out, or start a new run from its model with --model " +
+                run_.string());
   ZOF_CHECK(!fs::exists(run_ / "run.json", ec),
             "--out " + run_.string() + " already holds a run; continue it with --resume " +
                 run_.string() + " or choose another --out");
   check_apart(run_, "--out", opt.model, "--model");
   check_apart(run_, "--out", opt.data, "--data");
+  // Anything else there (another model, files of the user's) would be overwritten or mixed
+  // with the run's files; zof's own leftovers of a run stopped before it started are not.
+  check_empty_out(run_, "--out", "a new run writes into a new or empty directory");
   // The nearest part of --out that exists must be a directory this process can write into.
   fs::path p = fs::absolute(run_, ec);
   while (!p.empty() && !fs::exists(fs::symlink_status(p, ec)) && p.has_parent_path() &&
@@ -387,8 +501,8 @@ void RunDir::check_out(const TrainOptions& opt) const {
                 " is not writable); choose a directory you can write");
 }
 
-void RunDir::check_log(const fs::path& file, int64_t recorded, const char* field,
-                       int64_t lines) const {
+void RunDir::check_log(const fs::path& file, int64_t recorded, const char* field, int64_t lines,
+                       const std::string& hash) const {
   const std::string state = (ckpt_ / "state.json").string();
   const std::string fix = "zof does not append to a damaged log: restore " +
                           file.filename().string() + " from a copy, or start a new run";
@@ -434,6 +548,13 @@ void RunDir::check_log(const fs::path& file, int64_t recorded, const char* field
   ZOF_CHECK(lines < 0 || n == lines,
             file.string() + " holds " + std::to_string(n) + " step records where " + state +
                 " records " + std::to_string(lines) + " steps: the log was changed; " + fix);
+  // A record edited in place (a g or lr of the same length) keeps the sizes and the steps.
+  ByteHash h;
+  h.add(prefix);
+  ZOF_CHECK(hash.empty() || h.text() == hash,
+            file.string() + ": its first " + std::to_string(n) + " records (steps 0 to " +
+                std::to_string(n - 1) + ") hash to " + h.text() + ", not the " + hash + " that " +
+                state + " records (log_hash): a record was changed; " + fix);
 }
 
 void RunDir::lock_resumed() {
@@ -443,8 +564,9 @@ void RunDir::lock_resumed() {
                 std::strerror(errno) + "); a resumed run writes its logs and checkpoints there: "
                 "make it writable or copy the run");
   lock_.acquire(run_, "--resume");
+  remove_stale_tmp(run_);  // temporary files of a process killed mid-write (latest.tmp.PID)
   if (ckpt_.empty()) return;  // no checkpoint yet: the logs start again from nothing
-  check_log(run_ / "zo_log.jsonl", state_.log_bytes, "log_bytes", state_.step);
+  check_log(run_ / "zo_log.jsonl", state_.log_bytes, "log_bytes", state_.step, state_.log_hash);
   check_log(run_ / "metrics.jsonl", state_.metrics_bytes, "metrics_bytes", -1);
 }
 
@@ -472,6 +594,10 @@ void RunDir::create(bool root) {
   ZOF_CHECK(!fs::exists(run_ / "run.json", ec),
             "--out " + run_.string() + " already holds a run; continue it with --resume " +
                 run_.string() + " or choose another --out");
+  check_empty_out(run_, "--out", "a new run writes into a new or empty directory");
+  remove_stale_tmp(run_);  // run.json.tmp.PID of a run killed before it started
+  // Fault injection for the signal tests: SIGTERM between creating --out and writing run.json.
+  if (std::getenv("ZOF_FAULT_TERM_IN_CREATE")) ::raise(SIGTERM);
 }
 
 std::string RunDir::check_model(const json& model_id, const std::string& fingerprint,
@@ -490,6 +616,19 @@ std::string RunDir::check_model(const json& model_id, const std::string& fingerp
                 fingerprint + ") are not the ones this run started from (" + want +
                 ", run.json base_fingerprint); resume with the run's base model");
   return "";
+}
+
+void RunDir::check_data(const std::string& fingerprint, const std::string& data) {
+  data_fingerprint_ = fingerprint;
+  if (!resuming_ || fingerprint.empty() || !saved_.contains("data_fingerprint")) return;
+  const json& want = saved_["data_fingerprint"];
+  const std::string run_json = (run_ / "run.json").string();
+  ZOF_CHECK(want.is_string(), run_json + ": \"data_fingerprint\" is not a string; " + kDamaged);
+  ZOF_CHECK(want.get<std::string>() == fingerprint,
+            "--resume " + run_.string() + ": the data in " + data + " (fingerprint " +
+                fingerprint + ") are not the data this run started from (" +
+                want.get<std::string>() + ", " + run_json + " data_fingerprint); restore " +
+                data + " as it was, or start a new run on the new data");
 }
 
 RunCounters RunDir::load_checkpoint(Model& model) const {
@@ -535,6 +674,7 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
                       json{{"options", opt.to_json()},
                            {"model_id", model_id},
                            {"base_fingerprint", fingerprint},
+                           {"data_fingerprint", data_fingerprint_},
                            {"compute", compute},
                            {"zof_version", version()}}
                           .dump(1));
@@ -590,6 +730,11 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
   const fs::path tmp = run_ / (name + ".tmp");
   const fs::path dst = run_ / name;
   fs::remove_all(tmp);
+  // Fault injection for the failure tests: a directory that cannot be written (as root, whom
+  // permissions do not stop, a test has no other portable way to get one).
+  if (const char* f = std::getenv("ZOF_FAULT_EACCES_IN_CHECKPOINT"); f && std::atoll(f) == c.step)
+    throw fs::filesystem_error("cannot create directories", tmp,
+                               std::make_error_code(std::errc::permission_denied));
   fs::create_directories(tmp);
   model.save(tmp.string(), DType::F32);  // fp32 master weights: exact resume
   // Momentum/Adam state beside the weights (storage layout), for an exact resume.
@@ -606,7 +751,8 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
     ::raise(SIGKILL);
   json st{{"step", c.step},         {"bad_run", c.bad_run},          {"eval_before", c.eval_before},
           {"tokens", c.tokens},     {"train_s", c.train_s},
-          {"metrics_bytes", metrics_.sync()}, {"log_bytes", zlog_.sync()}};
+          {"metrics_bytes", metrics_.sync()}, {"log_bytes", zlog_.sync()},
+          {"log_hash", zlog_.hash()}};
   write_file_atomic(tmp / "state.json", st.dump(1));
   fsync_path(tmp);
   fs::remove_all(dst);
@@ -618,6 +764,67 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
     const std::string n = e.path().filename().string();
     if (n.rfind("checkpoint-", 0) == 0 && n != name) fs::remove_all(e.path());
   }
+}
+
+// ---- an output directory that already exists ------------------------------------------------
+
+namespace {
+
+// `NAME.tmp.PID` (write_file_atomic's temporary file): PID; else 0.
+long tmp_pid(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at == 0 || at + 5 >= name.size() || name.size() - at > 16)
+    return 0;
+  const std::string digits = name.substr(at + 5);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::atol(digits.c_str());
+}
+
+// A leftover of a zof process that is gone: its temporary file, or the lock file.
+bool stale_tmp(const fs::directory_entry& e) {
+  const long pid = tmp_pid(e.path().filename().string());
+  std::error_code ec;
+  return pid > 0 && e.is_regular_file(ec) && ::kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+std::vector<std::string> foreign_entries(const fs::path& dir, size_t max) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if ((n == ".lock" && e.is_regular_file(ec)) || stale_tmp(e)) continue;
+    names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  if (names.size() > max) {
+    const size_t more = names.size() - max;
+    names.resize(max);
+    names.push_back(std::to_string(more) + " more");
+  }
+  return names;
+}
+
+void remove_stale_tmp(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (stale_tmp(e)) fs::remove(e.path(), ec);
+}
+
+void check_empty_out(const fs::path& out, const std::string& flag, const std::string& what) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(out, ec))) return;
+  ZOF_CHECK(fs::is_directory(out, ec),
+            flag + " " + out.string() + " exists and is not a directory; " + what +
+                ": choose another " + flag);
+  const std::vector<std::string> names = foreign_entries(out);
+  if (names.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  throw Error(flag + " " + out.string() + " is not empty (it holds " + list + "); " + what +
+              ", so that nothing there is overwritten: choose another " + flag);
 }
 
 }  // namespace zof::train

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,8 +29,26 @@ nlohmann::json read_json(const fs::path& p);
 // The tokenizer's files (and generation_config.json) beside a saved model.
 void copy_tokenizer_files(const fs::path& from, const fs::path& to);
 
-// An append-only JSONL file whose size at each checkpoint is recorded, so that a resumed run
-// truncates it back to exactly what the checkpoint saw.
+// A running 64-bit FNV-1a hash of bytes, as "fnv1a64:<16 hex digits>": what a checkpoint records
+// of the step log (state.json "log_hash"), so that a changed record is found on resume and replay.
+class ByteHash {
+ public:
+  void add(const char* p, size_t n);
+  void add(const std::string& s) { add(s.data(), s.size()); }
+  std::string text() const;  // "fnv1a64:<16 hex digits>"
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ull;
+};
+
+// The data a run trains and evaluates on, as files: --data (a text or task file) or, for a task
+// directory, the files load_task reads there; "files-fnv1a64:<16 hex digits>" over each file's
+// name, size and bytes (run.json "data_fingerprint"). Empty when a file cannot be read (the data
+// loader then says why).
+std::string data_fingerprint(const TrainOptions& opt);
+
+// An append-only JSONL file whose size (and running hash) at each checkpoint is recorded, so that
+// a resumed run truncates it back to exactly what the checkpoint saw.
 class JsonlLog {
  public:
   JsonlLog() = default;
@@ -39,10 +58,12 @@ class JsonlLog {
   void open(const fs::path& p, int64_t truncate_to);
   void write(const nlohmann::json& j);
   int64_t sync();  // the durable size
+  std::string hash() const { return hash_.text(); }  // of every byte in the file (ByteHash)
 
  private:
   fs::path path_;
   std::FILE* f_ = nullptr;
+  ByteHash hash_;
 };
 
 // The loop's counters that a checkpoint keeps (state.json), and the logs' sizes at that point.
@@ -51,6 +72,7 @@ struct RunCounters {
   nlohmann::json eval_before;  // null until the evaluation before the first step
   double tokens = 0, train_s = 0;
   int64_t metrics_bytes = 0, log_bytes = 0;
+  std::string log_hash;  // ByteHash of the step log's log_bytes; empty from an older zof
 };
 
 // "the run directory is damaged; ..." (the fix every damaged-file message ends with).
@@ -60,7 +82,8 @@ int64_t checkpoint_step(const std::string& name);
 
 // A checkpoint's state.json, validated like any input file: every field's type and range (step
 // in [0, max_steps], the run's --steps; bad_run in [0, step]; tokens and train_s finite and
-// >= 0; the logs' sizes non-negative integers; eval_before null or an evaluation record).
+// >= 0; the logs' sizes non-negative integers; log_hash absent or a ByteHash text; eval_before
+// null or an evaluation record).
 // zof::Error naming the file and the field. (Whether the sizes fit the logs is checked against
 // the files, on resume.)
 RunCounters parse_state(const nlohmann::json& j, const std::string& file, int64_t max_steps);
@@ -75,6 +98,17 @@ TrainOptions parse_run_options(const nlohmann::json& run_json, const std::string
 // overwrite or mix with the input. out_flag/in_flag name them ("--out", "--model").
 void check_apart(const fs::path& out, const std::string& out_flag, const fs::path& input,
                  const std::string& in_flag);
+
+// What zof itself may leave in an output directory when a process stops before it wrote
+// anything else: `.lock`, and `NAME.tmp.PID` files (write_file_atomic's) of processes that are
+// gone. foreign_entries: the other entries of dir (at most max names, then "N more").
+std::vector<std::string> foreign_entries(const fs::path& dir, size_t max = 3);
+// Removes the `NAME.tmp.PID` files in dir whose process is gone (a SIGKILL's leftovers).
+void remove_stale_tmp(const fs::path& dir);
+// Refuses (zof::Error) an existing out that holds anything but zof's leftovers: writing there
+// would overwrite or mix with what it holds. what: the rest of the message ("a new run writes
+// into a new or empty directory").
+void check_empty_out(const fs::path& out, const std::string& flag, const std::string& what);
 
 // An exclusive flock(2) on RUN/.lock held for the life of the process by the run's one writer
 // (compatible with util-linux flock(1)); a second writer is refused naming the holder's pid.
@@ -113,12 +147,18 @@ class RunDir {
   void lock_resumed();
   // A new run, once everything is loaded and checked: creates --out (and rank 0 takes its lock).
   void create(bool root);
+  // A resumed run whose last checkpoint is its --steps and that wrote its summary: nothing
+  // is left to do, and it is refused (after every other check) rather than rewritten.
+  void check_unfinished() const;
   bool resuming() const { return resuming_; }
   const fs::path& path() const { return run_; }
   // A resumed run: zof::Error unless model_id (config and size) and the base model's weights'
   // fingerprint are the run's. Returns a warning for a run recorded without a fingerprint.
   std::string check_model(const nlohmann::json& model_id, const std::string& fingerprint,
                           const std::string& model_dir) const;
+  // The run's data (data_fingerprint): kept for run.json (start); a resumed run refuses data
+  // that differ from run.json's "data_fingerprint" (a run from an older zof has none: accepted).
+  void check_data(const std::string& fingerprint, const std::string& data);
 
   // The checkpoint the run continues from: its weights into model, its counters; nothing and
   // zero counters for a run that starts at step 0.
@@ -146,8 +186,9 @@ class RunDir {
                        const std::string& optimizer);
 
  private:
-  void check_log(const fs::path& file, int64_t recorded, const char* field,
-                 int64_t lines) const;
+  // hash: the ByteHash the checkpoint records of the first `recorded` bytes ("": none).
+  void check_log(const fs::path& file, int64_t recorded, const char* field, int64_t lines,
+                 const std::string& hash = "") const;
 
   fs::path run_, ckpt_;
   bool resuming_ = false;
@@ -157,6 +198,8 @@ class RunDir {
   RunLock lock_;
   fs::path created_;      // the topmost directory this process created for --out
   bool started_ = false;  // run.json written: the directory holds a run from here on
+  std::string data_fingerprint_;  // of a new run's data, for run.json
+  bool finished_ = false;  // a resumed run that has nothing left to do (check_unfinished)
   float lr_ = 0, weight_decay_ = 0;  // the run's, for the message about non-finite weights
   int64_t steps_ = 0;                // the run's --steps: its last checkpoint
 };

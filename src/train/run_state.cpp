@@ -71,6 +71,15 @@ RunCounters parse_state(const json& j, const std::string& file, int64_t max_step
   const int64_t big = std::numeric_limits<int64_t>::max();
   c.metrics_bytes = integer("metrics_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
   c.log_bytes = integer("log_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
+  if (auto h = j.find("log_hash"); h != j.end()) {  // absent in checkpoints of an older zof
+    const std::string pre = "fnv1a64:";
+    const std::string t = h->is_string() ? h->get<std::string>() : std::string();
+    bool ok = t.size() == pre.size() + 16 && t.rfind(pre, 0) == 0;
+    for (size_t i = pre.size(); ok && i < t.size(); ++i)
+      ok = std::isdigit((unsigned char)t[i]) || (t[i] >= 'a' && t[i] <= 'f');
+    if (!ok) fail("log_hash", "is " + shown(*h) + "; it must be \"fnv1a64:\" and 16 hex digits");
+    c.log_hash = t;
+  }
   auto eb = j.find("eval_before");
   if (eb != j.end() && !eb->is_null()) {
     const json& e = *eb;

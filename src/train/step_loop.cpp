@@ -10,6 +10,7 @@
 #include <limits>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 
 #include "train/clock.h"
 #include "train/estimator.h"
@@ -26,26 +27,6 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-// SIGINT and SIGTERM set g_stop_signal while the loop runs; the old handlers come back after.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
-
 // Test hooks for the failure tests: ZOF_FAULT_KILL_AT_STEP / ZOF_FAULT_TERM_AT_STEP /
 // ZOF_FAULT_HANG_AT_STEP = step make rank ZOF_FAULT_RANK (every rank when unset) die by SIGKILL,
 // receive SIGTERM, or stop answering at the start of that step.
@@ -61,6 +42,20 @@ void inject_step_fault(int rank, int64_t step) {
 }
 
 }  // namespace
+
+StopSignals::StopSignals() {
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int_);
+  sigaction(SIGTERM, &sa, &old_term_);
+}
+
+StopSignals::~StopSignals() {
+  sigaction(SIGINT, &old_int_, nullptr);
+  sigaction(SIGTERM, &old_term_, nullptr);
+}
 
 // One step's numbers, reduced over the job.
 struct StepLoop::Outcome {
@@ -91,13 +86,21 @@ void StepLoop::save_checkpoint(int64_t step) {
   run_checkpoint_on_root(job_, [&] {
     RunCounters at = c_;
     at.step = step;
-    dir_.save_checkpoint(at, model_, engine_, opt_.optimizer);
+    try {
+      dir_.save_checkpoint(at, model_, engine_, opt_.optimizer);
+    } catch (const std::filesystem::filesystem_error& e) {
+      // Directory operations (create, rename, remove) in the run's words, on one line.
+      const std::string run = dir_.path().string();
+      throw Error("cannot write checkpoint-" + std::to_string(step) + " in " + run + ": " +
+                  e.code().message() + " (" + e.path1().string() + "); the run stopped at step " +
+                  std::to_string(step) + " and its earlier checkpoints are kept: make " + run +
+                  " writable (or free space) and continue with --resume " + run);
+    }
   });
 }
 
 LoopEnd StepLoop::run() {
   if (c_.eval_before.is_null()) c_.eval_before = eval_.evaluate(start_, "before");
-  StopSignals signals;
   last_eval_ = c_.eval_before;
   t_step0_ = now_s();
   LoopEnd end;

@@ -2,6 +2,8 @@
 // skipped step), the step log and metrics, evaluations, progress and checkpoints. SIGINT and
 // SIGTERM to any rank (or the sink's request) stop every rank after the same step.
 #pragma once
+#include <signal.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -15,6 +17,21 @@ namespace zof::train {
 class Estimator;
 class Evaluator;
 class Job;
+
+// SIGINT and SIGTERM, from construction to destruction, ask the loop to stop at the end of a
+// step (with a checkpoint) instead of ending the process; the old handlers come back after.
+// finetune() installs it before it creates --out: a signal from then on never leaves a run
+// directory half made.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
 
 // How the loop ended.
 struct LoopEnd {
@@ -31,7 +48,8 @@ class StepLoop {
   StepLoop(const TrainOptions& opt, Job& job, RunDir& dir, ZOEngine& engine, Model& model,
            Estimator& estimator, TrainData& data, Evaluator& eval, TrainSink& sink,
            RunCounters& c);
-  // The evaluation before the first step (unless a resumed run has it), then the steps.
+  // The evaluation before the first step (unless a resumed run has it), then the steps; a
+  // signal (StopSignals, installed by the caller) stops them after the step in progress.
   LoopEnd run();
   // Every rank: the weights gathered to rank 0, which writes checkpoint-<step>.
   void save_checkpoint(int64_t step);

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <optional>
 
 #include "train/estimator.h"
 #include "train/evaluation.h"
@@ -172,7 +173,7 @@ void write_run_report(const TrainOptions& opt, const RunDir& dir, const json& su
 json finetune(TrainOptions opt, TrainSink* user_sink) {
   validate_options(opt);  // the flags as given: a bad one is refused under --resume too
   RunDir dir(opt);        // --resume: the run's saved options from here on (run.json, state.json)
-  validate_options(opt);
+  validate_options(opt, opt.resume.empty());
   // A new run records the objective it trains on, not "auto": a later change of the default
   // cannot change what a resumed or replayed run computes.
   if (opt.resume.empty()) opt.objective = training_objective(opt);
@@ -202,8 +203,10 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   Model model = Model::load(opt.model);
   const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume
   Tokenizer tok = Tokenizer::load(opt.model);
+  tok.check_ids_below(model.config().vocab_size);  // before --out: an id past the embeddings
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
   const std::string model_warning = dir.check_model(model_id, fingerprint, opt.model);
+  dir.check_data(data_fingerprint(opt), opt.data);  // a resumed run's data are the run's
   auto data = make_train_data(opt, tok, model.config().max_position);
   ZOEngine engine(model, *backend, data->max_rows(), zo_step_options(opt));
   auto estimator = make_estimator(opt, engine, model, *backend, data->max_rows());
@@ -221,6 +224,10 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   }
   // Momentum/Adam state once streaming (which keeps it in host memory) is settled.
   dir.load_optimizer_state(engine, model, opt.optimizer);
+  dir.check_unfinished();  // a finished run: refused once everything else has been checked
+  // From here a signal stops the run at a step boundary: never between creating --out and
+  // writing run.json (which would leave a directory that is no run).
+  std::optional<StopSignals> signals(std::in_place);
   dir.create(job.root);  // a new run's --out (removed again if the run fails before it starts)
   comm->barrier();  // every rank has checked the run directory before rank 0 writes into it
   if (job.root) dir.start(opt, model_id, fingerprint, compute, c);
@@ -239,9 +246,16 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   Evaluator eval(job, engine, model, *data, job.root ? &dir.metrics() : nullptr, &sink);
   StepLoop loop(opt, job, dir, engine, model, *estimator, *data, eval, sink, c);
   const LoopEnd end = loop.run();
+  signals.reset();
   sink.finish();
   Run run{opt, dir, job, *backend, model, engine, eval, loop, sink, c};
   json summary = finish(run, end, start);
+  if (job.root) {
+    // The step log as the run ended (replay checks it against these when the run's
+    // checkpoints are gone).
+    summary["log_bytes"] = dir.zo_log().sync();
+    summary["log_hash"] = dir.zo_log().hash();
+  }
   if (job.root) write_run_report(opt, dir, summary, *backend, sink);
   return summary;
 }

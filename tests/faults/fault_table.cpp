@@ -45,7 +45,7 @@ std::map<std::string, std::string> snapshot(const fs::path& root) {
        it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (ec) break;
     const fs::path& p = it->path();
-    const std::string rel = fs::relative(p, root).string();
+    const std::string rel = p.lexically_relative(root).string();  // follows no symlink (a loop)
     const auto st = fs::symlink_status(p);
     if (fs::is_symlink(st)) {
       s[rel] = "link:" + fs::read_symlink(p).string();

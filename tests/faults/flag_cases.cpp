@@ -156,7 +156,7 @@ std::vector<Case> flag_cases() {
       {"FlagConfigValueNan",
        [](Sandbox& s) { s.write(s.root() / "run.toml", "lr = nan\n"); },
        "finetune --config {S}/run.toml {F} --out {S}/out --json", 1,
-       R"(^--lr must be a finite number of at least 0, not nan$)"},
+       R"(^--lr \(--config .*run\.toml line 1\) must be a finite number of at least 0, not nan$)"},
       {"FlagConfigBooleanNotABoolean",
        [](Sandbox& s) { s.write(s.root() / "run.toml", "one_sided = maybe\n"); },
        "finetune --config {S}/run.toml {F} --out {S}/out", 1,

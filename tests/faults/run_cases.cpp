@@ -62,7 +62,7 @@ void hold_lock(Sandbox& s, const fs::path& lock) {
   cmd += s.root().string();
   cmd += "' && (setsid flock -o ";
   cmd += q;
-  cmd += " sleep 30 </dev/null >/dev/null 2>&1 & echo $! > holder.pid) && "
+  cmd += " sleep 600 </dev/null >/dev/null 2>&1 & echo $! > holder.pid) && "
          "for i in $(seq 100); do flock -n ";
   cmd += q;
   cmd += " true || exit 0; sleep 0.05; done; exit 1";

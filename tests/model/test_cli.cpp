@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "zof/error.h"
+#include "zof/trainer.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -130,10 +132,12 @@ TEST(Cli, NumbersAndResumeFlagsThatAreAccepted) {
   ASSERT_EQ(a.code, 0) << a.err;
   json opt = json::parse(zof::test::read_file(run + "/run.json"))["options"];
   EXPECT_EQ(opt["train_examples"], 1000);
+  // The flags pass; the run itself has finished, which is what --resume then says.
   auto b = run_command(zof + " finetune --resume " + run + " --steps 2 --lr 2e-6 --threads 1 "
                        "--no-report --json");
-  EXPECT_EQ(b.code, 0) << b.err;
-  EXPECT_EQ(last_json(b.out)["steps"], 2);
+  EXPECT_EQ(b.code, 1) << b.err;
+  EXPECT_NE(b.err.find("the run finished at step 2 of its --steps 2"), std::string::npos)
+      << b.err;
   auto c = run_command(zof + " finetune --resume " + run + " --steps 4 --threads 1");
   EXPECT_EQ(c.code, 1);
   EXPECT_NE(c.err.find("--steps 4 would be ignored (the run has --steps 2)"), std::string::npos)
@@ -225,3 +229,35 @@ TEST(Cli, BadFlags) {
 }
 
 }  // namespace
+
+// generate's default --max-new-tokens (128) on a model whose context holds fewer: as many as
+// fit, not a refusal; the same number asked for explicitly is refused (it would be cut short).
+TEST(Cli, DefaultMaxNewTokensFitsAShortContext) {
+  ZOF_REQUIRE_PATH(stories());
+  const fs::path dir = fs::temp_directory_path() / ("zof_cli_short_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(stories(), dir);
+  json cfg = json::parse(std::ifstream(dir / "config.json"));
+  cfg["max_position_embeddings"] = 40;
+  std::ofstream(dir / "config.json") << cfg.dump(1);
+  const std::string base = zof::test::zof_binary() + " generate --model " + dir.string() +
+                           " --prompt \"\" --temperature 0 --dtype fp32 --json";
+  auto r = run_command(base);
+  ASSERT_EQ(r.code, 0) << r.err;
+  // From BOS alone: 40 new tokens fit (the greedy story has no EOS in its first 60).
+  EXPECT_EQ(last_json(r.out)["new_tokens"], 40);
+  auto x = run_command(base + " --max-new-tokens 128");
+  EXPECT_EQ(x.code, 1);
+  EXPECT_NE(x.err.find("--max-new-tokens 128 does not fit"), std::string::npos) << x.err;
+  fs::remove_all(dir);
+}
+
+// --eps with --estimator jvp is refused in a new run's flags, and passes in a saved run's
+// options (an older zof wrote such runs, which must still resume and replay).
+TEST(Cli, JvpEpsIsRefusedForNewRunsOnly) {
+  zof::TrainOptions o;
+  o.estimator = "jvp";
+  o.eps = 0.5f;
+  EXPECT_THROW(zof::validate_options(o), zof::Error);
+  EXPECT_NO_THROW(zof::validate_options(o, /*new_run=*/false));
+}
