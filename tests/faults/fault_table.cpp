@@ -17,6 +17,31 @@ using json = nlohmann::json;
 std::string zof_binary() { return zof::test::zof_binary(); }
 std::string assets_dir() { return zof::test::assets_dir(); }
 
+std::string shell_quoted(const fs::path& p) {
+  // Built piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "'" + s + "'".
+  std::string q = "'";
+  q += p.string();
+  q += '\'';
+  return q;
+}
+
+void hold_lock(Sandbox& s, const fs::path& lock) {
+  const std::string q = shell_quoted(lock);
+  std::string cmd = "cd " + shell_quoted(s.root());
+  cmd += " && (setsid flock -o ";
+  cmd += q;
+  cmd += " sleep 600 </dev/null >/dev/null 2>&1 & echo $! > holder.pid) && "
+         "for i in $(seq 100); do flock -n ";
+  cmd += q;
+  cmd += " true || exit 0; sleep 0.05; done; exit 1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the lock holder did not start";
+}
+
+void release_lock(Sandbox& s) {
+  const std::string cmd = "kill -- -$(cat " + shell_quoted(s.root() / "holder.pid") + ") 2>/dev/null";
+  (void)std::system(cmd.c_str());
+}
+
 namespace {
 
 std::string slurp(const fs::path& p) {

@@ -66,6 +66,14 @@ void run_case(const Case& c);
 std::string zof_binary();
 std::string assets_dir();
 
+// p in single quotes, for a shell command line (the sandboxes' paths hold no quote).
+std::string shell_quoted(const std::filesystem::path& p);
+// Starts a process that holds an exclusive flock on `lock` (util-linux flock(1), the same
+// flock(2) lock zof takes) in its own process group, its pid in {S}/holder.pid; returns once the
+// lock is held. release_lock ends it (a case's check, so that it also runs when the case fails).
+void hold_lock(Sandbox& s, const std::filesystem::path& lock);
+void release_lock(Sandbox& s);
+
 }  // namespace zof::faults
 
 // One table of cases: TEST_P over a vector<Case>, one ctest test per case named Suite.Name.

@@ -4,7 +4,6 @@
 // flags that would be silently unused (jvp's --eps, generate's --max-new-tokens beyond the
 // context). Then, apart from the table, that what passes these checks still resumes and replays
 // bit for bit, older runs without the fields included.
-#include <sys/wait.h>
 
 #include "common.h"
 #include "faults/fault_table.h"
@@ -15,6 +14,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using zof::faults::Case;
 using zof::faults::Sandbox;
+using zof::faults::shell_quoted;
 
 // The sandbox's run with --steps 5 in its run.json: its last checkpoint (step 3) is not its end,
 // so --resume would continue it (the cached run has finished, and a finished run is refused
@@ -162,18 +162,9 @@ ZOF_FAULT_TABLE(IntegrityFaults, integrity_cases());
 
 // ---- what passes still resumes and replays exactly -----------------------------------------
 
+// The exit status of zof with these arguments (output discarded).
 int zof_run(const std::string& args) {
-  const std::string cmd = zof::faults::zof_binary() + " " + args + " >/dev/null 2>&1 </dev/null";
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-std::string q(const fs::path& p) {
-  // Built piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "'" + s + "'".
-  std::string out = "'";
-  out += p.string();
-  out += '\'';
-  return out;
+  return zof::test::run_command(zof::faults::zof_binary() + " " + args + " </dev/null").code;
 }
 
 // A run from before the fields (no data_fingerprint, log_hash or summary log fields) resumes
@@ -188,10 +179,10 @@ TEST(IntegrityExact, OlderRunWithoutTheFieldsResumesAndReplays) {
     j.erase("log_bytes");
     j.erase("log_hash");
   });
-  ASSERT_EQ(zof_run("finetune --resume " + q(r)), 0);
+  ASSERT_EQ(zof_run("finetune --resume " + shell_quoted(r)), 0);
   EXPECT_TRUE(json::parse(s.read(r / "checkpoint-5" / "state.json")).contains("log_hash"));
-  ASSERT_EQ(zof_run("replay --model " + q(s.model()) + " --log " + q(r) + " --out " +
-                    q(s.root() / "rebuilt")),
+  ASSERT_EQ(zof_run("replay --model " + shell_quoted(s.model()) + " --log " + shell_quoted(r) +
+                    " --out " + shell_quoted(s.root() / "rebuilt")),
             0);
   EXPECT_TRUE(s.read(r / "model.safetensors") == s.read(s.root() / "rebuilt" / "model.safetensors"))
       << "the replayed weights differ from the resumed run's";
@@ -204,9 +195,9 @@ TEST(IntegrityExact, ReplayOfAPrefixIsTheShorterRun) {
   const fs::path r = s.run();
   std::string flags = s.run_flags();
   flags.replace(flags.find("--steps 3"), 9, "--steps 2");
-  ASSERT_EQ(zof_run("finetune " + flags + " --out " + q(s.root() / "two")), 0);
-  ASSERT_EQ(zof_run("replay --model " + q(s.model()) + " --log " + q(r) + " --steps 2 --out " +
-                    q(s.root() / "rebuilt")),
+  ASSERT_EQ(zof_run("finetune " + flags + " --out " + shell_quoted(s.root() / "two")), 0);
+  ASSERT_EQ(zof_run("replay --model " + shell_quoted(s.model()) + " --log " + shell_quoted(r) +
+                    " --steps 2 --out " + shell_quoted(s.root() / "rebuilt")),
             0);
   EXPECT_TRUE(s.read(s.root() / "two" / "model.safetensors") ==
               s.read(s.root() / "rebuilt" / "model.safetensors"))

@@ -17,7 +17,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using zof::faults::Case;
+using zof::faults::hold_lock;
+using zof::faults::release_lock;
 using zof::faults::Sandbox;
+using zof::faults::shell_quoted;
 
 // A pid that no process has now: a child that has exited and been reaped.
 pid_t dead_pid() {
@@ -40,28 +43,6 @@ fs::path other_model(Sandbox& s, const std::string& name = "other") {
   const fs::path to = s.root() / name;
   fs::copy(s.model(), to, fs::copy_options::recursive);
   return to;
-}
-
-// An exclusive flock on `lock` held by a process of its own (util-linux flock(1), as zof's);
-// its pid in {S}/holder.pid. Returns once the lock is held.
-void hold_lock(Sandbox& s, const fs::path& lock) {
-  // Built piece by piece: GCC 12 warns (-Wrestrict, a false positive) on a chain of operator+.
-  std::string q = "'";
-  q += lock.string();
-  q += '\'';
-  std::string cmd = "cd '";
-  cmd += s.root().string();
-  cmd += "' && (setsid flock -o ";
-  cmd += q;
-  cmd += " sleep 600 </dev/null >/dev/null 2>&1 & echo $! > holder.pid) && "
-         "for i in $(seq 100); do flock -n ";
-  cmd += q;
-  cmd += " true || exit 0; sleep 0.05; done; exit 1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the lock holder did not start";
-}
-void release_lock(Sandbox& s) {
-  const std::string cmd = "kill -- -$(cat '" + (s.root() / "holder.pid").string() + "') 2>/dev/null";
-  (void)std::system(cmd.c_str());
 }
 
 const std::string kNotAReport =
@@ -163,13 +144,6 @@ ZOF_FAULT_TABLE(OutputFaults, output_cases());
 
 using zof::test::run_command;
 
-std::string quoted(const fs::path& p) {
-  std::string q = "'";
-  q += p.string();
-  q += '\'';
-  return q;
-}
-
 // A report may replace an earlier report (its own page, or a comparison page) and the run's
 // report.html; every page it writes is recognised as a report again.
 TEST(OutputRules, ReportReplacesItsOwnPages) {
@@ -177,10 +151,10 @@ TEST(OutputRules, ReportReplacesItsOwnPages) {
   Sandbox s("ReportReplacesItsOwnPages");
   const fs::path run = s.run(), page = s.root() / "page.html";
   for (int i = 0; i < 2; ++i) {
-    auto r = run_command(zof::faults::zof_binary() + " report " + quoted(run) + " --out " +
-                         quoted(page));
+    auto r = run_command(zof::faults::zof_binary() + " report " + shell_quoted(run) + " --out " +
+                         shell_quoted(page));
     ASSERT_EQ(r.code, 0) << r.err;
-    auto d = run_command(zof::faults::zof_binary() + " report " + quoted(run));
+    auto d = run_command(zof::faults::zof_binary() + " report " + shell_quoted(run));
     ASSERT_EQ(d.code, 0) << d.err;
   }
   EXPECT_EQ(s.read(page).rfind("<!DOCTYPE html>", 0), 0u);
@@ -195,7 +169,7 @@ TEST(OutputRules, NewRunIntoLeftoversOfARunThatNeverStarted) {
   const fs::path out = s.root() / "stopped";
   never_started(s, out);
   auto r = run_command(zof::faults::zof_binary() + " finetune " + s.run_flags() + " --out " +
-                       quoted(out));
+                       shell_quoted(out));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
   for (const auto& e : fs::directory_iterator(out))
@@ -210,11 +184,11 @@ TEST(OutputRules, ResumeRemovesTemporaryFilesOfADeadProcess) {
   const fs::path out = s.root() / "killed";
   const std::string zof = zof::faults::zof_binary();
   auto k = run_command("ZOF_FAULT_KILL_AT_STEP=2 " + zof + " finetune " + s.run_flags() +
-                       " --save-every 1 --out " + quoted(out));
+                       " --save-every 1 --out " + shell_quoted(out));
   ASSERT_EQ(k.code, 128 + SIGKILL) << k.err;
   const fs::path tmp = out / ("latest.tmp." + std::to_string(dead_pid()));
   s.write(tmp, "checkpoint-");
-  auto r = run_command(zof + " finetune --resume " + quoted(out));
+  auto r = run_command(zof + " finetune --resume " + shell_quoted(out));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("resuming at step 2"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp));
@@ -230,13 +204,13 @@ TEST(OutputRules, SigtermWhileCreatingTheRunLeavesAResumableRun) {
   const fs::path out = s.root() / "run";
   const std::string zof = zof::faults::zof_binary();
   auto t = run_command("ZOF_FAULT_TERM_IN_CREATE=1 " + zof + " finetune " + s.run_flags() +
-                       " --out " + quoted(out));
+                       " --out " + shell_quoted(out));
   ASSERT_EQ(t.code, 130) << t.err;
   EXPECT_NE(t.err.find("interrupted by signal 15 at step 1; checkpoint saved"), std::string::npos)
       << t.err;
   EXPECT_TRUE(fs::exists(out / "run.json"));
   EXPECT_FALSE(fs::exists(out / "model.safetensors"));
-  auto r = run_command(zof + " finetune --resume " + quoted(out));
+  auto r = run_command(zof + " finetune --resume " + shell_quoted(out));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("resuming at step 1"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
@@ -248,8 +222,8 @@ TEST(OutputRules, ReplayIntoAnEmptyDirectory) {
   Sandbox s("ReplayIntoEmpty");
   const fs::path run = s.run(), out = s.root() / "rebuilt";
   fs::create_directories(out);
-  auto r = run_command(zof::faults::zof_binary() + " replay --model " + quoted(s.model()) +
-                       " --log " + quoted(run) + " --out " + quoted(out));
+  auto r = run_command(zof::faults::zof_binary() + " replay --model " + shell_quoted(s.model()) +
+                       " --log " + shell_quoted(run) + " --out " + shell_quoted(out));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(s.read(out / "model.safetensors"), s.read(run / "model.safetensors"));
   EXPECT_FALSE(fs::exists(out / ".lock"));

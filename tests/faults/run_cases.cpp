@@ -11,6 +11,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using zof::faults::Case;
+using zof::faults::hold_lock;
+using zof::faults::release_lock;
 using zof::faults::Sandbox;
 
 // The header of a safetensors file: its JSON and the data section's offset.
@@ -49,28 +51,6 @@ void duplicate_entry(Sandbox& s, const fs::path& file, const std::string& name) 
   const uint64_t n = text.size();
   std::memcpy(out.data(), &n, 8);
   s.write(file, out + text + b.substr(data_at));
-}
-
-// Starts a process that holds an exclusive flock on `lock` (util-linux flock(1), the same
-// flock(2) lock zof takes) in its own process group; its pid in {S}/holder.pid. Returns once
-// the lock is held.
-void hold_lock(Sandbox& s, const fs::path& lock) {
-  std::string q = "'";
-  q += lock.string();
-  q += '\'';
-  std::string cmd = "cd '";
-  cmd += s.root().string();
-  cmd += "' && (setsid flock -o ";
-  cmd += q;
-  cmd += " sleep 600 </dev/null >/dev/null 2>&1 & echo $! > holder.pid) && "
-         "for i in $(seq 100); do flock -n ";
-  cmd += q;
-  cmd += " true || exit 0; sleep 0.05; done; exit 1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the lock holder did not start";
-}
-void release_lock(Sandbox& s) {
-  const std::string cmd = "kill -- -$(cat '" + (s.root() / "holder.pid").string() + "') 2>/dev/null";
-  (void)std::system(cmd.c_str());
 }
 
 // A state.json field of the run's checkpoint set (or removed, with a null json and erase).
