@@ -38,12 +38,21 @@ const char* kLlama_125m = R"({
   "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
 })";
 
+// LLaMA-2-7B's shape (meta-llama/Llama-2-7b-hf's config.json): 6.74B parameters.
+const char* kLlama2_7b = R"({
+  "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+  "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+  "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
+})";
+
 zof::ModelConfig config_named(const std::string& name) {
   if (name == "gpt2-124m") return zof::ModelConfig::from_json(json::parse(kGpt2_124m), name);
   if (name == "llama-125m") return zof::ModelConfig::from_json(json::parse(kLlama_125m), name);
+  if (name == "llama2-7b") return zof::ModelConfig::from_json(json::parse(kLlama2_7b), name);
   ZOF_CHECK(std::filesystem::is_regular_file(name),
-            "--model-config " + name + ": neither a built-in name (gpt2-124m, llama-125m) nor a "
-            "config.json file");
+            "--model-config " + name + ": neither a built-in name (gpt2-124m, llama-125m, "
+            "llama2-7b) nor a config.json file");
   return zof::ModelConfig::load(name);
 }
 
@@ -176,6 +185,9 @@ class TimingBackend : public zof::Backend {
   void cast(const float* x, void* y, zof::DType yt, int64_t n, zof::Stream* s) override {
     timed("cast", 0, [&] { in_.cast(x, y, yt, n, s); });
   }
+  void widen(const void* x, zof::DType xt, float* y, int64_t n, zof::Stream* s) override {
+    timed("cast", 0, [&] { in_.widen(x, xt, y, n, s); });
+  }
   using zof::Backend::attention;
   using zof::Backend::attention_jvp;
   using zof::Backend::rms_norm;
@@ -241,7 +253,7 @@ class TimingBackend : public zof::Backend {
           [&] { in_.cross_entropy_chunk(logits, t, rows, n, v0, mx, sum, tgt, s); });
   }
   // Keyed "zo_pass" whatever the tensor: the passes over parameters (update, perturbation).
-  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+  void zo_pass(zof::Theta theta, int64_t n, uint32_t tensor, int64_t first,
                const zof::ZOUpdateTerm* upd, int n_update, float lr_wd, const zof::ZKey* round,
                const zof::ZKey* cur, float eps, void* plus, void* minus, zof::DType copy_t,
                zof::Stream* s) override {
@@ -253,12 +265,12 @@ class TimingBackend : public zof::Backend {
   static constexpr const char* kZOPass = "zo_pass";
   // Forwarded untimed, as before the Backend interface made them pure: the token-table rows, the
   // optimizer-state update and the tangents are not among the columns the benchmarks report.
-  void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+  void zo_rows(zof::Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const zof::ZKey& cur, float eps, float* plus, float* minus,
                zof::Stream* s) override {
     in_.zo_rows(theta, width, rows, n_rows, tensor, cur, eps, plus, minus, s);
   }
-  void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+  void zo_update_state(zof::Theta theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const zof::ZOUpdateTerm* upd, int n_update,
                        const zof::ZOOptimizer& o, const zof::ZKey* round,
                        zof::Stream* s) override {

@@ -4,8 +4,9 @@
 // Reports the step time split into the two forward passes (backend ops other than the parameter
 // passes), the passes over parameters (Backend::zo_pass: pending update + perturbation) and the
 // rest (bookkeeping in the walk); tokens/s; the forward's GFLOP/s against the backend's GEMM rate
-// measured in the same run; peak resident memory against the fp32 model plus one forward's
-// activations. bench/zo_peer.py times MeZO's step in PyTorch; bench/run_zo_step.sh runs both.
+// measured in the same run; peak resident memory against the model as held (fp32, or a bf16
+// master's 2 bytes a parameter: --master bf16, so a LLaMA-2-7B shape, --model-config llama2-7b,
+// fits a 24 GiB machine) plus one forward's activations. bench/zo_peer.py times MeZO's step in PyTorch; bench/run_zo_step.sh runs both.
 //
 // FLOPs per step: 2 x the forward count of bench_common.h (two forwards per query).
 
@@ -46,15 +47,21 @@ int run(const Args& a) {
   gemm.sample();
 
   const double rss_base = proc_status_bytes("VmRSS");
-  zof::Model model = a.model_dir.empty() ? zof::Model::random(config_named(a.model_config), a.seed)
-                                         : zof::Model::load(a.model_dir);
+  // A bf16 master is held in 2 bytes a parameter, as zof finetune holds it on the host.
+  const zof::DType storage = a.master == "bf16" ? zof::DType::BF16 : zof::DType::F32;
+  const auto t_load = std::chrono::steady_clock::now();
+  zof::Model model = a.model_dir.empty()
+                         ? zof::Model::random(config_named(a.model_config), a.seed, storage)
+                         : zof::Model::load(a.model_dir, storage);
+  const double load_s = seconds_since(t_load);
   const zof::ModelConfig& cfg = model.config();
   const std::string name = a.model_dir.empty() ? a.model_config : a.model_dir;
   ZOF_CHECK(a.seq <= cfg.max_position, "--seq " + std::to_string(a.seq) +
                                            " exceeds the model's context of " +
                                            std::to_string(cfg.max_position));
   const int64_t B = a.batch, T = a.seq, rows = B * T;
-  const double model_bytes = 4.0 * (double)model.storage_size();
+  const double model_bytes =
+      (double)zof::dtype_size(model.storage_dtype()) * (double)model.storage_size();
   TimingBackend tb(*backend);
   // One forward's activation buffers, as Forward allocates them for `rows` tokens.
   double act_bytes = 0;
@@ -116,9 +123,12 @@ int run(const Args& a) {
               rows / s, long(rows), flop_step / s * 1e-9, flop_step / s_ops * 1e-9,
               100 * flop_step / s_ops * 1e-9 / gemm_gflops, zof::compute_dtype_word(dtype),
               gemm_gflops);
-  std::printf("  memory: peak RSS %.0f MB above a %.0f MB baseline; fp32 model %.0f MB + one "
-              "forward's activations %.0f MB = %.0f MB -> ratio %.2f (engine buffers %.0f MB)\n",
-              net_peak / 1e6, rss_base / 1e6, model_bytes / 1e6, act_bytes / 1e6,
+  std::printf("  memory: peak RSS %.0f MB above a %.0f MB baseline (peak %.0f MB); %s model %.0f "
+              "MB (%.2fB parameters, made in %.1f s) + one forward's activations %.0f MB = %.0f "
+              "MB -> ratio %.2f (engine buffers %.0f MB)\n",
+              net_peak / 1e6, rss_base / 1e6, rss_peak / 1e6,
+              zof::compute_dtype_word(model.storage_dtype()), model_bytes / 1e6,
+              model.num_params() / 1e9, load_s, act_bytes / 1e6,
               (model_bytes + act_bytes) / 1e6, mem_ratio, engine_bytes / 1e6);
   std::printf("  mean loss at theta +/- eps z: %.4f (ln V = %.4f)\n", loss,
               std::log(double(cfg.vocab_size)));
@@ -156,6 +166,8 @@ int run(const Args& a) {
               {"engine_mb", engine_bytes / 1e6},
               {"rss_base_mb", rss_base / 1e6},
               {"rss_peak_mb", rss_peak / 1e6},
+              {"master_storage", zof::compute_dtype_word(model.storage_dtype())},
+              {"model_s", load_s},
               {"mem_ratio", mem_ratio},
               {"loss", loss}};
     std::printf("%s\n", j.dump().c_str());
@@ -169,7 +181,7 @@ int main(int argc, char** argv) {
   CLI::App app{"zo_step_bench: the CPU ZO step of a random-weight model, split and measured"};
   Args a;
   app.add_option("--model-config", a.model_config,
-                 "gpt2-124m, llama-125m, or a path to a config.json (random weights)")
+                 "gpt2-124m, llama-125m, llama2-7b, or a path to a config.json (random weights)")
       ->capture_default_str();
   app.add_option("--model", a.model_dir, "a Hugging Face model directory instead (its weights)");
   app.add_option("--batch", a.batch, "sequences per step")->capture_default_str();

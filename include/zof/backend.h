@@ -38,6 +38,24 @@ struct ZOOptimizer {
   float bc1 = 1.f, bc2 = 1.f;    // Adam's bias corrections 1 / (1 - beta^t)
 };
 
+// A master tensor where it is held: fp32, or bf16 (a bf16 master, --master bf16, held in 2 bytes
+// a parameter). The ZO passes read it as fp32 and, when they update it, write it back in its
+// type (a bf16 master's update is rounded stochastically, so the value written is exact).
+struct Theta {
+  void* p = nullptr;
+  DType dtype = DType::F32;
+  Theta() = default;
+  Theta(float* f) : p(f) {}  // NOLINT(google-explicit-constructor): an fp32 master
+  explicit Theta(const float* f) : p(const_cast<float*>(f)) {}  // read-only uses (zo_rows)
+  Theta(void* q, DType t) : p(q), dtype(t) {}
+  // Element i of the tensor.
+  Theta at(int64_t i) const {
+    return Theta(static_cast<char*>(p) + i * (int64_t)dtype_size(dtype), dtype);
+  }
+  float* f32() const { return dtype == DType::F32 ? static_cast<float*>(p) : nullptr; }
+  uint16_t* bf16() const { return dtype == DType::BF16 ? static_cast<uint16_t*>(p) : nullptr; }
+};
+
 // Opaque handles owned by the backend that created them. No backend defines these types: each
 // keeps its own and casts (two definitions of zof::Stream in one library would break the ODR).
 struct Stream;
@@ -110,6 +128,8 @@ class Backend {
   }
   // y(n) = x(n) in dtype yt (BF16 and F16 round to nearest even; F32 copies).
   virtual void cast(const float* x, void* y, DType yt, int64_t n, Stream* s = nullptr) = 0;
+  // y(n) = x(n) as fp32, x of type xt (F32 copies, BF16 widens: exact).
+  virtual void widen(const void* x, DType xt, float* y, int64_t n, Stream* s = nullptr) = 0;
   // y(rows,dim) = x / sqrt(mean(x^2) + eps) * (w + w_offset): w_offset is 0, or 1 for Gemma's
   // RMSNorm (its weights are stored as offsets from 1; the sum is formed in fp32 first, as
   // transformers' (1 + w.float())). y may alias x.
@@ -186,18 +206,20 @@ class Backend {
   // round (a bf16 master, --master bf16; null: fp32): when n_update > 0, step 1's result is
   // rounded to bf16 stochastically, as round_bf16_stochastic(theta, ..., *round) would after
   // it, and step 2 reads the rounded value: the same bits as those three passes, in one.
-  virtual void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+  // theta is held in fp32, or in bf16 (a bf16 master in 2-byte storage: an update then needs
+  // round, and its rounded value is stored exactly).
+  virtual void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first,
                        const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
                        const ZKey* cur, float eps, void* plus, void* minus, DType copy_t,
                        Stream* s = nullptr) = 0;
-  // An fp32 master's pass (no rounding).
-  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+  // A pass without rounding (no update, or an fp32 master's).
+  void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
                DType copy_t, Stream* s = nullptr) {
     zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, nullptr, cur, eps, plus, minus, copy_t,
             s);
   }
-  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+  void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* cur, float eps, float* plus, float* minus,
                Stream* s = nullptr) {
     zo_pass(theta, n, tensor, first, upd, n_update, lr_wd, nullptr, cur, eps, plus, minus,
@@ -208,7 +230,7 @@ class Backend {
   // its element 0) goes to plus + k * width and minus + k * width (minus may be null). The same
   // bits as zo_pass over each row. rows in device memory (the batch's distinct token ids: the
   // ZO walk perturbs only the token-table rows a batch reads).
-  virtual void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+  virtual void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
                        uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                        Stream* s = nullptr) = 0;
   // The pending update through optimizer state, elements [first, first + n) of the tensor
@@ -218,8 +240,9 @@ class Backend {
   //   momentum: m = beta1 m + (gh + wd theta);  theta -= lr m
   //   adam:     m = beta1 m + (1 - beta1) gh;  v = beta2 v + (1 - beta2) gh^2;
   //             theta -= lr (m bc1 / (sqrt(v bc2) + eps) + wd theta)
-  // round (a bf16 master; null: fp32): the new theta rounded as in zo_pass.
-  virtual void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+  // round (a bf16 master; null: fp32): the new theta rounded as in zo_pass; theta held as in
+  // zo_pass.
+  virtual void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor,
                                int64_t first, const ZOUpdateTerm* upd, int n_update,
                                const ZOOptimizer& o, const ZKey* round, Stream* s = nullptr) = 0;
   // A bf16 master's rounding after an update (--master bf16): elements [first, first + n) of

@@ -145,6 +145,12 @@ class Forward {
   // skipped while resident copies are current.
   uint16_t* copy_of(int pi, int block);
   void convert(int block, bool tied_head);
+  // A model held in bf16 (a bf16 master): the walk reads its matrices as they are held in a
+  // bf16 walk, and everything else in fp32 from wide_: the parameters that are not matrix
+  // weights, widened once until weights_changed() (resident, compact), then, in an fp32 walk,
+  // the current block's matrices (widened per block).
+  float* wide_of(int pi, int block);
+  void widen(int block);
   const Model& model_;
   const ModelConfig& cfg_;
   Backend& be_;
@@ -155,6 +161,10 @@ class Forward {
   // is current (the last entry: the tied LM head's).
   uint16_t* copies_ = nullptr;
   std::vector<bool> fresh_;
+  float* wide_ = nullptr;
+  std::vector<int64_t> wide_off_;  // per parameter: in wide_'s resident part (-1: a matrix)
+  int64_t wide_resident_ = 0;      // floats of the resident part
+  bool wide_fresh_ = false;
   std::vector<float*> bufs_;
   std::vector<int32_t*> ibufs_;
   uint8_t* mask_ = nullptr;

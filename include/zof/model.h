@@ -1,4 +1,4 @@
-// A Hugging Face causal LM held in fp32: its parameters, grouped into blocks (embedding,
+// A Hugging Face causal LM held in fp32 (or, for a bf16 master, in bf16: 2 bytes a parameter): its parameters, grouped into blocks (embedding,
 // transformer layers, head), which are the unit of loading, streaming and perturbation.
 #pragma once
 #include <array>
@@ -21,7 +21,8 @@ struct Param {
   // A matrix product's weight (every Linear, OPT's projections, an untied LM head; not the
   // token or position tables, norms or biases): what a bf16 walk reads in bf16.
   bool gemm = false;
-  float* data = nullptr;        // into Model's storage
+  float* data = nullptr;        // into Model's storage when it is fp32 (null when bf16)
+  int64_t offset = 0;           // elements from the start of Model's storage
   int64_t numel = 0;
 };
 
@@ -136,10 +137,12 @@ static_assert(sizeof(HeadWeights) == HeadWeights::slots().size() * sizeof(Weight
 class Model {
  public:
   // Loads DIR/config.json and DIR's safetensors; validates every tensor the architecture needs.
-  static Model load(const std::string& dir);
+  // storage: how the weights are held, F32, or BF16 (each tensor rounded to nearest even as it
+  // is read, never held whole in fp32: a bf16 master of a model twice the memory's size in fp32).
+  static Model load(const std::string& dir, DType storage = DType::F32);
   // A model of this config with random weights (normal, std 0.02; norms 1, biases 0): for
-  // benchmarks and tests.
-  static Model random(const ModelConfig& cfg, uint64_t seed);
+  // benchmarks and tests. In bf16 storage: the fp32 values rounded to nearest even.
+  static Model random(const ModelConfig& cfg, uint64_t seed, DType storage = DType::F32);
 
   Model() = default;
   Model(Model&&) noexcept = default;
@@ -151,8 +154,13 @@ class Model {
   // atomically, in Hugging Face layout (tied LM head omitted, GPT-2 Conv1D transposed back).
   void save(const std::string& out_dir, DType dtype) const;
   // Every weight rounded to dtype's nearest value (nearest even; F32 changes nothing), held in
-  // fp32 again: the weights save(dtype) writes, for evaluating what is saved.
+  // the storage's type again: the weights save(dtype) writes, for evaluating what is saved (bf16
+  // storage stays bf16: a bf16 value rounded to f16 is a bf16 value).
   void round_to(DType dtype);
+  // How the weights are held: F32, or BF16 (a bf16 master, --master bf16). Converting to BF16
+  // rounds to nearest even; to F32 is exact. Views and pointers taken before are invalid after.
+  DType storage_dtype() const { return storage_dtype_; }
+  void set_storage_dtype(DType t);
 
   const ModelConfig& config() const { return cfg_; }
   DType stored_dtype() const { return stored_dtype_; }
@@ -169,13 +177,24 @@ class Model {
     float value = 0;
   };
   NonFinite find_non_finite() const;
-  // A 64-bit hash of the weights as held (fp32 storage, layout included), computed in 1 MiB
-  // chunks in parallel and combined in order, so any thread count gives the same value; as
-  // hex, "storage-f32-mix64:<16 digits>". A run records its base model's in run.json.
+  // A 64-bit hash of the weights' values as fp32 (layout included), computed in 1 MiB chunks
+  // in parallel and combined in order, so any thread count gives the same value; as hex,
+  // "storage-f32-mix64:<16 digits>", or "storage-bf16-mix64:" when held in bf16 (the same hash
+  // of the rounded values: the label says the base was rounded). A run records its base
+  // model's in run.json.
   std::string fingerprint() const;
-  int64_t storage_size() const { return (int64_t)storage_.size(); }
-  float* storage() { return storage_.data(); }
-  const float* storage() const { return storage_.data(); }
+  // Elements of the storage (parameters and alignment padding), whatever its type.
+  int64_t storage_size() const { return storage_size_; }
+  // The fp32 storage (only when storage_dtype() is F32).
+  float* storage();
+  const float* storage() const;
+  // The bf16 storage (only when storage_dtype() is BF16).
+  uint16_t* storage_bf16();
+  const uint16_t* storage_bf16() const;
+  // Parameter pi where it is held, typed by storage_dtype(); the storage's start.
+  void* param_ptr(int pi) const;
+  Weight weight(int pi) const { return Weight(param_ptr(pi), storage_dtype_); }
+  void* storage_ptr() const;
 
   // Views into this model's weights.
   EmbedWeights embed() const;
@@ -198,7 +217,8 @@ class Model {
   int lm_head() const;
 
  private:
-  void build_layout();  // params_, blocks_ and storage_ from cfg_
+  void build_layout();  // params_, blocks_ and the storage (of storage_dtype_) from cfg_
+  void set_param_pointers();  // Param::data from the storage
   int index(const std::string& name) const;  // -1 when absent
   // at(index of the named parameter); null when the architecture has no such parameter.
   Weight ptr(const std::string& name, const ParamLocator& at) const;
@@ -207,6 +227,9 @@ class Model {
 
   ModelConfig cfg_;
   DType stored_dtype_ = DType::F32;
+  DType storage_dtype_ = DType::F32;
+  int64_t storage_size_ = 0;
+  std::vector<uint16_t> storage16_;  // the same, in bf16 (storage_dtype_ BF16; then storage_ empty)
   std::string source_;
   std::vector<Param> params_;
   std::vector<Block> blocks_;

@@ -61,6 +61,9 @@ struct TensorOut {
   DType dtype;  // stored dtype; data is converted from fp32 (round to nearest even)
   std::vector<int64_t> shape;
   const float* data;
+  // The data as bf16 instead (data null): written as is in bf16, widened for fp32, through
+  // fp32 for f16 (a bf16 master's weights, never widened whole in memory).
+  const uint16_t* bf16 = nullptr;
 };
 
 // Writes one safetensors file atomically: path.tmp.<pid>, fsync, rename, fsync of the directory.

@@ -106,7 +106,8 @@ struct ZOStepOptions {
   // stochastically with bits of (seed, step, tensor, element) (Backend::round_bf16_stochastic),
   // so resume, data parallel and replay stay exact and updates far below a bf16 ulp are kept on
   // average. The perturbed copies are built from that master, which they never change. The
-  // values are held in fp32 storage for now (4 bytes each; the bf16 grid is what is exact).
+  // model may hold them in bf16 (Model::storage_dtype, 2 bytes each: the walk reads and updates
+  // them so) or in fp32 storage (streaming; the same values and bits).
   DType master = DType::F32;
 };
 
@@ -259,7 +260,10 @@ class ZOEngine {
   ZKey masked(const ZKey& k, int pi) const;
   // Where the walk finds parameter pi's weights: the model's storage, or the device copy of its
   // block while streaming (the block must be acquired). acquire/release: no-ops unless streaming.
-  float* theta(int pi) const;
+  // In the storage's type: a bf16 master held in 2 bytes is read and updated as bf16.
+  Theta theta(int pi) const;
+  // n elements of a master as its copy of type ct (the one-sided walk's unperturbed stream).
+  void copy_theta(const Theta& th, void* dst, DType ct, int64_t n);
   // Parameter pi's optimizer state on the device, plane 1 (m) or 2 (v): the whole-model arrays
   // (allocated at first use), or its block's planes while streaming (the block must be acquired).
   float* state(int pi, int plane);
@@ -278,7 +282,7 @@ class ZOEngine {
   int first_block_ = 0, last_block_ = -1;  // the stage's blocks; -1: the last block
   StageIO io_;
   int tok_ = -1, lm_ = -1;           // parameter indices of the token table and LM head matrix
-  std::vector<int64_t> copy_off_;    // per parameter: offset in a block copy (-1: never copied)
+  std::vector<int64_t> copy_off_;    // per parameter: byte offset in a block copy (-1: never copied)
   // Buffers, allocated once: one perturbed pair of the current block's copied parameters, the
   // batch's rows of the token table, a vocabulary chunk of the LM head and its logits, the 2q
   // hidden-state streams, the head's input features and the online-softmax state.
@@ -289,6 +293,7 @@ class ZOEngine {
   float* h_sel_ = nullptr;       // the scored rows of a hidden state, gathered for the head
   int32_t* targets_ = nullptr;   // their targets, on the device
   int32_t* uniq_dev_ = nullptr;  // the batch's distinct token ids, on the device
+  std::vector<int32_t> uniq_host_;  // the same on the host
   std::vector<float*> h_plus_, h_minus_;
   int64_t vocab_chunk_ = 0;
   std::vector<float> mask_;            // per parameter (Sparse MeZO)

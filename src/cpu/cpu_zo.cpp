@@ -92,6 +92,13 @@ inline void round_bits64(const ZKey& round, uint32_t tensor, uint32_t g0, uint32
 }
 
 constexpr int64_t kChunk = 64;  // elements per z_groups16 call
+
+// A master's element as fp32, and back: fp32, or bf16 (uint16_t; what is stored back is a
+// stochastically rounded value, a bf16 value already, so the store is exact).
+inline float load(const float* p) { return *p; }
+inline float load(const uint16_t* p) { return bf16_to_f32(*p); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(uint16_t* p, float v) { *p = f32_to_bf16(v); }
 constexpr int64_t kStreamingStoreMin = int64_t(1) << 21;  // elements (8 MB per copy)
 
 // Elements [c * kChunk + l0, c * kChunk + l1) of the tensor (absolute indices), 0 <= l0 < l1 <=
@@ -100,8 +107,8 @@ constexpr int64_t kStreamingStoreMin = int64_t(1) << 21;  // elements (8 MB per 
 // over any sub-range gives the same bits as a pass over the whole tensor.
 // The copies are of type C: float, or uint16_t holding bf16 (the float value rounded to
 // nearest even).
-template <class C>
-inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
+template <class C, class T>
+inline void zo_chunk(T* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
                      uint32_t tensor, const ZOUpdateTerm* upd, int n_update, float lr_wd,
                      const ZKey* round, const ZKey* cur, float eps, C* plus, C* minus,
                      bool stream) {
@@ -114,7 +121,7 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
     if (key.mask < __builtin_inff())
       for (int64_t l = l0; l < l1; ++l) z[l] = std::fabs(th[l]) > key.mask ? 0.f : z[l];
   };
-  for (int64_t l = l0; l < l1; ++l) th[l] = theta[base + l];
+  for (int64_t l = l0; l < l1; ++l) th[l] = load(theta + base + l);
   if (n_update > 0) {
     alignas(64) float acc[kChunk];
     for (int64_t l = l0; l < l1; ++l) acc[l] = lr_wd * th[l];
@@ -126,10 +133,12 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
     if (round) {  // a bf16 master: the update rounded stochastically, as the copies see it
       alignas(64) uint32_t r[kChunk];
       round_bits64(*round, tensor, (uint32_t)(c * (kChunk / 4)), r);
-      for (int64_t l = l0; l < l1; ++l)
-        theta[base + l] = th[l] = bf16_round_stochastic(th[l] - acc[l], r[l]);
+      for (int64_t l = l0; l < l1; ++l) {
+        th[l] = bf16_round_stochastic(th[l] - acc[l], r[l]);
+        store(theta + base + l, th[l]);
+      }
     } else {
-      for (int64_t l = l0; l < l1; ++l) theta[base + l] = th[l] = th[l] - acc[l];
+      for (int64_t l = l0; l < l1; ++l) store(theta + base + l, th[l] = th[l] - acc[l]);
     }
   }
   if (cur) {
@@ -166,13 +175,14 @@ inline void zo_chunk(float* theta, int64_t first, int64_t c, int64_t l0, int64_t
 }
 
 // Elements [l0, l1) of chunk c through optimizer state (Backend::zo_update_state).
-inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int64_t c, int64_t l0,
+template <class T>
+inline void zo_state_chunk(T* theta, float* m, float* v, int64_t first, int64_t c, int64_t l0,
                            int64_t l1, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
                            const ZOOptimizer& o, const ZKey* round) {
   alignas(64) float th[kChunk], z[kChunk], gh[kChunk];
   const int64_t base = c * kChunk - first;
   for (int64_t l = l0; l < l1; ++l) {
-    th[l] = theta[base + l];
+    th[l] = load(theta + base + l);
     gh[l] = 0.f;
   }
   for (int j = 0; j < n_update; ++j) {
@@ -202,15 +212,16 @@ inline void zo_state_chunk(float* theta, float* m, float* v, int64_t first, int6
     round_bits64(*round, tensor, (uint32_t)(c * (kChunk / 4)), r);
     for (int64_t l = l0; l < l1; ++l) nt[l] = bf16_round_stochastic(nt[l], r[l]);
   }
-  for (int64_t l = l0; l < l1; ++l) theta[base + l] = nt[l];
+  for (int64_t l = l0; l < l1; ++l) store(theta + base + l, nt[l]);
 }
 
 }  // namespace
 
-void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
-                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
-                     const ZKey* round) {
-  if (n <= 0 || n_update <= 0) return;
+namespace {
+template <class T>
+void zo_update_state_typed(T* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                           int64_t first, const ZOUpdateTerm* upd, int n_update,
+                           const ZOOptimizer& o, const ZKey* round) {
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (c_hi - c_lo > 64)
@@ -221,9 +232,28 @@ void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tenso
   }
 }
 
+void check_theta(const Theta& theta, int n_update, const ZKey* round) {
+  ZOF_CHECK(theta.dtype == DType::F32 || theta.dtype == DType::BF16,
+            std::string("a master is held in fp32 or bf16, not ") + dtype_name(theta.dtype));
+  // A bf16 master's update is rounded stochastically: a value it can store exactly.
+  ZOF_ASSERT(theta.dtype == DType::F32 || n_update <= 0 || round);
+}
+}  // namespace
+
+void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
+                     const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
+                     const ZKey* round) {
+  if (n <= 0 || n_update <= 0) return;
+  check_theta(theta, n_update, round);
+  if (theta.dtype == DType::BF16)
+    zo_update_state_typed(theta.bf16(), m, v, n, tensor, first, upd, n_update, o, round);
+  else
+    zo_update_state_typed(theta.f32(), m, v, n, tensor, first, upd, n_update, o, round);
+}
+
 namespace {
-template <class C>
-void zo_pass_typed(float* theta, int64_t n, uint32_t tensor, int64_t first,
+template <class C, class T>
+void zo_pass_typed(T* theta, int64_t n, uint32_t tensor, int64_t first,
                    const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
                    const ZKey* cur, float eps, C* plus, C* minus) {
   const int64_t end = first + n;
@@ -247,12 +277,11 @@ void zo_pass_typed(float* theta, int64_t n, uint32_t tensor, int64_t first,
 }
 }  // namespace
 
-void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
-             int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
-             DType copy_t, const ZKey* round) {
-  if (n <= 0 || (n_update <= 0 && !cur)) return;
-  ZOF_CHECK(copy_t == DType::F32 || copy_t == DType::BF16,
-            std::string("the ZO pass writes fp32 or bf16 copies, not ") + dtype_name(copy_t));
+namespace {
+template <class T>
+void zo_pass_theta(T* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+                   int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+                   DType copy_t, const ZKey* round) {
   if (copy_t == DType::BF16)
     zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, round, cur, eps,
                   static_cast<uint16_t*>(plus), static_cast<uint16_t*>(minus));
@@ -260,14 +289,30 @@ void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUp
     zo_pass_typed(theta, n, tensor, first, upd, n_update, lr_wd, round, cur, eps,
                   static_cast<float*>(plus), static_cast<float*>(minus));
 }
+}  // namespace
 
-void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
-             uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus) {
+void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+             int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
+             DType copy_t, const ZKey* round) {
+  if (n <= 0 || (n_update <= 0 && !cur)) return;
+  ZOF_CHECK(copy_t == DType::F32 || copy_t == DType::BF16,
+            std::string("the ZO pass writes fp32 or bf16 copies, not ") + dtype_name(copy_t));
+  check_theta(theta, n_update, round);
+  if (theta.dtype == DType::BF16)
+    zo_pass_theta(theta.bf16(), n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus,
+                  copy_t, round);
+  else
+    zo_pass_theta(theta.f32(), n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus,
+                  copy_t, round);
+}
+
+void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows, uint32_t tensor,
+             const ZKey& cur, float eps, float* plus, float* minus) {
   for (int64_t k = 0; k < n_rows; ++k) {
     const int64_t first = int64_t(rows[k]) * width;
     // No update terms: theta is only read.
-    zo_pass(const_cast<float*>(theta) + first, width, tensor, first, nullptr, 0, 0.f, &cur, eps,
-            plus + k * width, minus ? minus + k * width : nullptr);
+    zo_pass(theta.at(first), width, tensor, first, nullptr, 0, 0.f, &cur, eps, plus + k * width,
+            minus ? minus + k * width : nullptr);
   }
 }
 

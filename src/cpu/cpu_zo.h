@@ -10,14 +10,14 @@ namespace zof::cpu {
 
 // Backend::zo_pass on host memory (OpenMP over chunks of 64 elements); copies of type copy_t.
 // round: a bf16 master's stochastic rounding of the update (null: none).
-void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
              int n_update, float lr_wd, const ZKey* cur, float eps, void* plus, void* minus,
              DType copy_t = DType::F32, const ZKey* round = nullptr);
 // Backend::zo_rows on host memory: zo_pass over each row.
-void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
              uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus);
 // Backend::zo_update_state on host memory.
-void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
+void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor, int64_t first,
                      const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
                      const ZKey* round = nullptr);
 

@@ -80,7 +80,7 @@ void HostBackend::record(Event*, Stream*) {}
 void HostBackend::wait(Stream*, Event*) {}
 void HostBackend::synchronize(Stream*) {}
 
-void HostBackend::zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first,
+void HostBackend::zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first,
                           const ZOUpdateTerm* upd, int n_update, float lr_wd,
                           const ZKey* round, const ZKey* cur, float eps, void* plus, void* minus,
                           DType copy_t, Stream*) {
@@ -97,12 +97,22 @@ void HostBackend::cast(const float* x, void* y, DType yt, int64_t n, Stream*) {
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
   for (int64_t i = 0; i < n; ++i) out[i] = bf ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
 }
-void HostBackend::zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+void HostBackend::widen(const void* x, DType xt, float* y, int64_t n, Stream*) {
+  if (xt == DType::F32) {
+    if (n > 0 && y != x) std::memcpy(y, x, size_t(n) * sizeof(float));
+    return;
+  }
+  ZOF_CHECK(xt == DType::BF16, std::string("widen reads fp32 or bf16, not ") + dtype_name(xt));
+  const uint16_t* in = static_cast<const uint16_t*>(x);
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(in[i]);
+}
+void HostBackend::zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
                           uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                           Stream*) {
   cpu::zo_rows(theta, width, rows, n_rows, tensor, cur, eps, plus, minus);
 }
-void HostBackend::zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+void HostBackend::zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor,
                                   int64_t first, const ZOUpdateTerm* upd, int n_update,
                                   const ZOOptimizer& o, const ZKey* round, Stream*) {
   cpu::zo_update_state(theta, m, v, n, tensor, first, upd, n_update, o, round);

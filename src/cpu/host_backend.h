@@ -44,14 +44,15 @@ class HostBackend : public Backend {
   using Backend::rms_norm;
   using Backend::rms_norm_jvp;
   using Backend::zo_pass;
-  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+  void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps,
                void* plus, void* minus, DType copy_t, Stream* s) override;
   void cast(const float* x, void* y, DType yt, int64_t n, Stream* s) override;
-  void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+  void widen(const void* x, DType xt, float* y, int64_t n, Stream* s) override;
+  void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                Stream* s) override;
-  void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+  void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
                        const ZKey* round, Stream* s) override;
   void cross_entropy_chunk(const float* logits, const int32_t* targets, int64_t rows, int64_t n,

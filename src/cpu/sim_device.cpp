@@ -250,6 +250,10 @@ class SimDeviceImpl final : public SimDevice {
     submit(s, {R(x, n * F), W(y, n * (int64_t)dtype_size(yt))},
            [=, h = host_.get()] { h->cast(x, y, yt, n, nullptr); });
   }
+  void widen(const void* x, DType xt, float* y, int64_t n, Stream* s) override {
+    submit(s, {R(x, n * (int64_t)dtype_size(xt)), W(y, n * F)},
+           [=, h = host_.get()] { h->widen(x, xt, y, n, nullptr); });
+  }
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
                 float w_offset, Stream* s) override {
     submit(s, {R(x, rows * dim * F), R(w, dim * F), W(y, rows * dim * F)},
@@ -321,7 +325,7 @@ class SimDeviceImpl final : public SimDevice {
     submit(s, {R(logits, rows * vocab * F), R(targets, rows * 4), W(nll, rows * F)},
            [=, h = host_.get()] { h->cross_entropy(logits, targets, nll, rows, vocab, nullptr); });
   }
-  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+  void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps,
                void* plus, void* minus, DType copy_t, Stream* s) override {
     // The terms and keys are host values the caller may reuse: copied into the task.
@@ -329,30 +333,31 @@ class SimDeviceImpl final : public SimDevice {
     const bool has_cur = cur != nullptr, has_round = round != nullptr;
     const ZKey key = has_cur ? *cur : ZKey{}, rkey = has_round ? *round : ZKey{};
     const int64_t cb = n * (int64_t)dtype_size(copy_t);
-    submit(s, {n_update > 0 ? W(theta, n * F) : R(theta, n * F), W(plus, cb), W(minus, cb)},
+    const int64_t tb = n * (int64_t)dtype_size(theta.dtype);
+    submit(s, {n_update > 0 ? W(theta.p, tb) : R(theta.p, tb), W(plus, cb), W(minus, cb)},
            [=, h = host_.get(), terms = std::move(terms)] {
              h->zo_pass(theta, n, tensor, first, terms.data(), (int)terms.size(), lr_wd,
                         has_round ? &rkey : nullptr, has_cur ? &key : nullptr, eps, plus, minus,
                         copy_t, nullptr);
            });
   }
-  void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+  void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                Stream* s) override {
     // The rows read are data-dependent: theta's first row is checked for being device memory.
-    on_device("zo_rows (theta)", {R(theta, width * F)});
+    on_device("zo_rows (theta)", {R(theta.p, width * (int64_t)dtype_size(theta.dtype))});
     submit(s, {R(rows, n_rows * 4), W(plus, n_rows * width * F), W(minus, n_rows * width * F)},
            [=, h = host_.get(), key = cur] {
              h->zo_rows(theta, width, rows, n_rows, tensor, key, eps, plus, minus, nullptr);
            });
   }
-  void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+  void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
                        const ZKey* round, Stream* s) override {
     std::vector<ZOUpdateTerm> terms(upd, upd + std::max(n_update, 0));
     const bool has_round = round != nullptr;
     const ZKey rkey = has_round ? *round : ZKey{};
-    submit(s, {W(theta, n * F), W(m, n * F), W(v, n * F)},
+    submit(s, {W(theta.p, n * (int64_t)dtype_size(theta.dtype)), W(m, n * F), W(v, n * F)},
            [=, h = host_.get(), terms = std::move(terms)] {
              h->zo_update_state(theta, m, v, n, tensor, first, terms.data(), (int)terms.size(), o,
                                 has_round ? &rkey : nullptr, nullptr);

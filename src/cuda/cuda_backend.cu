@@ -307,6 +307,18 @@ class CudaBackendImpl final : public CudaBackend {
     }
     matmul_->run(GemmType::BF16_F32OUT, xb, w, bias, y, M, N, K, h->workspace, h->stream);
   }
+  void widen(const void* x, DType xt, float* y, int64_t n, Stream* s) override {
+    ZOF_ASSERT(n >= 0);
+    use();
+    if (xt == DType::F32) {
+      if (n > 0 && x != y)
+        CUDA_CHECK(cudaMemcpyAsync(y, x, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   st(s)));
+      return;
+    }
+    ZOF_CHECK(xt == DType::BF16, std::string("widen reads fp32 or bf16, not ") + dtype_name(xt));
+    if (n > 0) cuda::to_f32(static_cast<const bf16*>(x), y, n, st(s));
+  }
   void cast(const float* x, void* y, DType yt, int64_t n, Stream* s) override {
     ZOF_ASSERT(n >= 0);
     use();
@@ -399,9 +411,12 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     cuda::cross_entropy(logits, targets, nll, rows, vocab, st(s));
   }
-  void zo_pass(float* theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
+  void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps,
                void* plus, void* minus, DType copy_t, Stream* s) override {
+    ZOF_CHECK(theta.dtype == DType::F32,
+              "the CUDA backend holds the weights it updates in fp32 (a bf16 master's 2-byte "
+              "storage is host memory)");
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     // the Philox counter holds the group index in 32 bits
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
@@ -413,7 +428,7 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     CudaStream* h = handle(s);
     TermSlot* slot = n_update > 0 ? &stage_terms(*h, upd, n_update) : nullptr;
-    cuda::zo_pass(theta, n, tensor, first, slot ? slot->dev : nullptr, n_update, lr_wd, round,
+    cuda::zo_pass(theta.f32(), n, tensor, first, slot ? slot->dev : nullptr, n_update, lr_wd, round,
                   cur, eps, plus, minus, copy_t, h->stream);
     if (slot) CUDA_CHECK(cudaEventRecord(slot->done, h->stream));
   }
@@ -423,16 +438,22 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     cuda::round_bf16_stochastic(x, n, tensor, first, key, st(s));
   }
-  void zo_rows(const float* theta, int64_t width, const int32_t* rows, int64_t n_rows,
+  void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                Stream* s) override {
+    ZOF_CHECK(theta.dtype == DType::F32,
+              "the CUDA backend holds the weights it updates in fp32 (a bf16 master's 2-byte "
+              "storage is host memory)");
     ZOF_ASSERT(width >= 0 && n_rows >= 0);
     use();
-    cuda::zo_rows(theta, width, rows, n_rows, tensor, cur, eps, plus, minus, st(s));
+    cuda::zo_rows(theta.f32(), width, rows, n_rows, tensor, cur, eps, plus, minus, st(s));
   }
-  void zo_update_state(float* theta, float* m, float* v, int64_t n, uint32_t tensor,
+  void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update,
                        const ZOOptimizer& o, const ZKey* round, Stream* s) override {
+    ZOF_CHECK(theta.dtype == DType::F32,
+              "the CUDA backend holds the weights it updates in fp32 (a bf16 master's 2-byte "
+              "storage is host memory)");
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
     cuda::check_zo_terms(n_update);
@@ -440,7 +461,7 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     CudaStream* h = handle(s);
     TermSlot& slot = stage_terms(*h, upd, n_update);
-    cuda::zo_update_state(theta, m, v, n, tensor, first, slot.dev, n_update, o, round,
+    cuda::zo_update_state(theta.f32(), m, v, n, tensor, first, slot.dev, n_update, o, round,
                           h->stream);
     CUDA_CHECK(cudaEventRecord(slot.done, h->stream));
   }

@@ -521,7 +521,7 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
         throw Error("cannot write " + path + ": tensor " + t.name + " shape " + shape_str(t.shape) + " is too large");
       numel *= uint64_t(d);
     }
-    if (numel > 0 && !t.data) throw Error("cannot write " + path + ": tensor " + t.name + " has no data");
+    if (numel > 0 && !t.data && !t.bf16) throw Error("cannot write " + path + ": tensor " + t.name + " has no data");
     const uint64_t bytes = numel * dtype_size(t.dtype);
     header[t.name] = {{"dtype", dtype_name(t.dtype)},
                       {"shape", t.shape},
@@ -548,6 +548,25 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
   for (const auto& t : tensors) {
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= size_t(d);
+    if (t.bf16) {
+      if (t.dtype == DType::BF16) {
+        write_all(tmp.fd, t.bf16, numel * 2, tmp.path);
+        continue;
+      }
+      std::vector<float> wide(std::min(numel, kChunk));
+      buf.resize(std::min(numel, kChunk));
+      for (size_t at = 0; at < numel; at += kChunk) {
+        const size_t m = std::min(kChunk, numel - at);
+        for (size_t i = 0; i < m; ++i) wide[i] = bf16_to_f32(t.bf16[at + i]);
+        if (t.dtype == DType::F32) {
+          write_all(tmp.fd, wide.data(), m * 4, tmp.path);
+          continue;
+        }
+        for (size_t i = 0; i < m; ++i) buf[i] = f32_to_f16(wide[i]);
+        write_all(tmp.fd, buf.data(), m * 2, tmp.path);
+      }
+      continue;
+    }
     if (t.dtype == DType::F32) {
       write_all(tmp.fd, t.data, numel * 4, tmp.path);
       continue;

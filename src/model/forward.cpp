@@ -72,6 +72,7 @@ Forward::~Forward() {
   for (int32_t* p : ibufs_) be_.free(p);
   be_.free(mask_);
   be_.free(copies_);
+  be_.free(wide_);
 }
 
 void Forward::set_weights(BlockStreamer* s) {
@@ -86,11 +87,18 @@ void Forward::set_weights(BlockStreamer* s) {
 void Forward::set_compute(DType t) {
   ZOF_CHECK(t == DType::F32 || t == DType::BF16,
             std::string("the forward computes in fp32 or bf16, not ") + dtype_name(t));
+  if (t != compute_) {  // a bf16 master's fp32 scratch holds a block's matrices in fp32 walks
+    be_.free(wide_);
+    wide_ = nullptr;
+  }
   compute_ = t;
   weights_changed();
 }
 
-void Forward::weights_changed() { fresh_.assign(model_.blocks().size() + 1, false); }
+void Forward::weights_changed() {
+  fresh_.assign(model_.blocks().size() + 1, false);
+  wide_fresh_ = false;
+}
 
 namespace {
 int64_t max_block_span(const Model& m) {
@@ -121,6 +129,40 @@ uint16_t* Forward::copy_of(int pi, int block) {
   if (!weights_) return copies_ + off;                      // resident: at its storage offset
   if (!p.gemm) return copies_ + max_block_span(model_);     // the tied head, after the block
   return copies_ + (off - model_.blocks()[block].offset);  // streamed: one block at a time
+}
+
+float* Forward::wide_of(int pi, int block) {
+  if (!wide_) {
+    const auto& params = model_.params();
+    wide_off_.assign(params.size(), -1);
+    wide_resident_ = 0;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!params[i].gemm) {
+        wide_off_[i] = wide_resident_;
+        wide_resident_ += (params[i].numel + 15) / 16 * 16;
+      }
+    const int64_t n = wide_resident_ + (compute_ == DType::F32 ? max_block_span(model_) : 0);
+    wide_ = (float*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(float));
+  }
+  const Param& p = model_.params()[pi];
+  if (wide_off_[pi] >= 0) return wide_ + wide_off_[pi];
+  ZOF_ASSERT(compute_ == DType::F32);
+  return wide_ + wide_resident_ + (p.offset - model_.blocks()[block].offset);
+}
+
+void Forward::widen(int block) {
+  const auto& params = model_.params();
+  auto widen_param = [&](int pi) {
+    be_.widen(model_.param_ptr(pi), DType::BF16, wide_of(pi, block), params[pi].numel);
+  };
+  if (!wide_fresh_) {
+    for (int pi = 0; pi < (int)params.size(); ++pi)
+      if (!params[pi].gemm) widen_param(pi);
+    wide_fresh_ = true;
+  }
+  if (compute_ == DType::F32)
+    for (int pi : model_.blocks()[block].params)
+      if (params[pi].gemm) widen_param(pi);
 }
 
 void Forward::convert(int block, bool tied_head) {
@@ -325,6 +367,14 @@ Model::ParamLocator Forward::locator(int block) {
   const bool head = block == (int)model_.blocks().size() - 1;
   const int lm = model_.lm_head();
   const bool tied = !model_.params()[lm].gemm;
+  if (model_.storage_dtype() == DType::BF16) {  // a bf16 master (never streamed)
+    ZOF_ASSERT(!weights_);
+    widen(block);
+    return [this, block, bf16, head, lm](int pi) -> Weight {
+      if (bf16 && (model_.params()[pi].gemm || (head && pi == lm))) return model_.weight(pi);
+      return wide_of(pi, block);
+    };
+  }
   if (bf16) {
     convert(block, false);
     if (head && tied) convert(block, true);

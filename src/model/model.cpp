@@ -332,6 +332,18 @@ uint64_t hash_chunk(const float* x, int64_t n, uint64_t seed) {
 
 void Model::round_to(DType dtype) {
   if (dtype == DType::F32) return;
+  if (storage_dtype_ == DType::BF16) {
+    if (dtype == DType::BF16) return;  // every value is one already
+    // A bf16 value rounded to f16 is a bf16 value again: 8 significant bits fit f16's 11;
+    // below f16's normal range the result is k 2^-24 with k <= 128, or the value unchanged
+    // (a bf16 value of 2^-17 or more is a multiple of 2^-24 already); overflow is inf. In place.
+    const int64_t n = storage_size_;
+    uint16_t* h = storage16_.data();
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+    for (int64_t i = 0; i < n; ++i)
+      h[i] = f32_to_bf16(f16_to_f32(f32_to_f16(bf16_to_f32(h[i]))));
+    return;
+  }
   const int64_t n = (int64_t)storage_.size();
   float* w = storage_.data();
   const bool bf = dtype == DType::BF16;
@@ -340,18 +352,91 @@ void Model::round_to(DType dtype) {
     w[i] = bf ? bf16_to_f32(f32_to_bf16(w[i])) : f16_to_f32(f32_to_f16(w[i]));
 }
 
+void Model::set_storage_dtype(DType t) {
+  ZOF_CHECK(t == DType::F32 || t == DType::BF16,
+            std::string("a model is held in fp32 or bf16, not ") + dtype_name(t));
+  if (t == storage_dtype_) return;
+  const int64_t n = storage_size_;
+  if (t == DType::BF16) {
+    storage16_.assign(n, 0);
+    const float* w = storage_.data();
+    uint16_t* h = storage16_.data();
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+    for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(w[i]);
+    std::vector<float>().swap(storage_);
+  } else {
+    storage_.assign(n, 0.f);
+    const uint16_t* h = storage16_.data();
+    float* w = storage_.data();
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+    for (int64_t i = 0; i < n; ++i) w[i] = bf16_to_f32(h[i]);
+    std::vector<uint16_t>().swap(storage16_);
+  }
+  storage_dtype_ = t;
+  set_param_pointers();
+}
+
+void Model::set_param_pointers() {
+  for (Param& p : params_)
+    p.data = storage_dtype_ == DType::F32 ? storage_.data() + p.offset : nullptr;
+}
+
+float* Model::storage() {
+  ZOF_ASSERT(storage_dtype_ == DType::F32);
+  return storage_.data();
+}
+const float* Model::storage() const {
+  ZOF_ASSERT(storage_dtype_ == DType::F32);
+  return storage_.data();
+}
+uint16_t* Model::storage_bf16() {
+  ZOF_ASSERT(storage_dtype_ == DType::BF16);
+  return storage16_.data();
+}
+const uint16_t* Model::storage_bf16() const {
+  ZOF_ASSERT(storage_dtype_ == DType::BF16);
+  return storage16_.data();
+}
+void* Model::storage_ptr() const {
+  return storage_dtype_ == DType::BF16 ? (void*)storage16_.data() : (void*)storage_.data();
+}
+void* Model::param_ptr(int pi) const {
+  return static_cast<char*>(storage_ptr()) + params_[pi].offset * (int64_t)dtype_size(storage_dtype_);
+}
+
+namespace {
+bool bf16_non_finite(uint16_t h) { return (h & 0x7F80u) == 0x7F80u; }
+bool any_non_finite_bf16(const uint16_t* x, int64_t n) {
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= bf16_non_finite(x[i]);
+  return any;
+}
+}  // namespace
+
 Model::NonFinite Model::find_non_finite() const {
   NonFinite r;
-  const int64_t n = (int64_t)storage_.size();
+  const int64_t n = storage_size_;
   constexpr int64_t kChunk = int64_t(1) << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const bool half = storage_dtype_ == DType::BF16;
   int any = 0;
 #pragma omp parallel for schedule(static) reduction(| : any) if (chunks > 8)
-  for (int64_t c = 0; c < chunks; ++c)
-    any |= any_non_finite(storage_.data() + c * kChunk, std::min(kChunk, n - c * kChunk)) ? 1 : 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t m = std::min(kChunk, n - c * kChunk);
+    any |= (half ? any_non_finite_bf16(storage16_.data() + c * kChunk, m)
+                 : any_non_finite(storage_.data() + c * kChunk, m))
+               ? 1
+               : 0;
+  }
   if (!any) return r;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
+    if (half) {
+      const uint16_t* h = storage16_.data() + p.offset;
+      for (int64_t j = 0; j < p.numel; ++j)
+        if (bf16_non_finite(h[j])) return NonFinite{(int)i, j, bf16_to_f32(h[j])};
+      continue;
+    }
     if (!any_non_finite(p.data, p.numel)) continue;
     for (int64_t j = 0; j < p.numel; ++j)
       if (any_non_finite(p.data + j, 1)) return NonFinite{(int)i, j, p.data[j]};
@@ -360,19 +445,28 @@ Model::NonFinite Model::find_non_finite() const {
 }
 
 std::string Model::fingerprint() const {
-  const int64_t n = (int64_t)storage_.size();
+  const int64_t n = storage_size_;
   constexpr int64_t kChunk = int64_t(1) << 18;  // floats: 1 MiB
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<uint64_t> part(chunks);
+  const bool half = storage_dtype_ == DType::BF16;
 #pragma omp parallel for schedule(static) if (chunks > 4)
-  for (int64_t c = 0; c < chunks; ++c)
-    part[c] = hash_chunk(storage_.data() + c * kChunk, std::min(kChunk, n - c * kChunk),
-                         (uint64_t)c);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t m = std::min(kChunk, n - c * kChunk);
+    if (!half) {
+      part[c] = hash_chunk(storage_.data() + c * kChunk, m, (uint64_t)c);
+      continue;
+    }
+    std::vector<float> wide(m);  // the values as fp32: the hash of fp32 storage holding them
+    for (int64_t i = 0; i < m; ++i) wide[i] = bf16_to_f32(storage16_[c * kChunk + i]);
+    part[c] = hash_chunk(wide.data(), m, (uint64_t)c);
+  }
   uint64_t h = kP3 ^ (uint64_t)n;
   for (uint64_t p : part) h = round64(h, p);
   h = avalanche(h);
   char buf[40];
-  std::snprintf(buf, sizeof buf, "storage-f32-mix64:%016llx", (unsigned long long)h);
+  std::snprintf(buf, sizeof buf, "storage-%s-mix64:%016llx", half ? "bf16" : "f32",
+                (unsigned long long)h);
   return buf;
 }
 
@@ -400,12 +494,20 @@ void Model::build_layout() {
     }
     blocks_.push_back(std::move(blk));
   }
-  storage_.assign(offset, 0.f);
+  storage_size_ = offset;
+  if (storage_dtype_ == DType::BF16) {
+    storage_.clear();
+    storage16_.assign(offset, 0);
+  } else {
+    storage16_.clear();
+    storage_.assign(offset, 0.f);
+  }
   by_name_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].data = storage_.data() + offsets[i];
+    params_[i].offset = offsets[i];
     by_name_[params_[i].name] = (int)i;
   }
+  set_param_pointers();
   // Matrix-product weights: every matrix but the token table (gathered; a tied LM head is read
   // through lm_head()) and a learned position table (gathered).
   for (Param& p : params_)
@@ -449,7 +551,7 @@ Weight Model::ptr(const std::string& name, const ParamLocator& at) const {
 
 Model::ParamLocator Model::in_copy(const float* base, int block) const {
   return [this, base, block](int i) -> Weight {
-    return base + (params_[i].data - storage_.data()) - blocks_[block].offset;
+    return base + params_[i].offset - blocks_[block].offset;
   };
 }
 
@@ -464,9 +566,12 @@ int Model::token_table() const {
 
 int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index("lm_head.weight"); }
 
-Model Model::load(const std::string& dir) {
+Model Model::load(const std::string& dir, DType storage) {
   check_model_dir("", dir);
+  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
+            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
   Model m;
+  m.storage_dtype_ = storage;
   m.source_ = dir;
   m.cfg_ = ModelConfig::load((fs::path(dir) / "config.json").string());
   auto archive = safetensors::Archive::open_dir(dir);
@@ -484,7 +589,14 @@ Model Model::load(const std::string& dir) {
     const auto& t = archive.require(name, file_shape);
     any_bf16 |= t.dtype == DType::BF16;
     any_f16 |= t.dtype == DType::F16;
-    load_tensor(t, p, p.data);
+    if (storage == DType::F32) {
+      load_tensor(t, p, p.data);
+      continue;
+    }
+    std::vector<float> wide(p.numel);  // one tensor at a time
+    load_tensor(t, p, wide.data());
+    uint16_t* h = m.storage16_.data() + p.offset;
+    for (int64_t j = 0; j < p.numel; ++j) h[j] = f32_to_bf16(wide[j]);
   }
   m.stored_dtype_ = any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
   // A NaN or an infinity in the weights makes every loss NaN (or a perplexity that means
@@ -500,19 +612,31 @@ Model Model::load(const std::string& dir) {
   return m;
 }
 
-Model Model::random(const ModelConfig& cfg, uint64_t seed) {
+Model Model::random(const ModelConfig& cfg, uint64_t seed, DType storage) {
+  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
+            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
   Model m;
   m.cfg_ = cfg;
   m.source_ = "random";
+  m.storage_dtype_ = storage;
   m.build_layout();
-  for (size_t i = 0; i < m.params_.size(); ++i) {
+  // Each tensor from its own generator (seeded by its index): tensors in parallel, the same
+  // values at any thread count.
+  const int64_t np = (int64_t)m.params_.size();
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < np; ++i) {
     auto& p = m.params_[i];
-    std::mt19937_64 rng(seed * 1000003u + i);
+    std::mt19937_64 rng(seed * 1000003u + (uint64_t)i);
     std::normal_distribution<float> nd(0.f, 0.02f);
     const bool is_norm = !p.decay && p.shape.size() == 1 && p.name.find("bias") == std::string::npos;
     // A norm's scale is 1: w = 1, or w = 0 where the norm scales by (w + 1) (Gemma).
     const float one = 1.f - m.cfg_.norm_offset;
-    for (int64_t j = 0; j < p.numel; ++j) p.data[j] = p.decay ? nd(rng) : (is_norm ? one : 0.f);
+    if (storage == DType::F32) {
+      for (int64_t j = 0; j < p.numel; ++j) p.data[j] = p.decay ? nd(rng) : (is_norm ? one : 0.f);
+      continue;
+    }
+    uint16_t* h = m.storage16_.data() + p.offset;  // the same values, rounded, in 2 bytes
+    for (int64_t j = 0; j < p.numel; ++j) h[j] = f32_to_bf16(p.decay ? nd(rng) : (is_norm ? one : 0.f));
   }
   return m;
 }
@@ -521,18 +645,31 @@ void Model::save(const std::string& out_dir, DType dtype) const {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   ZOF_CHECK(!ec, "cannot create output directory " + out_dir + ": " + ec.message());
-  std::vector<std::vector<float>> transposed;  // keeps transposed copies alive until written
+  // Transposed copies, alive until written (fp32 storage; bf16 storage's in bf16).
+  std::vector<std::vector<float>> transposed;
+  std::vector<std::vector<uint16_t>> transposed16;
   std::vector<safetensors::TensorOut> out;
-  for (auto& p : params_) {
+  const bool half = storage_dtype_ == DType::BF16;
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    const Param& p = params_[pi];
     safetensors::TensorOut t{p.name, dtype, p.shape, p.data};
+    if (half) t.bf16 = storage16_.data() + p.offset;
     if (p.transposed) {
       const int64_t rows = p.shape[0], cols = p.shape[1];  // (out, in) -> file (in, out)
-      transposed.emplace_back(p.numel);
-      auto& buf = transposed.back();
-      for (int64_t i = 0; i < cols; ++i)
-        for (int64_t o = 0; o < rows; ++o) buf[i * rows + o] = p.data[o * cols + i];
       t.shape = {cols, rows};
-      t.data = buf.data();
+      if (half) {
+        transposed16.emplace_back(p.numel);
+        auto& buf = transposed16.back();
+        for (int64_t i = 0; i < cols; ++i)
+          for (int64_t o = 0; o < rows; ++o) buf[i * rows + o] = t.bf16[o * cols + i];
+        t.bf16 = buf.data();
+      } else {
+        transposed.emplace_back(p.numel);
+        auto& buf = transposed.back();
+        for (int64_t i = 0; i < cols; ++i)
+          for (int64_t o = 0; o < rows; ++o) buf[i * rows + o] = p.data[o * cols + i];
+        t.data = buf.data();
+      }
     }
     out.push_back(std::move(t));
   }
@@ -552,7 +689,9 @@ void Model::save(const std::string& out_dir, DType dtype) const {
   ZOF_CHECK(!ec, "cannot rename " + tmp + " to " + path.string() + ": " + ec.message());
 }
 
-EmbedWeights Model::embed() const { return embed(storage_.data() + blocks_.front().offset); }
+EmbedWeights Model::embed() const {
+  return embed([this](int i) { return weight(i); });
+}
 
 EmbedWeights Model::embed(const float* base) const { return embed(in_copy(base, 0)); }
 
@@ -574,7 +713,9 @@ EmbedWeights Model::embed(const ParamLocator& b) const {
   return w;
 }
 
-LayerWeights Model::layer(int i) const { return layer(i, storage_.data() + blocks_[i + 1].offset); }
+LayerWeights Model::layer(int i) const {
+  return layer(i, [this](int k) { return weight(k); });
+}
 
 LayerWeights Model::layer(int i, const float* base) const { return layer(i, in_copy(base, i + 1)); }
 
@@ -659,7 +800,7 @@ LayerWeights Model::layer(int i, const ParamLocator& b) const {
 }
 
 HeadWeights Model::head() const {
-  return head(storage_.data() + blocks_.back().offset, embed().tokens.f32());
+  return head([this](int i) { return weight(i); });
 }
 
 HeadWeights Model::head(const float* base, const float* tied_tokens) const {

@@ -227,6 +227,18 @@ DType save_dtype(const TrainOptions& o, const Model& model) {
   return DType::F32;
 }
 
+DType weight_storage(const TrainOptions& o) {
+  if (o.master != "bf16") return DType::F32;
+  const bool streams = o.sim_device || o.device == "cuda";
+  return !streams && o.estimator != "jvp" && o.pipeline_stages == 1 ? DType::BF16 : DType::F32;
+}
+
+DType fingerprint_storage(const std::string& recorded, DType otherwise) {
+  if (recorded.rfind("storage-bf16-", 0) == 0) return DType::BF16;
+  if (recorded.rfind("storage-f32-", 0) == 0) return DType::F32;
+  return otherwise;
+}
+
 ZOStepOptions zo_step_options(const TrainOptions& o) {
   ZOStepOptions zo;
   zo.eps = o.eps;

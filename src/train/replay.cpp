@@ -231,7 +231,14 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   BackendOptions b;
   b.threads = threads;
   auto backend = make_backend(b);
-  Model model = Model::load(base_model);
+  // Loaded as the run's fingerprint was taken; a bf16 master is then held in 2 bytes (replay
+  // applies the updates on the host, unstreamed).
+  const DType storage = o.master == "bf16" ? DType::BF16 : DType::F32;
+  Model model = Model::load(
+      base_model, fingerprint_storage(saved.contains("base_fingerprint")
+                                          ? saved["base_fingerprint"].get<std::string>()
+                                          : std::string(),
+                                      storage));
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
   ZOF_CHECK(saved.at("model_id") == model_id,
             "--model " + base_model + " is not the base model of the run in " + run_dir +
@@ -248,6 +255,7 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
                   " (run.json base_fingerprint); give the model the run started from (" +
                   o.model + ")");
   }
+  model.set_storage_dtype(storage);
   const ZOStepOptions zo = zo_step_options(o);
   // The engine holds what an update needs besides (step, g): Sparse MeZO's thresholds (from the
   // base weights, as in the run) and momentum/Adam state (rebuilt from zero, as in the run).

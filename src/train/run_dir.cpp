@@ -631,9 +631,16 @@ void RunDir::check_data(const std::string& fingerprint, const std::string& data)
                 data + " as it was, or start a new run on the new data");
 }
 
+std::string RunDir::saved_fingerprint() const {
+  if (!resuming_ || !saved_.contains("base_fingerprint") || !saved_["base_fingerprint"].is_string())
+    return "";
+  return saved_["base_fingerprint"].get<std::string>();
+}
+
 RunCounters RunDir::load_checkpoint(Model& model) const {
   if (ckpt_.empty()) return RunCounters{};
-  Model saved = Model::load(ckpt_.string());
+  // Held as the run holds its weights (a bf16 master's checkpoint is bf16: exact).
+  Model saved = Model::load(ckpt_.string(), model.storage_dtype());
   ZOF_CHECK(saved.storage_size() == model.storage_size() &&
                 saved.num_params() == model.num_params() &&
                 saved.params().size() == model.params().size(),
@@ -645,7 +652,11 @@ RunCounters RunDir::load_checkpoint(Model& model) const {
                   saved.params()[i].shape == model.params()[i].shape,
               "checkpoint " + ckpt_.string() + " holds tensor " + saved.params()[i].name +
                   " where the model has " + model.params()[i].name + "; " + kDamaged);
-  std::copy(saved.storage(), saved.storage() + saved.storage_size(), model.storage());
+  if (model.storage_dtype() == DType::BF16)
+    std::copy(saved.storage_bf16(), saved.storage_bf16() + saved.storage_size(),
+              model.storage_bf16());
+  else
+    std::copy(saved.storage(), saved.storage() + saved.storage_size(), model.storage());
   return state_;
 }
 
@@ -736,7 +747,7 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
     throw fs::filesystem_error("cannot create directories", tmp,
                                std::make_error_code(std::errc::permission_denied));
   fs::create_directories(tmp);
-  model.save(tmp.string(), DType::F32);  // fp32 master weights: exact resume
+  model.save(tmp.string(), model.storage_dtype());  // the master as held: exact resume
   // Momentum/Adam state beside the weights (storage layout), for an exact resume.
   if (engine.state_planes() > 0) {
     const int64_t n = model.storage_size();

@@ -151,6 +151,8 @@ class RunDir {
   // is left to do, and it is refused (after every other check) rather than rewritten.
   void check_unfinished() const;
   bool resuming() const { return resuming_; }
+  // run.json's base_fingerprint of a resumed run ("": a new run, or none recorded).
+  std::string saved_fingerprint() const;
   const fs::path& path() const { return run_; }
   // A resumed run: zof::Error unless model_id (config and size) and the base model's weights'
   // fingerprint are the run's. Returns a warning for a run recorded without a fingerprint.
@@ -175,7 +177,8 @@ class RunDir {
   JsonlLog& metrics() { return metrics_; }
   JsonlLog& zo_log() { return zlog_; }
 
-  // Rank 0: checkpoint-<c.step> (fp32 weights, optimizer state, counters), then `latest` names
+  // Rank 0: checkpoint-<c.step> (the weights as held, fp32 or a bf16 master's bf16: exact;
+  // optimizer state, counters), then `latest` names
   // it and the older checkpoints go. The weights must be current (flushed and gathered).
   // Weights that are not finite are never written: zof::Error saying after which step they
   // went so (the first step whose loss was not finite), the latest checkpoint (which is kept:

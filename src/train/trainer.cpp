@@ -120,7 +120,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
     throw Error("--save-dtype " + r.opt.save_dtype + ": weight " + std::to_string(bad.index) +
                 " of " + r.model.params()[bad.param].name + " is beyond " +
                 dtype_torch_name(saved) + "'s range: no model was written (the logs and the "
-                "fp32 checkpoint are in " + run + "); use --save-dtype bf16 or fp32 in a new run");
+                "checkpoint are in " + run + "); use --save-dtype bf16 or fp32 in a new run");
   // Weights that score a non-finite metric are no fine-tuned model (the checkpoint has them).
   ZOF_CHECK(std::isfinite(after["value"].get<double>()),
             "the model after step " + std::to_string(end.step) + " scores a non-finite " +
@@ -140,6 +140,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"compute", {{"dtype", r.opt.dtype}, {"unit", r.backend.compute_info().isa}}},
                {"save_dtype", saved == DType::F16 ? "f16" : compute_dtype_word(saved)},
                {"master", r.opt.master},
+               {"master_storage", compute_dtype_word(r.model.storage_dtype())},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
   return summary;
@@ -200,13 +201,17 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
     resolve_compute_dtype(opt.dtype, *backend);  // a backend without bf16 refuses here
   }
   const json compute{{"dtype", opt.dtype}, {"unit", unit.isa}};
-  Model model = Model::load(opt.model);
+  // A bf16 master in 2 bytes a parameter where the walk reads it so (weight_storage); a resumed
+  // run's base loaded as its fingerprint was taken, then held so.
+  const DType storage = weight_storage(opt);
+  Model model = Model::load(opt.model, fingerprint_storage(dir.saved_fingerprint(), storage));
   const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume
   Tokenizer tok = Tokenizer::load(opt.model);
   tok.check_ids_below(model.config().vocab_size);  // before --out: an id past the embeddings
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
   const std::string model_warning = dir.check_model(model_id, fingerprint, opt.model);
   dir.check_data(data_fingerprint(opt), opt.data);  // a resumed run's data are the run's
+  model.set_storage_dtype(storage);
   auto data = make_train_data(opt, tok, model.config().max_position);
   ZOEngine engine(model, *backend, data->max_rows(), zo_step_options(opt));
   auto estimator = make_estimator(opt, engine, model, *backend, data->max_rows());
@@ -238,6 +243,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   sink.message("zof finetune: " + std::to_string(model.num_params()) + " parameters, " +
                data->describe() + job.describe(opt.threads) + ", " + opt.dtype +
                " matrix products (" + unit.isa + ")" +
+               (model.storage_dtype() == DType::BF16 ? ", bf16 master (2 bytes a parameter)"
+                : opt.master == "bf16"                ? ", bf16 master (in fp32 storage)"
+                                                      : "") +
                (dir.resuming() ? ", resuming at step " + std::to_string(start) : ""));
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());

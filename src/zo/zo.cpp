@@ -70,24 +70,29 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     fwd_.set_compute(opt.compute);
     ZOF_CHECK(opt.master == DType::F32 || opt.master == DType::BF16,
               std::string("the master weights are fp32 or bf16, not ") + dtype_name(opt.master));
-    // A bf16 master starts as the model rounded to nearest (a bf16 checkpoint: unchanged).
+    // A bf16 master starts as the model rounded to nearest (a bf16 checkpoint: unchanged);
+    // held in bf16 storage it is that already. A model held in bf16 is a bf16 master: an fp32
+    // master's updates would be lost in it.
+    ZOF_CHECK(model_.storage_dtype() == DType::F32 || opt.master == DType::BF16,
+              "a model held in bf16 trains only as a bf16 master (--master bf16)");
     if (opt.master == DType::BF16) model_.round_to(DType::BF16);
     const auto& params = model_.params();
     const auto& cfg = model_.config();
     tok_ = model_.token_table();
     lm_ = model_.lm_head();
     ZOF_ASSERT(tok_ >= 0 && lm_ >= 0);
-    // Block copies hold every parameter but the two big tables, 16-float aligned.
+    // Block copies hold every parameter but the two big tables, each in its copy's type (a
+    // bf16 walk's matrices in 2 bytes), 64-byte aligned.
     copy_off_.assign(params.size(), -1);
-    int64_t copy_size = 1;
+    int64_t copy_bytes = 64;
     for (const Block& blk : model_.blocks()) {
       int64_t off = 0;
       for (int pi : blk.params) {
         if (pi == tok_ || pi == lm_) continue;
         copy_off_[pi] = off;
-        off += (params[pi].numel + 15) / 16 * 16;
+        off += (params[pi].numel * (int64_t)dtype_size(copy_dtype(pi)) + 63) / 64 * 64;
       }
-      copy_size = std::max(copy_size, off);
+      copy_bytes = std::max(copy_bytes, off);
     }
     const int64_t Et = params[tok_].shape[1], El = params[lm_].shape[1], V = cfg.vocab_size;
     // A chunk of about 4 MB of the LM head, a multiple of 64 rows (the GEMM's N).
@@ -95,8 +100,8 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
                    : std::min<int64_t>(V, std::max<int64_t>(64, ((1 << 20) / El) / 64 * 64));
     auto alloc = [&](int64_t n) { return (float*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(float)); };
     if (opt.perturb) {  // the perturbed walk's buffers
-      blk_plus_ = alloc(copy_size);
-      blk_minus_ = alloc(copy_size);
+      blk_plus_ = alloc(copy_bytes / (int64_t)sizeof(float));
+      blk_minus_ = alloc(copy_bytes / (int64_t)sizeof(float));
       tok_plus_ = alloc(max_rows * Et);
       tok_minus_ = alloc(max_rows * Et);
       w_plus_ = alloc(vocab_chunk_ * El);
@@ -122,8 +127,10 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
       for (size_t pi = 0; pi < params.size(); ++pi) {
         const Param& p = params[pi];
         if (p.shape.size() < 2) continue;
-        mag.resize(p.numel);
-        for (int64_t i = 0; i < p.numel; ++i) mag[i] = std::fabs(p.data[i]);
+        mag.resize(p.numel);  // the host's storage, read on the host
+        const uint16_t* h = p.data ? nullptr : model_.storage_bf16() + p.offset;
+        for (int64_t i = 0; i < p.numel; ++i)
+          mag[i] = std::fabs(h ? bf16_to_f32(h[i]) : p.data[i]);
         const int64_t k = std::min<int64_t>(p.numel - 1, (int64_t)((1.0 - opt.sparsity) * p.numel));
         std::nth_element(mag.begin(), mag.begin() + k, mag.end());
         mask_[pi] = mag[k];
@@ -205,7 +212,7 @@ float* ZOEngine::state(int pi, int plane) {
   ZOF_ASSERT(plane >= 1 && plane <= state_planes());
   if (stream_) return stream_->plane(pi, plane);
   if (!m_) alloc_device_state();
-  return (plane == 1 ? m_ : v_) + (model_.params()[pi].data - model_.storage());
+  return (plane == 1 ? m_ : v_) + model_.params()[pi].offset;
 }
 
 void ZOEngine::read_state(std::vector<float>& m, std::vector<float>& v) {
@@ -268,8 +275,19 @@ Model::ParamLocator ZOEngine::copy_locator(const float* base, const float* token
     if (pi == tok_) return tokens;
     if (pi == lm_) return Weight();  // untied LM head: read chunk by chunk in head_sums
     ZOF_ASSERT(copy_off_[pi] >= 0);
-    return Weight(base + copy_off_[pi], copy_dtype(pi));
+    return Weight(reinterpret_cast<const char*>(base) + copy_off_[pi], copy_dtype(pi));
   };
+}
+
+void ZOEngine::copy_theta(const Theta& th, void* dst, DType ct, int64_t n) {
+  if (th.dtype == DType::F32) {
+    be_.cast(th.f32(), dst, ct, n);
+  } else if (ct == th.dtype) {
+    if (n > 0) be_.copy_device(dst, th.p, size_t(n) * dtype_size(ct), nullptr);
+  } else {
+    ZOF_ASSERT(ct == DType::F32);
+    be_.widen(th.p, th.dtype, static_cast<float*>(dst), n);
+  }
 }
 
 void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* plus,
@@ -284,7 +302,7 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
     const int64_t off = copy_off_[pi];
     const bool copy = off >= 0 && cur;
     if (!copy && !upd) continue;
-    float* th = theta(pi);
+    const Theta th = theta(pi);
     if (upd) {
       terms = pending_.terms;
       for (auto& t : terms) t.key.mask = mask_[pi];
@@ -315,11 +333,13 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
     // One-sided: the second stream runs at theta itself. The copies of a bf16 walk's matrices
     // are bf16 (from the master, after this pass's update).
     const DType ct = copy_dtype(pi);
-    float* mo = copy && minus && !opt_.one_sided ? minus + off : nullptr;
+    char* const pc = reinterpret_cast<char*>(plus);
+    char* const mc = reinterpret_cast<char*>(minus);
+    char* mo = copy && minus && !opt_.one_sided ? mc + off : nullptr;
     be_.zo_pass(th, p.numel, (uint32_t)pi, 0, fused ? terms.data() : nullptr,
                 fused ? (int)terms.size() : 0, p.decay ? pending_.lr_wd : 0.f, round,
-                copy ? &ck : nullptr, opt_.eps, copy && plus ? plus + off : nullptr, mo, ct);
-    if (copy && minus && opt_.one_sided) be_.cast(th, minus + off, ct, p.numel);
+                copy ? &ck : nullptr, opt_.eps, copy && plus ? pc + off : nullptr, mo, ct);
+    if (copy && minus && opt_.one_sided) copy_theta(th, mc + off, ct, p.numel);
   }
 }
 
@@ -336,12 +356,19 @@ void ZOEngine::token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>
 void ZOEngine::perturb_rows(const ZKey& key, int64_t n_uniq) {
   const int64_t E = model_.params()[tok_].shape[1];
   const ZKey mk = masked(key, tok_);
-  const float* table = theta(tok_);
+  const Theta table = theta(tok_);
   // One launch for all rows (uniq_dev_ holds the batch's distinct ids); one-sided: the second
-  // stream reads theta itself, gathered.
+  // stream reads theta itself, gathered (a bf16 master's rows widened one by one: host memory).
   be_.zo_rows(table, E, uniq_dev_, n_uniq, (uint32_t)tok_, mk, opt_.eps, tok_plus_,
               opt_.one_sided ? nullptr : tok_minus_);
-  if (opt_.one_sided) be_.embedding(uniq_dev_, table, tok_minus_, n_uniq, E, false);
+  if (!opt_.one_sided) return;
+  if (table.dtype == DType::F32) {
+    be_.embedding(uniq_dev_, table.f32(), tok_minus_, n_uniq, E, false);
+    return;
+  }
+  ZOF_ASSERT((int64_t)uniq_host_.size() == n_uniq);
+  for (int64_t k = 0; k < n_uniq; ++k)
+    be_.widen(table.at(int64_t(uniq_host_[k]) * E).p, table.dtype, tok_minus_ + k * E, E);
 }
 
 void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, const LossBatch& lb,
@@ -379,26 +406,25 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, cons
   be_.copy_to_device(ce_state_, st.data(), 6 * n * sizeof(float), nullptr);
   float *mp = ce_state_, *sp = mp + n, *tp = sp + n, *mm = tp + n, *sm = mm + n, *tm = sm + n;
   const ZKey mk = masked(key, lm_);
-  float* head = theta(lm_);
+  const Theta head = theta(lm_);
   const float cap = model_.config().final_softcap;  // Gemma 2's final_logit_softcapping
   for (int64_t v0 = 0; v0 < V; v0 += vocab_chunk_) {
     const int64_t nv = std::min(vocab_chunk_, V - v0);
     // Two-point: both signs from one pass; one-sided: the second stream reads theta itself.
     const bool two_point = minus && !opt_.one_sided;
     const DType ct = opt_.compute;  // the LM head is a matrix product's weight
-    be_.zo_pass(head + v0 * E, nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk, opt_.eps,
+    be_.zo_pass(head.at(v0 * E), nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk, opt_.eps,
                 w_plus_, two_point ? w_minus_ : nullptr, ct);
     be_.matmul(x_plus_, w_plus_, ct, nullptr, logit_plus_, n, nv, E);
     if (cap != 0.f) be_.softcap(logit_plus_, logit_plus_, cap, n * nv);
     be_.cross_entropy_chunk(logit_plus_, targets_, n, nv, v0, mp, sp, tp);
     if (!minus) continue;
-    const void* wm = two_point ? (const void*)w_minus_ : head + v0 * E;
-    if (!two_point && ct != DType::F32) {  // one-sided: theta itself, in the walk's type
-      be_.cast(head + v0 * E, w_minus_, ct, nv * E);
+    const void* wm = two_point ? (const void*)w_minus_ : head.at(v0 * E).p;
+    if (!two_point && (ct != DType::F32 || head.dtype != DType::F32)) {
+      copy_theta(head.at(v0 * E), w_minus_, ct, nv * E);  // one-sided: theta in the walk's type
       wm = w_minus_;
     }
-    be_.matmul(x_minus_, wm, two_point || ct != DType::F32 ? ct : DType::F32, nullptr,
-               logit_minus_, n, nv, E);
+    be_.matmul(x_minus_, wm, ct, nullptr, logit_minus_, n, nv, E);
     if (cap != 0.f) be_.softcap(logit_minus_, logit_minus_, cap, n * nv);
     be_.cross_entropy_chunk(logit_minus_, targets_, n, nv, v0, mm, sm, tm);
   }
@@ -560,6 +586,7 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
     if (w.has_embed) {
       token_rows(b.ids.data(), b.B * b.T, uniq, local);
       be_.copy_to_device(uniq_dev_, uniq.data(), uniq.size() * sizeof(int32_t), nullptr);
+      uniq_host_ = uniq;
     }
     const DeviceInputs in = fwd_.upload(b, w.has_embed ? local.data() : nullptr);
     const bool first = mb == 0;
@@ -659,8 +686,9 @@ void ZOEngine::round_weights(DType dtype) {
   fwd_.weights_changed();
 }
 
-float* ZOEngine::theta(int pi) const {
-  return stream_ ? stream_->param(pi) : model_.params()[pi].data;
+Theta ZOEngine::theta(int pi) const {
+  if (stream_) return stream_->param(pi);
+  return Theta(model_.param_ptr(pi), model_.storage_dtype());
 }
 
 void ZOEngine::acquire(int block) {
@@ -698,6 +726,9 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
             "--pipeline-stages 1");
   // The state streams from the host from the start: none may be on the device yet.
   ZOF_ASSERT(!stream_ && !m_);
+  ZOF_CHECK(model_.storage_dtype() == DType::F32,
+            "parameter streaming moves fp32 blocks: a bf16 master streams from fp32 storage "
+            "(the trainer holds it so with --gpu-mem, --sim-device and --device cuda)");
   const int planes = 1 + state_planes();
   const size_t free_now = be_.free_memory();
   // No --gpu-mem: what the device has free, less a margin for what the plan cannot see (the

@@ -871,7 +871,7 @@ TEST(GpuZO, RowPassEqualsHost) {
     zof::ZKey key{5, 9, 1};
     key.mask = 0.15f;
     std::vector<float> hp(size_t(n * width)), hm(hp.size());
-    host->zo_rows(table.data(), width, rows.data(), n, 12, key, 1e-3f, hp.data(), hm.data());
+    host->zo_rows(zof::Theta(table.data()), width, rows.data(), n, 12, key, 1e-3f, hp.data(), hm.data());
     Device dev(*be);
     float *p = dev.output(hp.size()), *m = dev.output(hm.size());
     be->zo_rows(dev.put(table), width, dev.put(rows), n, 12, key, 1e-3f, p, m);

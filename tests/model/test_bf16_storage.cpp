@@ -1,0 +1,227 @@
+// A bf16 master held in 2 bytes a parameter (Model storage in bf16, --master bf16 on the host):
+// the model's own operations (random, load, save, fingerprint, non-finite search, conversion)
+// against the same model held in fp32 and rounded; and the ZO walk, its updates and the
+// evaluation's forward giving the same bits as a bf16 master held in fp32 storage (the
+// numerics of stops 21-22, themselves tested against plain references), on every golden
+// architecture, every optimizer, one- and two-sided, dense and sparse, fp32 and bf16 products.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "common.h"
+#include "golden_batch.h"
+#include "zof/backend.h"
+#include "zof/error.h"
+#include "zof/forward.h"
+#include "zof/model.h"
+#include "zof/safetensors.h"
+#include "zof/zo.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zof::DType;
+using zof::test::golden_batch;
+using zof::test::golden_dir;
+using zof::test::golden_model_dir;
+
+// Every element of a model's storage as fp32 (padding included).
+std::vector<float> values(const zof::Model& m) {
+  std::vector<float> v(m.storage_size());
+  if (m.storage_dtype() == DType::F32) {
+    std::memcpy(v.data(), m.storage(), v.size() * sizeof(float));
+  } else {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = zof::bf16_to_f32(m.storage_bf16()[i]);
+  }
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+zof::ModelConfig small_config(const std::string& golden) {
+  return zof::Model::load(golden_model_dir(golden)).config();
+}
+
+TEST(Bf16Storage, RandomLoadSaveAndFingerprintMatchTheRoundedFp32Model) {
+  ZOF_REQUIRE_PATH(golden_dir("gpt2") + "/model.safetensors");
+  for (const std::string name : {"gpt2", "llama_gqa", "opt"}) {
+    SCOPED_TRACE(name);
+    const zof::ModelConfig cfg = small_config(name);
+    zof::Model f = zof::Model::random(cfg, 7), h = zof::Model::random(cfg, 7, DType::BF16);
+    EXPECT_EQ(h.storage_dtype(), DType::BF16);
+    f.round_to(DType::BF16);
+    ASSERT_TRUE(same_bits(values(f), values(h)));
+    // The fingerprint is of the values; its label says how they were held.
+    const std::string ff = f.fingerprint(), fh = h.fingerprint();
+    EXPECT_EQ(ff.substr(0, 18), "storage-f32-mix64:");
+    EXPECT_EQ(fh.substr(0, 19), "storage-bf16-mix64:");
+    EXPECT_EQ(ff.substr(18), fh.substr(19));
+    for (const zof::Param& p : h.params()) EXPECT_EQ(p.data, nullptr) << p.name;
+
+    // A golden model loaded into bf16: each tensor rounded to nearest as it is read.
+    zof::Model lf = zof::Model::load(golden_model_dir(name)),
+               lh = zof::Model::load(golden_model_dir(name), DType::BF16);
+    lf.round_to(DType::BF16);
+    ASSERT_TRUE(same_bits(values(lf), values(lh)));
+
+    // Saved in bf16 (as is: GPT-2's Conv1D transposed back) and fp32 (widened), and read back:
+    // the same values; in f16, each value rounded to f16's nearest.
+    const fs::path dir = fs::temp_directory_path() / ("zof_bf16_storage_" + name);
+    for (DType t : {DType::BF16, DType::F32, DType::F16}) {
+      fs::remove_all(dir);
+      lh.save(dir.string(), t);
+      const std::string head =
+          zof::test::read_file((dir / "model.safetensors").string()).substr(0, 2048);
+      EXPECT_NE(head.find(std::string("\"") + zof::dtype_name(t) + "\""), std::string::npos);
+      zof::Model wide = zof::Model::load(dir.string());
+      if (t == DType::F16) {
+        std::vector<float> want = values(lh);
+        for (float& x : want) x = zof::f16_to_f32(zof::f32_to_f16(x));
+        for (const zof::Param& p : lh.params())  // padding is not saved
+          for (int64_t j = 0; j < p.numel; ++j)
+            ASSERT_EQ(wide.storage()[p.offset + j], want[p.offset + j]) << p.name << " " << j;
+        continue;
+      }
+      zof::Model back = zof::Model::load(dir.string(), DType::BF16);
+      EXPECT_TRUE(same_bits(values(back), values(lh))) << zof::dtype_name(t);
+      EXPECT_TRUE(same_bits(values(wide), values(lh))) << zof::dtype_name(t);
+    }
+    fs::remove_all(dir);
+
+    // Rounded to f16 (what --save-dtype f16 evaluates): in place, the values fp32 storage gets.
+    zof::Model r16 = zof::Model::load(golden_model_dir(name), DType::BF16);
+    r16.round_to(DType::F16);
+    EXPECT_EQ(r16.storage_dtype(), DType::BF16);
+    zof::Model f16 = zof::Model::load(golden_model_dir(name));
+    f16.round_to(DType::BF16);
+    f16.round_to(DType::F16);
+    EXPECT_TRUE(same_bits(values(r16), values(f16)));
+
+    // Conversion both ways: exact from bf16, nearest even to it.
+    zof::Model c = zof::Model::load(golden_model_dir(name), DType::BF16);
+    c.set_storage_dtype(DType::F32);
+    EXPECT_TRUE(same_bits(values(c), values(lh)));
+    EXPECT_NE(c.params()[0].data, nullptr);
+    c.set_storage_dtype(DType::BF16);
+    EXPECT_TRUE(same_bits(values(c), values(lh)));
+  }
+}
+
+TEST(Bf16Storage, NonFiniteSearchFindsTheElement) {
+  ZOF_REQUIRE_PATH(golden_dir("llama_gqa") + "/model.safetensors");
+  zof::Model m = zof::Model::load(golden_model_dir("llama_gqa"), DType::BF16);
+  EXPECT_EQ(m.find_non_finite().param, -1);
+  const int pi = (int)m.params().size() / 2;
+  const int64_t at = m.params()[pi].numel - 3;
+  uint16_t* w = m.storage_bf16() + m.params()[pi].offset;
+  w[at] = zof::f32_to_bf16(-std::numeric_limits<float>::infinity());
+  auto bad = m.find_non_finite();
+  EXPECT_EQ(bad.param, pi);
+  EXPECT_EQ(bad.index, at);
+  EXPECT_TRUE(std::isinf(bad.value) && bad.value < 0);
+  w[at] = zof::f32_to_bf16(std::nanf(""));
+  bad = m.find_non_finite();
+  EXPECT_EQ(bad.param, pi);
+  EXPECT_TRUE(std::isnan(bad.value));
+}
+
+// The engine on a model held in bf16 against the engine on the same values held in fp32 (a bf16
+// master rounded in fp32 storage): every step's losses and the weights after it, bit for bit.
+struct Variant {
+  const char* name;
+  zof::ZOStepOptions::Optimizer opt;
+  bool one_sided;
+  float sparsity;
+  DType compute;
+};
+
+TEST(Bf16Storage, EngineStepsEqualTheMasterHeldInFp32) {
+  using Opt = zof::ZOStepOptions::Optimizer;
+  const Variant variants[] = {{"sgd", Opt::SGD, false, 0.f, DType::F32},
+                              {"sgd bf16", Opt::SGD, false, 0.f, DType::BF16},
+                              {"momentum one-sided", Opt::Momentum, true, 0.f, DType::F32},
+                              {"adam sparse bf16", Opt::Adam, false, 0.5f, DType::BF16},
+                              {"sgd one-sided bf16", Opt::SGD, true, 0.f, DType::BF16}};
+  for (const std::string& name : zof::test::golden_models()) {
+    ZOF_REQUIRE_PATH(golden_model_dir(name) + "/model.safetensors");
+    const zof::LossBatch lb = golden_batch(name);
+    const int64_t rows = lb.batch.B * lb.batch.T;
+    for (const Variant& v : variants) {
+      SCOPED_TRACE(name + " " + v.name);
+      zof::ZOStepOptions o;
+      o.eps = 1e-2f, o.weight_decay = 0.05f, o.queries = 2, o.seed = 17;
+      o.optimizer = v.opt, o.one_sided = v.one_sided, o.sparsity = v.sparsity;
+      o.compute = v.compute, o.master = DType::BF16;
+      auto be = zof::test::cpu_backend(0);
+      zof::Model f = zof::Model::load(golden_model_dir(name));
+      zof::Model h = zof::Model::load(golden_model_dir(name), DType::BF16);
+      zof::ZOEngine ef(f, *be, rows, o), eh(h, *be, rows, o);
+      const float lr = v.opt == Opt::Adam ? 1e-3f : 1e-2f;
+      for (uint32_t step = 0; step < 3; ++step) {
+        const auto lf = ef.perturbed_losses(step, {lb});
+        const auto lh = eh.perturbed_losses(step, {lb});
+        ASSERT_EQ(lf.sum_plus, lh.sum_plus) << "step " << step;
+        ASSERT_EQ(lf.sum_minus, lh.sum_minus) << "step " << step;
+        ef.schedule_update(step, lr, ef.projected_gradients(lf));
+        eh.schedule_update(step, lr, eh.projected_gradients(lh));
+      }
+      ef.flush();
+      eh.flush();
+      const std::vector<float> wf = values(f), wh = values(h);
+      ASSERT_TRUE(same_bits(wf, wh));
+      zof::Model base = zof::Model::load(golden_model_dir(name), DType::BF16);
+      EXPECT_FALSE(same_bits(values(base), wh)) << "the updates moved nothing";
+      // The evaluation's forward reads the bf16 storage as the fp32 one.
+      EXPECT_EQ(ef.loss({lb}), eh.loss({lb}));
+      std::vector<float> mf, vf, mh, vh;
+      ef.read_state(mf, vf);
+      eh.read_state(mh, vh);
+      EXPECT_TRUE(mf == mh && vf == vh) << "optimizer state differs";
+    }
+  }
+}
+
+// Whole-model forwards (logits, every position) on the bf16-held model against the fp32-held
+// rounded one, in fp32 and bf16 products: the same bits.
+TEST(Bf16Storage, ForwardEqualsTheRoundedFp32Model) {
+  for (const std::string& name : zof::test::golden_models()) {
+    ZOF_REQUIRE_PATH(golden_model_dir(name) + "/model.safetensors");
+    SCOPED_TRACE(name);
+    const zof::LossBatch lb = golden_batch(name);
+    zof::Model f = zof::Model::load(golden_model_dir(name));
+    f.round_to(DType::BF16);
+    const zof::Model h = zof::Model::load(golden_model_dir(name), DType::BF16);
+    for (DType t : {DType::F32, DType::BF16}) {
+      auto be = zof::test::cpu_backend(0);
+      std::vector<float> of, oh;
+      zof::Forward ff(f, *be, lb.batch.B * lb.batch.T), fh(h, *be, lb.batch.B * lb.batch.T);
+      ff.set_compute(t);
+      fh.set_compute(t);
+      ff.logits(lb.batch, of);
+      fh.logits(lb.batch, oh);
+      ASSERT_TRUE(same_bits(of, oh)) << zof::dtype_name(t);
+      fh.logits(lb.batch, oh);  // again: the widened weights kept or made again, the same
+      ASSERT_TRUE(same_bits(of, oh)) << zof::dtype_name(t);
+    }
+  }
+}
+
+// A model held in bf16 is a bf16 master: an fp32 master's updates would be lost in it.
+TEST(Bf16Storage, EngineRefusesAnFp32MasterOnBf16Storage) {
+  ZOF_REQUIRE_PATH(golden_dir("gpt2") + "/model.safetensors");
+  zof::Model h = zof::Model::load(golden_model_dir("gpt2"), DType::BF16);
+  auto be = zof::test::cpu_backend(0);
+  zof::ZOStepOptions o;
+  try {
+    zof::ZOEngine e(h, *be, 8, o);
+    FAIL() << "accepted";
+  } catch (const zof::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--master bf16"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
