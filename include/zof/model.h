@@ -140,6 +140,14 @@ class Model {
   // storage: how the weights are held, F32, or BF16 (each tensor rounded to nearest even as it
   // is read, never held whole in fp32: a bf16 master of a model twice the memory's size in fp32).
   static Model load(const std::string& dir, DType storage = DType::F32);
+  // DIR's config and weights checked as load() checks them, nothing read or allocated: a model
+  // with its layout only (no storage), to compare a checkpoint with the model it goes into.
+  static Model load_layout(const std::string& dir);
+  // DIR's tensors read into this model's storage, in its type (as load(dir, storage_dtype())
+  // holds them), one tensor at a time, each found by name and shape as load() finds it; a NaN
+  // or infinity refused as load() refuses it. Returns the file's dtype (what stored_dtype()
+  // reports after load(); this model's is left as it was).
+  DType read_weights(const std::string& dir);
   // A model of this config with random weights (normal, std 0.02; norms 1, biases 0): for
   // benchmarks and tests. In bf16 storage: the fp32 values rounded to nearest even.
   static Model random(const ModelConfig& cfg, uint64_t seed, DType storage = DType::F32);
@@ -217,8 +225,10 @@ class Model {
   int lm_head() const;
 
  private:
-  void build_layout();  // params_, blocks_ and the storage (of storage_dtype_) from cfg_
-  void set_param_pointers();  // Param::data from the storage
+  // params_ and blocks_ from cfg_, and (allocate) the storage of storage_dtype_, zeroed.
+  void build_layout(bool allocate = true);
+  void allocate_storage();
+  void set_param_pointers();  // Param::data from the storage (null without fp32 storage)
   int index(const std::string& name) const;  // -1 when absent
   // at(index of the named parameter); null when the architecture has no such parameter.
   Weight ptr(const std::string& name, const ParamLocator& at) const;

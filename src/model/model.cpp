@@ -378,7 +378,19 @@ void Model::set_storage_dtype(DType t) {
 
 void Model::set_param_pointers() {
   for (Param& p : params_)
-    p.data = storage_dtype_ == DType::F32 ? storage_.data() + p.offset : nullptr;
+    p.data = storage_dtype_ == DType::F32 && !storage_.empty() ? storage_.data() + p.offset
+                                                                : nullptr;
+}
+
+void Model::allocate_storage() {
+  if (storage_dtype_ == DType::BF16) {
+    std::vector<float>().swap(storage_);
+    storage16_.assign(storage_size_, 0);
+  } else {
+    std::vector<uint16_t>().swap(storage16_);
+    storage_.assign(storage_size_, 0.f);
+  }
+  set_param_pointers();
 }
 
 float* Model::storage() {
@@ -470,7 +482,7 @@ std::string Model::fingerprint() const {
   return buf;
 }
 
-void Model::build_layout() {
+void Model::build_layout(bool allocate) {
   params_.clear();
   blocks_.clear();
   int64_t offset = 0;
@@ -495,19 +507,12 @@ void Model::build_layout() {
     blocks_.push_back(std::move(blk));
   }
   storage_size_ = offset;
-  if (storage_dtype_ == DType::BF16) {
-    storage_.clear();
-    storage16_.assign(offset, 0);
-  } else {
-    storage16_.clear();
-    storage_.assign(offset, 0.f);
-  }
   by_name_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].offset = offsets[i];
     by_name_[params_[i].name] = (int)i;
   }
-  set_param_pointers();
+  if (allocate) allocate_storage();
   // Matrix-product weights: every matrix but the token table (gathered; a tied LM head is read
   // through lm_head()) and a learned position table (gathered).
   for (Param& p : params_)
@@ -566,50 +571,70 @@ int Model::token_table() const {
 
 int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index("lm_head.weight"); }
 
-Model Model::load(const std::string& dir, DType storage) {
+Model Model::load_layout(const std::string& dir) {
   check_model_dir("", dir);
-  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
-            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
   Model m;
-  m.storage_dtype_ = storage;
   m.source_ = dir;
   m.cfg_ = ModelConfig::load((fs::path(dir) / "config.json").string());
   auto archive = safetensors::Archive::open_dir(dir);
   check_config_against_weights(m.cfg_, archive, dir);
-  m.build_layout();
+  m.build_layout(false);
+  return m;
+}
+
+Model Model::load(const std::string& dir, DType storage) {
+  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
+            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
+  Model m = load_layout(dir);
+  m.storage_dtype_ = storage;
+  m.allocate_storage();
+  m.stored_dtype_ = m.read_weights(dir);
+  return m;
+}
+
+DType Model::read_weights(const std::string& dir) {
+  ZOF_ASSERT(storage_size_ > 0 && (!storage_.empty() || !storage16_.empty()));
+  auto archive = safetensors::Archive::open_dir(dir);
   bool any_bf16 = false, any_f16 = false;
-  for (auto& p : m.params_) {
+  std::vector<float> wide;
+  for (auto& p : params_) {
     std::vector<int64_t> file_shape = p.shape;
     if (p.transposed) std::swap(file_shape[0], file_shape[1]);
     std::string name = p.name;
     // The original GPT-2 checkpoints name tensors without the "transformer." prefix.
-    if (m.cfg_.arch == Arch::GPT2 && !archive.find(name) &&
+    if (cfg_.arch == Arch::GPT2 && !archive.find(name) &&
         archive.find(name.substr(std::string("transformer.").size())))
       name = name.substr(std::string("transformer.").size());
     const auto& t = archive.require(name, file_shape);
     any_bf16 |= t.dtype == DType::BF16;
     any_f16 |= t.dtype == DType::F16;
-    if (storage == DType::F32) {
+    if (storage_dtype_ == DType::F32) {
       load_tensor(t, p, p.data);
       continue;
     }
-    std::vector<float> wide(p.numel);  // one tensor at a time
+    wide.resize(p.numel);  // one tensor at a time
     load_tensor(t, p, wide.data());
-    uint16_t* h = m.storage16_.data() + p.offset;
-    for (int64_t j = 0; j < p.numel; ++j) h[j] = f32_to_bf16(wide[j]);
+    uint16_t* h = storage16_.data() + p.offset;
+    for (int64_t j = 0; j < p.numel; ++j) {
+      h[j] = f32_to_bf16(wide[j]);
+      // A finite weight past bf16's largest (3.39e38) would become inf: say so, not "damaged".
+      ZOF_CHECK(!std::isfinite(wide[j]) || std::isfinite(bf16_to_f32(h[j])),
+                "tensor " + p.name + " in " + t.file + " holds " + std::to_string(wide[j]) +
+                    " at element " + std::to_string(j) + ", beyond bf16's range: a bf16 master "
+                    "cannot hold it; train it with --master fp32");
+    }
   }
-  m.stored_dtype_ = any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
   // A NaN or an infinity in the weights makes every loss NaN (or a perplexity that means
   // nothing): refused here, for every command.
-  if (const NonFinite bad = m.find_non_finite(); bad.param >= 0) {
-    const Param& p = m.params_[bad.param];
+  if (const NonFinite bad = find_non_finite(); bad.param >= 0) {
+    const Param& p = params_[bad.param];
     const safetensors::TensorInfo* t = archive.find(p.name);
     throw Error("tensor " + p.name + " in " + (t ? t->file : weights_file(dir)) + " holds " +
                 (std::isnan(bad.value) ? std::string("NaN") : bad.value > 0 ? "+Inf" : "-Inf") +
                 " at element " + std::to_string(bad.index) + " (of " + std::to_string(p.numel) +
                 "); the weights are damaged: re-download or re-export the model");
   }
-  return m;
+  return any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
 }
 
 Model Model::random(const ModelConfig& cfg, uint64_t seed, DType storage) {

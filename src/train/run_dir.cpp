@@ -639,8 +639,9 @@ std::string RunDir::saved_fingerprint() const {
 
 RunCounters RunDir::load_checkpoint(Model& model) const {
   if (ckpt_.empty()) return RunCounters{};
-  // Held as the run holds its weights (a bf16 master's checkpoint is bf16: exact).
-  Model saved = Model::load(ckpt_.string(), model.storage_dtype());
+  // Its layout first, then its weights straight into the model (a second model in memory would
+  // double a big run's footprint), held as the run holds them (a bf16 master's: exact).
+  const Model saved = Model::load_layout(ckpt_.string());
   ZOF_CHECK(saved.storage_size() == model.storage_size() &&
                 saved.num_params() == model.num_params() &&
                 saved.params().size() == model.params().size(),
@@ -652,11 +653,7 @@ RunCounters RunDir::load_checkpoint(Model& model) const {
                   saved.params()[i].shape == model.params()[i].shape,
               "checkpoint " + ckpt_.string() + " holds tensor " + saved.params()[i].name +
                   " where the model has " + model.params()[i].name + "; " + kDamaged);
-  if (model.storage_dtype() == DType::BF16)
-    std::copy(saved.storage_bf16(), saved.storage_bf16() + saved.storage_size(),
-              model.storage_bf16());
-  else
-    std::copy(saved.storage(), saved.storage() + saved.storage_size(), model.storage());
+  model.read_weights(ckpt_.string());
   return state_;
 }
 
