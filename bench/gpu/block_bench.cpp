@@ -258,7 +258,7 @@ class Fp32Block {
     weights_.begin_walk({1});
     weights_.acquire(1);
     const zof::LayerWeights w =
-        model_.layer(0, [&](int pi) -> const float* { return weights_.param(pi); });
+        model_.layer(0, [&](int pi) -> const float* { return weights_.param(pi).f32(); });
     const double t =
         timer.median(iters, [&] { fwd_.layer(0, w, h, 1, T, pos, nullptr, nullptr); });
     weights_.release(1, false);

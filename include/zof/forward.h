@@ -150,7 +150,10 @@ class Forward {
   // weights, widened once until weights_changed() (resident, compact), then, in an fp32 walk,
   // the current block's matrices (widened per block).
   float* wide_of(int pi, int block);
-  void widen(int block);
+  void widen(int block, bool tied_head);
+  int64_t wide_floats() const;  // wide_'s size
+  // Parameter pi where it is held now: the streamer's device block, or the model's storage.
+  Theta held(int pi) const;
   const Model& model_;
   const ModelConfig& cfg_;
   Backend& be_;

@@ -5,8 +5,9 @@
 // interface is used (streams, events, async copies), so a GPU backend drives it unchanged and the
 // simulated device (sim_device.h) runs the same ordering in CI.
 //
-// A block travels with its planes: plane 0 is its span of the Model's storage (the weights),
-// planes 1.. the same span of further host arrays laid out as the storage (a stateful
+// A block travels with its planes: plane 0 is its span of the Model's storage (the weights, in
+// the storage's type: a bf16 master crosses the bus in 2 bytes a parameter each way), planes
+// 1.. the same span of further fp32 host arrays laid out as the storage (a stateful
 // optimizer's m, and v for Adam), so the optimizer state is streamed like the weights and the
 // budget counts it. On the device a block's planes sit one after another in one allocation (a
 // resident block's or a slot's), each plane's stride rounded up to 256 bytes; there is one copy
@@ -57,8 +58,11 @@ struct StreamingStats {
 
 class BlockStreamer {
  public:
-  // Device bytes of block b with `planes` planes (its span, rounded up to 256 bytes as
-  // allocators do, per plane).
+  // Device bytes of plane k of a block of `span` elements: the weights (plane 0) in the
+  // model's storage type (a bf16 master's: 2 bytes each), optimizer state in fp32; rounded up
+  // to 256 bytes as allocators do.
+  static size_t plane_bytes(const Model& m, int64_t span, int k);
+  // Device bytes of block b with `planes` planes.
   static size_t block_bytes(const Model& m, int b, int planes = 1);
   // The least budget for the blocks: two slots of the largest block (the LM head's chunks may be
   // read while the embedding's token table is needed too, when they are tied).
@@ -89,15 +93,17 @@ class BlockStreamer {
   // allowed; it only stalls on its upload.
   void begin_walk(std::vector<int> order);
   // Device pointer of the block's weights, laid out as in Model::storage() from the block's
-  // offset; the compute (default) stream is ordered after the upload of all its planes. Held
-  // until release.
+  // offset (in the storage's type); the compute (default) stream is ordered after the upload of
+  // all its planes. Held until release.
   float* acquire(int block);
   // Done with the block on the compute stream; dirty: its planes changed (all written back to
   // the host when it leaves the device, or at sync_to_host() when it is resident).
   void release(int block, bool dirty);
-  // Device pointer of parameter pi in plane k (0: the weights); its block must be held.
+  // Device pointer of parameter pi in plane k >= 1 (optimizer state, fp32); its block must be
+  // held.
   float* plane(int pi, int k) const;
-  float* param(int pi) const { return plane(pi, 0); }
+  // Parameter pi's weights on the device, in the storage's type (plane 0).
+  Theta param(int pi) const;
 
   // Makes the host masters (the Model's storage and the extra planes) current: writes back
   // changed resident blocks and waits for every write-back and upload, after which the host may
@@ -113,7 +119,7 @@ class BlockStreamer {
 
  private:
   struct Slot {
-    float* base = nullptr;
+    char* base = nullptr;
     int block = -1;       // the block it holds (valid data), -1: empty
     int holds = 0;
     bool dirty = false;   // changed while held
@@ -121,10 +127,17 @@ class BlockStreamer {
     bool freed = false;   // `free` has been recorded at least once
     Event *ready = nullptr, *consumed = nullptr, *free = nullptr;
   };
-  float* host(int block, int k) const { return host_planes_[k] + model_.blocks()[block].offset; }
-  size_t span_bytes(int block) const { return (size_t)model_.blocks()[block].span * sizeof(float); }
+  size_t elem_bytes(int k) const {
+    return k == 0 ? dtype_size(model_.storage_dtype()) : sizeof(float);
+  }
+  char* host(int block, int k) const {
+    return host_planes_[k] + model_.blocks()[block].offset * (int64_t)elem_bytes(k);
+  }
+  size_t span_bytes(int block, int k) const {
+    return (size_t)model_.blocks()[block].span * elem_bytes(k);
+  }
   // Plane k of the block's device copy (resident, or in its slot).
-  float* device_plane(int block, int k) const;
+  char* device_plane(int block, int k) const;
   // The constructor's two halves: which blocks stay resident and how many slots stream the
   // rest, then the device memory, streams and events for them.
   void plan(int planes);
@@ -147,14 +160,14 @@ class BlockStreamer {
 
   Model& model_;
   Backend& be_;
-  std::vector<float*> host_planes_;  // [0]: the Model's storage, then the extra planes
+  std::vector<char*> host_planes_;  // [0]: the Model's storage, then the extra planes
   Stream *compute_ = nullptr, *up_ = nullptr, *down_ = nullptr;
   std::vector<int> param_block_;
-  std::vector<int64_t> param_off_;  // floats from the block's offset
+  std::vector<int64_t> param_off_;  // elements from the block's offset
   std::vector<bool> resident_;
   std::vector<int> holds_;  // per block
   // Resident blocks: device copy, uploaded yet, compute ordered after the upload, changed.
-  std::vector<float*> res_base_;
+  std::vector<char*> res_base_;
   std::vector<bool> res_uploaded_, res_waited_, res_dirty_;
   std::vector<Event*> res_ready_;
   Event* res_consumed_ = nullptr;
@@ -163,7 +176,8 @@ class BlockStreamer {
   std::vector<Event*> written_;
   std::vector<bool> written_recorded_;
   std::vector<Slot> slots_;
-  size_t slot_bytes_ = 0, slot_stride_ = 0;  // a slot's plane stride, floats
+  size_t slot_bytes_ = 0;
+  std::vector<size_t> slot_off_;  // byte offset of each plane in a slot
   size_t device_bytes_ = 0, budget_ = 0;
   bool pinned_master_ = false;  // the Model's storage registered with the backend
   std::vector<int> order_;

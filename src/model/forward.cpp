@@ -116,6 +116,7 @@ int64_t tied_lm_numel(const Model& m) {
 }  // namespace
 
 size_t Forward::streamed_compute_bytes() const {
+  if (model_.storage_dtype() == DType::BF16) return size_t(std::max<int64_t>(wide_floats(), 1)) * sizeof(float);
   if (compute_ != DType::BF16) return 0;
   return size_t(max_block_span(model_) + tied_lm_numel(model_)) * sizeof(uint16_t);
 }
@@ -131,6 +132,18 @@ uint16_t* Forward::copy_of(int pi, int block) {
   return copies_ + (off - model_.blocks()[block].offset);  // streamed: one block at a time
 }
 
+int64_t Forward::wide_floats() const {
+  int64_t n = 0;
+  for (const Param& p : model_.params())
+    if (!p.gemm) n += (p.numel + 15) / 16 * 16;
+  return n + (compute_ == DType::F32 ? max_block_span(model_) : 0);
+}
+
+Theta Forward::held(int pi) const {
+  if (weights_) return weights_->param(pi);
+  return Theta(model_.param_ptr(pi), model_.storage_dtype());
+}
+
 float* Forward::wide_of(int pi, int block) {
   if (!wide_) {
     const auto& params = model_.params();
@@ -141,8 +154,7 @@ float* Forward::wide_of(int pi, int block) {
         wide_off_[i] = wide_resident_;
         wide_resident_ += (params[i].numel + 15) / 16 * 16;
       }
-    const int64_t n = wide_resident_ + (compute_ == DType::F32 ? max_block_span(model_) : 0);
-    wide_ = (float*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(float));
+    wide_ = (float*)be_.alloc(std::max<int64_t>(wide_floats(), 1) * sizeof(float));
   }
   const Param& p = model_.params()[pi];
   if (wide_off_[pi] >= 0) return wide_ + wide_off_[pi];
@@ -150,15 +162,22 @@ float* Forward::wide_of(int pi, int block) {
   return wide_ + wide_resident_ + (p.offset - model_.blocks()[block].offset);
 }
 
-void Forward::widen(int block) {
+void Forward::widen(int block, bool tied_head) {
   const auto& params = model_.params();
   auto widen_param = [&](int pi) {
-    be_.widen(model_.param_ptr(pi), DType::BF16, wide_of(pi, block), params[pi].numel);
+    const Theta h = held(pi);
+    be_.widen(h.p, h.dtype, wide_of(pi, block), params[pi].numel);
   };
-  if (!wide_fresh_) {
-    for (int pi = 0; pi < (int)params.size(); ++pi)
+  if (!weights_) {  // resident: every vector and table once, until the weights change
+    if (!wide_fresh_) {
+      for (int pi = 0; pi < (int)params.size(); ++pi)
+        if (!params[pi].gemm) widen_param(pi);
+      wide_fresh_ = true;
+    }
+  } else {  // streamed: the block's, as it arrives (and a tied head's table, block 0's, held)
+    for (int pi : model_.blocks()[block].params)
       if (!params[pi].gemm) widen_param(pi);
-    wide_fresh_ = true;
+    if (tied_head) widen_param(model_.lm_head());
   }
   if (compute_ == DType::F32)
     for (int pi : model_.blocks()[block].params)
@@ -169,7 +188,7 @@ void Forward::convert(int block, bool tied_head) {
   const int slot = tied_head ? (int)model_.blocks().size() : block;
   if (!weights_ && fresh_[slot]) return;  // resident copies stay until weights_changed()
   auto cast = [&](int pi) {
-    const float* src = weights_ ? weights_->param(pi) : model_.params()[pi].data;
+    const float* src = weights_ ? weights_->param(pi).f32() : model_.params()[pi].data;
     be_.cast(src, copy_of(pi, block), DType::BF16, model_.params()[pi].numel);
   };
   if (tied_head)
@@ -367,11 +386,11 @@ Model::ParamLocator Forward::locator(int block) {
   const bool head = block == (int)model_.blocks().size() - 1;
   const int lm = model_.lm_head();
   const bool tied = !model_.params()[lm].gemm;
-  if (model_.storage_dtype() == DType::BF16) {  // a bf16 master (never streamed)
-    ZOF_ASSERT(!weights_);
-    widen(block);
+  if (model_.storage_dtype() == DType::BF16) {  // a bf16 master: read as held, or widened
+    widen(block, head && tied);
     return [this, block, bf16, head, lm](int pi) -> Weight {
-      if (bf16 && (model_.params()[pi].gemm || (head && pi == lm))) return model_.weight(pi);
+      if (bf16 && (model_.params()[pi].gemm || (head && pi == lm)))
+        return Weight(held(pi).p, DType::BF16);
       return wide_of(pi, block);
     };
   }
@@ -380,7 +399,7 @@ Model::ParamLocator Forward::locator(int block) {
     if (head && tied) convert(block, true);
   }
   return [this, block, bf16, head, lm](int pi) -> Weight {
-    const float* f = weights_ ? weights_->param(pi) : model_.params()[pi].data;
+    const float* f = weights_ ? weights_->param(pi).f32() : model_.params()[pi].data;
     if (!bf16 || !(model_.params()[pi].gemm || (head && pi == lm))) return f;
     return Weight(copy_of(pi, block), DType::BF16);
   };

@@ -70,8 +70,15 @@ std::string format_bytes(uint64_t bytes) {
   return b;
 }
 
+size_t BlockStreamer::plane_bytes(const Model& m, int64_t span, int k) {
+  // Plane 0 is the weights in the storage's type (a bf16 master: 2 bytes), the others fp32.
+  return round_up((size_t)span * (k == 0 ? dtype_size(m.storage_dtype()) : sizeof(float)));
+}
+
 size_t BlockStreamer::block_bytes(const Model& m, int b, int planes) {
-  return (size_t)planes * round_up((size_t)m.blocks()[b].span * sizeof(float));
+  size_t n = 0;
+  for (int k = 0; k < planes; ++k) n += plane_bytes(m, m.blocks()[b].span, k);
+  return n;
 }
 
 size_t BlockStreamer::min_bytes(const Model& m, int planes) {
@@ -93,10 +100,10 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
   const auto& blocks = model.blocks();
   const auto& params = model.params();
   const int nb = (int)blocks.size();
-  host_planes_.push_back(model.storage());
+  host_planes_.push_back(static_cast<char*>(model.storage_ptr()));
   for (float* p : extra_planes) {
     ZOF_ASSERT(p);
-    host_planes_.push_back(p);
+    host_planes_.push_back(reinterpret_cast<char*>(p));
   }
   const int planes = num_planes();
   ZOF_CHECK(budget >= min_bytes(model, planes),
@@ -108,14 +115,15 @@ BlockStreamer::BlockStreamer(Model& model, Backend& be, size_t budget,
   for (int b = 0; b < nb; ++b)
     for (int pi : blocks[b].params) {
       param_block_[pi] = b;
-      param_off_[pi] = (params[pi].data - model.storage()) - blocks[b].offset;
+      param_off_[pi] = params[pi].offset - blocks[b].offset;
     }
   plan(planes);
   allocate(planes);
   res_consumed_ = be.create_event();
   // The weights' master (the Model's storage) is ordinary memory: page-lock it so that uploads
   // and write-backs overlap the compute (the optimizer-state planes are pinned already).
-  pinned_master_ = be.register_host(model.storage(), size_t(model.storage_size()) * sizeof(float));
+  pinned_master_ = be.register_host(
+      model.storage_ptr(), size_t(model.storage_size()) * dtype_size(model.storage_dtype()));
 }
 
 // The plan: which blocks stay resident, how many slots the rest stream through.
@@ -149,9 +157,11 @@ void BlockStreamer::plan(int planes) {
         resident_[b] = false;
     }
     int streamed = 0;
+    int64_t span = 0;  // the largest streamed block's: a slot's planes are laid out for it
     for (int c = 0; c < nb; ++c)
       if (!resident_[c]) {
         slot_bytes_ = std::max(slot_bytes_, bytes(c));
+        span = std::max(span, model_.blocks()[c].span);
         ++streamed;
       }
     // The prefetch depth: as many slots as the rest of the budget holds (never more than there
@@ -159,7 +169,9 @@ void BlockStreamer::plan(int planes) {
     const int k = (int)std::min<size_t>((size_t)streamed, (budget - kept) / slot_bytes_);
     ZOF_ASSERT(k >= std::min(streamed, 2));
     slots_.resize(k);
-    slot_stride_ = slot_bytes_ / planes / sizeof(float);
+    slot_off_.assign(planes, 0);
+    for (int j = 1; j < planes; ++j) slot_off_[j] = slot_off_[j - 1] + plane_bytes(model_, span, j - 1);
+    ZOF_ASSERT(slot_off_.back() + plane_bytes(model_, span, planes - 1) == slot_bytes_);
   }
 }
 
@@ -184,19 +196,19 @@ void BlockStreamer::allocate(int planes) {
     for (int b = 0; b < nb; ++b) {
       written_[b] = be.create_event();
       if (!resident_[b]) continue;
-      res_base_[b] = (float*)be.alloc(bytes(b));
+      res_base_[b] = (char*)be.alloc(bytes(b));
       res_ready_[b] = be.create_event();
       device_bytes_ += bytes(b);
     }
     for (Slot& s : slots_) {
-      s.base = (float*)be.alloc(slot_bytes_);
+      s.base = (char*)be.alloc(slot_bytes_);
       s.ready = be.create_event();
       s.consumed = be.create_event();
       s.free = be.create_event();
       device_bytes_ += slot_bytes_;
     }
   } catch (...) {
-    for (float* p : res_base_)
+    for (char* p : res_base_)
       if (p) be.free(p);
     for (Slot& s : slots_)
       if (s.base) be.free(s.base);
@@ -208,10 +220,10 @@ BlockStreamer::~BlockStreamer() {
   be_.synchronize(up_);
   be_.synchronize(down_);
   be_.synchronize(compute_);
-  for (float* p : res_base_)
+  for (char* p : res_base_)
     if (p) be_.free(p);
   for (Slot& s : slots_) be_.free(s.base);
-  if (pinned_master_) be_.unregister_host(model_.storage());
+  if (pinned_master_) be_.unregister_host(model_.storage_ptr());
 }
 
 std::string BlockStreamer::describe() const {
@@ -289,17 +301,19 @@ void BlockStreamer::upload_resident(int block) {
 }
 
 void BlockStreamer::upload(int block) {
-  for (int k = 0; k < num_planes(); ++k)
-    be_.copy_to_device(device_plane(block, k), host(block, k), span_bytes(block), up_);
+  for (int k = 0; k < num_planes(); ++k) {
+    be_.copy_to_device(device_plane(block, k), host(block, k), span_bytes(block, k), up_);
+    stats_.bytes_uploaded += span_bytes(block, k);
+  }
   ++stats_.uploads;
-  stats_.bytes_uploaded += num_planes() * span_bytes(block);
 }
 
 void BlockStreamer::write_back(int block) {
-  for (int k = 0; k < num_planes(); ++k)
-    be_.copy_to_host(host(block, k), device_plane(block, k), span_bytes(block), down_);
+  for (int k = 0; k < num_planes(); ++k) {
+    be_.copy_to_host(host(block, k), device_plane(block, k), span_bytes(block, k), down_);
+    stats_.bytes_written_back += span_bytes(block, k);
+  }
   ++stats_.writebacks;
-  stats_.bytes_written_back += num_planes() * span_bytes(block);
 }
 
 void BlockStreamer::prefetch() {
@@ -333,7 +347,7 @@ float* BlockStreamer::acquire(int block) {
       be_.wait(compute_, res_ready_[block]);
       res_waited_[block] = true;
     }
-    return res_base_[block];
+    return reinterpret_cast<float*>(res_base_[block]);
   }
   ++stats_.acquires;
   int s = slot_of_[block];
@@ -350,7 +364,7 @@ float* BlockStreamer::acquire(int block) {
   be_.wait(compute_, sl.ready);
   // Still being written back from an earlier use: wait before the block can change again.
   if (sl.wrote) be_.wait(compute_, sl.free);
-  return sl.base;
+  return reinterpret_cast<float*>(sl.base);
 }
 
 void BlockStreamer::release(int block, bool dirty) {
@@ -388,15 +402,26 @@ void BlockStreamer::release_slot(int slot) {
   s.freed = true;
 }
 
-float* BlockStreamer::device_plane(int block, int k) const {
-  if (resident_[block]) return res_base_[block] + k * (round_up(span_bytes(block)) / sizeof(float));
-  return slots_[slot_of_[block]].base + k * slot_stride_;
+char* BlockStreamer::device_plane(int block, int k) const {
+  if (resident_[block]) {
+    size_t off = 0;
+    for (int j = 0; j < k; ++j) off += plane_bytes(model_, model_.blocks()[block].span, j);
+    return res_base_[block] + off;
+  }
+  return slots_[slot_of_[block]].base + slot_off_[k];
 }
 
 float* BlockStreamer::plane(int pi, int k) const {
   const int b = param_block_[pi];
-  ZOF_ASSERT(b >= 0 && holds_[b] > 0 && k >= 0 && k < num_planes());
-  return device_plane(b, k) + param_off_[pi];
+  ZOF_ASSERT(b >= 0 && holds_[b] > 0 && k >= 1 && k < num_planes());
+  return reinterpret_cast<float*>(device_plane(b, k)) + param_off_[pi];
+}
+
+Theta BlockStreamer::param(int pi) const {
+  const int b = param_block_[pi];
+  ZOF_ASSERT(b >= 0 && holds_[b] > 0);
+  const DType t = model_.storage_dtype();
+  return Theta(device_plane(b, 0) + param_off_[pi] * (int64_t)dtype_size(t), t);
 }
 
 void BlockStreamer::sync_to_host() {

@@ -726,9 +726,6 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
             "--pipeline-stages 1");
   // The state streams from the host from the start: none may be on the device yet.
   ZOF_ASSERT(!stream_ && !m_);
-  ZOF_CHECK(model_.storage_dtype() == DType::F32,
-            "parameter streaming moves fp32 blocks: a bf16 master streams from fp32 storage "
-            "(the trainer holds it so with --gpu-mem, --sim-device and --device cuda)");
   const int planes = 1 + state_planes();
   const size_t free_now = be_.free_memory();
   // No --gpu-mem: what the device has free, less a margin for what the plan cannot see (the

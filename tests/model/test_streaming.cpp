@@ -80,9 +80,19 @@ constexpr int kSteps = 3;
 
 // kSteps ZO steps (losses, gradients, the update applied by the next walk), then the loss at the
 // flushed weights. budget 0: the plain CPU backend, no streaming.
+// The model's storage as fp32 values (a bf16 master's widened).
+std::vector<float> storage_values(const zof::Model& m) {
+  std::vector<float> v(m.storage_size());
+  if (m.storage_dtype() == zof::DType::F32)
+    std::copy(m.storage(), m.storage() + m.storage_size(), v.begin());
+  else
+    for (size_t i = 0; i < v.size(); ++i) v[i] = zof::bf16_to_f32(m.storage_bf16()[i]);
+  return v;
+}
+
 RunResult run_steps(const std::string& name, const zof::ZOStepOptions& o, size_t budget,
-                    double bandwidth = 0) {
-  zof::Model m = zof::Model::load(model_dir(name));
+                    double bandwidth = 0, zof::DType held = zof::DType::F32) {
+  zof::Model m = zof::Model::load(model_dir(name), held);
   const auto mb = micro_batches(name);
   std::unique_ptr<zof::Backend> be;
   zof::SimDevice* sim = nullptr;
@@ -112,7 +122,7 @@ RunResult run_steps(const std::string& name, const zof::ZOStepOptions& o, size_t
     }
     r.eval_loss = eng.loss(mb);  // flushes: the model's storage is current from here
     if (auto* st = eng.streamer()) r.after = st->stats();
-    r.weights.assign(m.storage(), m.storage() + m.storage_size());
+    r.weights = storage_values(m);
     eng.read_state(r.m, r.v);
   }
   if (sim) r.sim = sim->stats();
@@ -126,8 +136,9 @@ struct Sizes {
   size_t buffers = 0;             // the engine's own buffers
   int blocks = 0, planes = 1;     // planes: weights, then m and v
 };
-Sizes sizes(const std::string& name, const zof::ZOStepOptions& o) {
-  zof::Model m = zof::Model::load(model_dir(name));
+Sizes sizes(const std::string& name, const zof::ZOStepOptions& o,
+            zof::DType held = zof::DType::F32) {
+  zof::Model m = zof::Model::load(model_dir(name), held);
   const auto mb = micro_batches(name);
   zof::SimDeviceOptions so;
   so.budget = size_t(1) << 30;
@@ -153,6 +164,7 @@ struct Case {
   Opt optimizer = Opt::SGD;
   zof::DType compute = zof::DType::F32;  // --dtype
   zof::DType master = zof::DType::F32;   // --master
+  zof::DType held = zof::DType::F32;     // the model's storage (a bf16 master in 2 bytes)
 };
 
 class StreamedSteps : public ::testing::TestWithParam<Case> {};
@@ -169,8 +181,8 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
   o.optimizer = c.optimizer;
   o.compute = c.compute;
   o.master = c.master;
-  const RunResult plain = run_steps(c.model, o, 0);
-  const Sizes sz = sizes(c.model, o);
+  const RunResult plain = run_steps(c.model, o, 0, 0, c.held);
+  const Sizes sz = sizes(c.model, o, c.held);
   ASSERT_LT(sz.minimum, sz.whole);
   // The minimum, two budgets in between, the whole model, and more than it.
   const std::vector<size_t> budgets = {sz.minimum, sz.minimum + (sz.whole - sz.minimum) / 3,
@@ -179,7 +191,7 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
   for (size_t budget : budgets) {
     SCOPED_TRACE("budget " + std::to_string(budget) + " (minimum " + std::to_string(sz.minimum) +
                  ", whole model " + std::to_string(sz.whole) + ")");
-    const RunResult s = run_steps(c.model, o, budget);
+    const RunResult s = run_steps(c.model, o, budget, 0, c.held);
     for (int step = 0; step < kSteps; ++step) {
       EXPECT_EQ(s.losses[step].sum_plus, plain.losses[step].sum_plus) << "step " << step;
       EXPECT_EQ(s.losses[step].sum_minus, plain.losses[step].sum_minus) << "step " << step;
@@ -213,8 +225,8 @@ TEST_P(StreamedSteps, MatchThePlainRunBitForBit) {
     }
   }
   // The plain run's weights moved: the comparison above compared something.
-  zof::Model base = zof::Model::load(model_dir(c.model));
-  EXPECT_NE(std::memcmp(base.storage(), plain.weights.data(), plain.weights.size() * 4), 0);
+  const std::vector<float> base = storage_values(zof::Model::load(model_dir(c.model), c.held));
+  EXPECT_NE(std::memcmp(base.data(), plain.weights.data(), plain.weights.size() * 4), 0);
   const std::vector<float> zeros(plain.m.size(), 0.f);
   EXPECT_EQ(plain.m.size(), c.optimizer == Opt::SGD ? 0u : plain.weights.size());
   EXPECT_EQ(plain.v.size(), c.optimizer == Opt::Adam ? plain.weights.size() : 0u);
@@ -247,14 +259,28 @@ INSTANTIATE_TEST_SUITE_P(
                            zof::DType::BF16},
                       Case{"llama_gqa", 1, 0.f, false, Opt::Adam, zof::DType::BF16,
                            zof::DType::BF16},
-                      Case{"gemma3", 1, 0.f, false, Opt::SGD, zof::DType::BF16}),
+                      Case{"gemma3", 1, 0.f, false, Opt::SGD, zof::DType::BF16},
+                      // a bf16 master held in 2 bytes: blocks cross the bus in bf16, the walk
+                      // reads and updates them so on the device (GPT-2's tied head, OPT's
+                      // projections, one-sided, momentum and Adam state beside bf16 weights)
+                      Case{"stories260K", 2, 0.1f, false, Opt::SGD, zof::DType::F32,
+                           zof::DType::BF16, zof::DType::BF16},
+                      Case{"llama_gqa", 1, 0.f, false, Opt::Adam, zof::DType::BF16,
+                           zof::DType::BF16, zof::DType::BF16},
+                      Case{"gpt2", 1, 0.f, true, Opt::Momentum, zof::DType::F32,
+                           zof::DType::BF16, zof::DType::BF16},
+                      Case{"opt350_shape", 2, 0.05f, false, Opt::SGD, zof::DType::BF16,
+                           zof::DType::BF16, zof::DType::BF16},
+                      Case{"gemma2", 2, 0.1f, false, Opt::Momentum, zof::DType::BF16,
+                           zof::DType::BF16, zof::DType::BF16}),
     [](const auto& info) {
       const Case& c = info.param;
       return c.model + "_q" + std::to_string(c.queries) + (c.weight_decay > 0 ? "_wd" : "") +
              (c.one_sided ? "_one_sided" : "") +
              (c.optimizer == Opt::Adam ? "_adam" : c.optimizer == Opt::Momentum ? "_momentum" : "") +
              (c.compute == zof::DType::BF16 ? "_bf16" : "") +
-             (c.master == zof::DType::BF16 ? "_master_bf16" : "");
+             (c.master == zof::DType::BF16 ? "_master_bf16" : "") +
+             (c.held == zof::DType::BF16 ? "_held_bf16" : "");
     });
 
 // The optimizer state streams with its blocks: the minimum grows by a slot's share of m (and v),
