@@ -503,8 +503,8 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
                                "model rounded to bf16, each update computed in fp32 and rounded "
                                "back stochastically with bits of (seed, step, tensor, element): "
                                "exact on resume, replay and data parallel; held in 2 bytes a "
-                               "parameter, streamed in bf16; in fp32 storage on --device cuda, "
-                               "with the JVP estimator or pipeline stages)")->capture_default_str());
+                               "parameter, streamed in bf16; in fp32 storage with the JVP "
+                               "estimator or pipeline stages)")->capture_default_str());
   num("--steps", t.steps, "ZO steps");
   num("--lr", t.lr, "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
       "need larger steps (the demo's stories260K: 1e-4)");

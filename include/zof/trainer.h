@@ -93,9 +93,9 @@ DType save_dtype(const TrainOptions& o, const Model& model);
 
 // How a run holds its weights (Model::storage_dtype). A bf16 master (--master bf16) is held in
 // 2 bytes a parameter wherever its walk reads it so: the SPSA walk in one pipeline stage, on the
-// host or streamed through the simulated device (blocks cross the bus in bf16). The CUDA
-// backend, the JVP estimator and pipeline stages hold it in fp32 storage, rounded to the same
-// bf16 values (the same bits either way), so a run may resume with other such flags.
+// host or streamed through a device (blocks cross the bus in bf16). The JVP estimator and
+// pipeline stages hold it in fp32 storage, rounded to the same bf16 values (the same bits
+// either way), so a run may resume with other such flags.
 DType weight_storage(const TrainOptions& o);
 // How to load a run's base model so that its fingerprint compares with the one the run
 // recorded (whose label names the storage it was taken in): "storage-bf16-..." in bf16 (the

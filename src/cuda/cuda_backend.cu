@@ -414,9 +414,9 @@ class CudaBackendImpl final : public CudaBackend {
   void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpdateTerm* upd,
                int n_update, float lr_wd, const ZKey* round, const ZKey* cur, float eps,
                void* plus, void* minus, DType copy_t, Stream* s) override {
-    ZOF_CHECK(theta.dtype == DType::F32,
-              "the CUDA backend holds the weights it updates in fp32 (a bf16 master's 2-byte "
-              "storage is host memory)");
+    ZOF_CHECK(theta.dtype == DType::F32 || theta.dtype == DType::BF16,
+              std::string("the CUDA ZO passes read fp32 or bf16 masters, not ") +
+                  dtype_name(theta.dtype));
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     // the Philox counter holds the group index in 32 bits
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
@@ -428,7 +428,7 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     CudaStream* h = handle(s);
     TermSlot* slot = n_update > 0 ? &stage_terms(*h, upd, n_update) : nullptr;
-    cuda::zo_pass(theta.f32(), n, tensor, first, slot ? slot->dev : nullptr, n_update, lr_wd, round,
+    cuda::zo_pass(theta.p, theta.dtype, n, tensor, first, slot ? slot->dev : nullptr, n_update, lr_wd, round,
                   cur, eps, plus, minus, copy_t, h->stream);
     if (slot) CUDA_CHECK(cudaEventRecord(slot->done, h->stream));
   }
@@ -441,19 +441,19 @@ class CudaBackendImpl final : public CudaBackend {
   void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows,
                uint32_t tensor, const ZKey& cur, float eps, float* plus, float* minus,
                Stream* s) override {
-    ZOF_CHECK(theta.dtype == DType::F32,
-              "the CUDA backend holds the weights it updates in fp32 (a bf16 master's 2-byte "
-              "storage is host memory)");
+    ZOF_CHECK(theta.dtype == DType::F32 || theta.dtype == DType::BF16,
+              std::string("the CUDA ZO passes read fp32 or bf16 masters, not ") +
+                  dtype_name(theta.dtype));
     ZOF_ASSERT(width >= 0 && n_rows >= 0);
     use();
-    cuda::zo_rows(theta.f32(), width, rows, n_rows, tensor, cur, eps, plus, minus, st(s));
+    cuda::zo_rows(theta.p, theta.dtype, width, rows, n_rows, tensor, cur, eps, plus, minus, st(s));
   }
   void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor,
                        int64_t first, const ZOUpdateTerm* upd, int n_update,
                        const ZOOptimizer& o, const ZKey* round, Stream* s) override {
-    ZOF_CHECK(theta.dtype == DType::F32,
-              "the CUDA backend holds the weights it updates in fp32 (a bf16 master's 2-byte "
-              "storage is host memory)");
+    ZOF_CHECK(theta.dtype == DType::F32 || theta.dtype == DType::BF16,
+              std::string("the CUDA ZO passes read fp32 or bf16 masters, not ") +
+                  dtype_name(theta.dtype));
     ZOF_ASSERT(n >= 0 && first >= 0 && n_update >= 0 && (n_update == 0 || upd));
     ZOF_ASSERT(first + n <= (int64_t(1) << 34));
     cuda::check_zo_terms(n_update);
@@ -461,7 +461,7 @@ class CudaBackendImpl final : public CudaBackend {
     use();
     CudaStream* h = handle(s);
     TermSlot& slot = stage_terms(*h, upd, n_update);
-    cuda::zo_update_state(theta.f32(), m, v, n, tensor, first, slot.dev, n_update, o, round,
+    cuda::zo_update_state(theta.p, theta.dtype, m, v, n, tensor, first, slot.dev, n_update, o, round,
                           h->stream);
     CUDA_CHECK(cudaEventRecord(slot.done, h->stream));
   }

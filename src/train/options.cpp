@@ -229,8 +229,7 @@ DType save_dtype(const TrainOptions& o, const Model& model) {
 
 DType weight_storage(const TrainOptions& o) {
   if (o.master != "bf16") return DType::F32;
-  return o.device != "cuda" && o.estimator != "jvp" && o.pipeline_stages == 1 ? DType::BF16
-                                                                              : DType::F32;
+  return o.estimator != "jvp" && o.pipeline_stages == 1 ? DType::BF16 : DType::F32;
 }
 
 DType fingerprint_storage(const std::string& recorded, DType otherwise) {

@@ -406,6 +406,81 @@ TEST(GpuDtypes, ZOPassBf16CopiesEqualHost) {
   EXPECT_THROW(be->zo_pass(th, 8, 0, 0, many.data(), 129, 0.f, nullptr, 0.f, nullptr, nullptr), zof::Error);
 }
 
+// A bf16 master held in 2 bytes (the kernels read and store bf16 theta): the fused pass at odd
+// sub-ranges with bf16 and fp32 copies, the momentum and Adam updates through state, and the
+// token-table rows, each bit for bit as the host's.
+TEST(GpuDtypes, Bf16MasterHeldInTwoBytesEqualsHost) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto host = zof::make_cpu_backend(1);
+  const int64_t total = 300007;
+  std::vector<uint16_t> theta0(static_cast<size_t>(total));
+  const auto wide = uniform(size_t(total), -0.1f, 0.1f, 70);
+  for (size_t i = 0; i < theta0.size(); ++i) theta0[i] = zof::f32_to_bf16(wide[i]);
+  const zof::ZKey round{0xC0FFEEull, 11, 0};
+  zof::ZKey cur{0x5eed0000ull, 12, 3};
+  cur.mask = 0.05f;
+  const auto upd = update_terms(3, 11, zof::kZGaussian, 0.05f);
+  for (auto [first, n] : {std::pair<int64_t, int64_t>{3, 1001}, {129, 200000}, {total - 6, 6}}) {
+    for (DType copy_t : {DType::BF16, DType::F32}) {
+      const size_t bytes = size_t(n) * zof::dtype_size(copy_t);
+      auto th_host = theta0;
+      std::vector<uint8_t> ph(bytes, 0xab), mh(bytes, 0xab);
+      host->zo_pass(zof::Theta(th_host.data() + first, DType::BF16), n, 9, first, upd.data(), 3,
+                    3e-6f, &round, &cur, 1e-3f, ph.data(), mh.data(), copy_t);
+      Buffers buf(*be);
+      uint16_t* th = buf.put(theta0);
+      uint8_t* p = buf.put(std::vector<uint8_t>(bytes, 0xab));
+      uint8_t* m = buf.put(std::vector<uint8_t>(bytes, 0xab));
+      be->zo_pass(zof::Theta(th + first, DType::BF16), n, 9, first, upd.data(), 3, 3e-6f, &round,
+                  &cur, 1e-3f, p, m, copy_t);
+      EXPECT_TRUE(same_bits(th_host, buf.get(th, size_t(total)))) << "theta at " << first;
+      EXPECT_TRUE(same_bits(ph, buf.get(p, bytes))) << "plus at " << first;
+      EXPECT_TRUE(same_bits(mh, buf.get(m, bytes))) << "minus at " << first;
+      EXPECT_FALSE(same_bits(th_host, theta0)) << "the update moved nothing";
+    }
+    for (int kind : {zof::ZOOptimizer::Momentum, zof::ZOOptimizer::Adam}) {
+      zof::ZOOptimizer o;
+      o.kind = kind, o.lr = 1e-3f, o.wd = 0.01f, o.bc1 = 2.f, o.bc2 = 3.f;
+      const auto m0 = uniform(size_t(total), -1e-3f, 1e-3f, 71);
+      const auto v0 = uniform(size_t(total), 0.f, 1e-5f, 72);
+      auto th_host = theta0;
+      auto mh = m0, vh = v0;
+      host->zo_update_state(zof::Theta(th_host.data() + first, DType::BF16), mh.data() + first,
+                            vh.data() + first, n, 9, first, upd.data(), 3, o, &round);
+      Buffers buf(*be);
+      uint16_t* th = buf.put(theta0);
+      float* m = buf.put(m0);
+      float* v = buf.put(v0);
+      be->zo_update_state(zof::Theta(th + first, DType::BF16), m + first, v + first, n, 9, first,
+                          upd.data(), 3, o, &round);
+      EXPECT_TRUE(same_bits(th_host, buf.get(th, size_t(total)))) << "state theta at " << first;
+      EXPECT_TRUE(same_bits(mh, buf.get(m, size_t(total)))) << "m at " << first;
+      EXPECT_TRUE(same_bits(vh, buf.get(v, size_t(total)))) << "v at " << first;
+    }
+  }
+  // Rows of a bf16 token table.
+  const int64_t width = 67, n_rows = 5;
+  const std::vector<int32_t> rows = {4, 0, 4000, 17, 4476};
+  std::vector<float> ph(size_t(width * n_rows)), mh(ph.size());
+  host->zo_rows(zof::Theta(theta0.data(), DType::BF16), width, rows.data(), n_rows, 12, cur, 1e-3f,
+                ph.data(), mh.data());
+  Buffers buf(*be);
+  const uint16_t* table = buf.put(theta0);
+  const int32_t* dr = buf.put(rows);
+  float* p = buf.put(std::vector<float>(ph.size(), 0.f));
+  float* m = buf.put(std::vector<float>(ph.size(), 0.f));
+  be->zo_rows(zof::Theta(const_cast<uint16_t*>(table), DType::BF16), width, dr, n_rows, 12, cur,
+              1e-3f, p, m);
+  EXPECT_TRUE(same_bits(ph, buf.get(p, ph.size())));
+  EXPECT_TRUE(same_bits(mh, buf.get(m, mh.size())));
+  // widen: bf16 to fp32, exactly.
+  float* w = buf.put(std::vector<float>(size_t(total), 0.f));
+  be->widen(table, DType::BF16, w, total);
+  const auto wd = buf.get(w, size_t(total));
+  for (int64_t i = 0; i < total; ++i) ASSERT_EQ(wd[i], zof::bf16_to_f32(theta0[i])) << i;
+}
+
 // Many passes queued back to back on one stream, each with its own terms (counts 1..60, fresh
 // keys and coefficients, the host array rewritten right after each call), behind a long product
 // so that they pile up: every pass must read its own terms (the staging slots of the terms are
