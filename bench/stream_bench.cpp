@@ -37,6 +37,7 @@ struct Args {
   int threads = 0, queries = 1, micro_batches = 1;
   int warmup = 1, iters = 3;
   std::string optimizer = "sgd";
+  std::string master = "fp32";
   std::string device = "sim";
   double copy_gbps = 0;
   bool check = false, json = false;
@@ -75,13 +76,19 @@ zof::ZOStepOptions step_options(const Args& a) {
   o.optimizer = a.optimizer == "adam"       ? zof::ZOStepOptions::Optimizer::Adam
                 : a.optimizer == "momentum" ? zof::ZOStepOptions::Optimizer::Momentum
                                             : zof::ZOStepOptions::Optimizer::SGD;
+  ZOF_CHECK(a.master == "fp32" || a.master == "bf16",
+            "--master must be fp32 or bf16, not '" + a.master + "'");
+  o.master = a.master == "bf16" ? zof::DType::BF16 : zof::DType::F32;
   return o;
 }
+
+// A bf16 master is held (and streamed) in 2 bytes a parameter, as zof finetune holds it.
+zof::DType storage(const Args& a) { return a.master == "bf16" ? zof::DType::BF16 : zof::DType::F32; }
 
 // budget 0: the plain backend, no streaming.
 Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name, size_t budget,
             int threads) {
-  zof::Model model = zof::Model::random(cfg, a.seed);
+  zof::Model model = zof::Model::random(cfg, a.seed, storage(a));
   const auto micro = make_batches(a, cfg.vocab_size);
   int64_t rows = 0, tokens = 0;
   for (auto& m : micro) {
@@ -151,7 +158,7 @@ int run(const Args& a) {
   // The engine's buffers and the minimum, measured on a roomy simulated device.
   size_t buffers = 0, minimum = 0, whole = 0;
   {
-    zof::Model model = zof::Model::random(cfg, a.seed);
+    zof::Model model = zof::Model::random(cfg, a.seed, storage(a));
     zof::BackendOptions bo;
     bo.threads = threads;
     bo.sim_device = true;
@@ -160,7 +167,7 @@ int run(const Args& a) {
     auto sim = zof::make_backend(bo);
     zof::ZOEngine eng(model, *sim, std::max<int64_t>(1, a.batch / a.micro_batches) * a.seq,
                       step_options(a));
-    buffers = eng.buffer_bytes();
+    buffers = eng.streaming_buffers();  // the engine's, and a bf16 evaluation's scratch
     minimum = eng.streaming_minimum();
     whole = zof::BlockStreamer::all_resident_bytes(model, 1 + eng.state_planes());
   }
@@ -183,11 +190,11 @@ int run(const Args& a) {
   if (a.device == "cuda") std::snprintf(bus, sizeof bus, "none (the GPU's own copy engines)");
   if (a.copy_gbps > 0) std::snprintf(bus, sizeof bus, "%.2f GB/s per copy stream", a.copy_gbps);
   const std::string state = a.optimizer == "sgd" ? "" : " with the " + a.optimizer + " state";
-  std::printf("%s, %ld parameters (%.1f MB fp32%s in %zu blocks), batch %ld x %ld, q=%d, %d "
+  std::printf("%s, %ld parameters (%.1f MB %s%s in %zu blocks), batch %ld x %ld, q=%d, %d "
               "micro-batch(es), %d threads; engine buffers %.1f MB, minimum budget %.1f MB; "
               "simulated bus: %s\n\n",
               a.model_config.c_str(), (long)zof::Model::random(cfg, a.seed).num_params(),
-              whole / 1e6, state.c_str(), (size_t)cfg.num_layers + 2, (long)a.batch, (long)a.seq,
+              whole / 1e6, a.master.c_str(), state.c_str(), (size_t)cfg.num_layers + 2, (long)a.batch, (long)a.seq,
               a.queries, a.micro_batches, threads, buffers / 1e6, minimum / 1e6, bus);
   std::printf("| %-36s | %9s | %8s | %9s | %12s | %12s | %10s | %9s | %9s |\n", "run",
               "budget MB", "ms/step", "tokens/s", "up MB/step", "down MB/step", "copy GB/s",
@@ -240,6 +247,8 @@ int main(int argc, char** argv) {
   app.add_option("--seq", a.seq, "tokens per sequence")->capture_default_str();
   app.add_option("--micro-batches", a.micro_batches, "micro-batches per step")->capture_default_str();
   app.add_option("--queries", a.queries, "SPSA directions per step")->capture_default_str();
+  app.add_option("--master", a.master, "master weights: fp32 or bf16 (held and streamed in 2 "
+                 "bytes a parameter)")->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "sgd, momentum or adam (its state streams too)")
       ->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: OpenMP's default)")->capture_default_str();

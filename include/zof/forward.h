@@ -151,7 +151,7 @@ class Forward {
   // the current block's matrices (widened per block).
   float* wide_of(int pi, int block);
   void widen(int block, bool tied_head);
-  int64_t wide_floats() const;  // wide_'s size
+  int64_t wide_floats(bool streamed) const;  // wide_'s size
   // Parameter pi where it is held now: the streamer's device block, or the model's storage.
   Theta held(int pi) const;
   const Model& model_;

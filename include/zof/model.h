@@ -145,8 +145,9 @@ class Model {
   static Model load_layout(const std::string& dir);
   // DIR's tensors read into this model's storage, in its type (as load(dir, storage_dtype())
   // holds them), one tensor at a time, each found by name and shape as load() finds it; a NaN
-  // or infinity refused as load() refuses it. Returns the file's dtype (what stored_dtype()
-  // reports after load(); this model's is left as it was).
+  // or infinity refused as load() refuses it (the weights are then partly overwritten: discard
+  // the model). Returns the file's dtype (what stored_dtype() reports after load(); this
+  // model's is left as it was).
   DType read_weights(const std::string& dir);
   // A model of this config with random weights (normal, std 0.02; norms 1, biases 0): for
   // benchmarks and tests. In bf16 storage: the fp32 values rounded to nearest even.

@@ -190,6 +190,7 @@ void zo_update_state(void* theta, DType theta_t, float* m, float* v, int64_t n, 
   check_zo_terms(n_update);
   if (n <= 0 || n_update <= 0) return;
   ZOF_ASSERT(upd);
+  ZOF_ASSERT(theta_t == DType::F32 || round);  // a bf16 master's update is rounded stochastically
   const int64_t groups = (first + n + 3) / 4 - first / 4;
   const ZKey rk = round ? *round : ZKey{};
   if (theta_t == DType::BF16)

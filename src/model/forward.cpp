@@ -79,6 +79,8 @@ void Forward::set_weights(BlockStreamer* s) {
   if (s != weights_) {  // the copies' layout follows where the weights live
     be_.free(copies_);
     copies_ = nullptr;
+    be_.free(wide_);
+    wide_ = nullptr;
   }
   weights_ = s;
   weights_changed();
@@ -116,7 +118,8 @@ int64_t tied_lm_numel(const Model& m) {
 }  // namespace
 
 size_t Forward::streamed_compute_bytes() const {
-  if (model_.storage_dtype() == DType::BF16) return size_t(std::max<int64_t>(wide_floats(), 1)) * sizeof(float);
+  if (model_.storage_dtype() == DType::BF16)
+    return size_t(std::max<int64_t>(wide_floats(true), 1)) * sizeof(float);
   if (compute_ != DType::BF16) return 0;
   return size_t(max_block_span(model_) + tied_lm_numel(model_)) * sizeof(uint16_t);
 }
@@ -132,7 +135,11 @@ uint16_t* Forward::copy_of(int pi, int block) {
   return copies_ + (off - model_.blocks()[block].offset);  // streamed: one block at a time
 }
 
-int64_t Forward::wide_floats() const {
+int64_t Forward::wide_floats(bool streamed) const {
+  // Streamed: one block at a time (every parameter at its offset in the block), then a tied
+  // head's token table (block 0's, read by the head). Resident: every vector and table, kept
+  // until the weights change, then an fp32 walk's current block of matrices.
+  if (streamed) return max_block_span(model_) + (model_.config().tie_embeddings ? tied_lm_numel(model_) : 0);
   int64_t n = 0;
   for (const Param& p : model_.params())
     if (!p.gemm) n += (p.numel + 15) / 16 * 16;
@@ -145,21 +152,32 @@ Theta Forward::held(int pi) const {
 }
 
 float* Forward::wide_of(int pi, int block) {
+  const bool streamed = weights_ != nullptr;
   if (!wide_) {
     const auto& params = model_.params();
     wide_off_.assign(params.size(), -1);
     wide_resident_ = 0;
-    for (size_t i = 0; i < params.size(); ++i)
-      if (!params[i].gemm) {
-        wide_off_[i] = wide_resident_;
-        wide_resident_ += (params[i].numel + 15) / 16 * 16;
-      }
-    wide_ = (float*)be_.alloc(std::max<int64_t>(wide_floats(), 1) * sizeof(float));
+    if (!streamed)
+      for (size_t i = 0; i < params.size(); ++i)
+        if (!params[i].gemm) {
+          wide_off_[i] = wide_resident_;
+          wide_resident_ += (params[i].numel + 15) / 16 * 16;
+        }
+    wide_ = (float*)be_.alloc(std::max<int64_t>(wide_floats(streamed), 1) * sizeof(float));
   }
   const Param& p = model_.params()[pi];
+  const Block& b = model_.blocks()[block];
+  if (streamed) {
+    const bool in_block = p.offset >= b.offset && p.offset < b.offset + b.span;
+    if (!in_block) {  // a tied head's token table
+      ZOF_ASSERT(pi == model_.lm_head() && block == (int)model_.blocks().size() - 1);
+      return wide_ + max_block_span(model_);
+    }
+    return wide_ + (p.offset - b.offset);
+  }
   if (wide_off_[pi] >= 0) return wide_ + wide_off_[pi];
   ZOF_ASSERT(compute_ == DType::F32);
-  return wide_ + wide_resident_ + (p.offset - model_.blocks()[block].offset);
+  return wide_ + wide_resident_ + (p.offset - b.offset);
 }
 
 void Forward::widen(int block, bool tied_head) {
@@ -177,7 +195,7 @@ void Forward::widen(int block, bool tied_head) {
   } else {  // streamed: the block's, as it arrives (and a tied head's table, block 0's, held)
     for (int pi : model_.blocks()[block].params)
       if (!params[pi].gemm) widen_param(pi);
-    if (tied_head) widen_param(model_.lm_head());
+    if (tied_head && compute_ == DType::F32) widen_param(model_.lm_head());  // bf16: read as held
   }
   if (compute_ == DType::F32)
     for (int pi : model_.blocks()[block].params)

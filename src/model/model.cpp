@@ -618,10 +618,13 @@ DType Model::read_weights(const std::string& dir) {
     for (int64_t j = 0; j < p.numel; ++j) {
       h[j] = f32_to_bf16(wide[j]);
       // A finite weight past bf16's largest (3.39e38) would become inf: say so, not "damaged".
-      ZOF_CHECK(!std::isfinite(wide[j]) || std::isfinite(bf16_to_f32(h[j])),
-                "tensor " + p.name + " in " + t.file + " holds " + std::to_string(wide[j]) +
-                    " at element " + std::to_string(j) + ", beyond bf16's range: a bf16 master "
-                    "cannot hold it; train it with --master fp32");
+      if (std::isfinite(wide[j]) && !std::isfinite(bf16_to_f32(h[j]))) {
+        char v[32];
+        std::snprintf(v, sizeof v, "%g", (double)wide[j]);
+        throw Error("tensor " + p.name + " in " + t.file + " holds " + v + " at element " +
+                    std::to_string(j) + ", beyond bf16's range (3.39e38): a bf16 master cannot "
+                    "hold it; fine-tune this model with --master fp32");
+      }
     }
   }
   // A NaN or an infinity in the weights makes every loss NaN (or a perplexity that means

@@ -2,6 +2,8 @@
 // the Backend.
 #include "zof/jvp.h"
 
+#include "zof/error.h"
+
 #include "zo/jvp_walk.h"
 
 namespace zof {
@@ -13,9 +15,19 @@ std::vector<double> JVPSums::gradients() const {
   return g;
 }
 
+namespace {
+// The tangent walk reads fp32 weights (the trainer holds a bf16 master in fp32 storage for it).
+const Model& fp32_held(const Model& m) {
+  ZOF_CHECK(m.storage_dtype() == DType::F32,
+            "the JVP estimator reads weights held in fp32: hold a bf16 master in fp32 storage "
+            "for it (Model::set_storage_dtype), as zof finetune does");
+  return m;
+}
+}  // namespace
+
 JVPEstimator::JVPEstimator(const Model& model, Backend& backend, int64_t max_rows, int directions)
     : walk_(std::make_unique<JVPWalk<graph::JvpBackendKernels>>(
-          model, backend, max_rows, directions, graph::JvpBackendKernels{{backend}})) {}
+          fp32_held(model), backend, max_rows, directions, graph::JvpBackendKernels{{backend}})) {}
 
 JVPEstimator::~JVPEstimator() = default;
 

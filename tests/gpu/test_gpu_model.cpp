@@ -221,8 +221,9 @@ void expect_losses_close(const zof::QueryLosses& cpu, const zof::QueryLosses& gp
 }
 
 bool same_weights(const zof::Model& a, const zof::Model& b) {
-  return a.storage_size() == b.storage_size() &&
-         std::memcmp(a.storage(), b.storage(), size_t(a.storage_size()) * sizeof(float)) == 0;
+  if (a.storage_size() != b.storage_size() || a.storage_dtype() != b.storage_dtype()) return false;
+  const size_t bytes = size_t(a.storage_size()) * zof::dtype_size(a.storage_dtype());
+  return std::memcmp(a.storage_ptr(), b.storage_ptr(), bytes) == 0;
 }
 
 // The trainer's step (perturbed_losses, projected_gradients, schedule_update) of src/zo's engine
@@ -279,18 +280,23 @@ TEST_P(GpuZOStep, MatchesCpuStep) {
 // src/zo's own engine on the CUDA backend, its weights streamed from host memory (all
 // resident, then at the least budget, every block through two slots): the same losses as the
 // CPU engine to fp32 accuracy, and the same weights bit for bit when both apply the same update.
+// A bf16 master held in 2 bytes ("adam, bf16 master") streams in bf16 and is read and updated
+// so by the kernels: the same weights bit for bit as the CPU's bf16-held master.
 TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
-  for (const char* optimizer : {"sgd", "adam"}) {
+  for (const char* optimizer : {"sgd", "adam", "adam, bf16 master"}) {
     for (bool tight : {false, true}) {
       SCOPED_TRACE(std::string(optimizer) + (tight ? ", least budget" : ", all resident"));
+      const bool bf16 = std::string(optimizer) == "adam, bf16 master";
       zof::ZOStepOptions opt;
       opt.eps = 1e-3f;
       opt.queries = 2;
       opt.seed = 20240601;
       opt.weight_decay = 0.1f;
-      if (std::string(optimizer) == "adam") opt.optimizer = zof::ZOStepOptions::Optimizer::Adam;
-      zof::Model cpu_model = zof::Model::load(g.model_dir);
-      zof::Model gpu_model = zof::Model::load(g.model_dir);
+      if (std::string(optimizer) != "sgd") opt.optimizer = zof::ZOStepOptions::Optimizer::Adam;
+      if (bf16) opt.master = zof::DType::BF16;
+      const zof::DType held = bf16 ? zof::DType::BF16 : zof::DType::F32;
+      zof::Model cpu_model = zof::Model::load(g.model_dir, held);
+      zof::Model gpu_model = zof::Model::load(g.model_dir, held);
       auto cpu = zof::make_cpu_backend(0);
       auto be = zof::make_cuda_backend(0);
       zof::ZOEngine cpu_zo(cpu_model, *cpu, rows, opt);
@@ -308,9 +314,7 @@ TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
       }
       cpu_zo.flush();
       gpu_zo.flush();  // writes the device copies back to gpu_model's storage
-      EXPECT_EQ(0, std::memcmp(cpu_model.storage(), gpu_model.storage(),
-                               size_t(cpu_model.storage_size()) * sizeof(float)))
-          << "weights after three updates differ";
+      EXPECT_TRUE(same_weights(cpu_model, gpu_model)) << "weights after three updates differ";
       // Evaluation through the streamer's device blocks.
       const double lc = cpu_zo.loss(micro), lg = gpu_zo.loss(micro);
       EXPECT_NEAR(lc, lg, 2e-5 * std::fabs(lc));

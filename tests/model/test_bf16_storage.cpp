@@ -15,6 +15,7 @@
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zof/forward.h"
+#include "zof/jvp.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
 #include "zof/zo.h"
@@ -108,6 +109,55 @@ TEST(Bf16Storage, RandomLoadSaveAndFingerprintMatchTheRoundedFp32Model) {
     EXPECT_NE(c.params()[0].data, nullptr);
     c.set_storage_dtype(DType::BF16);
     EXPECT_TRUE(same_bits(values(c), values(lh)));
+  }
+}
+
+// A checkpoint read into a model (resume): bf16 into fp32 storage and fp32 into bf16, exact for
+// a bf16 master's values; a finite weight past bf16's range is refused by name, not taken as inf.
+TEST(Bf16Storage, ReadWeightsAcrossStorageTypes) {
+  ZOF_REQUIRE_PATH(golden_model_dir("gpt2") + "/model.safetensors");
+  const zof::Model h = zof::Model::load(golden_model_dir("gpt2"), DType::BF16);
+  const fs::path dir = fs::temp_directory_path() / "zof_bf16_read_weights";
+  for (DType file : {DType::BF16, DType::F32}) {
+    fs::remove_all(dir);
+    h.save(dir.string(), file);
+    for (DType held : {DType::F32, DType::BF16}) {
+      zof::Model m = zof::Model::load(golden_model_dir("gpt2"), held);
+      EXPECT_FALSE(same_bits(values(m), values(h)) && held == DType::F32);
+      m.read_weights(dir.string());
+      EXPECT_TRUE(same_bits(values(m), values(h)))
+          << zof::dtype_name(file) << " into " << zof::dtype_name(held);
+      EXPECT_EQ(m.stored_dtype(), DType::F32) << "the base model's dtype is kept";
+    }
+  }
+  zof::Model big = zof::Model::load(golden_model_dir("gpt2"));
+  big.params()[3].data[5] = 3.4e38f;  // finite in fp32, past bf16's largest (3.39e38)
+  fs::remove_all(dir);
+  big.save(dir.string(), DType::F32);
+  try {
+    zof::Model::load(dir.string(), DType::BF16);
+    FAIL() << "a weight past bf16's range was accepted";
+  } catch (const zof::Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find(big.params()[3].name), std::string::npos) << w;
+    EXPECT_NE(w.find("3.4e+38 at element 5, beyond bf16's range"), std::string::npos) << w;
+  }
+  EXPECT_NO_THROW(zof::Model::load(dir.string()));  // fp32 holds it
+  fs::remove_all(dir);
+}
+
+// The JVP walk reads fp32 weights: a model held in bf16 is refused by name, not misread.
+TEST(Bf16Storage, JvpEstimatorRefusesBf16Storage) {
+  ZOF_REQUIRE_PATH(golden_model_dir("gpt2") + "/model.safetensors");
+  const zof::Model h = zof::Model::load(golden_model_dir("gpt2"), DType::BF16);
+  auto be = zof::test::cpu_backend(0);
+  try {
+    zof::JVPEstimator j(h, *be, 8, 1);
+    FAIL() << "accepted";
+  } catch (const zof::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("JVP estimator reads weights held in fp32"),
+              std::string::npos)
+        << e.what();
   }
 }
 
