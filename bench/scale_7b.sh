@@ -6,6 +6,10 @@
 # machine's memory, seconds per step, tokens/s, and the split of the step.
 #   bench/scale_7b.sh                                  # batch 1 x 16, bf16 products, every core
 #   SHAPES="1x16 1x64" DTYPE=fp32 ITERS=3 bench/scale_7b.sh
+#   FINETUNE=1 bench/scale_7b.sh    # then the product end to end: random_model writes the 7B
+#                                   # shape in bf16 (13.5 GB), zof finetune trains it 3 steps with
+#                                   # evaluations, checkpoint and save, zof replay rebuilds it
+#                                   # (needs ~45 GB of disk under $ZOF_BENCH_OUT)
 # ZOF_BUILD_DIR: where to build (default build/). Raw JSON lines go to $ZOF_BENCH_OUT (default a
 # fresh temp dir). Not in CI (minutes, and 15 GB of memory).
 set -euo pipefail
@@ -23,7 +27,7 @@ RAW="$OUTDIR/scale_7b.jsonl"
 : >"$RAW"
 
 . bench/lib.sh
-build_targets -- zo_step_bench
+build_targets -- zo_step_bench random_model zof
 
 mem_total=$(awk '/^MemTotal:/ {print $2 * 1024}' /proc/meminfo)
 echo "load before: $(uptime)" >&2
@@ -52,3 +56,25 @@ for r in rows:
           f"| {r['param_pass_ms'] / 1e3:.1f} s |")
 EOF
 echo "raw: $RAW" >&2
+
+if [[ ${FINETUNE:-0} == 1 ]]; then
+  ASSETS=${ZOF_ASSETS:-../shared/assets}
+  M="$OUTDIR/llama2-7b-random"
+  rm -rf "$M" "$OUTDIR/run" "$OUTDIR/replayed"
+  "$BUILD/random_model" --model-config llama2-7b --dtype bf16 --out "$M" \
+    --tokenizer-from "$ASSETS/models/stories260K" >&2
+  peak() { awk '/Maximum resident/ {printf "%.2f GB", $6 * 1024 / 1e9}' "$1"; }
+  /usr/bin/time -v "$BUILD/zof" finetune --model "$M" --task text \
+    --data "$ASSETS/data/tinyshakespeare/input.txt" --out "$OUTDIR/run" --steps 3 --batch 1 \
+    --seq-len 16 --master bf16 --dtype "$DTYPE" --eval-examples 2 --lr 1e-6 \
+    --threads "$THREADS" >"$OUTDIR/finetune.json" 2>"$OUTDIR/finetune.err"
+  /usr/bin/time -v "$BUILD/zof" replay --model "$M" --log "$OUTDIR/run" --out "$OUTDIR/replayed" \
+    >/dev/null 2>"$OUTDIR/replay.err"
+  same=no
+  cmp -s "$OUTDIR/run/model.safetensors" "$OUTDIR/replayed/model.safetensors" && same=yes
+  echo
+  echo "| command | peak RSS | wall |"
+  echo "|---|---:|---:|"
+  echo "| zof finetune (3 steps, 2 evaluations, checkpoint, save) | $(peak "$OUTDIR/finetune.err") | $(awk '/Elapsed/ {print $8}' "$OUTDIR/finetune.err") |"
+  echo "| zof replay (byte-identical model: $same) | $(peak "$OUTDIR/replay.err") | $(awk '/Elapsed/ {print $8}' "$OUTDIR/replay.err") |"
+fi

@@ -53,6 +53,11 @@ class Archive {
   std::unique_ptr<Impl> impl_;
 };
 
+// Drops the tensor's pages of the mapped file from this process's memory (they are read from
+// the file again if touched): a loader done with a tensor keeps the resident set to what it
+// holds itself (a 13 GB model read into bf16 would otherwise also count 13 GB of mapped file).
+void release_pages(const TensorInfo& t);
+
 // Converts any stored dtype to fp32: out must hold t.numel() floats.
 void to_f32(const TensorInfo& t, float* out);
 

@@ -601,4 +601,12 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
   }
 }
 
+void release_pages(const TensorInfo& t) {
+  if (!t.data || t.nbytes == 0) return;
+  const uintptr_t page = (uintptr_t)::sysconf(_SC_PAGESIZE);
+  const uintptr_t lo = ((uintptr_t)t.data + page - 1) / page * page;  // whole pages inside it
+  const uintptr_t hi = ((uintptr_t)t.data + t.nbytes) / page * page;
+  if (hi > lo) ::madvise((void*)lo, hi - lo, MADV_DONTNEED);  // advice: failure changes nothing
+}
+
 }  // namespace zof::safetensors

@@ -610,6 +610,7 @@ DType Model::read_weights(const std::string& dir) {
     any_f16 |= t.dtype == DType::F16;
     if (storage_dtype_ == DType::F32) {
       load_tensor(t, p, p.data);
+      safetensors::release_pages(t);  // the file's pages: not resident beside the copy
       continue;
     }
     wide.resize(p.numel);  // one tensor at a time
@@ -626,6 +627,7 @@ DType Model::read_weights(const std::string& dir) {
                     "hold it; fine-tune this model with --master fp32");
       }
     }
+    safetensors::release_pages(t);
   }
   // A NaN or an infinity in the weights makes every loss NaN (or a perplexity that means
   // nothing): refused here, for every command.

@@ -173,6 +173,34 @@ TEST(Safetensors, LargeTensorConversion) {  // big enough for the parallel to_f3
   }
 }
 
+// A loader drops a tensor's pages once read (release_pages): the data read again are the same
+// (the pages come back from the file), and the resident set shrinks by about the tensor.
+TEST(Safetensors, ReleasedPagesReadBackTheSame) {
+  TempDir d;
+  const auto a = ramp(4 << 20, 3.f);  // 16 MB
+  std::vector<uint16_t> bits(a.size());
+  for (size_t i = 0; i < a.size(); ++i) bits[i] = zof::f32_to_bf16(a[i]);
+  st::TensorOut t{"w", zof::DType::BF16, {(int64_t)a.size()}, nullptr};
+  t.bf16 = bits.data();  // written from bf16 as is
+  st::write(d / "x.safetensors", {t});
+  auto ar = st::Archive::open_file(d / "x.safetensors");
+  const st::TensorInfo& w = ar.require("w", {(int64_t)a.size()});
+  auto resident_kb = [] {
+    std::ifstream f("/proc/self/status");
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+    return 0L;
+  };
+  const auto first = read_f32(w);
+  const long before = resident_kb();
+  st::release_pages(w);
+  const long after = resident_kb();
+  EXPECT_LT(after, before - 4000) << "about 8 MB of pages should have left the resident set";
+  const auto again = read_f32(w);
+  ASSERT_EQ(first, again);
+  for (size_t i = 0; i < a.size(); i += 4099) ASSERT_EQ(first[i], zof::bf16_to_f32(bits[i]));
+}
+
 TEST(Safetensors, OverwritesExistingFile) {
   TempDir d;
   const auto a = ramp(4), b = ramp(8);
