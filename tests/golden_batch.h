@@ -21,6 +21,17 @@
 
 namespace zof::test {
 
+// Every element of a model's storage as fp32, padding included (a bf16-held master widened):
+// for comparing weights whatever the storage holds them in.
+inline std::vector<float> storage_values(const zof::Model& m) {
+  std::vector<float> v(m.storage_size());
+  if (m.storage_dtype() == zof::DType::F32)
+    std::copy(m.storage(), m.storage() + m.storage_size(), v.begin());
+  else
+    for (size_t i = 0; i < v.size(); ++i) v[i] = zof::bf16_to_f32(m.storage_bf16()[i]);
+  return v;
+}
+
 inline std::string golden_dir(const std::string& name) {
   return zof::test::source_dir() + "/tests/golden/" + name;
 }

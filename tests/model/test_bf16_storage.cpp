@@ -28,16 +28,7 @@ using zof::test::golden_batch;
 using zof::test::golden_dir;
 using zof::test::golden_model_dir;
 
-// Every element of a model's storage as fp32 (padding included).
-std::vector<float> values(const zof::Model& m) {
-  std::vector<float> v(m.storage_size());
-  if (m.storage_dtype() == DType::F32) {
-    std::memcpy(v.data(), m.storage(), v.size() * sizeof(float));
-  } else {
-    for (size_t i = 0; i < v.size(); ++i) v[i] = zof::bf16_to_f32(m.storage_bf16()[i]);
-  }
-  return v;
-}
+std::vector<float> values(const zof::Model& m) { return zof::test::storage_values(m); }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

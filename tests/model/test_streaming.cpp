@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "golden_batch.h"
 #include "zof/backend.h"
 #include "zof/cuda.h"
 #include "zof/error.h"
@@ -80,15 +81,7 @@ constexpr int kSteps = 3;
 
 // kSteps ZO steps (losses, gradients, the update applied by the next walk), then the loss at the
 // flushed weights. budget 0: the plain CPU backend, no streaming.
-// The model's storage as fp32 values (a bf16 master's widened).
-std::vector<float> storage_values(const zof::Model& m) {
-  std::vector<float> v(m.storage_size());
-  if (m.storage_dtype() == zof::DType::F32)
-    std::copy(m.storage(), m.storage() + m.storage_size(), v.begin());
-  else
-    for (size_t i = 0; i < v.size(); ++i) v[i] = zof::bf16_to_f32(m.storage_bf16()[i]);
-  return v;
-}
+using zof::test::storage_values;
 
 RunResult run_steps(const std::string& name, const zof::ZOStepOptions& o, size_t budget,
                     double bandwidth = 0, zof::DType held = zof::DType::F32) {
