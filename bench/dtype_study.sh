@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Learning in bf16 (issue 14): the demo's run (stories260K on Tiny Shakespeare, the settings of
 # scripts/demo.sh) with fp32 products, with bf16 products (fp32 master weights), and with a bf16
-# master (fp32 products: --master bf16, updates rounded back stochastically), same seed,
-# through zof finetune itself. Prints one row per run (held-out perplexity before and after, the
+# master (fp32 products: --master bf16, updates rounded back stochastically: master_bf16 with
+# the default rounding window, --round-every auto = 8; master_bf16_every1 rounding every update,
+# --round-every 1), same seed, through zof finetune itself. Prints one row per run (held-out perplexity before and after, the
 # last training loss, tokens/s, the unit the bf16 products ran on) and the bf16 run's perplexity
 # against fp32's; the curves' data (held-out perplexity every --eval-every steps, the training
 # loss of every step) are each run's metrics.jsonl under --out.
@@ -21,8 +22,12 @@ done
 [ -x build/zof ] || { echo "dtype_study.sh: build/zof is missing: build first" >&2; exit 1; }
 rm -rf "$OUT"
 mkdir -p "$OUT"
-for d in fp32 bf16 master_bf16; do
-  case $d in master_bf16) flags=(--dtype fp32 --master bf16) ;; *) flags=(--dtype "$d") ;; esac
+for d in fp32 bf16 master_bf16 master_bf16_every1; do
+  case $d in
+    master_bf16) flags=(--dtype fp32 --master bf16) ;;
+    master_bf16_every1) flags=(--dtype fp32 --master bf16 --round-every 1) ;;
+    *) flags=(--dtype "$d") ;;
+  esac
   build/zof finetune --model "$MODEL" --task text --data "$DATA" --out "$OUT/$d" \
     --steps "$STEPS" --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 --eval-examples 64 \
     --eval-every "$EVERY" --seed "$SEED" --threads "$THREADS" "${flags[@]}" --no-report \
@@ -32,7 +37,7 @@ python3 - "$OUT" <<'PY'
 import json, sys, os
 out = sys.argv[1]
 rows = {}
-RUNS = ("fp32", "bf16", "master_bf16")
+RUNS = ("fp32", "bf16", "master_bf16", "master_bf16_every1")
 print("| run | held-out ppl before | after | last train loss | tokens/s | unit |")
 print("|---|---:|---:|---:|---:|---|")
 for d in RUNS:

@@ -225,7 +225,7 @@ NB_MODULE(_zof, m) {
   ZOF_FIELD(sparsity); ZOF_FIELD(optimizer); ZOF_FIELD(beta1); ZOF_FIELD(beta2);
   ZOF_FIELD(adam_eps); ZOF_FIELD(warmup); ZOF_FIELD(eval_every); ZOF_FIELD(save_every);
   ZOF_FIELD(train_examples); ZOF_FIELD(eval_examples); ZOF_FIELD(seq_len);
-  ZOF_FIELD(max_bad_steps); ZOF_FIELD(threads); ZOF_FIELD(resume);
+  ZOF_FIELD(max_bad_steps); ZOF_FIELD(round_every); ZOF_FIELD(threads); ZOF_FIELD(resume);
   ZOF_FIELD(pipeline_stages); ZOF_FIELD(dist_timeout); ZOF_FIELD(gpu_mem);
   ZOF_FIELD(sim_device); ZOF_FIELD(device);
 #undef ZOF_FIELD

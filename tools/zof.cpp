@@ -540,6 +540,10 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
   num("--eval-examples", t.eval_examples, "Evaluation examples sampled");
   num("--seq-len", t.seq_len, "Text window length; longest task sequence");
   num("--max-bad-steps", t.max_bad_steps, "Stop after this many non-finite steps in a row");
+  num("--round-every", t.round_every, "With --master bf16 (ZO-SGD): round the master once every "
+      "N steps, the steps between summed in fp32 from their seeds on every pass (up to N z's "
+      "regenerated): less rounding noise. 0 (auto): 8 with --master bf16 and ZO-SGD, else 1 "
+      "(every update rounded). Evaluations, checkpoints and the end also close a window");
   return ft;
 }
 

@@ -60,6 +60,9 @@ struct TrainOptions {
   int64_t train_examples = 1000, eval_examples = 500;
   int64_t seq_len = 128;              // text windows; max sequence length for tasks
   int64_t max_bad_steps = 10;         // consecutive non-finite losses before giving up
+  // --round-every: a bf16 master rounded once every N steps (ZOStepOptions::round_every); 0,
+  // auto: 8 where a window applies (round_every_of), else 1. A new run records the number.
+  int64_t round_every = 0;
   int threads = 0;
   bool json = false;
   bool no_report = false;  // --no-report: no report.html at the end (not saved: output only)
@@ -97,6 +100,13 @@ DType save_dtype(const TrainOptions& o, const Model& model);
 // pipeline stages hold it in fp32 storage, rounded to the same bf16 values (the same bits
 // either way), so a run may resume with other such flags.
 DType weight_storage(const TrainOptions& o);
+// Whether a bf16 master's rounding window (--round-every) closes after step `step`: at
+// multiples of round_every, and wherever the run reads its master (each evaluation and
+// checkpoint, flushed; the end). All are fixed by the run's options, so a resumed run and its
+// replay round where the run did; a stop runs on to the next one.
+bool window_closes_after(const TrainOptions& o, int64_t step);
+// --round-every with auto (0) resolved.
+int64_t round_every_of(const TrainOptions& o);
 // How to load a run's base model so that its fingerprint compares with the one the run
 // recorded (whose label names the storage it was taken in): "storage-bf16-..." in bf16 (the
 // base rounded), "storage-f32-..." in fp32; `otherwise` when none is recorded. The model is then

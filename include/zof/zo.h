@@ -109,10 +109,22 @@ struct ZOStepOptions {
   // model may hold them in bf16 (Model::storage_dtype, 2 bytes each: the walk reads and updates
   // them so) or in fp32 storage (streaming; the same values and bits).
   DType master = DType::F32;
+  // A bf16 master's rounding window (--round-every): 1, every update is rounded as it lands;
+  // K > 1, the updates of steps [kK, kK + K) are summed in fp32 on top of the stored master and
+  // rounded once, by the walk of step (k + 1) K (or a flush). Until then the master is never
+  // written: each pass rebuilds theta = master - sum of the window's updates from their seeds
+  // and makes its copies from that, so the walks see every update at once, as with K = 1. The
+  // rounding's variance is paid once per window, on a sum of K updates, instead of once per
+  // update: far less noise where updates are about an ulp (measured in bench/RESULTS.md), for
+  // up to K z's regenerated per pass. Windows are aligned to step numbers, so a run that
+  // flushes only at multiples of K (evaluations, checkpoints) and at its end is exact under
+  // resume and replay. ZO-SGD only (a stateful optimizer's update is not a sum of z's).
+  int round_every = 1;
 };
 
 // The update waiting to be applied. ZO-SGD: theta -= sum_j coef_j z_j + lr_wd theta (decayed
-// tensors), coef_j = lr g_j / q. Momentum and Adam: gh = sum_j coef_j z_j with coef_j = g_j / q
+// tensors), coef_j = lr g_j / q; in a bf16 master's rounding window (round_every > 1) the terms
+// and lr_wd of every step of the window so far, in step order (join()). Momentum and Adam: gh = sum_j coef_j z_j with coef_j = g_j / q
 // goes through the optimizer state with lr, wd and the update count t (Backend::zo_update_state).
 struct PendingUpdate {
   std::vector<ZOUpdateTerm> terms;
@@ -122,6 +134,9 @@ struct PendingUpdate {
   // steps whose update was skipped as non-finite; replay counts the same way).
   uint32_t t = 0;
   bool empty() const { return terms.empty(); }
+  // ZO-SGD: adds a later step's update (its terms after these; its decay summed, applied to
+  // the window's starting weights).
+  void join(const PendingUpdate& later);
 };
 
 // Where a pipeline stage's hidden states come from and go to: stream 2j is query j's +eps
@@ -158,9 +173,13 @@ class ZOEngine {
   std::vector<double> projected_gradients(const QueryLosses& l) const;
 
   // Schedules theta <- theta - lr (mean_j g_j z_j + wd theta); applied lazily by the next walk
-  // or by flush().
+  // or by flush(). In an open rounding window (round_every > 1) it joins the window's updates.
   void schedule_update(uint32_t step, float lr, const std::vector<double>& g);
-  // Applies a pending update now (before evaluation, saving and at the end of a run). With
+  // Adds an update as schedule_update does (replay: made by make_update).
+  void add_update(const PendingUpdate& u);
+  // Applies a pending update now (before evaluation, saving and at the end of a run); it closes
+  // a rounding window, so a run calls it only where windows end (multiples of round_every) and
+  // at its end. With
   // streaming, to_host also writes the device copies back to the Model's storage; false leaves
   // them on the device (a walk that reads the streamer next, as the JVP step does, needs no
   // host copy).
@@ -220,8 +239,14 @@ class ZOEngine {
   // into plus/minus at the block's copy layout. The token table and the LM head matrix get
   // their update here but are never copied whole (see embed_rows and head_sums).
   void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
-  // The bits of a bf16 master's rounding of the pending update: its terms' (seed, step).
+  // The bits of a bf16 master's rounding of the pending update: its first term's (seed, step).
   ZKey round_key() const;
+  // A pass of an open rounding window over elements [first, first + n) of tensor pi (th points
+  // at element first): the copies at (master - the window's updates) +/- eps z(cur), through
+  // held_ in chunks; the master is only read. theta_out (may be null) receives that theta in
+  // type ct (a one-sided walk's second stream).
+  void held_pass(const Theta& th, int64_t n, int pi, int64_t first, const ZKey& cur, void* plus,
+                 void* minus, DType ct, void* theta_out);
   // One step's walk: the queries' keys and the stage's share of the blocks.
   struct StepWalk {
     std::vector<ZKey> keys;
@@ -297,6 +322,11 @@ class ZOEngine {
   std::vector<float*> h_plus_, h_minus_;
   int64_t vocab_chunk_ = 0;
   std::vector<float> mask_;            // per parameter (Sparse MeZO)
+  // An open rounding window (round_every > 1): the walk of this step reads the master through
+  // held_pass, held_ chunks of held_n_ floats at a time.
+  bool hold_ = false;
+  float* held_ = nullptr;
+  int64_t held_n_ = 0;
   // Optimizer state in storage layout: without streaming m_/v_ in device memory (allocated by
   // the first update or write_state(), so that an engine about to stream never holds it whole
   // on the device); with streaming state_host_, the pinned host masters (m, then v) that stream_

@@ -107,7 +107,7 @@ def _check_resume_options(options):
     except (OSError, ValueError, KeyError, TypeError):
         return  # the library says what the directory is
     # What runs from before an option recorded (TrainOptions::from_json's defaults for them).
-    saved = {"dtype": "fp32", "save_dtype": "input", "master": "fp32", **saved}
+    saved = {"dtype": "fp32", "save_dtype": "input", "master": "fp32", "round_every": 1, **saved}
     given, kept = [], []
     for key, value in options.items():
         if key in _LAYOUT_FIELDS or value is None or key not in saved:
@@ -119,6 +119,8 @@ def _check_resume_options(options):
             continue
         if key == "save_dtype" and now == "auto" and was == saved["master"]:
             continue  # auto is the master's dtype
+        if key == "round_every" and now == 0:
+            continue  # auto: the run's recorded window
         if now != was:
             given.append("%s=%r" % (key, value))
             kept.append("%s=%r" % (key, was))

@@ -43,6 +43,8 @@ const FlagRule kTrainRules[] = {
     {"--eval-examples", {.whole = true, .lo = 1}},
     {"--seq-len", {.whole = true, .lo = 2, .hi = double(kMaxRows)}},
     {"--max-bad-steps", {.whole = true, .lo = 1}},
+    {"--round-every",
+     {.whole = true, .lo = 0, .hi = 128, .note = "0: auto; 1: every update rounded"}},
     {"--threads", {.whole = true, .lo = 0, .hi = 4096, .note = "0: all cores"}},
     {"--pipeline-stages", {.whole = true, .lo = 1, .hi = 4096}},
     {"--dist-timeout", {.lo = 0, .note = "seconds; 0: wait for ever"}},
@@ -170,6 +172,7 @@ void validate_options(const TrainOptions& o, bool new_run) {
   check_whole("--eval-examples", o.eval_examples, rule_of("--eval-examples"));
   check_whole("--seq-len", o.seq_len, rule_of("--seq-len"));
   check_whole("--max-bad-steps", o.max_bad_steps, rule_of("--max-bad-steps"));
+  check_whole("--round-every", o.round_every, rule_of("--round-every"));
   ZOF_CHECK(o.objective == "auto" || o.objective == "lm" || o.objective == "classification",
             "--objective must be auto, lm or classification, not '" + o.objective + "'");
   const bool candidates = o.task == "sst2" || o.task == "rte" || o.task == "cb" || o.task == "copa";
@@ -183,6 +186,27 @@ void validate_options(const TrainOptions& o, bool new_run) {
             "--save-dtype must be auto, fp32, bf16, f16 or input, not '" + o.save_dtype + "'");
   ZOF_CHECK(o.master == "fp32" || o.master == "bf16",
             "--master must be fp32 or bf16, not '" + o.master + "'");
+  // A rounding window (ZOStepOptions::round_every) sums ZO-SGD's updates on a bf16 master
+  // (window_closes_after).
+  if (o.round_every > 1) {
+    const std::string n = std::to_string(o.round_every);
+    ZOF_CHECK(o.master == "bf16", "--round-every " + n + " rounds a bf16 master once every " +
+                                      n + " steps: add --master bf16, or drop --round-every");
+    ZOF_CHECK(o.optimizer == "sgd",
+              "--round-every sums ZO-SGD's updates, and --optimizer " + o.optimizer +
+                  " updates through its state every step: use --optimizer sgd, or drop "
+                  "--round-every");
+    ZOF_CHECK(o.estimator == "spsa",
+              "--round-every is for the SPSA estimator (--estimator spsa); the JVP estimator "
+              "keeps its master in fp32 storage: drop --round-every");
+    ZOF_CHECK(o.pipeline_stages == 1,
+              "--round-every does not combine with --pipeline-stages > 1; use --pipeline-stages 1 "
+              "(data parallel only), or drop --round-every");
+    ZOF_CHECK(o.round_every * o.queries <= 128,
+              "--round-every " + n + " with --queries " + std::to_string(o.queries) + " sums " +
+                  std::to_string(o.round_every * o.queries) + " directions in a pass, more than "
+                  "the 128 a pass takes: lower --round-every or --queries");
+  }
   // The forward-mode tangents run in fp32 (their matrix products, the tangent rules in double
   // on the host); a bf16 primal beside them would mix two models' derivatives.
   ZOF_CHECK(o.estimator != "jvp" || o.dtype != "bf16",
@@ -232,6 +256,22 @@ DType weight_storage(const TrainOptions& o) {
   return o.estimator != "jvp" && o.pipeline_stages == 1 ? DType::BF16 : DType::F32;
 }
 
+int64_t round_every_of(const TrainOptions& o) {
+  if (o.round_every > 0) return o.round_every;
+  // auto: a window of 8 wherever one applies (a bf16 master's ZO-SGD, one stage), no wider
+  // than the 128 directions a pass takes.
+  const bool applies = o.master == "bf16" && o.optimizer == "sgd" && o.estimator == "spsa" &&
+                       o.pipeline_stages == 1;
+  return applies ? std::max<int64_t>(1, std::min<int64_t>(8, 128 / std::max<int64_t>(1, o.queries)))
+                 : 1;
+}
+
+bool window_closes_after(const TrainOptions& o, int64_t step) {
+  const int64_t next = step + 1, k = round_every_of(o);
+  auto at = [&](int64_t every) { return every > 0 && next % every == 0; };
+  return k <= 1 || at(k) || at(o.eval_every) || at(o.save_every) || next >= o.steps;
+}
+
 DType fingerprint_storage(const std::string& recorded, DType otherwise) {
   if (recorded.rfind("storage-bf16-", 0) == 0) return DType::BF16;
   if (recorded.rfind("storage-f32-", 0) == 0) return DType::F32;
@@ -259,6 +299,7 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   // which no dtype changes.
   zo.compute = o.dtype == "bf16" ? DType::BF16 : DType::F32;
   zo.master = o.master == "bf16" ? DType::BF16 : DType::F32;
+  zo.round_every = (int)round_every_of(o);
   return zo;
 }
 
@@ -295,7 +336,8 @@ json TrainOptions::to_json() const {
               {"train_examples", train_examples},
               {"eval_examples", eval_examples},
               {"seq_len", seq_len},
-              {"max_bad_steps", max_bad_steps}};
+              {"max_bad_steps", max_bad_steps},
+              {"round_every", round_every}};
 }
 
 TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
@@ -340,6 +382,8 @@ TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
   get("eval_examples", o.eval_examples);
   get("seq_len", o.seq_len);
   get("max_bad_steps", o.max_bad_steps);
+  o.round_every = 1;  // runs from before --round-every rounded every update
+  get("round_every", o.round_every);
   return o;
 }
 

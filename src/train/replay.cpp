@@ -140,8 +140,9 @@ std::string check_log(const path& log, const Recorded& r, int64_t prefix,
 
 // Applies the logged updates (the first `limit` steps; limit <= 0: all) to the engine's model in
 // order; returns (steps, updates). engine null: only reads them (each record checked).
-std::pair<int64_t, int64_t> apply_log(const path& log, ZOEngine* engine, ZOStepOptions zo,
+std::pair<int64_t, int64_t> apply_log(const path& log, ZOEngine* engine, const TrainOptions& o,
                                       int64_t limit) {
+  ZOStepOptions zo = zo_step_options(o);
   std::ifstream f(log);
   std::string line;
   int64_t n = 0, lineno = 0, expect_step = 0;
@@ -176,17 +177,24 @@ std::pair<int64_t, int64_t> apply_log(const path& log, ZOEngine* engine, ZOStepO
                                        ": expected step " + std::to_string(expect_step) +
                                        ", found " + std::to_string(step));
     ++expect_step;
-    if (skipped) continue;
+    // A bf16 master's rounding window closes where the run's did (its walk of the next step,
+    // or its flush, rounded it): skipped or not.
+    const bool closes = window_closes_after(o, step);
+    if (skipped) {
+      if (engine && closes) engine->flush();
+      continue;
+    }
     ZOF_CHECK((int64_t)g.size() == zo.queries,
               log.string() + " line " + std::to_string(lineno) + ": " +
                   std::to_string(g.size()) + " projected gradients where the run takes " +
                   std::to_string(zo.queries) + " (--queries); the log is damaged");
     if (engine) {
-      engine->set_pending(ZOEngine::make_update(zo, (uint32_t)step, lr, g));
-      engine->flush();
+      engine->add_update(ZOEngine::make_update(zo, (uint32_t)step, lr, g));
+      if (closes) engine->flush();
     }
     ++n;
   }
+  if (engine) engine->flush();  // the run's end closes a window part way
   return {expect_step, n};
 }
 
@@ -223,7 +231,7 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   // Warnings wait until the replay is known to succeed: a refused one prints its error alone.
   std::vector<std::string> warnings;
   const int64_t read_steps =
-      apply_log(run / "zo_log.jsonl", nullptr, zo_step_options(o), steps_wanted).first;
+      apply_log(run / "zo_log.jsonl", nullptr, o, steps_wanted).first;
   if (std::string w = check_log(run / "zo_log.jsonl", recorded_log(run, o), steps_wanted, run_dir);
       !w.empty())
     warnings.push_back(std::move(w));
@@ -262,7 +270,7 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   ZOEngine engine(model, *backend, 1, zo);
   // The records read and checked above, no more (a live run may have added some since).
   const auto [steps, updates] =
-      read_steps > 0 ? apply_log(run / "zo_log.jsonl", &engine, zo, read_steps)
+      read_steps > 0 ? apply_log(run / "zo_log.jsonl", &engine, o, read_steps)
                      : std::pair<int64_t, int64_t>{0, 0};
   // A log whose updates drove the weights non-finite rebuilds no model.
   if (const Model::NonFinite bad = model.find_non_finite(); bad.param >= 0)

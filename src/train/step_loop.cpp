@@ -117,7 +117,19 @@ LoopEnd StepLoop::run() {
       hint_if_stalled();
     }
     if (job_.root) report(step, rec, evaluated);
-    if (s.stop) {
+    // A stop asked for inside a bf16 master's rounding window runs on to the window's end
+    // (a resumed run then rounds where this one would have).
+    const bool window_open = !window_closes_after(opt_, step);
+    if (s.stop && window_open && !stop_noted_) {
+      stop_noted_ = true;
+      int64_t end_step = step + 1;
+      while (!window_closes_after(opt_, end_step - 1)) ++end_step;
+      if (job_.root)
+        sink_.message("stopping at step " + std::to_string(end_step) +
+                      ", where the bf16 master's rounding window ends (--round-every " +
+                      std::to_string(opt_.round_every) + ")");
+    }
+    if (s.stop && !window_open) {
       end.interrupted = true;
       ++step;
       break;

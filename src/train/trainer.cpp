@@ -141,6 +141,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"save_dtype", saved == DType::F16 ? "f16" : compute_dtype_word(saved)},
                {"master", r.opt.master},
                {"master_storage", compute_dtype_word(r.model.storage_dtype())},
+               {"round_every", r.opt.round_every},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
   return summary;
@@ -180,6 +181,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   if (opt.resume.empty()) opt.objective = training_objective(opt);
   // Likewise the saved dtype: auto is the master's.
   if (opt.resume.empty() && opt.save_dtype == "auto") opt.save_dtype = opt.master;
+  // And the bf16 master's rounding window (auto: 8 where one applies).
+  if (opt.resume.empty()) opt.round_every = round_every_of(opt);
   const uint64_t gpu_mem = device_memory_budget(opt);
   auto comm = connect_job(opt.dist_timeout);
   Job job(*comm, opt.pipeline_stages);
@@ -246,6 +249,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
                (model.storage_dtype() == DType::BF16 ? ", bf16 master (2 bytes a parameter)"
                 : opt.master == "bf16"                ? ", bf16 master (in fp32 storage)"
                                                       : "") +
+               (opt.round_every > 1
+                    ? ", rounded every " + std::to_string(opt.round_every) + " steps"
+                    : "") +
                (dir.resuming() ? ", resuming at step " + std::to_string(start) : ""));
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());

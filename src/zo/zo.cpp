@@ -75,6 +75,12 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
     // master's updates would be lost in it.
     ZOF_CHECK(model_.storage_dtype() == DType::F32 || opt.master == DType::BF16,
               "a model held in bf16 trains only as a bf16 master (--master bf16)");
+    ZOF_CHECK(opt.round_every >= 1, "--round-every must be at least 1");
+    ZOF_CHECK(opt.round_every == 1 || opt.master == DType::BF16,
+              "--round-every rounds a bf16 master once every N steps: it needs --master bf16");
+    ZOF_CHECK(opt.round_every == 1 || opt.optimizer == ZOStepOptions::Optimizer::SGD,
+              "--round-every sums ZO-SGD's updates; momentum and Adam update through their "
+              "state every step: use --round-every 1 with them");
     if (opt.master == DType::BF16) model_.round_to(DType::BF16);
     const auto& params = model_.params();
     const auto& cfg = model_.config();
@@ -117,6 +123,12 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
       for (int j = 0; j < opt.queries; ++j) {
         h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
         h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
+      }
+      if (opt.round_every > 1) {  // an open window's fp32 chunk of the master (held_pass)
+        int64_t largest = 1;
+        for (const Param& p : params) largest = std::max(largest, p.numel);
+        held_n_ = std::min<int64_t>(largest, int64_t(1) << 20);
+        held_ = alloc(held_n_);
       }
     }
     // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
@@ -161,7 +173,8 @@ ZOEngine::~ZOEngine() {
 
 void ZOEngine::release_buffers() {
   for (float** p : {&blk_plus_, &blk_minus_, &tok_plus_, &tok_minus_, &w_plus_, &w_minus_,
-                    &logit_plus_, &logit_minus_, &x_plus_, &x_minus_, &ce_state_, &h_sel_, &m_, &v_}) {
+                    &logit_plus_, &logit_minus_, &x_plus_, &x_minus_, &ce_state_, &h_sel_, &m_, &v_,
+                    &held_}) {
     if (*p) be_.free(*p);
     *p = nullptr;
   }
@@ -290,10 +303,42 @@ void ZOEngine::copy_theta(const Theta& th, void* dst, DType ct, int64_t n) {
   }
 }
 
+void ZOEngine::held_pass(const Theta& th, int64_t n, int pi, int64_t first, const ZKey& cur,
+                         void* plus, void* minus, DType ct, void* theta_out) {
+  const Param& p = model_.params()[pi];
+  std::vector<ZOUpdateTerm> terms = pending_.terms;
+  for (auto& t : terms) t.key.mask = mask_[pi];
+  const float lr_wd = p.decay ? pending_.lr_wd : 0.f;
+  const int64_t cs = (int64_t)dtype_size(ct);
+  for (int64_t k = 0; k < n; k += held_n_) {
+    const int64_t m = std::min(held_n_, n - k);
+    auto at = [&](void* b) { return b ? static_cast<void*>(static_cast<char*>(b) + k * cs) : b; };
+    // The master's chunk in fp32, updated there by the window's terms (the same arithmetic as
+    // the pass that will round it) and perturbed from that; the master is not written.
+    copy_theta(th.at(k), held_, DType::F32, m);
+    be_.zo_pass(Theta(held_), m, (uint32_t)pi, first + k, terms.data(), (int)terms.size(), lr_wd,
+                nullptr, &cur, opt_.eps, at(plus), at(minus), ct);
+    if (theta_out) be_.cast(held_, at(theta_out), ct, m);
+  }
+}
+
 void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* plus,
                           float* minus) {
   const Block& blk = model_.blocks()[block];
   auto& params = model_.params();
+  if (hold_) {  // an open rounding window: copies only, from the master and the window's terms
+    ZOF_ASSERT(cur && !pending_.empty());
+    char* const pc = reinterpret_cast<char*>(plus);
+    char* const mc = reinterpret_cast<char*>(minus);
+    for (int pi : blk.params) {
+      const int64_t off = copy_off_[pi];
+      if (off < 0) continue;  // the token table and the LM head: perturb_rows, head_sums
+      const bool one = opt_.one_sided && minus;
+      held_pass(theta(pi), params[pi].numel, pi, 0, masked(*cur, pi), plus ? pc + off : nullptr,
+                minus && !one ? mc + off : nullptr, copy_dtype(pi), one ? mc + off : nullptr);
+    }
+    return;
+  }
   const bool upd = apply_update && !pending_.empty();
   const bool stateful = opt_.optimizer != ZOStepOptions::Optimizer::SGD;
   std::vector<ZOUpdateTerm> terms;
@@ -357,6 +402,16 @@ void ZOEngine::perturb_rows(const ZKey& key, int64_t n_uniq) {
   const int64_t E = model_.params()[tok_].shape[1];
   const ZKey mk = masked(key, tok_);
   const Theta table = theta(tok_);
+  if (hold_) {  // an open rounding window: row by row through held_pass
+    ZOF_ASSERT((int64_t)uniq_host_.size() == n_uniq);
+    for (int64_t k = 0; k < n_uniq; ++k) {
+      const int64_t first = int64_t(uniq_host_[k]) * E;
+      float* const mrow = tok_minus_ + k * E;
+      held_pass(table.at(first), E, tok_, first, mk, tok_plus_ + k * E,
+                opt_.one_sided ? nullptr : mrow, DType::F32, opt_.one_sided ? mrow : nullptr);
+    }
+    return;
+  }
   // One launch for all rows (uniq_dev_ holds the batch's distinct ids); one-sided: the second
   // stream reads theta itself, gathered (a bf16 master's rows widened one by one: host memory).
   be_.zo_rows(table, E, uniq_dev_, n_uniq, (uint32_t)tok_, mk, opt_.eps, tok_plus_,
@@ -413,14 +468,18 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, cons
     // Two-point: both signs from one pass; one-sided: the second stream reads theta itself.
     const bool two_point = minus && !opt_.one_sided;
     const DType ct = opt_.compute;  // the LM head is a matrix product's weight
-    be_.zo_pass(head.at(v0 * E), nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk, opt_.eps,
-                w_plus_, two_point ? w_minus_ : nullptr, ct);
+    if (hold_)  // an open rounding window; one-sided: theta itself into w_minus_
+      held_pass(head.at(v0 * E), nv * E, lm_, v0 * E, mk, w_plus_, two_point ? w_minus_ : nullptr,
+                ct, minus && !two_point ? w_minus_ : nullptr);
+    else
+      be_.zo_pass(head.at(v0 * E), nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk,
+                  opt_.eps, w_plus_, two_point ? w_minus_ : nullptr, ct);
     be_.matmul(x_plus_, w_plus_, ct, nullptr, logit_plus_, n, nv, E);
     if (cap != 0.f) be_.softcap(logit_plus_, logit_plus_, cap, n * nv);
     be_.cross_entropy_chunk(logit_plus_, targets_, n, nv, v0, mp, sp, tp);
     if (!minus) continue;
-    const void* wm = two_point ? (const void*)w_minus_ : head.at(v0 * E).p;
-    if (!two_point && (ct != DType::F32 || head.dtype != DType::F32)) {
+    const void* wm = two_point || hold_ ? (const void*)w_minus_ : head.at(v0 * E).p;
+    if (!two_point && !hold_ && (ct != DType::F32 || head.dtype != DType::F32)) {
       copy_theta(head.at(v0 * E), w_minus_, ct, nv * E);  // one-sided: theta in the walk's type
       wm = w_minus_;
     }
@@ -578,6 +637,10 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   QueryLosses out;
   out.sum_plus.assign(q, 0.0);
   out.sum_minus.assign(q, 0.0);
+  // A bf16 master's open rounding window (step not a multiple of round_every): this walk only
+  // reads the master, through the window's updates; the walk of the window's last step + 1
+  // applies and rounds them all.
+  hold_ = opt_.round_every > 1 && !pending_.empty() && step % (uint32_t)opt_.round_every != 0;
   if (stream_) stream_->begin_walk(walk_order(micro.size()));
   std::vector<int32_t> uniq, local;
   for (size_t mb = 0; mb < micro.size(); ++mb) {
@@ -590,7 +653,8 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
     }
     const DeviceInputs in = fwd_.upload(b, w.has_embed ? local.data() : nullptr);
     const bool first = mb == 0;
-    const bool dirty = first && !pending_.empty();  // the walk applies the update to each block
+    // The walk applies the update to each block (an open window writes nothing).
+    const bool dirty = first && !pending_.empty() && !hold_;
     walk_embed(w, in, (int64_t)uniq.size(), first, dirty);
     walk_layers(w, in, first, dirty);
     walk_head(w, micro[mb], first, dirty, out);
@@ -599,7 +663,8 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   // only their +eps stream.
   if (opt_.one_sided)
     for (int j = 1; j < q; ++j) out.sum_minus[j] = out.sum_minus[0];  // L(theta), shared
-  pending_ = PendingUpdate{};  // applied during the first walk
+  if (!hold_) pending_ = PendingUpdate{};  // applied during the first walk
+  hold_ = false;
   fwd_.weights_changed();
   return out;
 }
@@ -640,9 +705,24 @@ ZKey ZOEngine::round_key() const {
   return k;
 }
 
+void PendingUpdate::join(const PendingUpdate& later) {
+  ZOF_ASSERT(lr == 0.f && later.lr == 0.f);  // ZO-SGD's
+  terms.insert(terms.end(), later.terms.begin(), later.terms.end());
+  lr_wd += later.lr_wd;
+}
+
 void ZOEngine::schedule_update(uint32_t step, float lr, const std::vector<double>& g) {
-  ZOF_ASSERT(pending_.empty());
-  pending_ = make_update(opt_, step, lr, g);
+  add_update(make_update(opt_, step, lr, g));
+}
+
+void ZOEngine::add_update(const PendingUpdate& u) {
+  if (pending_.empty()) {
+    pending_ = u;
+    return;
+  }
+  // Only a rounding window keeps updates past a walk (or a flush).
+  ZOF_ASSERT(opt_.round_every > 1);
+  pending_.join(u);
 }
 
 void ZOEngine::set_stage(int first, int last, StageIO io) {
@@ -650,6 +730,8 @@ void ZOEngine::set_stage(int first, int last, StageIO io) {
   ZOF_ASSERT(0 <= first && first <= last && last < nblocks);
   ZOF_ASSERT(first == 0 || io.recv);
   ZOF_ASSERT(last == nblocks - 1 || io.send);
+  ZOF_CHECK(opt_.round_every == 1,
+            "--round-every does not combine with --pipeline-stages > 1; use --round-every 1");
   first_block_ = first;
   last_block_ = last;
   io_ = std::move(io);
@@ -663,6 +745,7 @@ bool ZOEngine::owns_block(int b) const {
 }
 
 void ZOEngine::flush(bool to_host) {
+  hold_ = false;  // a flush closes a rounding window (even after a walk cut short)
   if (!pending_.empty()) {
     const auto& blocks = model_.blocks();
     if (stream_) stream_->begin_walk(walk_order(0));

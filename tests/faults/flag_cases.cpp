@@ -50,6 +50,17 @@ std::vector<Case> flag_cases() {
        R"(^--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda$)"},
       {"FlagDtypeJvpBf16", {}, kRun + " --estimator jvp --dtype bf16", 1,
        R"(^--estimator jvp computes in fp32 only; use --dtype fp32 \(or auto\), or --estimator spsa for bf16$)"},
+      // ---- --round-every: a bf16 master's ZO-SGD rounding window ------------------------------
+      {"FlagRoundEveryFp32Master", {}, kRun + " --round-every 4 --json", 1,
+       R"(^--round-every 4 rounds a bf16 master once every 4 steps: add --master bf16, or drop --round-every$)"},
+      {"FlagRoundEveryAdam", {}, kRun + " --master bf16 --round-every 4 --optimizer adam", 1,
+       R"(^--round-every sums ZO-SGD's updates, and --optimizer adam updates through its state every step: use --optimizer sgd, or drop --round-every$)"},
+      {"FlagRoundEveryJvp", {}, kRun + " --master bf16 --round-every 2 --estimator jvp", 1,
+       R"(^--round-every is for the SPSA estimator \(--estimator spsa\); the JVP estimator keeps its master in fp32 storage: drop --round-every$)"},
+      {"FlagRoundEveryTooManyDirections", {}, kRun + " --master bf16 --round-every 64 --queries 4",
+       1, R"(^--round-every 64 with --queries 4 sums 256 directions in a pass, more than the 128 a pass takes: lower --round-every or --queries$)"},
+      {"FlagRoundEveryRange", {}, kRun + " --master bf16 --round-every 200", 1,
+       R"(^--round-every must be a whole number from 0 to 128 \(0: auto; 1: every update rounded\), not 200$)"},
 
       // ---- ranges, in words -----------------------------------------------------------------
       {"FlagStepsZero", {}, kRun + " --steps 0 --json", 1,

@@ -281,19 +281,24 @@ TEST_P(GpuZOStep, MatchesCpuStep) {
 // resident, then at the least budget, every block through two slots): the same losses as the
 // CPU engine to fp32 accuracy, and the same weights bit for bit when both apply the same update.
 // A bf16 master held in 2 bytes ("adam, bf16 master") streams in bf16 and is read and updated
-// so by the kernels: the same weights bit for bit as the CPU's bf16-held master.
+// so by the kernels: the same weights bit for bit as the CPU's bf16-held master. With a
+// rounding window ("sgd, bf16 master, window 2") step 1's walk reads the device blocks through
+// step 0's update without writing them, and step 2's closes the window.
 TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
-  for (const char* optimizer : {"sgd", "adam", "adam, bf16 master"}) {
+  for (const char* optimizer : {"sgd", "adam", "adam, bf16 master", "sgd, bf16 master, window 2"}) {
     for (bool tight : {false, true}) {
       SCOPED_TRACE(std::string(optimizer) + (tight ? ", least budget" : ", all resident"));
-      const bool bf16 = std::string(optimizer) == "adam, bf16 master";
+      const bool window = std::string(optimizer) == "sgd, bf16 master, window 2";
+      const bool bf16 = std::string(optimizer) == "adam, bf16 master" || window;
       zof::ZOStepOptions opt;
       opt.eps = 1e-3f;
       opt.queries = 2;
       opt.seed = 20240601;
       opt.weight_decay = 0.1f;
-      if (std::string(optimizer) != "sgd") opt.optimizer = zof::ZOStepOptions::Optimizer::Adam;
+      if (std::string(optimizer) == "adam" || std::string(optimizer) == "adam, bf16 master")
+        opt.optimizer = zof::ZOStepOptions::Optimizer::Adam;
       if (bf16) opt.master = zof::DType::BF16;
+      if (window) opt.round_every = 2;
       const zof::DType held = bf16 ? zof::DType::BF16 : zof::DType::F32;
       zof::Model cpu_model = zof::Model::load(g.model_dir, held);
       zof::Model gpu_model = zof::Model::load(g.model_dir, held);
@@ -309,8 +314,8 @@ TEST_P(GpuZOStep, StreamedEngineOnCudaMatchesCpu) {
         expect_losses_close(c, d, opt.eps);
         const zof::PendingUpdate upd =
             zof::ZOEngine::make_update(opt, step, 1e-3f, cpu_zo.projected_gradients(c));
-        cpu_zo.set_pending(upd);
-        gpu_zo.set_pending(upd);
+        cpu_zo.add_update(upd);  // a window's updates join those before them
+        gpu_zo.add_update(upd);
       }
       cpu_zo.flush();
       gpu_zo.flush();  // writes the device copies back to gpu_model's storage

@@ -226,6 +226,83 @@ TEST(Bf16Storage, EngineStepsEqualTheMasterHeldInFp32) {
   }
 }
 
+// A bf16 master's rounding window (ZOStepOptions::round_every = 3): the walks inside the window
+// leave the stored master untouched and perturb theta = master - the window's updates; the
+// walk that closes it stores the window's updates summed in fp32 and rounded once. The first
+// held walk against an fp32 master that applied the same update (one update is the same
+// arithmetic, so the same losses); the closed master against a plain scalar reference (z
+// element by element, the kernels' order of accumulation, the rounding's bits of the window's
+// first step). Two-point and one-sided, dense and sparse, fp32 and bf16 products, a tied head.
+TEST(Bf16Storage, RoundingWindowSumsItsStepsAndRoundsOnce) {
+  using Opt = zof::ZOStepOptions::Optimizer;
+  const Variant variants[] = {{"two-point", Opt::SGD, false, 0.f, DType::F32},
+                              {"one-sided bf16", Opt::SGD, true, 0.f, DType::BF16},
+                              {"sparse", Opt::SGD, false, 0.5f, DType::F32}};
+  for (const std::string name : {"stories260K", "gpt2", "opt350_shape"}) {
+    ZOF_REQUIRE_PATH(golden_model_dir(name) + "/model.safetensors");
+    const zof::LossBatch lb = golden_batch(name);
+    const int64_t rows = lb.batch.B * lb.batch.T;
+    for (const Variant& v : variants) {
+      SCOPED_TRACE(name + " " + v.name);
+      zof::ZOStepOptions o;
+      o.eps = 1e-2f, o.weight_decay = 0.05f, o.queries = 2, o.seed = 17;
+      o.one_sided = v.one_sided, o.sparsity = v.sparsity, o.compute = v.compute;
+      o.master = DType::BF16, o.round_every = 3;
+      zof::ZOStepOptions of = o;  // the reference: an fp32 master, each update as it lands
+      of.master = DType::F32, of.round_every = 1;
+      auto be = zof::test::cpu_backend(0);
+      zof::Model h = zof::Model::load(golden_model_dir(name), DType::BF16);
+      zof::Model f = zof::Model::load(golden_model_dir(name));
+      f.round_to(DType::BF16);  // the same values, in fp32 storage
+      zof::ZOEngine eh(h, *be, rows, o), ef(f, *be, rows, of);
+      const std::vector<float> base = values(h);
+      const float lr = 1e-2f;
+      std::vector<std::vector<double>> g;
+      for (uint32_t step = 0; step < 3; ++step) {
+        const auto lh = eh.perturbed_losses(step, {lb});
+        if (step < 2) {  // no update yet, then the first held walk: as the fp32 master's
+          const auto lf = ef.perturbed_losses(step, {lb});
+          ASSERT_EQ(lh.sum_plus, lf.sum_plus) << "step " << step;
+          ASSERT_EQ(lh.sum_minus, lf.sum_minus) << "step " << step;
+        }
+        ASSERT_TRUE(same_bits(values(h), base)) << "a walk inside the window wrote the master";
+        g.push_back(eh.projected_gradients(lh));
+        eh.schedule_update(step, lr, g.back());
+        if (step == 0) ef.schedule_update(step, lr, g.back());
+      }
+      // Steps 0-2 pending, lr_wd summed in float as PendingUpdate::join does.
+      float lr_wd = 0.f;
+      for (int s = 0; s < 3; ++s) lr_wd += lr * o.weight_decay;
+      std::vector<float> want = base;
+      const auto& params = h.params();
+      for (size_t pi = 0; pi < params.size(); ++pi) {
+        const zof::Param& p = params[pi];
+        const float mask = eh.masks()[pi];
+        const int64_t at = p.offset;  // the tensor's place in the storage
+        for (int64_t i = 0; i < p.numel; ++i) {
+          const float th = base[at + i];
+          float acc = (p.decay ? lr_wd : 0.f) * th;
+          for (uint32_t s = 0; s < 3; ++s)
+            for (uint32_t j = 0; j < 2; ++j) {
+              const zof::ZKey key{o.seed, s, j};
+              const float z = std::fabs(th) > mask ? 0.f : zof::z_element(key, (uint32_t)pi, i);
+              acc = std::fmaf((float)((double)lr * g[s][j] / 2.0), z, acc);
+            }
+          uint32_t r[4];
+          zof::round_bits_group(o.seed, 0, (uint32_t)pi, (uint32_t)(i >> 2), r);
+          want[at + i] = zof::bf16_round_stochastic(th - acc, r[i & 3]);
+        }
+      }
+      eh.perturbed_losses(3, {lb});  // step 3's walk closes the window
+      const std::vector<float> got = values(h);
+      EXPECT_FALSE(same_bits(got, base)) << "the window's close moved nothing";
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      EXPECT_EQ(differ, 0) << "of " << got.size() << " weights";
+    }
+  }
+}
+
 // Whole-model forwards (logits, every position) on the bf16-held model against the fp32-held
 // rounded one, in fp32 and bf16 products: the same bits.
 TEST(Bf16Storage, ForwardEqualsTheRoundedFp32Model) {

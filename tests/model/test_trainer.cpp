@@ -155,6 +155,28 @@ TEST_F(Finetune, SigtermSavesACheckpointAndResumes) {
   EXPECT_TRUE(weights(a) == weights(b));
 }
 
+// A stop inside a bf16 master's rounding window runs on to the window's end, so the resumed run
+// rounds where an uninterrupted one does: the same steps and model, bit for bit, and its replay.
+TEST_F(Finetune, StopInsideARoundingWindowRunsOnToItsEnd) {
+  const fs::path a = dir_ / "a", b = dir_ / "b", r = dir_ / "replayed";
+  const std::string extra = " --master bf16 --round-every 4";
+  ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(a.string(), 12) + extra).code, 0);
+  auto rb = run_command("ZOF_FAULT_TERM_AT_STEP=1 " + zof::test::zof_binary() + " " +
+                        args(b.string(), 12) + extra);
+  EXPECT_EQ(rb.code, 130) << rb.err;
+  EXPECT_NE(rb.err.find("stopping at step 4, where the bf16 master's rounding window ends"),
+            std::string::npos) << rb.err;
+  EXPECT_EQ(zof::test::read_file((b / "latest").string()), "checkpoint-4\n");
+  auto rb2 = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
+  ASSERT_EQ(rb2.code, 0) << rb2.err;
+  EXPECT_EQ(steps_of(a), steps_of(b));
+  EXPECT_TRUE(weights(a) == weights(b)) << "the resumed run's model differs";
+  auto rr = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +
+                        b.string() + " --out " + r.string());
+  ASSERT_EQ(rr.code, 0) << rr.err;
+  EXPECT_TRUE(weights(a) == weights(r)) << "the replayed model differs";
+}
+
 // A loss that is not finite skips the update; too many in a row stop the run with an error.
 TEST_F(Finetune, NonFiniteLossesStopTheRun) {
   auto r = run_command(zof::test::zof_binary() + " " + args((dir_ / "nan").string(), 40) +
@@ -193,8 +215,14 @@ TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
                                              "--dtype bf16 --optimizer adam --lr 1e-3 --one-sided",
                                              // a bf16 master: stochastic rounding's bits are a
                                              // function of (seed, step, tensor, element)
+                                             "--master bf16 --weight-decay 0.1 --queries 2 "
+                                             "--round-every 1",
+                                             "--master bf16 --dtype bf16 --optimizer momentum",
+                                             // a rounding window (auto: 8) closed at multiples
+                                             // of N, evaluations, checkpoints and the end
                                              "--master bf16 --weight-decay 0.1 --queries 2",
-                                             "--master bf16 --dtype bf16 --optimizer momentum"};
+                                             "--master bf16 --round-every 3 --eval-every 4 "
+                                             "--one-sided --sparsity 0.5 --dtype bf16"};
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE(variants[v]);
     const std::string n = std::to_string(v);
@@ -229,7 +257,9 @@ TEST_F(Finetune, Bf16MasterInTwoBytesOnTheHostAndStreamed) {
   const fs::path a = dir_ / "host", b = dir_ / "streamed", f = dir_ / "fp32-master",
                  c = dir_ / "resumed";
   const std::string common = " --dtype bf16 --weight-decay 0.1 --save-dtype f16 --json";
-  const std::string extra = " --master bf16" + common;
+  // Every update rounded as it lands: the bytes below are the master's alone (a rounding
+  // window adds its scratch to the least budget; its runs are compared at the end).
+  const std::string extra = " --master bf16 --round-every 1" + common;
   auto ra = run_command(zof::test::zof_binary() + " " + args(a.string(), 12) + extra);
   ASSERT_EQ(ra.code, 0) << ra.err;
   auto rb = run_command(zof::test::zof_binary() + " " + args(b.string(), 12) + extra +
@@ -276,6 +306,27 @@ TEST_F(Finetune, Bf16MasterInTwoBytesOnTheHostAndStreamed) {
   ASSERT_EQ(rc2.code, 0) << rc2.err;
   EXPECT_EQ(steps_of(a), steps_of(c));
   EXPECT_TRUE(weights(a) == weights(c)) << "the resumed run's model differs";
+  // The default rounding window (auto: 8), on the host and streamed: the same bits, another
+  // computation than a's.
+  const fs::path d = dir_ / "window-host", e = dir_ / "window-streamed";
+  auto rd = run_command(zof::test::zof_binary() + " " + args(d.string(), 12) + " --master bf16" +
+                        common);
+  ASSERT_EQ(rd.code, 0) << rd.err;
+  auto re = run_command(zof::test::zof_binary() + " " + args(e.string(), 12) + " --master bf16" +
+                        common + " --sim-device");
+  ASSERT_EQ(re.code, 0) << re.err;
+  EXPECT_NE(rd.err.find("bf16 master (2 bytes a parameter), rounded every 8 steps"),
+            std::string::npos) << rd.err;
+  const json sd = json::parse(zof::test::read_file((d / "summary.json").string()));
+  const json se = json::parse(zof::test::read_file((e / "summary.json").string()));
+  EXPECT_EQ(sd["round_every"], 8);
+  EXPECT_EQ(sa["round_every"], 1);
+  EXPECT_EQ(sd["eval"], se["eval"]);
+  EXPECT_EQ(steps_of(d), steps_of(e));
+  EXPECT_TRUE(weights(d) == weights(e)) << "the window's saved models differ";
+  EXPECT_FALSE(weights(d) == weights(a)) << "the window changed nothing";
+  EXPECT_EQ(se["streaming"]["hazards"], 0);
+  EXPECT_EQ(se["streaming"]["foreign_pointers"], 0);
 }
 
 // What a run saves is what its final evaluation scored: with --save-dtype bf16 the weights are
