@@ -3,7 +3,9 @@
 # with a bf16 master held in 2 bytes a parameter (zo_step_bench --model-config llama2-7b
 # --master bf16: the trainer's own step, ZOEngine, as zof finetune runs it on the CPU). An fp32
 # master would need 27 GB for the weights alone. Prints one markdown row: peak RSS against the
-# machine's memory, seconds per step, tokens/s, and the split of the step.
+# machine's memory, seconds per step, tokens/s, and the split of the step. ROUND_EVERY (default
+# 8, zof finetune's auto for a bf16 master's ZO-SGD; 1: every update rounded) is the rounding
+# window; the timed steps (ITERS, default the window) then cover each of its positions once.
 #   bench/scale_7b.sh                                  # batch 1 x 16, bf16 products, every core
 #   SHAPES="1x16 1x64" DTYPE=fp32 ITERS=3 bench/scale_7b.sh
 #   FINETUNE=1 bench/scale_7b.sh    # then the product end to end: random_model writes the 7B
@@ -19,8 +21,9 @@ BUILD=${ZOF_BUILD_DIR:-build}
 THREADS=${THREADS:-$(nproc)}
 SHAPES=${SHAPES:-"1x16"}
 DTYPE=${DTYPE:-bf16}
+ROUND_EVERY=${ROUND_EVERY:-8}
 WARMUP=${WARMUP:-1}
-ITERS=${ITERS:-2}
+ITERS=${ITERS:-$((ROUND_EVERY > 2 ? ROUND_EVERY : 2))}
 OUTDIR=${ZOF_BENCH_OUT:-$(mktemp -d /tmp/zof-7b.XXXXXX)}
 mkdir -p "$OUTDIR"
 RAW="$OUTDIR/scale_7b.jsonl"
@@ -34,8 +37,9 @@ echo "load before: $(uptime)" >&2
 for shape in $SHAPES; do
   B=${shape%x*}
   T=${shape#*x}
-  echo "== llama2-7b $shape $DTYPE products, bf16 master" >&2
-  "$BUILD/zo_step_bench" --model-config llama2-7b --master bf16 --dtype "$DTYPE" --batch "$B" \
+  echo "== llama2-7b $shape $DTYPE products, bf16 master rounded every $ROUND_EVERY steps" >&2
+  "$BUILD/zo_step_bench" --model-config llama2-7b --master bf16 --round-every "$ROUND_EVERY" \
+    --dtype "$DTYPE" --batch "$B" \
     --seq "$T" --threads "$THREADS" --warmup "$WARMUP" --iters "$ITERS" --json |
     tee /dev/stderr | tail -n 1 >>"$RAW"
 done
@@ -45,12 +49,13 @@ python3 - "$RAW" "$mem_total" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 mem = float(sys.argv[2])
-print("| model | params | master | products | B x T | peak RSS | of memory | s/step | tokens/s "
-      "| forwards | parameter passes |")
-print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
+print("| model | params | master | rounded every | products | B x T | peak RSS | of memory | s/step "
+      "| tokens/s | forwards | parameter passes |")
+print("|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     print(f"| {r['model']} | {r['params'] / 1e9:.2f}B | {r['master_storage']} "
-          f"({r['model_mb'] / 1e3:.1f} GB) | {r['dtype']} ({r['unit']}) | {r['batch']} x {r['seq']} "
+          f"({r['model_mb'] / 1e3:.1f} GB) | {r['round_every']} | {r['dtype']} ({r['unit']}) "
+          f"| {r['batch']} x {r['seq']} "
           f"| {r['rss_peak_mb'] / 1e3:.2f} GB | {100 * r['rss_peak_mb'] * 1e6 / mem:.0f}% "
           f"| {r['step_ms'] / 1e3:.1f} | {r['tokens_per_s']:.1f} | {r['forward_ms'] / 1e3:.1f} s "
           f"| {r['param_pass_ms'] / 1e3:.1f} s |")
