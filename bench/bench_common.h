@@ -206,12 +206,13 @@ class TimingBackend : public zof::Backend {
   }
   void attention(const float* q, const float* k, const float* v, float* out, const uint8_t* mask,
                  int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
-                 int64_t q_offset, float scale, int64_t window, float softcap,
+                 int64_t q_offset, float scale, int64_t window, float softcap, zof::DType t,
                  zof::Stream* s) override {
     // Causal pairs (a sliding window's are fewer: the count is an upper bound there).
     const double flop = 4.0 * B * H * D * (Tq * (Tq + 1) / 2.0 + Tq * q_offset);
     timed("attention", flop, [&] {
-      in_.attention(q, k, v, out, mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap, s);
+      in_.attention(q, k, v, out, mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap, t,
+                    s);
     });
   }
   void silu_mul(const float* g, const float* u, float* o, int64_t n, zof::Stream* s) override {

@@ -3,8 +3,8 @@
 // in bf16 or fp32, drawn as Model::random draws it (each tensor from its own generator) and held
 // in the dtype it is written in (a 6.7B model in bf16 never takes 27 GB). The tokenizer files of
 // --tokenizer-from are copied beside it (their ids must be below the model's vocabulary).
-//   build/random_model --model-config llama2-7b --dtype bf16 --out /tmp/llama2-7b-random \
-//       --tokenizer-from ../shared/assets/models/stories260K
+//   build/random_model --model-config llama2-7b --dtype bf16 --out /tmp/llama2-7b-random
+//       --tokenizer-from ../shared/assets/models/stories260K     (one command line)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>

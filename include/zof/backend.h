@@ -160,14 +160,26 @@ class Backend {
   // Gemma's variants: window > 0 is a sliding window, the query at position p sees only keys
   // j > p - window (transformers' sliding_window; 0: no window); softcap > 0 replaces each
   // scaled score x by softcap * tanh(x / softcap) before the mask and the softmax (0: none).
+  // t, the inputs' precision (a bf16 walk's, --dtype): F32; or BF16, where q * scale, k, v and
+  // the softmax's probabilities are rounded to bf16 (nearest even) before they are multiplied,
+  // and every product is summed in fp32, as are the scores, the softmax (its normalizer sums
+  // the unrounded probabilities) and out (fp32; CUDA's tensor-core kernel writes it in bf16).
   virtual void attention(const float* q, const float* k, const float* v, float* out,
                          const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                          int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-                         float softcap, Stream* s = nullptr) = 0;
+                         float softcap, DType t, Stream* s = nullptr) = 0;
+  void attention(const float* q, const float* k, const float* v, float* out,
+                 const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                 int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+                 float softcap, Stream* s = nullptr) {
+    attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap,
+              DType::F32, s);
+  }
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                  int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream* s = nullptr) {
-    attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, 0, 0.f, s);
+    attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, 0, 0.f, DType::F32,
+              s);
   }
   // out(n) = silu(gate) * up. out may alias gate or up.
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n,

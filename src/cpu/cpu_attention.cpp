@@ -2,6 +2,11 @@
 // 16 rows (query position, query head) that share one kv head; it walks their visible keys in
 // blocks with an online softmax, scoring a block as a small GEMM vectorized across the rows.
 // Items of a few rows (decoding) go one row at a time instead. Buffers: per-thread tiles, no T x T.
+// bf16 (Backend::attention's DType): the same walk on bf16 inputs, q * scale, k, v and the
+// probabilities rounded to nearest even, products summed in fp32 (vdpbf16ps where the CPU has
+// AVX512_BF16: two products a lane per instruction); keys and values are converted once per call.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +15,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "cpu/vec_math.h"
+#include "zof/dtype.h"
 #include "zof/error.h"
 
 namespace zof::cpu {
@@ -212,12 +218,278 @@ inline void accumulate_block(Tiles& t, const float* vb, const uint8_t* mask, int
   }
 }
 
+// ---- bf16 ------------------------------------------------------------------------------------
+// Keys and values once per call, in bf16: kh (B, Tk, Hkv, D2) as k with D2 = D rounded up to
+// even (a zero pad), so a key's elements d, d+1 are one 32-bit word; vp per (b, kv head) the
+// values in pairs of keys, (Tk2 / 2, D, 2) with Tk2 = Tk rounded up to even: keys 2jp and
+// 2jp + 1 of one d are one word. A masked key's values (and the pad) are 0: its probability is
+// 0, and 0 times whatever a padding slot held must not leak in as a NaN.
+struct Bf16Inputs {
+  int64_t D2 = 0, Tk2 = 0;
+  std::vector<uint16_t> qh, kh, vp;  // qh: q * scale as kh (B, Tq, H, D2)
+  const uint16_t* key(int64_t b, int64_t j, int64_t hk, int64_t Hkv, int64_t Tk) const {
+    return kh.data() + ((b * Tk + j) * Hkv + hk) * D2;
+  }
+  const uint16_t* values(int64_t b, int64_t hk, int64_t Hkv, int64_t D) const {
+    return vp.data() + (b * Hkv + hk) * Tk2 * D;
+  }
+};
+
+inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// y(n) = bf16(a * x(n)), nearest even.
+inline void to_bf16(const float* x, float a, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  const __m512 va = _mm512_set1_ps(a);
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(va, _mm512_loadu_ps(x + i))));
+#endif
+  for (; i < n; ++i) y[i] = f32_to_bf16(a * x[i]);
+}
+
+#if defined(__AVX512BF16__)
+// The two halves of a converted pair of 16-float vectors interleaved: lanes (a_i, b_i).
+inline __m512i interleave_pairs(__m512 a, __m512 b) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+#endif
+
+// Words (a[d], b[d]) for d < n at y (2n uint16): two keys' values, or a row's probabilities.
+inline void pairs_bf16(const float* a, const float* b, uint16_t* y, int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX512BF16__)
+  for (; d < n; d += 16) {
+    const __mmask16 m = n - d >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - d)) - 1);
+    const __m512 va = a ? _mm512_maskz_loadu_ps(m, a + d) : _mm512_setzero_ps();
+    const __m512 vb = b ? _mm512_maskz_loadu_ps(m, b + d) : _mm512_setzero_ps();
+    _mm512_mask_storeu_epi32(y + 2 * d, m, interleave_pairs(va, vb));
+  }
+#endif
+  for (; d < n; ++d) {
+    y[2 * d] = a ? f32_to_bf16(a[d]) : 0;
+    y[2 * d + 1] = b ? f32_to_bf16(b[d]) : 0;
+  }
+}
+
+Bf16Inputs bf16_inputs(const float* q, const float* k, const float* v, const uint8_t* key_mask,
+                       int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                       float scale, int threads) {
+  Bf16Inputs in;
+  in.D2 = (D + 1) / 2 * 2;
+  in.qh.assign(size_t(B * Tq * H * in.D2), 0);
+#pragma omp parallel for num_threads(threads) schedule(static) if (B * Tq * H * D >= kMinParallelWork)
+  for (int64_t r = 0; r < B * Tq * H; ++r) to_bf16(q + r * D, scale, in.qh.data() + r * in.D2, D);
+  in.Tk2 = (Tk + 1) / 2 * 2;
+  in.kh.assign(size_t((B * Tk + 8) * Hkv * in.D2), 0);  // eight keys of zeros after the last
+  in.vp.resize(size_t(B * Hkv * in.Tk2 * D));
+#pragma omp parallel for num_threads(threads) schedule(static) if (B * Tk * Hkv * D >= kMinParallelWork)
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    const int64_t b = bh / Hkv, hk = bh % Hkv;
+    auto row = [&](int64_t j) { return ((b * Tk + j) * Hkv + hk) * D; };
+    for (int64_t j = 0; j < Tk; ++j)
+      to_bf16(k + row(j), 1.0f, in.kh.data() + ((b * Tk + j) * Hkv + hk) * in.D2, D);
+    auto seen = [&](int64_t j) { return j < Tk && (!key_mask || key_mask[b * Tk + j] != 0); };
+    uint16_t* vp = in.vp.data() + bh * in.Tk2 * D;
+    for (int64_t jp = 0; jp < in.Tk2 / 2; ++jp)
+      pairs_bf16(seen(2 * jp) ? v + row(2 * jp) : nullptr,
+                 seen(2 * jp + 1) ? v + row(2 * jp + 1) : nullptr, vp + jp * 2 * D, D);
+  }
+  return in;
+}
+
+// attend_row on bf16 inputs (decoding): qi already scaled and rounded (fp32 values), key j's
+// elements kh rows, values vp; each probability rounded before it meets the values.
+void attend_row_bf16(const float* qi, const Bf16Inputs& in, int64_t b, int64_t hk, int64_t Hkv,
+                     int64_t Tk, const uint8_t* mask, int64_t first_key, int64_t n_keys,
+                     int64_t D, float softcap, float* acc, float* oi) {
+  float p[kKeyBlock];
+  float m = kNegInf, l = 0.0f;
+  const uint16_t* vp = in.values(b, hk, Hkv, D);
+  for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+  for (int64_t j0 = first_key; j0 < n_keys; j0 += kKeyBlock) {
+    const int64_t len = std::min(kKeyBlock, n_keys - j0);
+    float block_max = kNegInf;
+    for (int64_t jj = 0; jj < len; ++jj) {
+      p[jj] = kNegInf;
+      if (mask && mask[j0 + jj] == 0) continue;
+      const uint16_t* kj = in.key(b, j0 + jj, hk, Hkv, Tk);
+      float dot = 0.0f;
+      for (int64_t d = 0; d < D; ++d) dot += qi[d] * bf16_to_f32(kj[d]);
+      p[jj] = softcap > 0.0f ? softcap * tanh_f32(dot / softcap) : dot;
+      block_max = std::max(block_max, p[jj]);
+    }
+    if (block_max == kNegInf) continue;
+    if (block_max > m) {
+      const float correction = exp_f32(m - block_max);
+      l *= correction;
+      for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
+      m = block_max;
+    }
+    for (int64_t jj = 0; jj < len; ++jj) {
+      p[jj] = exp_f32(p[jj] - m);
+      l += p[jj];
+    }
+    for (int64_t jj = 0; jj < len; ++jj) {
+      if (mask && mask[j0 + jj] == 0) continue;
+      const int64_t j = j0 + jj;
+      const uint16_t* vj = vp + (j / 2) * 2 * D + (j & 1);
+      const float pj = bf16_round(p[jj]);
+      for (int64_t d = 0; d < D; ++d) acc[d] += pj * bf16_to_f32(vj[2 * d]);
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int64_t d = 0; d < D; ++d) oi[d] = acc[d] * inv;
+}
+
+// A tile's bf16 operands: qp (D2 / 2, kRows) words, the rows' scaled queries in pairs of d; pp
+// (kKeyBlock / 2, kRows) words, the block's probabilities in pairs of keys; ob (kRows, D), the
+// rows' unnormalized outputs in fp32.
+struct Bf16Tiles {
+  std::vector<uint32_t> qp, pp;
+  std::vector<float> ob;
+};
+
+// The rows' queries (qh rows, scaled and rounded) as words of pairs of d; padding rows are 0.
+inline void pack_queries(Bf16Tiles& bt, const uint16_t* const* rows, int64_t n_rows,
+                         int64_t D2) {
+  if (n_rows < kRows) std::fill(bt.qp.begin(), bt.qp.end(), 0u);
+  for (int64_t rr = 0; rr < n_rows; ++rr)
+    for (int64_t dp = 0; dp < D2 / 2; ++dp) {
+      uint32_t w;
+      std::memcpy(&w, rows[rr] + 2 * dp, sizeof(w));
+      bt.qp[dp * kRows + rr] = w;
+    }
+}
+
+// s(jj, r) = q_r . k_j over the pairs of d (vdpbf16ps: a lane adds both products of its pair).
+inline void score_block_bf16(Tiles& t, const Bf16Tiles& bt, const Bf16Inputs& in, int64_t b,
+                             int64_t hk, int64_t Hkv, int64_t Tk, int64_t j0, int64_t len) {
+  const int64_t pairs = in.D2 / 2;
+  auto word = [](const uint16_t* p) {
+    uint32_t w;
+    std::memcpy(&w, p, sizeof(w));
+    return w;
+  };
+#if defined(__AVX512BF16__)
+  const int64_t ks = Hkv * in.D2;  // between consecutive keys
+  // Eight keys at a time: eight chains hide vdpbf16ps's latency. A block's last eight may run
+  // past len (and past the last key: kh has eight keys of zeros after it); their scores land
+  // in t.s past len, which nothing reads.
+  for (int64_t jj = 0; jj < len; jj += 8) {
+    const uint16_t* k0 = in.key(b, j0 + jj, hk, Hkv, Tk);
+    __m512 a[8];
+    for (int e = 0; e < 8; ++e) a[e] = _mm512_setzero_ps();
+    for (int64_t dp = 0; dp < pairs; ++dp) {
+      const __m512bh qd = (__m512bh)_mm512_loadu_si512(&bt.qp[dp * kRows]);
+      const uint16_t* kd = k0 + 2 * dp;
+      for (int e = 0; e < 8; ++e)
+        a[e] = _mm512_dpbf16_ps(a[e], qd, (__m512bh)_mm512_set1_epi32((int)word(kd + e * ks)));
+    }
+    for (int e = 0; e < 8; ++e) _mm512_storeu_ps(&t.s[(jj + e) * kRows], a[e]);
+  }
+#else
+  for (int64_t jj = 0; jj < len; ++jj) {
+    const uint16_t* kj = in.key(b, j0 + jj, hk, Hkv, Tk);
+    for (int64_t rr = 0; rr < kRows; ++rr) {
+      float a = 0.0f;
+      for (int64_t dp = 0; dp < pairs; ++dp) {
+        const uint32_t w = bt.qp[dp * kRows + rr];
+        a += bf16_to_f32(uint16_t(w)) * bf16_to_f32(kj[2 * dp]) +
+             bf16_to_f32(uint16_t(w >> 16)) * bf16_to_f32(kj[2 * dp + 1]);
+      }
+      t.s[jj * kRows + rr] = a;
+    }
+  }
+#endif
+}
+
+#if defined(__AVX512BF16__)
+// Rows r0 and r1 of ob, d in [d0, d0 + 16 NV) (the last vector masked at D), through the block's
+// pairs of keys: 2 NV accumulators in registers.
+template <int NV>
+inline void accumulate_rows(Bf16Tiles& bt, const uint16_t* v0, int64_t pairs, int64_t D,
+                            int64_t d0, int64_t r0, int64_t r1, const float* correction) {
+  __m512 a0[NV], a1[NV];
+  __mmask16 m[NV];
+  for (int c = 0; c < NV; ++c) {
+    const int64_t rem = D - d0 - 16 * c;
+    m[c] = rem >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rem) - 1);
+    a0[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[c], &bt.ob[r0 * D + d0 + 16 * c]),
+                          _mm512_set1_ps(correction[r0]));
+    a1[c] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[c], &bt.ob[r1 * D + d0 + 16 * c]),
+                          _mm512_set1_ps(correction[r1]));
+  }
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    const uint16_t* vj = v0 + (jp * D + d0) * 2;
+    const __m512bh p0 = (__m512bh)_mm512_set1_epi32((int)bt.pp[jp * kRows + r0]);
+    const __m512bh p1 = (__m512bh)_mm512_set1_epi32((int)bt.pp[jp * kRows + r1]);
+    for (int c = 0; c < NV; ++c) {
+      const __m512bh vv = (__m512bh)_mm512_maskz_loadu_epi32(m[c], vj + 32 * c);
+      a0[c] = _mm512_dpbf16_ps(a0[c], vv, p0);
+      a1[c] = _mm512_dpbf16_ps(a1[c], vv, p1);
+    }
+  }
+  for (int c = 0; c < NV; ++c) {
+    _mm512_mask_storeu_ps(&bt.ob[r0 * D + d0 + 16 * c], m[c], a0[c]);
+    _mm512_mask_storeu_ps(&bt.ob[r1 * D + d0 + 16 * c], m[c], a1[c]);  // r1 == r0: the same
+  }
+}
+#endif
+
+// ob(r, :) = ob(r, :) * correction_r + sum_j p(j, r) v_j, the probabilities rounded to bf16 and
+// taken in pairs of keys (j0 even) against the paired values, the n_rows real rows.
+inline void accumulate_block_bf16(Tiles& t, Bf16Tiles& bt, const uint16_t* vp, int64_t j0,
+                                  int64_t len, int64_t D, int64_t n_rows,
+                                  const float* correction) {
+  const int64_t pairs = (len + 1) / 2;
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    const int64_t j = 2 * jp;
+    pairs_bf16(&t.s[j * kRows], j + 1 < len ? &t.s[(j + 1) * kRows] : nullptr,
+               reinterpret_cast<uint16_t*>(&bt.pp[jp * kRows]), kRows);
+  }
+  const uint16_t* v0 = vp + j0 * D;  // the block's first pair
+#if defined(__AVX512BF16__)
+  // Two rows at once, up to four vectors of 16 d each: eight chains, each V load used twice.
+  for (int64_t r0 = 0; r0 < n_rows; r0 += 2) {
+    const int64_t r1 = std::min<int64_t>(r0 + 1, n_rows - 1);  // one row left: done twice
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      const int64_t nv = std::min<int64_t>(4, (D - d0 + 15) / 16);
+      switch (nv) {
+        case 4: accumulate_rows<4>(bt, v0, pairs, D, d0, r0, r1, correction); break;
+        case 3: accumulate_rows<3>(bt, v0, pairs, D, d0, r0, r1, correction); break;
+        case 2: accumulate_rows<2>(bt, v0, pairs, D, d0, r0, r1, correction); break;
+        default: accumulate_rows<1>(bt, v0, pairs, D, d0, r0, r1, correction); break;
+      }
+    }
+  }
+#else
+  for (int64_t rr = 0; rr < n_rows; ++rr) {
+    float* o = &bt.ob[rr * D];
+    for (int64_t d = 0; d < D; ++d) o[d] *= correction[rr];
+    for (int64_t jp = 0; jp < pairs; ++jp) {
+      const uint32_t w = bt.pp[jp * kRows + rr];
+      const float p0 = bf16_to_f32(uint16_t(w)), p1 = bf16_to_f32(uint16_t(w >> 16));
+      const uint16_t* vj = v0 + jp * 2 * D;
+      for (int64_t d = 0; d < D; ++d)
+        o[d] += p0 * bf16_to_f32(vj[2 * d]) + p1 * bf16_to_f32(vj[2 * d + 1]);
+    }
+  }
+#endif
+}
+
 }  // namespace
 
 void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-               float softcap, int threads) {
+               float softcap, int threads, DType dtype) {
+  ZOF_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+            std::string("attention computes on fp32 or bf16 inputs, not ") + dtype_name(dtype));
+  const bool bf16 = dtype == DType::BF16;
   ZOF_ASSERT(Hkv > 0 && H % Hkv == 0);
   const int64_t group = H / Hkv;
   // Row r of kv head hk is query i = r / group of head hk * group + r % group: for one position
@@ -227,15 +499,24 @@ void attention(const float* q, const float* k, const float* v, float* out,
   const int64_t items = B * Hkv * row_blocks;
   const int64_t kv_stride = Hkv * D;  // between consecutive keys of one head
   const int64_t work = B * H * Tq * std::min(Tk, q_offset + Tq) * D;
+  const Bf16Inputs in =
+      bf16 ? bf16_inputs(q, k, v, key_mask, B, Tq, Tk, H, Hkv, D, scale, threads) : Bf16Inputs{};
   // Work per item grows with the query position (causal), hence the dynamic schedule.
 #pragma omp parallel num_threads(threads) if (work >= kMinParallelWork)
   {
     Tiles t;
     t.qt.resize(size_t(D * kRows));
-    t.s.resize(size_t(kKeyBlock * kRows));
+    t.s.resize(size_t((kKeyBlock + 8) * kRows));  // bf16 scores keys in eights past a block's end
     t.o.resize(size_t(D * kRows));
     t.lim.resize(size_t(kRows));
     t.lo.resize(size_t(kRows));
+    Bf16Tiles bt;
+    if (bf16) {
+      bt.qp.resize(size_t(in.D2 / 2 * kRows));
+      bt.pp.resize(size_t(kKeyBlock / 2 * kRows));
+      bt.ob.resize(size_t(kRows * D));
+    }
+    std::vector<float> qrow(bf16 ? size_t(D) : 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = item / (Hkv * row_blocks);
@@ -251,6 +532,13 @@ void attention(const float* q, const float* k, const float* v, float* out,
           const int64_t p = q_offset + r / group;  // the query's position
           const int64_t n_keys = std::min(Tk, p + 1);
           const int64_t first = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+          if (bf16) {
+            const uint16_t* qr = in.qh.data() + q_row(r) / D * in.D2;
+            for (int64_t d = 0; d < D; ++d) qrow[d] = bf16_to_f32(qr[d]);
+            attend_row_bf16(qrow.data(), in, b, hk, Hkv, Tk, mask, first, n_keys, D, softcap,
+                            t.o.data(), out + q_row(r));
+            continue;
+          }
           attend_row(q + q_row(r), kb, vb, mask, kv_stride, first, n_keys, D, scale, softcap,
                      t.o.data(), out + q_row(r));
         }
@@ -259,9 +547,16 @@ void attention(const float* q, const float* k, const float* v, float* out,
 
       // Gather the rows' queries, scaled, transposed; padding rows are zero and see no key.
       std::fill(t.qt.begin(), t.qt.end(), 0.0f);
-      for (int64_t rr = 0; rr < n_rows; ++rr) {
-        const float* qr = q + q_row(r0 + rr);
-        for (int64_t d = 0; d < D; ++d) t.qt[d * kRows + rr] = qr[d] * scale;
+      if (bf16) {
+        const uint16_t* rows[kRows];
+        for (int64_t rr = 0; rr < n_rows; ++rr) rows[rr] = in.qh.data() + q_row(r0 + rr) / D * in.D2;
+        pack_queries(bt, rows, n_rows, in.D2);
+        std::fill(bt.ob.begin(), bt.ob.end(), 0.0f);
+      } else {
+        for (int64_t rr = 0; rr < n_rows; ++rr) {
+          const float* qr = q + q_row(r0 + rr);
+          for (int64_t d = 0; d < D; ++d) t.qt[d * kRows + rr] = qr[d] * scale;
+        }
       }
       int64_t n_keys = 0;  // keys 0 .. n_keys-1 are visible to some row of the item
       for (int64_t rr = 0; rr < kRows; ++rr) {
@@ -277,19 +572,30 @@ void attention(const float* q, const float* k, const float* v, float* out,
       const int64_t first_key = t.lo[0], all_lo = t.lo[n_rows - 1];
       std::fill(t.o.begin(), t.o.end(), 0.0f);
 
-      for (int64_t j0 = first_key; j0 < n_keys; j0 += kKeyBlock) {
+      // bf16 blocks start at an even key (the paired values); a key before first_key is outside
+      // every row's window and hidden.
+      for (int64_t j0 = bf16 ? first_key & ~int64_t(1) : first_key; j0 < n_keys; j0 += kKeyBlock) {
         const int64_t len = std::min(kKeyBlock, n_keys - j0);
         float correction[kRows];
-        score_block(t, kb, kv_stride, j0, len, D);
+        if (bf16)
+          score_block_bf16(t, bt, in, b, hk, Hkv, Tk, j0, len);
+        else
+          score_block(t, kb, kv_stride, j0, len, D);
         if (softcap > 0.0f) cap_scores(t, len, softcap);
         hide_keys(t, mask, j0, len, all_see, all_lo);
         softmax_block(t, len, correction);
-        accumulate_block(t, vb, mask, kv_stride, j0, len, D, correction);
+        if (bf16)
+          accumulate_block_bf16(t, bt, in.values(b, hk, Hkv, D), j0, len, D, n_rows, correction);
+        else
+          accumulate_block(t, vb, mask, kv_stride, j0, len, D, correction);
       }
       for (int64_t rr = 0; rr < n_rows; ++rr) {
         const float inv = t.l[rr] > 0.0f ? 1.0f / t.l[rr] : 0.0f;  // no visible key: zeros
         float* dst = out + q_row(r0 + rr);
-        for (int64_t d = 0; d < D; ++d) dst[d] = t.o[d * kRows + rr] * inv;
+        if (bf16)
+          for (int64_t d = 0; d < D; ++d) dst[d] = bt.ob[rr * D + d] * inv;
+        else
+          for (int64_t d = 0; d < D; ++d) dst[d] = t.o[d * kRows + rr] * inv;
       }
     }
   }

@@ -39,9 +39,9 @@ class CpuBackend final : public HostBackend {
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                  int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-                 float softcap, Stream*) override {
+                 float softcap, DType t, Stream*) override {
     cpu::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap,
-                   threads_);
+                   threads_, t);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream*) override {
     cpu::silu_mul(gate, up, out, n, threads_);

@@ -36,7 +36,7 @@ void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t h
 void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-               float softcap, int threads);
+               float softcap, int threads, DType dtype = DType::F32);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n, int threads);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n, int threads);
 void mul_scalar(float* x, float a, int64_t n, int threads);

@@ -87,10 +87,14 @@ void rope(float* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t h
   }
 }
 
+// bf16: q * scale, k, v and the probabilities rounded to bf16 where they are multiplied
+// (Backend::attention), the rest in double; a probability is rounded from its value against the
+// row's overall maximum.
 void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-               float softcap) {
+               float softcap, bool bf16) {
+  auto r = [bf16](float x) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : x; };
   const int64_t group = H / Hkv;
   std::vector<double> score(size_t(Tk > 0 ? Tk : 1));
   for (int64_t b = 0; b < B; ++b) {
@@ -107,8 +111,13 @@ void attention(const float* q, const float* k, const float* v, float* out,
           if (!visible) continue;
           const float* kj = k + ((b * Tk + j) * Hkv + hk) * D;
           double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d) dot += double(qi[d]) * double(kj[d]);
-          score[j] = dot * double(scale);
+          if (bf16) {  // the scaled query rounded, as the kernels do
+            for (int64_t d = 0; d < D; ++d) dot += double(r(qi[d] * scale)) * double(r(kj[d]));
+            score[j] = dot;
+          } else {
+            for (int64_t d = 0; d < D; ++d) dot += double(qi[d]) * double(kj[d]);
+            score[j] = dot * double(scale);
+          }
           if (softcap > 0.0f) score[j] = double(softcap) * std::tanh(score[j] / double(softcap));
           if (score[j] > mx) mx = score[j];
         }
@@ -122,7 +131,9 @@ void attention(const float* q, const float* k, const float* v, float* out,
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0.0;
           for (int64_t j = 0; j < Tk; ++j)
-            if (score[j] != 0.0) acc += score[j] * double(v[((b * Tk + j) * Hkv + hk) * D + d]);
+            if (score[j] != 0.0)
+              acc += (bf16 ? double(r(float(score[j]))) : score[j]) *
+                     double(r(v[((b * Tk + j) * Hkv + hk) * D + d]));
           oi[d] = float(acc / sum);
         }
       }
@@ -238,9 +249,12 @@ class ReferenceBackend final : public cpu::HostBackend {
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                  int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-                 float softcap, Stream*) override {
+                 float softcap, DType t, Stream*) override {
     ZOF_ASSERT(Hkv > 0 && H % Hkv == 0);
-    ref::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap);
+    ZOF_CHECK(t == DType::F32 || t == DType::BF16,
+              std::string("attention computes on fp32 or bf16 inputs, not ") + dtype_name(t));
+    ref::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap,
+                   t == DType::BF16);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream*) override {
     ref::silu_mul(gate, up, out, n);

@@ -274,13 +274,13 @@ class SimDeviceImpl final : public SimDevice {
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                  int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-                 float softcap, Stream* s) override {
+                 float softcap, DType t, Stream* s) override {
     submit(s,
            {R(q, B * Tq * H * D * F), R(k, B * Tk * Hkv * D * F), R(v, B * Tk * Hkv * D * F),
             R(key_mask, B * Tk), W(out, B * Tq * H * D * F)},
            [=, h = host_.get()] {
              h->attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
-                          softcap, nullptr);
+                          softcap, t, nullptr);
            });
   }
   void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,

@@ -358,12 +358,33 @@ class CudaBackendImpl final : public CudaBackend {
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                  int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-                 float softcap, Stream* s) override {
+                 float softcap, DType t, Stream* s) override {
     check_attention(B, Tq, Tk, H, Hkv, D, q_offset);
     ZOF_ASSERT(window >= 0 && softcap >= 0.0f);
+    ZOF_CHECK(t == DType::F32 || t == DType::BF16,
+              std::string("attention computes on fp32 or bf16 inputs, not ") + dtype_name(t));
     use();
-    cuda::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
-                    softcap, st(s));
+    if (t == DType::F32) {
+      cuda::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
+                      softcap, st(s));
+      return;
+    }
+    // bf16: q, k and v rounded (nearest even, as zof::f32_to_bf16) into this stream's scratch,
+    // the tensor-core kernel (the generic one with a window or soft-cap) on them, its bf16 out
+    // widened into out.
+    const int64_t nq = B * Tq * H * D, nk = B * Tk * Hkv * D;
+    if (nq == 0) return;
+    CudaStream* h = handle(s);
+    bf16* q16 = bf16_scratch(*h, 2 * nq + 2 * nk);
+    bf16 *k16 = q16 + nq, *v16 = k16 + nk, *o16 = v16 + nk;
+    cuda::to_bf16(q, q16, nq, h->stream);
+    if (nk > 0) {
+      cuda::to_bf16(k, k16, nk, h->stream);
+      cuda::to_bf16(v, v16, nk, h->stream);
+    }
+    cuda::attention(q16, k16, v16, o16, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
+                    softcap, h->stream);
+    cuda::to_f32(o16, out, nq, h->stream);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream* s) override {
     use();

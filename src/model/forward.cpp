@@ -293,7 +293,7 @@ class CachedPrimal : public graph::Primal<graph::BackendKernels> {
       k_.be.copy_device(vb + start * Hk, v(vv) + b * T * Hk, T * Hk * sizeof(float), nullptr);
       k_.be.attention(v(q) + b * T * Hq, kb, vb, v(out) + b * T * Hq, nullptr, 1, T, Tk, d_.H,
                       d_.Hkv, d_.D, start, graph::attn_scale<graph::BackendKernels>(d_),
-                      d_.window, d_.attn_softcap);
+                      d_.window, d_.attn_softcap, k_.attn);
     }
   }
 
@@ -311,6 +311,7 @@ void Forward::embed(const EmbedWeights& w, const int32_t* ids, const int32_t* em
   f.v[graph::kHOut] = h;
   f.rows = rows, f.ids = ids, f.embed_pos = embed_pos;
   graph::BackendKernels k{be_};
+  k.attn = compute_;
   graph::Primal o(k, d, f);
   graph::embed(o, d, w);
 }
@@ -321,6 +322,7 @@ void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t 
   const graph::Dims d = graph::Dims::of(cfg_, li);
   graph::Frame<float> f = layer_frame(d, bufs_.data(), h, B, T, pos, key_mask);
   graph::BackendKernels k{be_};
+  k.attn = compute_;
   if (cache) {
     CachedPrimal o(k, d, f, *cache, li);
     graph::layer(o, d, w);
@@ -333,6 +335,7 @@ void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t 
 void Forward::head_logits(const HeadWeights& w, const float* h, int64_t rows, float* logits) {
   const graph::Dims d = graph::Dims::of(cfg_);
   graph::BackendKernels k{be_};
+  k.attn = compute_;
   for (int64_t r0 = 0; r0 < rows; r0 += max_rows_) {
     graph::Frame<float> f;
     f.rows = std::min(max_rows_, rows - r0);
@@ -356,6 +359,7 @@ void Forward::head_features(const HeadWeights& w, const float* h, int64_t rows, 
   f.v[graph::kHn] = w.project_out ? buf(XN) : x;
   f.v[graph::kHo] = x;
   graph::BackendKernels k{be_};
+  k.attn = compute_;
   graph::Primal o(k, d, f);
   const graph::Value out = graph::head_features(o, d, w);
   if (f.v[out] != x) be_.copy_device(x, f.v[out], rows * d.C * sizeof(float), nullptr);
@@ -372,6 +376,7 @@ void Forward::head_nll(const HeadWeights& w, const float* h, int64_t rows, const
   std::fill(nll, nll + rows, 0.f);
   std::vector<float> out(kHeadChunk);
   graph::BackendKernels k{be_};
+  k.attn = compute_;
   for (size_t s0 = 0; s0 < sel.size(); s0 += kHeadChunk) {
     const int64_t n = std::min<int64_t>(kHeadChunk, sel.size() - s0);
     be_.copy_to_device(ibuf(kSel), sel.data() + s0, n * sizeof(int32_t), nullptr);

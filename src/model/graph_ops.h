@@ -213,6 +213,7 @@ struct BackendKernels {
   using W = Weight;
   Backend& be;
   float* mmtmp = nullptr;  // matmul_jvp's scratch, M * N floats; set by a walk that needs it
+  DType attn = DType::F32;  // attention's inputs: a bf16 walk's are bf16 (Backend::attention)
 
   static float scale(int64_t D) { return 1.f / std::sqrt((float)D); }
 
@@ -251,7 +252,7 @@ struct BackendKernels {
   void attention(const float* q, const float* k, const float* v, float* out,
                  const uint8_t* mask, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                  float scale, int64_t window, float softcap) {
-    be.attention(q, k, v, out, mask, B, S, S, H, Hkv, D, 0, scale, window, softcap);
+    be.attention(q, k, v, out, mask, B, S, S, H, Hkv, D, 0, scale, window, softcap, attn);
   }
   void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                      const float* v, const float* dv, float* dout, const uint8_t* mask,

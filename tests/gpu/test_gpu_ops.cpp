@@ -696,6 +696,39 @@ TEST(GpuOpsBf16, AttentionTensorCoresAndGeneric) {
   }
 }
 
+// The training walk's bf16 attention (Backend::attention with DType::BF16: fp32 in and out, the
+// inputs rounded into the stream's scratch, the tensor-core kernel, its bf16 out widened)
+// against the reference's bf16 semantics, with and without a window and soft-cap (the generic
+// kernel then): within kTolBf16 (the CPU's own bf16 kernel meets 4e-3 of it; the CUDA kernel
+// also rounds out to bf16).
+TEST(GpuOpsBf16, AttentionOfABf16Walk) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto ref = zof::make_reference_backend();
+  std::vector<AttnCase> cases = attention_cases();
+  cases.push_back({{2, 200, 200, 8, 2, 128, 0}, kRandom, "D=128 GQA, masked"});
+  cases.push_back({{1, 1000, 1000, 4, 1, 64, 0}, kNone, "D=64 MQA, 16 key blocks"});
+  for (const AttnCase& c : cases) {
+    std::vector<float> q, k, v;
+    std::vector<uint8_t> mask;
+    attention_inputs(c, q, k, v, mask);
+    const AttnShape& s = c.s;
+    const size_t n = size_t(s.B * s.Tq * s.H * s.D);
+    for (auto [window, cap] : {std::pair<int64_t, float>{0, 0.f}, {5, 0.f}, {0, 50.f}}) {
+      auto run = [&](Backend& b) {
+        Device dev(b);
+        float* out = dev.output(n);
+        b.attention(dev.put(q), dev.put(k), dev.put(v), out, dev.put(mask), s.B, s.Tq, s.Tk, s.H,
+                    s.Hkv, s.D, s.q_offset, 1.0f / std::sqrt(float(s.D)), window, cap,
+                    zof::DType::BF16);
+        return dev.get(out, n);
+      };
+      EXPECT_TRUE(close(run(*ref), run(*be), kTolBf16))
+          << "attention bf16 " << c.what << " window " << window << " cap " << cap;
+    }
+  }
+}
+
 TEST(GpuOpsBf16, NormsRopePointwise) {
   ZOF_REQUIRE_GPU();
   auto be = gpu();

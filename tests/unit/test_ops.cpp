@@ -25,6 +25,9 @@ using zof::Backend;
 // fp32 ops against the double-accumulating reference. The measured worst case is 1.3e-6 (layer_norm
 // of rows with mean 30; matmul with K=1000 8e-7); 1e-5 leaves room for other compilers and CPUs.
 constexpr double kTol = 1e-5;
+// bf16 attention (OpsConform.AttentionBf16): against the reference's bf16, measured worst
+// 1.5e-3 (about an ulp of bf16, 2^-9, of the largest probabilities); against fp32 5.0e-3.
+constexpr double kAttnBf16 = 4e-3, kAttnBf16VsFp32 = 1.5e-2;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 struct BackendCase {
@@ -169,13 +172,14 @@ struct AttnShape {
 std::vector<float> run_attention(Backend& be, const std::vector<float>& q,
                                  const std::vector<float>& k, const std::vector<float>& v,
                                  const std::vector<uint8_t>& mask, const AttnShape& s,
-                                 int64_t window = 0, float softcap = 0.f, float scale = 0.f) {
+                                 int64_t window = 0, float softcap = 0.f, float scale = 0.f,
+                                 zof::DType t = zof::DType::F32) {
   Device dev(be);
   const size_t n = size_t(s.B * s.Tq * s.H * s.D);
   float* out = dev.output(n);
   if (scale == 0.f) scale = 1.0f / std::sqrt(float(s.D));
   be.attention(dev.put(q), dev.put(k), dev.put(v), out, dev.put(mask), s.B, s.Tq, s.Tk, s.H, s.Hkv,
-               s.D, s.q_offset, scale, window, softcap);
+               s.D, s.q_offset, scale, window, softcap, t);
   return dev.get(out, n);
 }
 
@@ -694,6 +698,73 @@ TEST(OpsConform, AttentionGemma) {
   }
 }
 
+// Attention on bf16 inputs (a bf16 walk's, Backend::attention's t): q * scale, k, v and the
+// probabilities rounded to bf16, products summed in fp32. Every fast backend against the
+// reference's bf16 (its probabilities rounded from the row's overall maximum, the CPU's from the
+// running one of its online softmax, so they differ by about a bf16 rounding of the largest
+// probabilities: kAttnBf16, measured worst 1.5e-3), on both CPU kernel paths (16-row tiles
+// with vdpbf16ps, rows one at a time), GQA, masks (a masked key's garbage value must not leak),
+// odd D and Tk, windows and caps. The rounding is real: bf16 differs from fp32 by more than fp32's
+// tolerance, and by no more than bf16's inputs explain (kAttnBf16VsFp32, measured worst 5.0e-3).
+TEST(OpsConform, AttentionBf16) {
+  struct Case {
+    AttnShape s;
+    Mask mask;
+    int64_t window;
+    float cap;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {{1, 1, 1, 1, 1, 8, 0}, kNone, 0, 0.f, "T=1"},
+      {{2, 13, 13, 4, 2, 64, 0}, kNone, 0, 0.f, "GQA H/Hkv=2"},
+      {{1, 33, 33, 8, 2, 32, 0}, kRightPad, 0, 0.f, "GQA H/Hkv=4, right padding"},
+      {{2, 130, 130, 2, 1, 64, 0}, kRandom, 0, 0.f, "several key and query blocks"},
+      {{2, 21, 21, 2, 2, 5, 0}, kLeftPad, 0, 0.f, "left padding, odd D"},
+      {{1, 70, 201, 4, 4, 80, 131}, kLeftPad, 0, 0.f, "long cache, odd Tk, D=80"},
+      {{2, 1, 9, 4, 1, 64, 8}, kRightPad, 0, 0.f, "decode one token, MQA"},
+      {{3, 3, 100, 3, 3, 24, 97}, kLeftPad, 0, 0.f, "decode three tokens, MHA"},
+      {{2, 70, 70, 8, 2, 64, 0}, kNone, 5, 0.f, "window 5"},
+      {{2, 70, 70, 8, 2, 64, 0}, kRandom, 64, 50.f, "window 64, cap 50"},
+      {{2, 2, 40, 4, 2, 16, 38}, kRandom, 3, 2.5f, "decode two tokens, window 3, cap 2.5"},
+  };
+  double worst_ref = 0, worst_fp32 = 0;
+  for (const Case& c : cases) {
+    const AttnShape& s = c.s;
+    auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 61);
+    auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 62);
+    auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 63);
+    const std::vector<uint8_t> mask = attention_mask(c.mask, s);
+    for (size_t i = 0; i < mask.size(); ++i)  // a padding slot's value is garbage
+      if (!mask[i])
+        for (int64_t h = 0; h < s.Hkv; ++h)
+          for (int64_t d = 0; d < s.D; ++d) v[(i * s.Hkv + h) * s.D + d] = kNaN;
+    auto ref = zof::make_reference_backend();
+    const std::vector<float> want =
+        run_attention(*ref, q, k, v, mask, s, c.window, c.cap, 0.f, zof::DType::BF16);
+    const std::vector<float> fp32 = run_attention(*ref, q, k, v, mask, s, c.window, c.cap);
+    for (auto& bc : fast_backends()) {
+      auto be = bc.make();
+      const std::vector<float> got =
+          run_attention(*be, q, k, v, mask, s, c.window, c.cap, 0.f, zof::DType::BF16);
+      EXPECT_TRUE(close(want, got, kAttnBf16)) << bc.label << ": " << c.what;
+      EXPECT_TRUE(close(fp32, got, kAttnBf16VsFp32)) << bc.label << " against fp32: " << c.what;
+      double e = 0, e32 = 0, sc = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        sc = std::max(sc, std::fabs(double(want[i])));
+        e = std::max(e, std::fabs(double(got[i]) - want[i]));
+        e32 = std::max(e32, std::fabs(double(got[i]) - fp32[i]));
+      }
+      worst_ref = std::max(worst_ref, e / std::max(sc, 1e-30));
+      worst_fp32 = std::max(worst_fp32, e32 / std::max(sc, 1e-30));
+      if (s.Tq > 1) {  // rounding happened: more than fp32's tolerance away from fp32
+        EXPECT_FALSE(close(fp32, got, kTol)) << bc.label << ": " << c.what;
+      }
+    }
+  }
+  std::printf("worst bf16 against the bf16 reference %.3g, against fp32 %.3g\n", worst_ref,
+              worst_fp32);
+}
+
 // A window can leave a query no visible key where causality and the mask alone would not: the
 // right-padded positions whose last `window` keys are all padding. They get zeros, not NaN, on
 // both kernel paths, with and without a cap; without the window the same rows read real keys.
@@ -1120,6 +1191,9 @@ TEST(Ops, CpuThreadCountIndependence) {
   auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 31);
   auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 32);
   same("attention", [&](Backend& be) { return run_attention(be, q, k, v, {}, s); });
+  same("attention bf16", [&](Backend& be) {
+    return run_attention(be, q, k, v, {}, s, 0, 0.f, 0.f, zof::DType::BF16);
+  });
   std::vector<int32_t> ids(200), targets(16);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % 50);
   auto table = uniform(50 * 768, -1, 1, 33);
