@@ -659,6 +659,8 @@ void check_resume_flags(const FinetuneArgs& f, const NumberFlags& n,
     // --save-dtype auto is the master's dtype: it changes nothing (saved holds "master", fp32
     // for runs from before it, through TrainOptions' round trip).
     if (key == "save_dtype" && now[key] == "auto" && saved[key] == saved["master"]) continue;
+    // --round-every 0 (auto) is the window the run resolved when it started.
+    if (key == "round_every" && now[key] == 0) continue;
     // --out naming the run itself changes nothing either.
     if (key == "out") {
       std::error_code ec;

@@ -163,7 +163,9 @@ class Backend {
   // t, the inputs' precision (a bf16 walk's, --dtype): F32; or BF16, where q * scale, k, v and
   // the softmax's probabilities are rounded to bf16 (nearest even) before they are multiplied,
   // and every product is summed in fp32, as are the scores, the softmax (its normalizer sums
-  // the unrounded probabilities) and out (fp32; CUDA's tensor-core kernel writes it in bf16).
+  // the unrounded probabilities) and out. CUDA differs: its kernels write out in bf16, and the
+  // generic kernel (a window, a soft-cap, a head_dim other than 64 or 128) keeps the
+  // probabilities in fp32.
   virtual void attention(const float* q, const float* k, const float* v, float* out,
                          const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                          int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,

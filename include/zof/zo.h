@@ -116,9 +116,14 @@ struct ZOStepOptions {
   // and makes its copies from that, so the walks see every update at once, as with K = 1. The
   // rounding's variance is paid once per window, on a sum of K updates, instead of once per
   // update: far less noise where updates are about an ulp (measured in bench/RESULTS.md), for
-  // up to K z's regenerated per pass. Windows are aligned to step numbers, so a run that
-  // flushes only at multiples of K (evaluations, checkpoints) and at its end is exact under
-  // resume and replay. ZO-SGD only (a stateful optimizer's update is not a sum of z's).
+  // up to K z's regenerated per pass. A flush closes a window early; the trainer flushes where
+  // its options say (evaluations, checkpoints, the end: train::window_closes_after), so a
+  // resumed run and its replay round where the run did (a stop inside a window checkpoints it
+  // open: RunCounters::window_from).
+  // ZO-SGD only (a stateful optimizer's update is not a sum of z's). Sparse MeZO in a window
+  // masks every term of the window by |theta| at the window's start (not at each step's
+  // theta), the same in the held walks and the closing pass. `zof replay --steps N` closes the
+  // window at N, as a run of N steps would: it equals checkpoint-N only at a window's end.
   int round_every = 1;
 };
 
@@ -184,6 +189,9 @@ class ZOEngine {
   // them on the device (a walk that reads the streamer next, as the JVP step does, needs no
   // host copy).
   void flush(bool to_host = true);
+  // With streaming, writes the device copies back to the Model's storage without applying
+  // the pending update (a checkpoint inside a rounding window: the master stays the window's).
+  void sync_to_host();
   const PendingUpdate& pending() const { return pending_; }
   void set_pending(PendingUpdate p) { pending_ = std::move(p); }
 

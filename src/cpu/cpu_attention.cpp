@@ -349,9 +349,16 @@ void attend_row_bf16(const float* qi, const Bf16Inputs& in, int64_t b, int64_t h
 // (kKeyBlock / 2, kRows) words, the block's probabilities in pairs of keys; ob (kRows, D), the
 // rows' unnormalized outputs in fp32.
 struct Bf16Tiles {
-  std::vector<uint32_t> qp, pp;
+  std::vector<uint32_t> qp;
+  std::vector<uint16_t> pp;  // written as pairs of bf16, read as words (word())
   std::vector<float> ob;
 };
+
+inline uint32_t word(const uint16_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
 
 // The rows' queries (qh rows, scaled and rounded) as words of pairs of d; padding rows are 0.
 inline void pack_queries(Bf16Tiles& bt, const uint16_t* const* rows, int64_t n_rows,
@@ -369,16 +376,11 @@ inline void pack_queries(Bf16Tiles& bt, const uint16_t* const* rows, int64_t n_r
 inline void score_block_bf16(Tiles& t, const Bf16Tiles& bt, const Bf16Inputs& in, int64_t b,
                              int64_t hk, int64_t Hkv, int64_t Tk, int64_t j0, int64_t len) {
   const int64_t pairs = in.D2 / 2;
-  auto word = [](const uint16_t* p) {
-    uint32_t w;
-    std::memcpy(&w, p, sizeof(w));
-    return w;
-  };
 #if defined(__AVX512BF16__)
   const int64_t ks = Hkv * in.D2;  // between consecutive keys
   // Eight keys at a time: eight chains hide vdpbf16ps's latency. A block's last eight may run
   // past len (and past the last key: kh has eight keys of zeros after it); their scores land
-  // in t.s past len, which nothing reads.
+  // in t.s past len (still inside its kKeyBlock rows), which nothing reads.
   for (int64_t jj = 0; jj < len; jj += 8) {
     const uint16_t* k0 = in.key(b, j0 + jj, hk, Hkv, Tk);
     __m512 a[8];
@@ -425,8 +427,8 @@ inline void accumulate_rows(Bf16Tiles& bt, const uint16_t* v0, int64_t pairs, in
   }
   for (int64_t jp = 0; jp < pairs; ++jp) {
     const uint16_t* vj = v0 + (jp * D + d0) * 2;
-    const __m512bh p0 = (__m512bh)_mm512_set1_epi32((int)bt.pp[jp * kRows + r0]);
-    const __m512bh p1 = (__m512bh)_mm512_set1_epi32((int)bt.pp[jp * kRows + r1]);
+    const __m512bh p0 = (__m512bh)_mm512_set1_epi32((int)word(&bt.pp[(jp * kRows + r0) * 2]));
+    const __m512bh p1 = (__m512bh)_mm512_set1_epi32((int)word(&bt.pp[(jp * kRows + r1) * 2]));
     for (int c = 0; c < NV; ++c) {
       const __m512bh vv = (__m512bh)_mm512_maskz_loadu_epi32(m[c], vj + 32 * c);
       a0[c] = _mm512_dpbf16_ps(a0[c], vv, p0);
@@ -449,7 +451,7 @@ inline void accumulate_block_bf16(Tiles& t, Bf16Tiles& bt, const uint16_t* vp, i
   for (int64_t jp = 0; jp < pairs; ++jp) {
     const int64_t j = 2 * jp;
     pairs_bf16(&t.s[j * kRows], j + 1 < len ? &t.s[(j + 1) * kRows] : nullptr,
-               reinterpret_cast<uint16_t*>(&bt.pp[jp * kRows]), kRows);
+               &bt.pp[jp * kRows * 2], kRows);
   }
   const uint16_t* v0 = vp + j0 * D;  // the block's first pair
 #if defined(__AVX512BF16__)
@@ -471,7 +473,7 @@ inline void accumulate_block_bf16(Tiles& t, Bf16Tiles& bt, const uint16_t* vp, i
     float* o = &bt.ob[rr * D];
     for (int64_t d = 0; d < D; ++d) o[d] *= correction[rr];
     for (int64_t jp = 0; jp < pairs; ++jp) {
-      const uint32_t w = bt.pp[jp * kRows + rr];
+      const uint32_t w = word(&bt.pp[(jp * kRows + rr) * 2]);
       const float p0 = bf16_to_f32(uint16_t(w)), p1 = bf16_to_f32(uint16_t(w >> 16));
       const uint16_t* vj = v0 + jp * 2 * D;
       for (int64_t d = 0; d < D; ++d)
@@ -506,14 +508,14 @@ void attention(const float* q, const float* k, const float* v, float* out,
   {
     Tiles t;
     t.qt.resize(size_t(D * kRows));
-    t.s.resize(size_t((kKeyBlock + 8) * kRows));  // bf16 scores keys in eights past a block's end
+    t.s.resize(size_t(kKeyBlock * kRows));
     t.o.resize(size_t(D * kRows));
     t.lim.resize(size_t(kRows));
     t.lo.resize(size_t(kRows));
     Bf16Tiles bt;
     if (bf16) {
       bt.qp.resize(size_t(in.D2 / 2 * kRows));
-      bt.pp.resize(size_t(kKeyBlock / 2 * kRows));
+      bt.pp.resize(size_t(kKeyBlock * kRows));
       bt.ob.resize(size_t(kRows * D));
     }
     std::vector<float> qrow(bf16 ? size_t(D) : 0);

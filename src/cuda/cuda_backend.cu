@@ -369,20 +369,20 @@ class CudaBackendImpl final : public CudaBackend {
                       softcap, st(s));
       return;
     }
-    // bf16: q, k and v rounded (nearest even, as zof::f32_to_bf16) into this stream's scratch,
-    // the tensor-core kernel (the generic one with a window or soft-cap) on them, its bf16 out
-    // widened into out.
+    // bf16: q * scale, k and v rounded (nearest even, as zof::f32_to_bf16) into this stream's
+    // scratch, the tensor-core kernel (the generic one with a window, a soft-cap or another
+    // head_dim) on them with scale 1, its bf16 out widened into out.
     const int64_t nq = B * Tq * H * D, nk = B * Tk * Hkv * D;
     if (nq == 0) return;
     CudaStream* h = handle(s);
     bf16* q16 = bf16_scratch(*h, 2 * nq + 2 * nk);
     bf16 *k16 = q16 + nq, *v16 = k16 + nk, *o16 = v16 + nk;
-    cuda::to_bf16(q, q16, nq, h->stream);
+    cuda::to_bf16_scaled(q, scale, q16, nq, h->stream);
     if (nk > 0) {
       cuda::to_bf16(k, k16, nk, h->stream);
       cuda::to_bf16(v, v16, nk, h->stream);
     }
-    cuda::attention(q16, k16, v16, o16, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window,
+    cuda::attention(q16, k16, v16, o16, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, 1.0f, window,
                     softcap, h->stream);
     cuda::to_f32(o16, out, nq, h->stream);
   }
@@ -634,7 +634,7 @@ class CudaBackendImpl final : public CudaBackend {
       if (e == cudaErrorMemoryAllocation || e == cudaErrorInvalidValue) {
         cudaGetLastError();
         throw Error("out of GPU memory allocating the " + mib(bytes) +
-                    " bf16 copy of a matrix product's input on " + name() + " (" +
+                    " bf16 copy of a matrix product's or attention's inputs on " + name() + " (" +
                     mib(free_memory()) + " free); use a smaller batch or sequence length");
       }
       CUDA_CHECK(e);

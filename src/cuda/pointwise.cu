@@ -58,6 +58,9 @@ __global__ void embedding_kernel(const int32_t* ids, const float* table, float* 
 __global__ void to_bf16_kernel(const float* x, bf16* y, int64_t n) {
   ZOF_GRID_STRIDE(i, n) y[i] = f32_to_bf16_exact(x[i]);
 }
+__global__ void to_bf16_scaled_kernel(const float* x, float scale, bf16* y, int64_t n) {
+  ZOF_GRID_STRIDE(i, n) y[i] = f32_to_bf16_exact(__fmul_rn(scale, x[i]));
+}
 // cvt.rn.f16.f32 (nearest even, overflow to inf, gradual underflow) as zof::f32_to_f16; a NaN
 // becomes the quiet NaN with its sign that zof::f32_to_f16 gives (cvt would give 0x7fff).
 __global__ void to_f16_kernel(const float* x, __half* y, int64_t n) {
@@ -121,6 +124,9 @@ void embedding(const int32_t* ids, const float* table, float* out, int64_t n, in
   ZOF_LAUNCH(embedding_kernel, n * dim, ids, table, out, n, dim, accumulate);
 }
 void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s) { ZOF_LAUNCH(to_bf16_kernel, n, x, y, n); }
+void to_bf16_scaled(const float* x, float scale, bf16* y, int64_t n, cudaStream_t s) {
+  ZOF_LAUNCH(to_bf16_scaled_kernel, n, x, scale, y, n);
+}
 void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s) { ZOF_LAUNCH(to_f32_kernel, n, x, y, n); }
 void to_f16(const float* x, __half* y, int64_t n, cudaStream_t s) {
   ZOF_LAUNCH(to_f16_kernel, n, x, y, n);

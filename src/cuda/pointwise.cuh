@@ -37,6 +37,9 @@ void embedding(const int32_t* ids, const float* table, float* out, int64_t n, in
 // y(n) = x(n) converted. fp32 -> bf16 and fp32 -> fp16 round to nearest even, bit for bit as
 // zof::f32_to_bf16 and zof::f32_to_f16 (zof/dtype.h), NaNs included.
 void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s);
+// y = bf16(scale * x) (the fp32 product rounded as zof::f32_to_bf16): a bf16 walk's scaled
+// queries (Backend::attention).
+void to_bf16_scaled(const float* x, float scale, bf16* y, int64_t n, cudaStream_t s);
 void to_f16(const float* x, __half* y, int64_t n, cudaStream_t s);
 void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);
 

@@ -199,9 +199,15 @@ void validate_options(const TrainOptions& o, bool new_run) {
     ZOF_CHECK(o.estimator == "spsa",
               "--round-every is for the SPSA estimator (--estimator spsa); the JVP estimator "
               "keeps its master in fp32 storage: drop --round-every");
+    // A resumed run's window is its run.json's (auto resolved when it started); only the
+    // layout may change.
     ZOF_CHECK(o.pipeline_stages == 1,
-              "--round-every does not combine with --pipeline-stages > 1; use --pipeline-stages 1 "
-              "(data parallel only), or drop --round-every");
+              new_run ? "--round-every does not combine with --pipeline-stages > 1; use "
+                        "--pipeline-stages 1 (data parallel only), or drop --round-every"
+                      : "--pipeline-stages " + std::to_string(o.pipeline_stages) +
+                            ": this run rounds its bf16 master once every " + n +
+                            " steps (run.json's round_every), which pipeline stages do not do; "
+                            "resume it with --pipeline-stages 1 (data parallel only)");
     ZOF_CHECK(o.round_every * o.queries <= 128,
               "--round-every " + n + " with --queries " + std::to_string(o.queries) + " sums " +
                   std::to_string(o.round_every * o.queries) + " directions in a pass, more than "

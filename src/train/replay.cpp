@@ -139,9 +139,11 @@ std::string check_log(const path& log, const Recorded& r, int64_t prefix,
 }
 
 // Applies the logged updates (the first `limit` steps; limit <= 0: all) to the engine's model in
-// order; returns (steps, updates). engine null: only reads them (each record checked).
+// order; returns (steps, updates). engine null: only reads them (each record checked). from > 0:
+// the records before step `from` are read and checked but not applied; reopen: the updates are
+// only added to the engine's pending window, never flushed (a checkpoint's open window).
 std::pair<int64_t, int64_t> apply_log(const path& log, ZOEngine* engine, const TrainOptions& o,
-                                      int64_t limit) {
+                                      int64_t limit, int64_t from = 0, bool reopen = false) {
   ZOStepOptions zo = zo_step_options(o);
   std::ifstream f(log);
   std::string line;
@@ -179,9 +181,9 @@ std::pair<int64_t, int64_t> apply_log(const path& log, ZOEngine* engine, const T
     ++expect_step;
     // A bf16 master's rounding window closes where the run's did (its walk of the next step,
     // or its flush, rounded it): skipped or not.
-    const bool closes = window_closes_after(o, step);
-    if (skipped) {
-      if (engine && closes) engine->flush();
+    const bool closes = !reopen && window_closes_after(o, step);
+    if (skipped || step < from) {
+      if (engine && closes && step >= from) engine->flush();
       continue;
     }
     ZOF_CHECK((int64_t)g.size() == zo.queries,
@@ -194,11 +196,24 @@ std::pair<int64_t, int64_t> apply_log(const path& log, ZOEngine* engine, const T
     }
     ++n;
   }
-  if (engine) engine->flush();  // the run's end closes a window part way
+  if (engine && !reopen) engine->flush();  // the run's end closes a window part way
   return {expect_step, n};
 }
 
 }  // namespace
+
+namespace train {
+
+void reopen_window(const std::string& log, ZOEngine& engine, const TrainOptions& o,
+                   int64_t from, int64_t to) {
+  const auto [steps, updates] = apply_log(log, &engine, o, to, from, /*reopen=*/true);
+  ZOF_CHECK(steps == to, log + " holds " + std::to_string(steps) + " step records, not the " +
+                             std::to_string(to) + " of the checkpoint it resumes from; " +
+                             kDamaged);
+  (void)updates;
+}
+
+}  // namespace train
 
 json replay(const std::string& base_model, const std::string& run_dir, const std::string& out_dir,
             int threads, int64_t steps_wanted) {

@@ -761,6 +761,7 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
           {"tokens", c.tokens},     {"train_s", c.train_s},
           {"metrics_bytes", metrics_.sync()}, {"log_bytes", zlog_.sync()},
           {"log_hash", zlog_.hash()}};
+  if (c.window_from >= 0) st["window_from"] = c.window_from;
   write_file_atomic(tmp / "state.json", st.dump(1));
   fsync_path(tmp);
   fs::remove_all(dst);

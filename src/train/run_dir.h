@@ -73,6 +73,10 @@ struct RunCounters {
   double tokens = 0, train_s = 0;
   int64_t metrics_bytes = 0, log_bytes = 0;
   std::string log_hash;  // ByteHash of the step log's log_bytes; empty from an older zof
+  // A checkpoint written by a stop inside a bf16 master's rounding window: the window's first
+  // step (its master is the one before that step; the window's updates are the log's records
+  // from there to step); -1: none (every other checkpoint is at a window's end).
+  int64_t window_from = -1;
 };
 
 // "the run directory is damaged; ..." (the fix every damaged-file message ends with).
@@ -87,6 +91,12 @@ int64_t checkpoint_step(const std::string& name);
 // zof::Error naming the file and the field. (Whether the sizes fit the logs is checked against
 // the files, on resume.)
 RunCounters parse_state(const nlohmann::json& j, const std::string& file, int64_t max_steps);
+
+// A checkpoint's open rounding window (RunCounters::window_from): the updates of the step log's
+// records [from, to) added to the engine's pending window, unrounded, as the interrupted run
+// held them (src/train/replay.cpp, which reads the log the same way).
+void reopen_window(const std::string& log, ZOEngine& engine, const TrainOptions& o,
+                   int64_t from, int64_t to);
 
 // run.json's "options": every field's JSON type checked against the option's (a string, a
 // boolean, an integer in range, a finite number), then TrainOptions::from_json. zof::Error

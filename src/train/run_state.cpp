@@ -80,6 +80,9 @@ RunCounters parse_state(const json& j, const std::string& file, int64_t max_step
     if (!ok) fail("log_hash", "is " + shown(*h) + "; it must be \"fnv1a64:\" and 16 hex digits");
     c.log_hash = t;
   }
+  if (j.contains("window_from"))  // a stop inside a rounding window (RunCounters::window_from)
+    c.window_from = integer("window_from", false, 0, c.step > 0 ? c.step - 1 : 0,
+                            "an integer from 0 to the step before " + std::to_string(c.step));
   auto eb = j.find("eval_before");
   if (eb != j.end() && !eb->is_null()) {
     const json& e = *eb;

@@ -82,10 +82,21 @@ double StepLoop::recent_loss() const {
 }
 
 void StepLoop::save_checkpoint(int64_t step) {
-  job_.gather_weights(engine_, model_);
+  // Inside a bf16 master's rounding window (a stop between its ends): the window stays open.
+  // The checkpoint holds the master from before the window and names the window's first step;
+  // a resumed run takes the window's updates from the step log and rounds where an
+  // uninterrupted run does.
+  int64_t from = step;
+  while (from > 0 && !window_closes_after(opt_, from - 1)) --from;
+  const bool open = from < step;
+  if (open)
+    engine_.sync_to_host();  // the master as the last window's end left it
+  else
+    job_.gather_weights(engine_, model_);
   run_checkpoint_on_root(job_, [&] {
     RunCounters at = c_;
     at.step = step;
+    at.window_from = open ? from : -1;
     try {
       dir_.save_checkpoint(at, model_, engine_, opt_.optimizer);
     } catch (const std::filesystem::filesystem_error& e) {
@@ -117,19 +128,7 @@ LoopEnd StepLoop::run() {
       hint_if_stalled();
     }
     if (job_.root) report(step, rec, evaluated);
-    // A stop asked for inside a bf16 master's rounding window runs on to the window's end
-    // (a resumed run then rounds where this one would have).
-    const bool window_open = !window_closes_after(opt_, step);
-    if (s.stop && window_open && !stop_noted_) {
-      stop_noted_ = true;
-      int64_t end_step = step + 1;
-      while (!window_closes_after(opt_, end_step - 1)) ++end_step;
-      if (job_.root)
-        sink_.message("stopping at step " + std::to_string(end_step) +
-                      ", where the bf16 master's rounding window ends (--round-every " +
-                      std::to_string(opt_.round_every) + ")");
-    }
-    if (s.stop && !window_open) {
+    if (s.stop) {
       end.interrupted = true;
       ++step;
       break;

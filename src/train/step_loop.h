@@ -81,7 +81,6 @@ class StepLoop {
   double t_step0_ = 0;
   bool sink_stop_ = false;
   int evals_during_ = 0;  // evaluations during this process's steps
-  bool stop_noted_ = false;  // a stop deferred to the end of a rounding window, said once
 };
 
 }  // namespace zof::train

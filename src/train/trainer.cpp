@@ -232,6 +232,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   }
   // Momentum/Adam state once streaming (which keeps it in host memory) is settled.
   dir.load_optimizer_state(engine, model, opt.optimizer);
+  // A checkpoint written inside a bf16 master's rounding window: the window's updates again.
+  if (c.window_from >= 0)
+    reopen_window((dir.path() / "zo_log.jsonl").string(), engine, opt, c.window_from, c.step);
   dir.check_unfinished();  // a finished run: refused once everything else has been checked
   // From here a signal stops the run at a step boundary: never between creating --out and
   // writing run.json (which would leave a directory that is no run).

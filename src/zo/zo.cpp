@@ -761,6 +761,10 @@ void ZOEngine::flush(bool to_host) {
   if (stream_ && to_host) stream_->sync_to_host();
 }
 
+void ZOEngine::sync_to_host() {
+  if (stream_) stream_->sync_to_host();
+}
+
 void ZOEngine::round_weights(DType dtype) {
   if (dtype == DType::F32) return;
   flush();  // the host master is current

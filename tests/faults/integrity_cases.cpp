@@ -140,6 +140,13 @@ std::vector<Case> integrity_cases() {
        },
        kResume, 1,
        R"(state\.json: "log_hash" is "md5:0"; it must be "fnv1a64:" and 16 hex digits; the run directory is damaged)"},
+      {"IntegrityStateWindowFromPastTheStep",
+       [](Sandbox& s) {
+         s.edit_json(unfinished_run(s) / "checkpoint-3" / "state.json",
+                     [](json& j) { j["window_from"] = 7; });
+       },
+       kResume, 1,
+       R"(state\.json: "window_from" is 7; it must be an integer from 0 to the step before 3; the run directory is damaged)"},
       {"IntegritySummaryLogBytesNegative",
        [](Sandbox& s) {
          fs::remove_all(s.run() / "checkpoint-3");

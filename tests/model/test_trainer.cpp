@@ -155,20 +155,30 @@ TEST_F(Finetune, SigtermSavesACheckpointAndResumes) {
   EXPECT_TRUE(weights(a) == weights(b));
 }
 
-// A stop inside a bf16 master's rounding window runs on to the window's end, so the resumed run
-// rounds where an uninterrupted one does: the same steps and model, bit for bit, and its replay.
-TEST_F(Finetune, StopInsideARoundingWindowRunsOnToItsEnd) {
+// A stop inside a bf16 master's rounding window stops at once and keeps the window open: the
+// checkpoint holds the master from before the window and names its first step (state.json's
+// window_from); the resumed run takes the window's updates from the step log and rounds where an
+// uninterrupted run does. Two stops inside one window (the second in the resumed run), then the
+// end: the same steps and model as the uninterrupted run, bit for bit, and so is the replay.
+TEST_F(Finetune, StopInsideARoundingWindowKeepsItOpen) {
   const fs::path a = dir_ / "a", b = dir_ / "b", r = dir_ / "replayed";
-  const std::string extra = " --master bf16 --round-every 4";
+  const std::string extra = " --master bf16 --round-every 8";  // windows end at 5, 8, 10, 15, 16
   ASSERT_EQ(run_command(zof::test::zof_binary() + " " + args(a.string(), 12) + extra).code, 0);
+  auto state = [&](const std::string& ckpt) {
+    return json::parse(zof::test::read_file((b / ckpt / "state.json").string()));
+  };
   auto rb = run_command("ZOF_FAULT_TERM_AT_STEP=1 " + zof::test::zof_binary() + " " +
                         args(b.string(), 12) + extra);
   EXPECT_EQ(rb.code, 130) << rb.err;
-  EXPECT_NE(rb.err.find("stopping at step 4, where the bf16 master's rounding window ends"),
-            std::string::npos) << rb.err;
+  EXPECT_EQ(zof::test::read_file((b / "latest").string()), "checkpoint-2\n");
+  EXPECT_EQ(state("checkpoint-2")["window_from"], 0);
+  auto rb2 = run_command("ZOF_FAULT_TERM_AT_STEP=3 " + zof::test::zof_binary() +
+                         " finetune --resume " + b.string());
+  EXPECT_EQ(rb2.code, 130) << rb2.err;
   EXPECT_EQ(zof::test::read_file((b / "latest").string()), "checkpoint-4\n");
-  auto rb2 = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
-  ASSERT_EQ(rb2.code, 0) << rb2.err;
+  EXPECT_EQ(state("checkpoint-4")["window_from"], 0);
+  auto rb3 = run_command(zof::test::zof_binary() + " finetune --resume " + b.string());
+  ASSERT_EQ(rb3.code, 0) << rb3.err;
   EXPECT_EQ(steps_of(a), steps_of(b));
   EXPECT_TRUE(weights(a) == weights(b)) << "the resumed run's model differs";
   auto rr = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +

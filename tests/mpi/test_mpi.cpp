@@ -97,7 +97,8 @@ TEST_F(Mpi, DataParallelTwoAndFourRanksEqualOneProcess) {
   ASSERT_EQ(r4.code, 0) << r4.err;
   expect_same_run(one, two);
   expect_same_run(one, four);
-  // A bf16 master rounds every update stochastically: each rank draws the same bits.
+  // A bf16 master rounds its updates stochastically (once per window of 8 steps, the auto
+  // window): each rank holds the same window and draws the same bits.
   const fs::path one_b = dir_ / "one_bf16", two_b = dir_ / "two_bf16";
   auto b1 = run_command(zof() + " " + args(one_b, 12, "--master bf16"));
   ASSERT_EQ(b1.code, 0) << b1.err;
