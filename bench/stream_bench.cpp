@@ -9,6 +9,8 @@
 // achieved bandwidth, the fraction of the step the compute stream waited on transfers, and the
 // peak device memory against the budget. --optimizer momentum|adam streams the optimizer state
 // with the blocks (two or three planes per block), so the same fractions hold 2-3x the bytes.
+// --dtype bf16 runs the walks' matrix products and attention in bf16 (as zof finetune --dtype),
+// their perturbed copies bf16 on the device; --master bf16 also streams the weights in 2 bytes.
 
 #include <CLI/CLI.hpp>
 
@@ -38,6 +40,8 @@ struct Args {
   int warmup = 1, iters = 3;
   std::string optimizer = "sgd";
   std::string master = "fp32";
+  std::string dtype = "fp32";          // the flag
+  zof::DType compute = zof::DType::F32;  // resolved on the measured device (auto)
   std::string device = "sim";
   double copy_gbps = 0;
   bool check = false, json = false;
@@ -79,6 +83,7 @@ zof::ZOStepOptions step_options(const Args& a) {
   ZOF_CHECK(a.master == "fp32" || a.master == "bf16",
             "--master must be fp32 or bf16, not '" + a.master + "'");
   o.master = a.master == "bf16" ? zof::DType::BF16 : zof::DType::F32;
+  o.compute = a.compute;
   return o;
 }
 
@@ -148,10 +153,17 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
   return r;
 }
 
-int run(const Args& a) {
+int run(Args a) {
   ZOF_CHECK(a.batch > 0 && a.seq > 1 && a.iters > 0 && a.micro_batches > 0,
             "--batch, --seq, --iters and --micro-batches must be positive (--seq at least 2)");
+  ZOF_CHECK(a.device == "sim" || a.device == "cuda", "--device must be sim or cuda");
   const int threads = zof::setup_host_threads(a.threads > 0 ? a.threads : zof::default_host_threads(), 1);
+  {  // --dtype auto follows the measured device: the GPU's tensor cores, or this CPU's
+    zof::BackendOptions bo;
+    bo.device = a.device == "cuda" ? "cuda" : "cpu";
+    bo.threads = threads;
+    a.compute = zof::resolve_compute_dtype(a.dtype, *zof::make_backend(bo));
+  }
   const zof::ModelConfig cfg = a.model_config == "llama-8x512"
                                    ? zof::ModelConfig::from_json(json::parse(kLlama8x512), a.model_config)
                                    : config_named(a.model_config);
@@ -172,7 +184,6 @@ int run(const Args& a) {
     whole = zof::BlockStreamer::all_resident_bytes(model, 1 + eng.state_planes());
   }
   std::vector<Row> rows;
-  ZOF_CHECK(a.device == "sim" || a.device == "cuda", "--device must be sim or cuda");
   // On the GPU the weights must be on the device: no unstreamed row there.
   if (a.device != "cuda")
     rows.push_back(measure(a, cfg, "plain " + zof::make_backend({.threads = 1})->name(), 0, threads));
@@ -190,11 +201,12 @@ int run(const Args& a) {
   if (a.device == "cuda") std::snprintf(bus, sizeof bus, "none (the GPU's own copy engines)");
   if (a.copy_gbps > 0) std::snprintf(bus, sizeof bus, "%.2f GB/s per copy stream", a.copy_gbps);
   const std::string state = a.optimizer == "sgd" ? "" : " with the " + a.optimizer + " state";
-  std::printf("%s, %ld parameters (%.1f MB %s%s in %zu blocks), batch %ld x %ld, q=%d, %d "
-              "micro-batch(es), %d threads; engine buffers %.1f MB, minimum budget %.1f MB; "
-              "simulated bus: %s\n\n",
+  std::printf("%s, %ld parameters (%.1f MB %s master%s in %zu blocks), %s products, batch %ld "
+              "x %ld, q=%d, %d micro-batch(es), %d threads; engine buffers %.1f MB, minimum budget "
+              "%.1f MB; simulated bus: %s\n\n",
               a.model_config.c_str(), (long)zof::Model::random(cfg, a.seed).num_params(),
-              whole / 1e6, a.master.c_str(), state.c_str(), (size_t)cfg.num_layers + 2, (long)a.batch, (long)a.seq,
+              whole / 1e6, a.master.c_str(), state.c_str(), (size_t)cfg.num_layers + 2,
+              zof::compute_dtype_word(a.compute), (long)a.batch, (long)a.seq,
               a.queries, a.micro_batches, threads, buffers / 1e6, minimum / 1e6, bus);
   std::printf("| %-36s | %9s | %8s | %9s | %12s | %12s | %10s | %9s | %9s |\n", "run",
               "budget MB", "ms/step", "tokens/s", "up MB/step", "down MB/step", "copy GB/s",
@@ -249,6 +261,8 @@ int main(int argc, char** argv) {
   app.add_option("--queries", a.queries, "SPSA directions per step")->capture_default_str();
   app.add_option("--master", a.master, "master weights: fp32 or bf16 (held and streamed in 2 "
                  "bytes a parameter)")->capture_default_str();
+  app.add_option("--dtype", a.dtype, "the walks' matrix products and attention: fp32, bf16 or "
+                 "auto (as zof finetune --dtype)")->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "sgd, momentum or adam (its state streams too)")
       ->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads (0: OpenMP's default)")->capture_default_str();

@@ -1,11 +1,15 @@
 // Forward throughput of one transformer block on the GPU, random weights: LLaMA-7B-shaped
 // (RMSNorm, RoPE, MHA, SwiGLU) and OPT-13B-shaped (LayerNorm, biases, ReLU) blocks at several
-// token counts. fp32: src's own layer, zof::Forward::layer, over the CUDA backend's fp32 entries
-// (TF32 off), the block the trainer's walks run. bf16: the CudaBackend bf16 entries (cuBLASLt
-// bf16 GEMMs, the tensor-core flash attention) composed into a block here, since src has no bf16
-// block yet; a peer measurement of those kernels. Prints TFLOP/s and MFU against the GPU's dense
-// bf16 peak, the split between GEMMs and attention, and the anchors: pinned host<->device
-// bandwidth and cuBLASLt bf16 GEMM TFLOP/s at LLM shapes. Markdown on stdout.
+// token counts, through src's own layer, zof::Forward::layer: the block every walk of the
+// trainer runs (the ZO step's dual walk, evaluation, generation), its weights resident on the
+// device. bf16 (--dtype bf16): the products read bf16 copies of the matrices, as the ZO pass
+// writes its perturbed copies, on the tensor cores (cuBLASLt), and attention runs the mma flash
+// kernel on bf16-rounded inputs; activations, norms and every sum stay fp32. fp32: strict fp32
+// GEMMs (TF32 off) and the generic attention kernel. Prints TFLOP/s and MFU against the GPU's
+// dense bf16 peak, the time in the layer's GEMMs and in its attention (the same Backend calls
+// the layer makes, timed alone), and the anchors: pinned host<->device bandwidth, the product's
+// bf16 GEMM (Backend::matmul: fp32 x rounded on the stream, fp32 y) and cuBLASLt's raw bf16 GEMM
+// (bf16 in and out: the limit) at LLM shapes. Markdown on stdout.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +32,8 @@
 #include "zof/model.h"
 #include "zof/philox.h"
 #include "zof/streaming.h"
+
+#include "cuda/matmul.cuh"
 
 namespace {
 
@@ -114,14 +120,8 @@ class Pool {
   uint16_t* normal_bf16(int64_t n, float std, uint32_t tensor) {
     float* f = normal_f32(n, std, tensor);
     uint16_t* b = get<uint16_t>(n);
-    be_.to_bf16(f, b, n);
+    be_.cast(f, b, zof::DType::BF16, n);
     return b;
-  }
-  float* fill(int64_t n, float v) {
-    std::vector<float> h(size_t(n), v);
-    float* p = get<float>(n);
-    be_.copy_to_device(p, h.data(), h.size() * 4, nullptr);
-    return p;
   }
 
  private:
@@ -132,84 +132,6 @@ class Pool {
 struct BlockTimes {
   double total = 0, gemm = 0, attention = 0;
 };
-
-// One bf16 block over T tokens (batch 1). Times the whole block, then the GEMMs and the attention
-// alone (the rest is norms, RoPE, activations and residual adds).
-BlockTimes bf16_block(zof::CudaBackend& be, const Shape& s, int64_t T, int iters) {
-  Pool pool(be);
-  const int64_t C = s.C, Hq = s.H * s.D, Hk = s.Hkv * s.D, I = s.I;
-  uint32_t t = 0;
-  uint16_t *wq = pool.normal_bf16(Hq * C, 0.02f, t++), *wk = pool.normal_bf16(Hk * C, 0.02f, t++);
-  uint16_t *wv = pool.normal_bf16(Hk * C, 0.02f, t++), *wo = pool.normal_bf16(C * Hq, 0.02f, t++);
-  uint16_t *w1 = pool.normal_bf16(I * C, 0.02f, t++), *w2 = pool.normal_bf16(C * I, 0.02f, t++);
-  uint16_t* wu = s.llama ? pool.normal_bf16(I * C, 0.02f, t++) : nullptr;
-  uint16_t *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *b1 = nullptr, *b2 = nullptr;
-  if (!s.llama) {
-    bq = pool.normal_bf16(Hq, 0.02f, t++), bk = pool.normal_bf16(Hk, 0.02f, t++);
-    bv = pool.normal_bf16(Hk, 0.02f, t++), bo = pool.normal_bf16(C, 0.02f, t++);
-    b1 = pool.normal_bf16(I, 0.02f, t++), b2 = pool.normal_bf16(C, 0.02f, t++);
-  }
-  float *ln_w = pool.fill(C, 1.0f), *ln_b = pool.fill(C, 0.0f);
-  uint16_t* h = pool.normal_bf16(T * C, 1.0f, t++);
-  uint16_t *xn = pool.get<uint16_t>(T * C), *q = pool.get<uint16_t>(T * Hq);
-  uint16_t *k = pool.get<uint16_t>(T * Hk), *v = pool.get<uint16_t>(T * Hk);
-  uint16_t *att = pool.get<uint16_t>(T * Hq), *tmp = pool.get<uint16_t>(T * C);
-  uint16_t *f1 = pool.get<uint16_t>(T * I), *f2 = pool.get<uint16_t>(T * I);
-  std::vector<int32_t> pos_h(T);
-  for (int64_t i = 0; i < T; ++i) pos_h[i] = int32_t(i);
-  int32_t* pos = pool.get<int32_t>(T);
-  be.copy_to_device(pos, pos_h.data(), size_t(T) * 4, nullptr);
-  const std::vector<float> inv_h = zof::rope_default_inv_freq(10000.0f, s.D);
-  float* inv_freq = pool.get<float>((int64_t)inv_h.size());
-  be.copy_to_device(inv_freq, inv_h.data(), inv_h.size() * sizeof(float), nullptr);
-  const float scale = 1.0f / std::sqrt(float(s.D));
-
-  auto norm = [&](const uint16_t* x, uint16_t* y) {
-    if (s.llama)
-      be.rms_norm_bf16(x, ln_w, y, T, C, 1e-6f);
-    else
-      be.layer_norm_bf16(x, ln_w, ln_b, y, T, C, 1e-5f);
-  };
-  auto gemms = [&] {
-    be.matmul_bf16(xn, wq, bq, q, T, Hq, C);
-    be.matmul_bf16(xn, wk, bk, k, T, Hk, C);
-    be.matmul_bf16(xn, wv, bv, v, T, Hk, C);
-    be.matmul_bf16(att, wo, bo, tmp, T, C, Hq);
-    be.matmul_bf16(xn, w1, b1, f1, T, I, C);
-    if (wu) be.matmul_bf16(xn, wu, nullptr, f2, T, I, C);
-    be.matmul_bf16(f1, w2, b2, tmp, T, C, I);
-  };
-  auto attention = [&] { be.attention_bf16(q, k, v, att, nullptr, 1, T, T, s.H, s.Hkv, s.D, 0, scale); };
-  auto block = [&] {
-    norm(h, xn);
-    be.matmul_bf16(xn, wq, bq, q, T, Hq, C);
-    be.matmul_bf16(xn, wk, bk, k, T, Hk, C);
-    be.matmul_bf16(xn, wv, bv, v, T, Hk, C);
-    if (s.llama) {
-      be.rope_bf16(q, pos, T, s.H, s.D, s.D, inv_freq);
-      be.rope_bf16(k, pos, T, s.Hkv, s.D, s.D, inv_freq);
-    }
-    attention();
-    be.matmul_bf16(att, wo, bo, tmp, T, C, Hq);
-    be.add_bf16(h, tmp, T * C);
-    norm(h, xn);
-    be.matmul_bf16(xn, w1, b1, f1, T, I, C);
-    if (s.llama) {
-      be.matmul_bf16(xn, wu, nullptr, f2, T, I, C);
-      be.silu_mul_bf16(f1, f2, f1, T * I);
-    } else {
-      be.relu_bf16(f1, T * I);
-    }
-    be.matmul_bf16(f1, w2, b2, tmp, T, C, I);
-    be.add_bf16(h, tmp, T * C);
-  };
-  Timer timer(cudaStream_t(be.native_stream(nullptr)));
-  BlockTimes r;
-  r.total = timer.median(iters, block);
-  r.gemm = timer.median(iters, gemms);
-  r.attention = timer.median(iters, attention);
-  return r;
-}
 
 // A one-layer model of the block's shape with random weights (Model::random), its vocabulary
 // tiny: only the layer runs. The context is the real models' 2048; the bench's longer sequences
@@ -236,40 +158,95 @@ size_t resident_budget(const zof::Model& m) {
   return std::max(zof::BlockStreamer::all_resident_bytes(m), zof::BlockStreamer::min_bytes(m));
 }
 
-// The same block in fp32 through src's own definition, zof::Forward::layer over the CUDA
-// backend's fp32 entries (strict fp32 GEMMs, TF32 off; the generic attention): the layer every
-// walk of the trainer runs, its weights resident in device memory.
-class Fp32Block {
+// One layer of the block's shape through zof::Forward::layer, its weights resident: compute
+// F32 reads them as they are; BF16 reads bf16 copies of the matrix weights (Param::gemm, rounded
+// to nearest even once, as the ZO pass writes its perturbed copies) and attends in bf16
+// (Forward::set_compute).
+class ProductBlock {
  public:
-  Fp32Block(zof::CudaBackend& be, const Shape& s, int64_t max_tokens)
+  ProductBlock(zof::CudaBackend& be, const Shape& s, int64_t max_tokens, zof::DType t)
       : be_(be),
+        s_(s),
+        t_(t),
         model_(one_layer_model(s)),
         weights_(model_, be, resident_budget(model_)),
-        fwd_(model_, be, max_tokens) {}
+        fwd_(model_, be, max_tokens) {
+    fwd_.set_compute(t);
+    weights_.begin_walk({1});
+    weights_.acquire(1);  // held for the bench's life: resident, never written
+    std::vector<zof::Weight> at(model_.params().size());
+    for (int pi : model_.blocks()[1].params) {
+      const zof::Param& p = model_.params()[size_t(pi)];
+      const float* w = weights_.param(pi).f32();
+      if (t == zof::DType::BF16 && p.gemm) {
+        void* c = be_.alloc(size_t(p.numel) * 2);
+        be_.cast(w, c, zof::DType::BF16, p.numel);
+        copies_.push_back(c);
+        at[size_t(pi)] = zof::Weight(c, zof::DType::BF16);
+      } else {
+        at[size_t(pi)] = zof::Weight(w);
+      }
+    }
+    w_ = model_.layer(0, [&](int pi) { return at[size_t(pi)]; });
+    be_.synchronize(nullptr);
+  }
+  ~ProductBlock() {
+    be_.synchronize(nullptr);
+    for (void* c : copies_) be_.free(c);
+    weights_.release(1, false);
+  }
+  ProductBlock(const ProductBlock&) = delete;
+  ProductBlock& operator=(const ProductBlock&) = delete;
 
-  // Median seconds of the layer over T tokens of one sequence (no padding: no key mask).
-  double time(Timer& timer, int64_t T, int iters) {
+  // Median seconds over T tokens of one sequence (no padding: no key mask) of the layer, then of
+  // its matrix products alone and its attention alone: the Backend calls the layer makes, on
+  // activations of the layer's shapes and dtype.
+  BlockTimes time(Timer& timer, int64_t T, int iters) {
     Pool pool(be_);
-    float* h = pool.normal_f32(T * model_.config().hidden_size, 1.0f, 200);
-    std::vector<int32_t> pos_h(T);
-    for (int64_t i = 0; i < T; ++i) pos_h[i] = int32_t(i);
+    const int64_t C = s_.C, Hq = s_.H * s_.D, Hk = s_.Hkv * s_.D, I = s_.I;
+    float* h = pool.normal_f32(T * C, 1.0f, 200);
+    std::vector<int32_t> pos_h(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) pos_h[size_t(i)] = int32_t(i);
     int32_t* pos = pool.get<int32_t>(T);
     be_.copy_to_device(pos, pos_h.data(), size_t(T) * 4, nullptr);
-    weights_.begin_walk({1});
-    weights_.acquire(1);
-    const zof::LayerWeights w =
-        model_.layer(0, [&](int pi) -> const float* { return weights_.param(pi).f32(); });
-    const double t =
-        timer.median(iters, [&] { fwd_.layer(0, w, h, 1, T, pos, nullptr, nullptr); });
-    weights_.release(1, false);
-    return t;
+    float* xn = pool.normal_f32(T * C, 1.0f, 201);
+    float* att = pool.normal_f32(T * Hq, 1.0f, 202);
+    float* f1 = pool.normal_f32(T * I, 1.0f, 203);
+    float* q = pool.normal_f32(T * Hq, 1.0f, 204);
+    float* k = pool.normal_f32(T * Hk, 1.0f, 205);
+    float* v = pool.normal_f32(T * Hk, 1.0f, 206);
+    float *tmp = pool.get<float>(T * C), *f2 = pool.get<float>(T * I);
+    auto mm = [&](const float* x, zof::Weight w, zof::Weight b, float* y, int64_t N, int64_t K) {
+      be_.matmul(x, w.p, w.dtype, b.f32(), y, T, N, K);
+    };
+    auto gemms = [&] {
+      mm(xn, w_.q_w, w_.q_b, q, Hq, C);
+      mm(xn, w_.k_w, w_.k_b, k, Hk, C);
+      mm(xn, w_.v_w, w_.v_b, v, Hk, C);
+      mm(att, w_.o_w, w_.o_b, tmp, C, Hq);
+      mm(xn, w_.fc1_w, w_.fc1_b, f1, I, C);
+      if (w_.up_w) mm(xn, w_.up_w, w_.up_b, f2, I, C);
+      mm(f1, w_.fc2_w, w_.fc2_b, tmp, C, I);
+    };
+    BlockTimes r;
+    r.total = timer.median(iters, [&] { fwd_.layer(0, w_, h, 1, T, pos, nullptr, nullptr); });
+    r.gemm = timer.median(iters, gemms);
+    r.attention = timer.median(iters, [&] {
+      be_.attention(q, k, v, att, nullptr, 1, T, T, s_.H, s_.Hkv, s_.D, 0,
+                    1.0f / std::sqrt(float(s_.D)), 0, 0.0f, t_);
+    });
+    return r;
   }
 
  private:
   zof::CudaBackend& be_;
+  Shape s_;
+  zof::DType t_;
   zof::Model model_;
   zof::BlockStreamer weights_;
   zof::Forward fwd_;
+  std::vector<void*> copies_;
+  zof::LayerWeights w_;
 };
 
 }  // namespace
@@ -303,20 +280,19 @@ int main(int argc, char** argv) {
     std::printf("| block | dtype | tokens | ms | TFLOP/s | MFU | GEMM TFLOP/s | attention TFLOP/s |\n");
     std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     const int64_t max_tokens = *std::max_element(tokens.begin(), tokens.end());
+    std::vector<zof::DType> dtypes{zof::DType::BF16};
+    if (fp32) dtypes.push_back(zof::DType::F32);
     for (const Shape& s : {kLlama7B, kOpt13B}) {
-      std::unique_ptr<Fp32Block> block32;
-      if (fp32) block32 = std::make_unique<Fp32Block>(*be, s, max_tokens);
-      for (int64_t T : tokens) {
-        const double fg = gemm_flops(s, T), fa = attention_flops(s, T), f = fg + fa;
-        const BlockTimes b = bf16_block(*be, s, T, iters);
-        std::printf("| %s | bf16 | %lld | %.2f | %.1f | %.1f%% | %.1f | %.1f |\n", s.name.c_str(),
-                    (long long)T, b.total * 1e3, f / b.total / 1e12, 100.0 * f / b.total / 1e12 / peak,
-                    fg / b.gemm / 1e12, fa / b.attention / 1e12);
-        std::fflush(stdout);
-        if (fp32) {
-          const double t32 = block32->time(timer, T, std::max(1, iters / 2));
-          std::printf("| %s | fp32 (no TF32) | %lld | %.2f | %.1f | — | — | — |\n", s.name.c_str(),
-                      (long long)T, t32 * 1e3, f / t32 / 1e12);
+      for (zof::DType t : dtypes) {
+        ProductBlock block(*be, s, max_tokens, t);
+        const bool bf = t == zof::DType::BF16;
+        for (int64_t T : tokens) {
+          const double fg = gemm_flops(s, T), fa = attention_flops(s, T), f = fg + fa;
+          const BlockTimes b = block.time(timer, T, bf ? iters : std::max(1, iters / 2));
+          std::printf("| %s | %s | %lld | %.2f | %.1f | %.1f%% | %.1f | %.1f |\n", s.name.c_str(),
+                      bf ? "bf16" : "fp32 (no TF32)", (long long)T, b.total * 1e3,
+                      f / b.total / 1e12, 100.0 * f / b.total / 1e12 / peak, fg / b.gemm / 1e12,
+                      fa / b.attention / 1e12);
           std::fflush(stdout);
         }
       }
@@ -337,17 +313,34 @@ int main(int argc, char** argv) {
     struct Gemm {
       int64_t M, N, K;
     };
+    // The product's bf16 GEMM (Backend::matmul: x fp32, rounded to bf16 on the stream, bf16
+    // weights, y fp32) beside cuBLASLt's own at the limit (x, w and y bf16), same shapes.
+    zof::cuda::Matmul raw;
+    void* workspace = be->alloc(zof::cuda::Matmul::kWorkspaceBytes);
+    const cudaStream_t stream = cudaStream_t(be->native_stream(nullptr));
     for (Gemm g : {Gemm{8192, 4096, 4096}, Gemm{8192, 11008, 4096}, Gemm{8192, 4096, 11008},
                    Gemm{8192, 5120, 5120}, Gemm{8192, 20480, 5120}, Gemm{8192, 5120, 20480},
                    Gemm{16384, 8192, 8192}}) {
       Pool pool(*be);
-      uint16_t *x = pool.normal_bf16(g.M * g.K, 1.0f, 1), *w = pool.normal_bf16(g.N * g.K, 0.02f, 2);
-      uint16_t* y = pool.get<uint16_t>(g.M * g.N);
-      const double t = timer.median(iters, [&] { be->matmul_bf16(x, w, nullptr, y, g.M, g.N, g.K); });
-      const double tf = 2.0 * g.M * g.N * g.K / t / 1e12;
-      std::printf("| cuBLASLt bf16 GEMM M=%lld N=%lld K=%lld | %.1f TFLOP/s (%.1f%% of peak) |\n",
-                  (long long)g.M, (long long)g.N, (long long)g.K, tf, 100.0 * tf / peak);
+      float* x = pool.normal_f32(g.M * g.K, 1.0f, 1);
+      uint16_t* x16 = pool.get<uint16_t>(g.M * g.K);
+      be->cast(x, x16, zof::DType::BF16, g.M * g.K);
+      uint16_t* w = pool.normal_bf16(g.N * g.K, 0.02f, 2);
+      float* y = pool.get<float>(g.M * g.N);
+      uint16_t* y16 = pool.get<uint16_t>(g.M * g.N);
+      const double tp = timer.median(
+          iters, [&] { be->matmul(x, w, zof::DType::BF16, nullptr, y, g.M, g.N, g.K); });
+      const double tr = timer.median(iters, [&] {
+        raw.run(zof::cuda::GemmType::BF16, x16, w, nullptr, y16, g.M, g.N, g.K, workspace, stream);
+      });
+      const double fp = 2.0 * g.M * g.N * g.K / tp / 1e12, fr = 2.0 * g.M * g.N * g.K / tr / 1e12;
+      std::printf("| bf16 GEMM M=%lld N=%lld K=%lld: the product's / cuBLASLt's | %.1f / %.1f "
+                  "TFLOP/s (%.1f%% / %.1f%% of peak) |\n",
+                  (long long)g.M, (long long)g.N, (long long)g.K, fp, fr, 100.0 * fp / peak,
+                  100.0 * fr / peak);
     }
+    be->synchronize(nullptr);
+    be->free(workspace);
     {
       Pool pool(*be);
       const int64_t M = 8192, N = 4096, K = 4096;

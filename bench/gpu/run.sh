@@ -62,9 +62,14 @@ for d in fp32 bf16; do
     || { status=1; cat "$RES/zo_bench.err" >&2; }
 done
 say "stream_bench (src's engine on the GPU, weights streamed from host memory)"
-timeout 150 "$BUILD/stream_bench" --device cuda --model-config llama-125m --batch 8 --seq 512 \
-  --warmup 1 --iters 3 >"$RES/stream_bench.md" 2>"$RES/stream_bench.err" \
-  || { status=1; cat "$RES/stream_bench.err" >&2; }
+: >"$RES/stream_bench.md"
+: >"$RES/stream_bench.err"
+for m in fp32 bf16; do
+  timeout 150 "$BUILD/stream_bench" --device cuda --model-config llama-125m --batch 8 --seq 512 \
+    --dtype bf16 --master $m --warmup 1 --iters 3 >>"$RES/stream_bench.md" 2>>"$RES/stream_bench.err" \
+    || { status=1; cat "$RES/stream_bench.err" >&2; }
+  echo >>"$RES/stream_bench.md"
+done
 say "mezo_peer.py (PyTorch)"
 timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/mezo_peer.json" 2>"$RES/mezo_peer.err" \
   || { echo "mezo_peer.py failed:" >&2; tail -20 "$RES/mezo_peer.err" >&2; }
@@ -87,8 +92,9 @@ timeout 240 "$PY" bench/gpu/mezo_peer.py --batch 8 --seq 512 --steps 3 >"$RES/me
   echo
   cat "$RES/block_bench.md" 2>/dev/null
   echo
-  echo "Parameter streaming on the GPU (\`stream_bench --device cuda\`: src/zo's ZOEngine, the"
-  echo "trainer's step, weights page-locked in host memory and streamed within a budget):"
+  echo "Parameter streaming on the GPU (\`stream_bench --device cuda --dtype bf16\`: src/zo's ZOEngine,"
+  echo "the trainer's step in bf16, weights page-locked in host memory and streamed within a budget;"
+  echo "an fp32 master, then a bf16 master that crosses the bus in 2 bytes a parameter):"
   echo
   cat "$RES/stream_bench.md" 2>/dev/null
   echo

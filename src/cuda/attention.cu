@@ -407,11 +407,4 @@ template void attention<bf16>(const bf16*, const bf16*, const bf16*, bf16*, cons
                               int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
                               int64_t, float, cudaStream_t);
 
-void attention_bf16_generic(const bf16* q, const bf16* k, const bf16* v, bf16* out,
-                            const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                            int64_t Hkv, int64_t D, int64_t q_offset, float scale, cudaStream_t s) {
-  if (B <= 0 || Tq <= 0 || H <= 0 || D <= 0) return;
-  attention_generic(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, 0, 0.0f, s);
-}
-
 }  // namespace zof::cuda

@@ -19,9 +19,4 @@ void attention(const T* q, const T* k, const T* v, T* out, const uint8_t* key_ma
                int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D, int64_t q_offset,
                float scale, int64_t window, float softcap, cudaStream_t s);
 
-// The generic kernel for bf16 too (tests compare the two bf16 paths).
-void attention_bf16_generic(const bf16* q, const bf16* k, const bf16* v, bf16* out,
-                            const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                            int64_t Hkv, int64_t D, int64_t q_offset, float scale, cudaStream_t s);
-
 }  // namespace zof::cuda

@@ -74,9 +74,6 @@ struct CudaEvent {
   cudaEvent_t event = nullptr;
 };
 
-const bf16* as_bf16(const uint16_t* p) { return reinterpret_cast<const bf16*>(p); }
-bf16* as_bf16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
-
 std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 // The frees of one backend that may still be ahead of its default stream (see alloc()).
@@ -554,61 +551,6 @@ class CudaBackendImpl final : public CudaBackend {
     ZOF_ASSERT(rows >= 0 && vocab > 0);
     use();
     cuda::cross_entropy_jvp(logits, dlogits, targets, dnll, rows, vocab, st(s));
-  }
-
-  // ---- bf16 ops ----
-  void matmul_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* y,
-                   int64_t M, int64_t N, int64_t K, Stream* s) override {
-    ZOF_ASSERT(M >= 0 && N >= 0 && K >= 0);
-    use();
-    matmul_->run(GemmType::BF16, x, w, bias, y, M, N, K, handle(s)->workspace, st(s));
-  }
-  void attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
-                      const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                      int64_t Hkv, int64_t D, int64_t q_offset, float scale, Stream* s) override {
-    check_attention(B, Tq, Tk, H, Hkv, D, q_offset);
-    use();
-    cuda::attention(as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(out), key_mask, B, Tq, Tk, H, Hkv,
-                    D, q_offset, scale, 0, 0.0f, st(s));
-  }
-  void rms_norm_bf16(const uint16_t* x, const float* w, uint16_t* y, int64_t rows, int64_t dim,
-                     float eps, Stream* s) override {
-    ZOF_ASSERT(rows >= 0 && dim >= 0);
-    use();
-    cuda::rms_norm(as_bf16(x), w, as_bf16(y), rows, dim, eps, 0.0f, st(s));
-  }
-  void layer_norm_bf16(const uint16_t* x, const float* w, const float* b, uint16_t* y,
-                       int64_t rows, int64_t dim, float eps, Stream* s) override {
-    ZOF_ASSERT(rows >= 0 && dim >= 0 && w && b);
-    use();
-    cuda::layer_norm(as_bf16(x), w, b, as_bf16(y), rows, dim, eps, st(s));
-  }
-  void rope_bf16(uint16_t* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_dim,
-                 int64_t rotary_dim, const float* inv_freq, Stream* s) override {
-    ZOF_ASSERT(rotary_dim % 2 == 0 && rotary_dim <= head_dim && rows >= 0 && n_heads >= 0);
-    use();
-    cuda::rope(as_bf16(x), pos, rows, n_heads, head_dim, rotary_dim, inv_freq, st(s));
-  }
-  void silu_mul_bf16(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n,
-                     Stream* s) override {
-    use();
-    cuda::silu_mul(as_bf16(gate), as_bf16(up), as_bf16(out), n, st(s));
-  }
-  void relu_bf16(uint16_t* x, int64_t n, Stream* s) override {
-    use();
-    cuda::relu(as_bf16(x), n, st(s));
-  }
-  void add_bf16(uint16_t* y, const uint16_t* x, int64_t n, Stream* s) override {
-    use();
-    cuda::add(as_bf16(y), as_bf16(x), n, st(s));
-  }
-  void to_bf16(const float* x, uint16_t* y, int64_t n, Stream* s) override {
-    use();
-    cuda::to_bf16(x, as_bf16(y), n, st(s));
-  }
-  void to_f32(const uint16_t* x, float* y, int64_t n, Stream* s) override {
-    use();
-    cuda::to_f32(as_bf16(x), y, n, st(s));
   }
 
  private:

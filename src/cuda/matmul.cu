@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "cuda/cuda_common.cuh"
+
 namespace zof::cuda {
 
 namespace {

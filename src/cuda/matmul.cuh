@@ -1,7 +1,8 @@
 // cuda::Matmul: y(M,N) = x(M,K) w(N,K)^T + bias(N) through cuBLASLt, in strict fp32 (no TF32),
 // bf16 in/out, or bf16 in and fp32 out, always with fp32 accumulation; the bias is cuBLASLt's
 // epilogue. Row-major y is the column-major y^T = w x^T, so w (nn.Linear layout) is read in place
-// with op T.
+// with op T. Host code only (no device code in this header): the GPU benchmarks time it as the
+// raw cuBLASLt rate beside the backend's products.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -9,14 +10,15 @@
 #include <mutex>
 #include <tuple>
 
-#include "cuda/cuda_common.cuh"
+#include <cublasLt.h>
+#include <cuda_runtime.h>
 
 namespace zof::cuda {
 
 // Element types of (x and w; bias and y). Accumulation is fp32 in each.
 enum class GemmType {
   F32,          // all fp32: strict fp32 products
-  BF16,         // all bf16 (CudaBackend::matmul_bf16)
+  BF16,         // all bf16 (block_bench: cuBLASLt's raw bf16 rate, the limit)
   BF16_F32OUT,  // x and w bf16 (tensor cores), bias and y fp32 (Backend::matmul with bf16 weights)
   TF32,         // all fp32 in memory, the products on TF32 tensor cores (--tf32)
 };

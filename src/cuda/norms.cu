@@ -84,11 +84,7 @@ void layer_norm(const T* x, const float* w, const float* b, T* y, int64_t rows, 
 
 template void rms_norm<float>(const float*, const float*, float*, int64_t, int64_t, float, float,
                               cudaStream_t);
-template void rms_norm<bf16>(const bf16*, const float*, bf16*, int64_t, int64_t, float, float,
-                             cudaStream_t);
 template void layer_norm<float>(const float*, const float*, const float*, float*, int64_t, int64_t,
                                 float, cudaStream_t);
-template void layer_norm<bf16>(const bf16*, const float*, const float*, bf16*, int64_t, int64_t,
-                               float, cudaStream_t);
 
 }  // namespace zof::cuda

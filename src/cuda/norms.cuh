@@ -1,4 +1,6 @@
-// RMSNorm and LayerNorm over rows, on fp32 or bf16 activations (fp32 math, fp32 weights).
+// RMSNorm and LayerNorm over rows (fp32 math, fp32 weights). Templated on the activation type,
+// instantiated for fp32: every walk's activations are fp32, bf16 walks included (their products
+// and attention round their inputs).
 // y may alias x: a row is read in full (and reduced) before any of it is written.
 #pragma once
 #include <cstdint>

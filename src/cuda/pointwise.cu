@@ -144,7 +144,6 @@ void to_f16(const float* x, __half* y, int64_t n, cudaStream_t s) {
   template void relu<T>(T*, int64_t, cudaStream_t);                              \
   template void add<T>(T*, const T*, int64_t, cudaStream_t);
 ZOF_INSTANTIATE(float)
-ZOF_INSTANTIATE(bf16)
 #undef ZOF_INSTANTIATE
 
 }  // namespace zof::cuda

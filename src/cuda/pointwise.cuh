@@ -1,5 +1,6 @@
 // Elementwise ops (SwiGLU and GeGLU gates, GELU, ReLU, residual add, scaling, soft-capping,
-// dtype conversion) and the embedding gather, on fp32 or bf16 activations with fp32 math.
+// dtype conversion) and the embedding gather, with fp32 math. The activation ops are templated on
+// the activation type and instantiated for fp32 (the walks' activations, bf16 walks included).
 #pragma once
 #include <cuda_fp16.h>
 

@@ -42,7 +42,5 @@ void rope(T* x, const int32_t* pos, int64_t rows, int64_t n_heads, int64_t head_
 
 template void rope<float>(float*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
                           const float*, cudaStream_t);
-template void rope<bf16>(bf16*, const int32_t*, int64_t, int64_t, int64_t, int64_t, const float*,
-                         cudaStream_t);
 
 }  // namespace zof::cuda

@@ -1,5 +1,6 @@
 // Rotary embedding in place (Hugging Face rotate_half pairs (i, i + rotary_dim/2) over the first
-// rotary_dim dims of each head) on fp32 or bf16.
+// rotary_dim dims of each head). Templated on the activation type, instantiated for fp32 (the
+// walks' activations).
 #pragma once
 #include <cstdint>
 
