@@ -7,15 +7,20 @@
 # last training loss, tokens/s, the unit the bf16 products ran on) and the bf16 run's perplexity
 # against fp32's; the curves' data (held-out perplexity every --eval-every steps, the training
 # loss of every step) are each run's metrics.jsonl under --out.
+# --estimator jvp: the same runs with the forward gradient (its bf16 runs round the primal's and
+# the tangent's matrix products; no rounding window applies to it, so master_bf16 rounds every
+# step like master_bf16_every1).
 #   bash bench/dtype_study.sh [--steps N] [--seed S] [--eval-every N] [--threads T] [--out DIR]
+#                             [--estimator spsa|jvp]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=../shared/assets/models/stories260K DATA=../shared/assets/data/tinyshakespeare/input.txt
-STEPS=1000 SEED=0 EVERY=250 THREADS=0 OUT=build/dtype_study
+STEPS=1000 SEED=0 EVERY=250 THREADS=0 OUT=build/dtype_study ESTIMATOR=spsa
 while (($#)); do
   case "$1" in
     --steps) STEPS=$2; shift 2 ;; --seed) SEED=$2; shift 2 ;; --eval-every) EVERY=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;; --out) OUT=$2; shift 2 ;;
+    --estimator) ESTIMATOR=$2; shift 2 ;;
     *) echo "dtype_study.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -30,7 +35,8 @@ for d in fp32 bf16 master_bf16 master_bf16_every1; do
   esac
   build/zof finetune --model "$MODEL" --task text --data "$DATA" --out "$OUT/$d" \
     --steps "$STEPS" --batch 16 --seq-len 128 --lr 1e-4 --eps 1e-3 --eval-examples 64 \
-    --eval-every "$EVERY" --seed "$SEED" --threads "$THREADS" "${flags[@]}" --no-report \
+    --eval-every "$EVERY" --seed "$SEED" --threads "$THREADS" --estimator "$ESTIMATOR" \
+    "${flags[@]}" --no-report \
     > "$OUT/$d.json" 2> "$OUT/$d.log"
 done
 python3 - "$OUT" <<'PY'

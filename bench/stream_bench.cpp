@@ -115,6 +115,10 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
   r.budget = budget;
   zof::ZOEngine eng(model, *be, rows, o);
   if (budget > 0) {
+    // The minimum as this device counts the engine's buffers (a GPU's pool may round them up
+    // beyond the simulated device's measure of it).
+    budget = std::max(budget, eng.streaming_minimum());
+    r.budget = budget;
     eng.enable_streaming(budget);
     r.plan = eng.streamer()->describe();
   }

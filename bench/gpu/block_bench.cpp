@@ -2,7 +2,7 @@
 // (RMSNorm, RoPE, MHA, SwiGLU) and OPT-13B-shaped (LayerNorm, biases, ReLU) blocks at several
 // token counts, through src's own layer, zof::Forward::layer: the block every walk of the
 // trainer runs (the ZO step's dual walk, evaluation, generation), its weights resident on the
-// device. bf16 (--dtype bf16): the products read bf16 copies of the matrices, as the ZO pass
+// device. bf16 (as zof finetune --dtype bf16): the products read bf16 copies of the matrices, as the ZO pass
 // writes its perturbed copies, on the tensor cores (cuBLASLt), and attention runs the mma flash
 // kernel on bf16-rounded inputs; activations, norms and every sum stay fp32. fp32: strict fp32
 // GEMMs (TF32 off) and the generic attention kernel. Prints TFLOP/s and MFU against the GPU's
@@ -288,7 +288,8 @@ int main(int argc, char** argv) {
         const bool bf = t == zof::DType::BF16;
         for (int64_t T : tokens) {
           const double fg = gemm_flops(s, T), fa = attention_flops(s, T), f = fg + fa;
-          const BlockTimes b = block.time(timer, T, bf ? iters : std::max(1, iters / 2));
+          // fp32 is slow: half the runs, an odd count (the median is one of them).
+          const BlockTimes b = block.time(timer, T, bf ? iters : std::max(1, iters / 2) | 1);
           std::printf("| %s | %s | %lld | %.2f | %.1f | %.1f%% | %.1f | %.1f |\n", s.name.c_str(),
                       bf ? "bf16" : "fp32 (no TF32)", (long long)T, b.total * 1e3,
                       f / b.total / 1e12, 100.0 * f / b.total / 1e12 / peak, fg / b.gemm / 1e12,

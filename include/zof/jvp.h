@@ -30,8 +30,11 @@ struct JVPSums {
 // carrying the primal hidden state and one tangent per direction. Memory: the forward's
 // activations, one layer's saved values and their tangents, one tangent hidden state per
 // direction; z is generated a block at a time (the embedding's z per direction stays for the
-// tied LM head), never for the whole model. fp32 through the Backend (its *_jvp ops); the tests
-// run the same walk over plain float64 loops as the oracle (src/zo/jvp_walk.h).
+// tied LM head), never for the whole model. fp32 through the Backend (its *_jvp ops), or with
+// bf16 matrix products (a bf16 run's, --dtype bf16): each product of the primal and of the
+// tangent reads its weight and its z rounded to bf16 and accumulates in fp32; attention, norms
+// and every sum stay fp32. The tests run the same walk over plain float64 loops as the oracle
+// (src/zo/jvp_walk.h).
 template <class K>
 class JVPWalk;
 namespace graph {
@@ -42,8 +45,11 @@ class JVPEstimator {
  public:
   // max_rows: the most tokens (B*T) of one micro-batch. directions: the per-direction buffers
   // allocated up front (a walk with more directions allocates the rest; on a device, allocate
-  // everything before the streamer plans its share of the memory).
-  JVPEstimator(const Model& model, Backend& backend, int64_t max_rows, int directions = 1);
+  // everything before the streamer plans its share of the memory). products: F32 or BF16, the
+  // matrix products' precision (bf16 adds two scratch copies of the largest tensor, 2 bytes an
+  // element).
+  JVPEstimator(const Model& model, Backend& backend, int64_t max_rows, int directions = 1,
+               DType products = DType::F32);
   ~JVPEstimator();
   JVPEstimator(const JVPEstimator&) = delete;
   JVPEstimator& operator=(const JVPEstimator&) = delete;

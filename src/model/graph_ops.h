@@ -326,8 +326,49 @@ struct BackendKernels {
 // The JVP walk's kernels: BackendKernels with the attention scale the JVP has always used,
 // float(1 / sqrt(double(D))), which differs from Forward's 1.f / sqrtf(D) by an ulp for some D
 // (not 8, 16, 32, 64, 80, 128, 256; e.g. 6, 24, 96): kept so that JVP runs stay bit-identical.
+//
+// A bf16 JVP walk (--dtype bf16, products BF16): every matrix product, the primal's and both of
+// its tangent's, reads its weight and its z rounded to bf16 (nearest even, Backend::cast) and
+// rounds its input as Backend::matmul does, accumulating in fp32; attention, norms, their
+// tangents and every sum stay fp32. The rounded weight and z are made in w16 / z16 (scratch of
+// the largest matrix) and kept while the same pointer comes again (the LM head over its chunks);
+// the walk calls forget() whenever a pointer's contents may change (a block's weights or z).
 struct JvpBackendKernels : BackendKernels {
+  explicit JvpBackendKernels(Backend& b, DType t = DType::F32) : BackendKernels{b}, products(t) {}
   static float scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
+
+  DType products;
+  uint16_t* w16 = nullptr;
+  uint16_t* z16 = nullptr;
+
+  void forget() { w_held = z_held = {}; }
+  void matmul(const float* x, Weight w, Weight b, float* y, int64_t M, int64_t N, int64_t K) {
+    if (products != DType::BF16 || w.dtype != DType::F32)
+      return BackendKernels::matmul(x, w, b, y, M, N, K);
+    be.matmul(x, rounded(w.f32(), N * K, w16, w_held), DType::BF16, b.f32(), y, M, N, K);
+  }
+  void matmul_jvp(const float* x, const float* dx, const float* w, const float* dw,
+                  const float* db, float* dy, int64_t M, int64_t N, int64_t K) {
+    if (products != DType::BF16) return BackendKernels::matmul_jvp(x, dx, w, dw, db, dy, M, N, K);
+    ZOF_ASSERT(dx && dw && mmtmp);
+    be.matmul(dx, rounded(w, N * K, w16, w_held), DType::BF16, db, dy, M, N, K);
+    be.matmul(x, rounded(dw, N * K, z16, z_held), DType::BF16, nullptr, mmtmp, M, N, K);
+    be.add(dy, mmtmp, M * N);
+  }
+
+ private:
+  struct Held {
+    const float* p = nullptr;
+    int64_t n = 0;
+  };
+  // p's n values in bf16 in out: cast unless out holds them already.
+  const uint16_t* rounded(const float* p, int64_t n, uint16_t* out, Held& held) {
+    ZOF_ASSERT(out && p);
+    if (held.p != p || held.n != n) be.cast(p, out, DType::BF16, n);
+    held = {p, n};
+    return out;
+  }
+  Held w_held, z_held;
 };
 
 }  // namespace zof::graph

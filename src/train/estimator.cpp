@@ -3,6 +3,7 @@
 #include "train/estimator.h"
 
 #include "zof/backend.h"
+#include "zof/error.h"
 #include "zof/jvp.h"
 #include "zof/model.h"
 
@@ -33,10 +34,10 @@ class SpsaEstimator : public Estimator {
 class JvpEstimator : public Estimator {
  public:
   JvpEstimator(ZOEngine& engine, const Model& model, Backend& backend, int64_t max_rows,
-               int queries, uint64_t seed)
+               int queries, uint64_t seed, DType products)
       : engine_(engine), queries_(queries), seed_(seed) {
     const size_t before = backend.free_memory();
-    jvp_ = std::make_unique<JVPEstimator>(model, backend, max_rows, queries);
+    jvp_ = std::make_unique<JVPEstimator>(model, backend, max_rows, queries, products);
     const size_t after = backend.free_memory();
     engine.add_buffer_bytes(before > after ? before - after : 0);  // in the streaming budget
   }
@@ -79,8 +80,11 @@ class JvpEstimator : public Estimator {
 
 std::unique_ptr<Estimator> make_estimator(const TrainOptions& opt, ZOEngine& engine,
                                           const Model& model, Backend& backend, int64_t max_rows) {
+  // opt.dtype is resolved by now (auto: what this machine computes fast).
+  ZOF_ASSERT(opt.dtype == "fp32" || opt.dtype == "bf16");
   if (opt.estimator == "jvp")
-    return std::make_unique<JvpEstimator>(engine, model, backend, max_rows, opt.queries, opt.seed);
+    return std::make_unique<JvpEstimator>(engine, model, backend, max_rows, opt.queries, opt.seed,
+                                          opt.dtype == "bf16" ? DType::BF16 : DType::F32);
   return std::make_unique<SpsaEstimator>(engine);
 }
 

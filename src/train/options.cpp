@@ -213,11 +213,6 @@ void validate_options(const TrainOptions& o, bool new_run) {
                   std::to_string(o.round_every * o.queries) + " directions in a pass, more than "
                   "the 128 a pass takes: lower --round-every or --queries");
   }
-  // The forward-mode tangents run in fp32 (their matrix products, the tangent rules in double
-  // on the host); a bf16 primal beside them would mix two models' derivatives.
-  ZOF_CHECK(o.estimator != "jvp" || o.dtype != "bf16",
-            "--estimator jvp computes in fp32 only; use --dtype fp32 (or auto), or --estimator "
-            "spsa for bf16");
   ZOF_CHECK(o.estimator != "jvp" || training_objective(o) == "lm",
             "--estimator jvp differentiates the token loss only, not --objective "
             "classification" +

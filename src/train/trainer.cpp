@@ -193,11 +193,11 @@ json finetune(TrainOptions opt, TrainSink* user_sink) {
   opt.threads = setup_host_threads(opt.threads, comm->local_size());
   std::unique_ptr<Backend> backend = rank_backend(opt, *comm, gpu_mem);
   // A new run records the dtype it computes in (auto resolved on this machine: a resumed run
-  // computes as it started, wherever it resumes); the JVP estimator is fp32 only.
+  // computes as it started, wherever it resumes).
   const Backend::ComputeInfo unit = backend->compute_info();
   if (opt.dtype == "auto") {
     // bf16 only where every rank has it fast: ranks on mixed machines compute alike.
-    double bf16 = opt.estimator != "jvp" && resolve_compute_dtype("auto", *backend) == DType::BF16;
+    double bf16 = resolve_compute_dtype("auto", *backend) == DType::BF16;
     comm->allreduce_sum_ordered(&bf16, 1);
     opt.dtype = bf16 == comm->size() ? "bf16" : "fp32";
   } else {

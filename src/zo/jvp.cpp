@@ -23,11 +23,19 @@ const Model& fp32_held(const Model& m) {
             "for it (Model::set_storage_dtype), as zof finetune does");
   return m;
 }
+
+graph::JvpBackendKernels kernels(Backend& backend, DType products) {
+  ZOF_CHECK(products == DType::F32 || products == DType::BF16,
+            std::string("the JVP estimator's matrix products are fp32 or bf16, not ") +
+                dtype_name(products));
+  return graph::JvpBackendKernels(backend, products);
+}
 }  // namespace
 
-JVPEstimator::JVPEstimator(const Model& model, Backend& backend, int64_t max_rows, int directions)
+JVPEstimator::JVPEstimator(const Model& model, Backend& backend, int64_t max_rows, int directions,
+                           DType products)
     : walk_(std::make_unique<JVPWalk<graph::JvpBackendKernels>>(
-          fp32_held(model), backend, max_rows, directions, graph::JvpBackendKernels{{backend}})) {}
+          fp32_held(model), backend, max_rows, directions, kernels(backend, products))) {}
 
 JVPEstimator::~JVPEstimator() = default;
 

@@ -170,6 +170,14 @@ class JVPWalk {
       int64_t most = 1;
       for (const Param& p : model_.params()) most = std::max(most, p.numel);
       zeros_.reserve(be_, most);
+      if constexpr (requires { k_.products; }) {  // a bf16 walk's rounded weight and z
+        if (k_.products == DType::BF16) {
+          w16_.reserve(be_, most);
+          z16_.reserve(be_, most);
+          k_.w16 = w16_.data();
+          k_.z16 = z16_.data();
+        }
+      }
       const std::vector<float> z0(size_t(std::min<int64_t>(most, 1 << 20)), 0.f);
       for (int64_t i = 0; i < most; i += (int64_t)z0.size())
         be_.copy_to_device(zeros_.data() + i, z0.data(),
@@ -204,6 +212,7 @@ class JVPWalk {
   // ---- weights and directions of a block, in T ----
   // z(key) of block b into out (laid out as the block's span in storage).
   void block_z(int b, const ZKey& key, Buf<T>& out) {
+    forget();
     const Block& blk = model_.blocks()[b];
     out.reserve(be_, blk.span);
     const auto& params = model_.params();
@@ -226,6 +235,7 @@ class JVPWalk {
   // fp32 without a shift: the weights themselves (a streamer's device block, held until
   // done_with(b)). Otherwise formed on the host: host backends only.
   const T* block_weights(int b, Buf<T>& out, const ZKey* shift_key, double shift) {
+    forget();
     const Block& blk = model_.blocks()[b];
     if constexpr (kFp32)
       if (!shift_key) return weights_ ? weights_->acquire(b) : model_.storage() + blk.offset;
@@ -243,6 +253,10 @@ class JVPWalk {
     for (int64_t i = 0; i < blk.span; ++i)
       out.data()[i] = T(double(src[i]) + (shift_key ? shift * double(zf_[i]) : 0.0));
     return out.data();
+  }
+  // Weights or z may change at the pointers the kernels have seen: a bf16 walk rounds them anew.
+  void forget() {
+    if constexpr (requires { k_.forget(); }) k_.forget();
   }
   void done_with(int b, const ZKey* shift_key) {
     if (kFp32 && weights_ && !shift_key) weights_->release(b, false);
@@ -377,6 +391,7 @@ class JVPWalk {
   std::vector<Buf<T>> z_embed_;  // per direction: the tied LM head needs it at the end
   std::vector<float> zf_;        // fp32 z from Philox on the host (float64 walk, shifted weights)
   Buf<float> zeros_;             // fp32 z on the backend: Backend::zo_pass of 0 + 1 * z
+  Buf<uint16_t> w16_, z16_;      // a bf16 walk's rounded weight and z (JvpBackendKernels)
   // The current layer's primal values and their tangents (max_rows rows each).
   Buf<T> h_, hin_, xn1_, q_, k_buf_, v_, att_, h1_, x2_, f1_, f2_, a_, h2_, qkv_, tmp_;
   Buf<T> dx_, dq_, dk_, dv_, datt_, dtmp_, dh1_, dx2_, df1_, df2_, da_, dh2_, dqkv_, mmtmp_;
@@ -490,6 +505,7 @@ JVPSums JVPWalk<K>::walk(const std::vector<ZKey>& keys, const ZKey* shift_key, d
   const int nblocks = (int)model_.blocks().size();
   JVPSums out;
   out.sum_dir.assign(q, 0.0);
+  forget();  // the weights may have changed since the last walk
   // Streamed weights: the blocks in walk order (the embedding held throughout).
   if (weights_ && !shift_key) {
     std::vector<int> order{0};

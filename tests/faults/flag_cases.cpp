@@ -48,8 +48,6 @@ std::vector<Case> flag_cases() {
        R"(^--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda$)"},
       {"FlagTf32OnTheCpuEval", {}, "eval --model {M} --text {T} --tf32", 1,
        R"(^--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda$)"},
-      {"FlagDtypeJvpBf16", {}, kRun + " --estimator jvp --dtype bf16", 1,
-       R"(^--estimator jvp computes in fp32 only; use --dtype fp32 \(or auto\), or --estimator spsa for bf16$)"},
       // ---- --round-every: a bf16 master's ZO-SGD rounding window ------------------------------
       {"FlagRoundEveryFp32Master", {}, kRun + " --round-every 4 --json", 1,
        R"(^--round-every 4 rounds a bf16 master once every 4 steps: add --master bf16, or drop --round-every$)"},

@@ -1,7 +1,8 @@
 // Op conformance on the GPU: every op of the CUDA backend against the scalar reference backend on
 // the shapes of tests/unit/test_ops.cpp (fp32: relative error under 1e-5, never a NaN), the
-// hand-computed cases, aliasing, run-to-run determinism, memory and streams; the bf16 entries
-// against the reference on bf16-rounded inputs (1e-2); z and the ZO update bit for bit against
+// hand-computed cases, aliasing, run-to-run determinism, memory and streams; a bf16 walk's
+// attention (Backend::attention, DType::BF16) against the reference's (1e-2); z and the ZO
+// update bit for bit against
 // the host implementation; the tangent (JVP) kernels against the host loops.
 #include <cmath>
 #include <cstring>
