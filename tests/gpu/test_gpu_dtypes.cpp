@@ -5,13 +5,15 @@
 // zof::f32_to_f16, NaNs, infinities and ties included; the ZO pass's bf16 and fp32 copies and
 // its updated weights bit for bit against the CPU backend's, with up to kMaxZOTerms (128) update
 // terms (which no longer travel in the kernel's argument block), over sub-ranges, and queued back
-// to back on one stream with different terms each time. Also compute_info().
+// to back on one stream with different terms each time. Also compute_info(), and the raw
+// all-bf16 GEMM block_bench's anchor times.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 
+#include "cuda/matmul.cuh"
 #include "gpu/gpu_test.h"
 #include "zof/backend.h"
 #include "zof/cuda.h"
@@ -177,6 +179,44 @@ TEST(GpuDtypes, MatmulBf16WeightsEqualReference) {
   Buffers buf(*be);
   float* d = buf.put(std::vector<float>(16, 1.0f));
   EXPECT_THROW(be->matmul(d, d, DType::F16, nullptr, d + 8, 2, 2, 2), zof::Error);
+}
+
+// cuBLASLt's all-bf16 GEMM (cuda::Matmul, GemmType::BF16: x, w, bias and y bf16), which
+// block_bench times as the raw tensor-core rate beside the backend's products: the reference's
+// product of the same bf16 values, within the fp32 sums' rounding (1e-5 of sum |x||w|) and one
+// bf16 rounding of y (2^-8 of |y|).
+TEST(GpuDtypes, RawBf16GemmOfTheBenchAnchor) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  auto ref = zof::make_reference_backend();
+  zof::cuda::Matmul raw;
+  Buffers buf(*be);
+  void* workspace = be->alloc(zof::cuda::Matmul::kWorkspaceBytes);
+  for (Shape s : {Shape{1, 17, 33}, Shape{64, 48, 768}, Shape{257, 1031, 2048}}) {
+    for (bool has_bias : {false, true}) {
+      const auto x16 = zof::gpu_test::to_bf16(uniform(size_t(s.M * s.K), -1, 1, 11));
+      const auto w16 = zof::gpu_test::to_bf16(uniform(size_t(s.N * s.K), -1, 1, 12));
+      const auto b16 = has_bias ? zof::gpu_test::to_bf16(uniform(size_t(s.N), -1, 1, 13))
+                                : std::vector<uint16_t>{};
+      const auto x = zof::gpu_test::from_bf16(x16), bias = zof::gpu_test::from_bf16(b16);
+      const auto want = run_matmul_bf16(*ref, x, w16, 0, bias, s);
+      uint16_t* y = buf.put(std::vector<uint16_t>(size_t(s.M * s.N), 0x7fc0));
+      raw.run(zof::cuda::GemmType::BF16, buf.put(x16), buf.put(w16), buf.put(b16), y, s.M, s.N,
+              s.K, workspace, cudaStream_t(be->native_stream(nullptr)));
+      const auto got = zof::gpu_test::from_bf16(buf.get(y, size_t(s.M * s.N)));
+      const auto scale = product_scale(x, w16, 0, bias, s);
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << i;
+        const double tol = kTolProducts * scale[i] + std::ldexp(std::fabs(double(want[i])), -8);
+        worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) / tol);
+      }
+      EXPECT_LE(worst, 1.0) << "M=" << s.M << " N=" << s.N << " K=" << s.K
+                            << (has_bias ? " +bias" : "");
+    }
+  }
+  be->synchronize(nullptr);
+  be->free(workspace);
 }
 
 // Products of growing and shrinking sizes queued back to back on one stream, with no wait in
