@@ -4,8 +4,10 @@
 //   BackendKernels (below): fp32 through the Backend interface, the engine's walks on any backend;
 //   tests/model/host_kernels.h: jvp_ops.h's plain loops in float or float64, the oracle.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "model/block_graph.h"
 #include "zof/backend.h"
@@ -330,45 +332,62 @@ struct BackendKernels {
 // A bf16 JVP walk (--dtype bf16, products BF16): every matrix product, the primal's and both of
 // its tangent's, reads its weight and its z rounded to bf16 (nearest even, Backend::cast) and
 // rounds its input as Backend::matmul does, accumulating in fp32; attention, norms, their
-// tangents and every sum stay fp32. The rounded weight and z are made in w16 / z16 (scratch of
-// the largest matrix) and kept while the same pointer comes again (the LM head over its chunks);
-// the walk calls forget() whenever a pointer's contents may change (a block's weights or z).
+// tangents and every sum stay fp32. The rounded copies are kept in two scratch regions until the
+// walk says their sources may change (forget_weights: a block's weights arrive; forget_z: a
+// block's z is drawn): a block's weights are rounded once for its primal and every direction's
+// tangent, a direction's z once, the LM head once for all its chunks of rows.
 struct JvpBackendKernels : BackendKernels {
   explicit JvpBackendKernels(Backend& b, DType t = DType::F32) : BackendKernels{b}, products(t) {}
   static float scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
 
+  // The rounded copies' scratch: bf16 elements, in the backend's memory. A region never holds
+  // less than the largest matrix.
+  struct Copies {
+    uint16_t* base = nullptr;
+    int64_t capacity = 0, used = 0;
+    struct Held {
+      const float* p;
+      int64_t n, at;
+    };
+    std::vector<Held> held;
+    void forget() {
+      held.clear();
+      used = 0;
+    }
+  };
   DType products;
-  uint16_t* w16 = nullptr;
-  uint16_t* z16 = nullptr;
+  Copies weights, z;
 
-  void forget() { w_held = z_held = {}; }
+  void forget_weights() { weights.forget(); }
+  void forget_z() { z.forget(); }
   void matmul(const float* x, Weight w, Weight b, float* y, int64_t M, int64_t N, int64_t K) {
     if (products != DType::BF16 || w.dtype != DType::F32)
       return BackendKernels::matmul(x, w, b, y, M, N, K);
-    be.matmul(x, rounded(w.f32(), N * K, w16, w_held), DType::BF16, b.f32(), y, M, N, K);
+    be.matmul(x, rounded(weights, w.f32(), N * K), DType::BF16, b.f32(), y, M, N, K);
   }
   void matmul_jvp(const float* x, const float* dx, const float* w, const float* dw,
                   const float* db, float* dy, int64_t M, int64_t N, int64_t K) {
     if (products != DType::BF16) return BackendKernels::matmul_jvp(x, dx, w, dw, db, dy, M, N, K);
     ZOF_ASSERT(dx && dw && mmtmp);
-    be.matmul(dx, rounded(w, N * K, w16, w_held), DType::BF16, db, dy, M, N, K);
-    be.matmul(x, rounded(dw, N * K, z16, z_held), DType::BF16, nullptr, mmtmp, M, N, K);
+    be.matmul(dx, rounded(weights, w, N * K), DType::BF16, db, dy, M, N, K);
+    be.matmul(x, rounded(z, dw, N * K), DType::BF16, nullptr, mmtmp, M, N, K);
     be.add(dy, mmtmp, M * N);
   }
 
  private:
-  struct Held {
-    const float* p = nullptr;
-    int64_t n = 0;
-  };
-  // p's n values in bf16 in out: cast unless out holds them already.
-  const uint16_t* rounded(const float* p, int64_t n, uint16_t* out, Held& held) {
-    ZOF_ASSERT(out && p);
-    if (held.p != p || held.n != n) be.cast(p, out, DType::BF16, n);
-    held = {p, n};
-    return out;
+  // p's n values in bf16: the copy c holds, or a new one (c starts over when it is full: the
+  // products already queued read theirs first, in stream order). Copies start at multiples of
+  // 64 elements (128 bytes), as the GEMM libraries prefer.
+  const uint16_t* rounded(Copies& c, const float* p, int64_t n) {
+    ZOF_ASSERT(c.base && p && n <= c.capacity);
+    for (const Copies::Held& h : c.held)
+      if (h.p == p && h.n == n) return c.base + h.at;
+    if (c.used + n > c.capacity) c.forget();
+    be.cast(p, c.base + c.used, DType::BF16, n);
+    c.held.push_back({p, n, c.used});
+    c.used = std::min(c.capacity, (c.used + n + 63) / 64 * 64);
+    return c.base + c.held.back().at;
   }
-  Held w_held, z_held;
 };
 
 }  // namespace zof::graph

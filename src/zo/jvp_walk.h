@@ -1,7 +1,8 @@
 // The JVP walk (jvp.h) as a template over a kernel set K (model/graph_ops.h): embed -> layers ->
 // head, running block_graph.h's graphs with the primal ops once per layer (keeping that layer's
 // values) and then, per direction, the tangent ops over the same graph. JVPEstimator is
-// JVPWalk<graph::BackendKernels> (fp32 through the Backend); the tests run it over plain float64
+// JVPWalk<graph::JvpBackendKernels> (fp32 through the Backend, its matrix products fp32 or
+// bf16); the tests run it over plain float64
 // loops as the oracle. K::T = float keeps every buffer in the backend's memory (the device, on a
 // device backend); any other T lives in host vectors (host backends only).
 #pragma once
@@ -120,7 +121,7 @@ class JVPWalk {
     return walk({}, &key, shift, micro);
   }
   void set_weights(BlockStreamer* s) {
-    ZOF_CHECK(!s || kFp32, "only the fp32 JVP walk reads streamed weights");
+    ZOF_CHECK(!s || kFp32, "only the float JVP walk reads streamed weights (not the float64 one)");
     weights_ = s;
   }
 
@@ -170,12 +171,19 @@ class JVPWalk {
       int64_t most = 1;
       for (const Param& p : model_.params()) most = std::max(most, p.numel);
       zeros_.reserve(be_, most);
-      if constexpr (requires { k_.products; }) {  // a bf16 walk's rounded weight and z
+      if constexpr (requires { k_.products; }) {  // a bf16 walk's rounded weights and z
         if (k_.products == DType::BF16) {
-          w16_.reserve(be_, most);
-          z16_.reserve(be_, most);
-          k_.w16 = w16_.data();
-          k_.z16 = z16_.data();
+          // A block's matrices, and the tied LM head (the token table) beside the head's; a
+          // direction's z is rounded one matrix at a time (its region starts over when full).
+          // Each copy starts at a multiple of 64 elements.
+          int64_t per_block = 0;
+          for (const Block& blk : model_.blocks())
+            per_block = std::max(per_block, blk.span + 64 * (int64_t)blk.params.size());
+          const int64_t wn = per_block + most + 64, zn = most + 64;
+          w16_.reserve(be_, wn);
+          z16_.reserve(be_, zn);
+          k_.weights.base = w16_.data(), k_.weights.capacity = wn;
+          k_.z.base = z16_.data(), k_.z.capacity = zn;
         }
       }
       const std::vector<float> z0(size_t(std::min<int64_t>(most, 1 << 20)), 0.f);
@@ -212,7 +220,7 @@ class JVPWalk {
   // ---- weights and directions of a block, in T ----
   // z(key) of block b into out (laid out as the block's span in storage).
   void block_z(int b, const ZKey& key, Buf<T>& out) {
-    forget();
+    forget_z();
     const Block& blk = model_.blocks()[b];
     out.reserve(be_, blk.span);
     const auto& params = model_.params();
@@ -235,7 +243,7 @@ class JVPWalk {
   // fp32 without a shift: the weights themselves (a streamer's device block, held until
   // done_with(b)). Otherwise formed on the host: host backends only.
   const T* block_weights(int b, Buf<T>& out, const ZKey* shift_key, double shift) {
-    forget();
+    forget_weights();
     const Block& blk = model_.blocks()[b];
     if constexpr (kFp32)
       if (!shift_key) return weights_ ? weights_->acquire(b) : model_.storage() + blk.offset;
@@ -255,8 +263,11 @@ class JVPWalk {
     return out.data();
   }
   // Weights or z may change at the pointers the kernels have seen: a bf16 walk rounds them anew.
-  void forget() {
-    if constexpr (requires { k_.forget(); }) k_.forget();
+  void forget_weights() {
+    if constexpr (requires { k_.forget_weights(); }) k_.forget_weights();
+  }
+  void forget_z() {
+    if constexpr (requires { k_.forget_z(); }) k_.forget_z();
   }
   void done_with(int b, const ZKey* shift_key) {
     if (kFp32 && weights_ && !shift_key) weights_->release(b, false);
@@ -391,7 +402,7 @@ class JVPWalk {
   std::vector<Buf<T>> z_embed_;  // per direction: the tied LM head needs it at the end
   std::vector<float> zf_;        // fp32 z from Philox on the host (float64 walk, shifted weights)
   Buf<float> zeros_;             // fp32 z on the backend: Backend::zo_pass of 0 + 1 * z
-  Buf<uint16_t> w16_, z16_;      // a bf16 walk's rounded weight and z (JvpBackendKernels)
+  Buf<uint16_t> w16_, z16_;      // a bf16 walk's rounded weights and z (JvpBackendKernels)
   // The current layer's primal values and their tangents (max_rows rows each).
   Buf<T> h_, hin_, xn1_, q_, k_buf_, v_, att_, h1_, x2_, f1_, f2_, a_, h2_, qkv_, tmp_;
   Buf<T> dx_, dq_, dk_, dv_, datt_, dtmp_, dh1_, dx2_, df1_, df2_, da_, dh2_, dqkv_, mmtmp_;
@@ -505,7 +516,8 @@ JVPSums JVPWalk<K>::walk(const std::vector<ZKey>& keys, const ZKey* shift_key, d
   const int nblocks = (int)model_.blocks().size();
   JVPSums out;
   out.sum_dir.assign(q, 0.0);
-  forget();  // the weights may have changed since the last walk
+  forget_weights();  // the weights may have changed since the last walk
+  forget_z();
   // Streamed weights: the blocks in walk order (the embedding held throughout).
   if (weights_ && !shift_key) {
     std::vector<int> order{0};

@@ -277,12 +277,27 @@ TEST(Jvp, Bf16ProductsMatchTheReferenceAndStayNearTheTruth) {
     const double err_ref = err(gb, gr);
     std::printf("  %-13s vs f64: jvp bf16 %.1e, spsa bf16 %.1e, jvp f32 %.1e; jvp bf16 cpu vs "
                 "reference %.1e\n", name, err_b, err_spsa, err_32, err_ref);
-    // Measured: jvp bf16 3.5e-3 to 5.8e-2 of the truth, spsa bf16 1.5e-1 to 5.9e-1 (3.4x to 40x
+    // Measured: jvp bf16 3.5e-3 to 5.8e-2 of the truth, spsa bf16 1.5e-1 to 5.9e-1 (3.4x to 45x
     // further); the backends 4e-8 to 8.5e-4 apart (bf16 roundings of activations that differ in
     // their last fp32 bits), at most 1/11 of the bf16 error.
     EXPECT_LT(err_b, 0.5 * err_spsa) << name;
     EXPECT_GT(err_b, 10 * err_32) << name << ": the products should have rounded";
     EXPECT_LT(err_ref, 0.25 * err_b) << name;
+    // The rounded copies the walk keeps follow what it reads: each direction alone gives its
+    // value in the four-direction walk, and a walk after the weights changed in place gives a
+    // fresh estimator's bits.
+    for (size_t j = 0; j < keys.size(); ++j) {
+      zof::JVPEstimator one(m, *cpu, rows, 1, zof::DType::BF16);
+      EXPECT_EQ(one.directional_derivatives({keys[j]}, micro).gradients()[0], gb[j])
+          << name << ": direction " << j << " alone";
+    }
+    zof::JVPEstimator again(m, *cpu, rows, (int)keys.size(), zof::DType::BF16);
+    EXPECT_EQ(again.directional_derivatives(keys, micro).gradients(), gb) << name;
+    float* w = m.storage();
+    for (int64_t i = 0; i < m.storage_size(); ++i) w[i] *= 1.0f + 1.0f / 64;
+    const std::vector<double> moved = again.directional_derivatives(keys, micro).gradients();
+    EXPECT_EQ(moved, grads(*cpu, zof::DType::BF16)) << name << ": after the weights moved";
+    EXPECT_NE(moved, gb) << name;
   }
 }
 
