@@ -173,13 +173,22 @@ class JVPWalk {
       zeros_.reserve(be_, most);
       if constexpr (requires { k_.products; }) {  // a bf16 walk's rounded weights and z
         if (k_.products == DType::BF16) {
-          // A block's matrices, and the tied LM head (the token table) beside the head's; a
-          // direction's z is rounded one matrix at a time (its region starts over when full).
-          // Each copy starts at a multiple of 64 elements.
-          int64_t per_block = 0;
-          for (const Block& blk : model_.blocks())
-            per_block = std::max(per_block, blk.span + 64 * (int64_t)blk.params.size());
-          const int64_t wn = per_block + most + 64, zn = most + 64;
+          // What one block's products multiply by, each copy from a multiple of 64 elements:
+          // a layer's matrices, the embedding's (OPT's project_in), the head's and, tied, the
+          // token table beside them. The weights are rounded once a block, a direction's z
+          // once a block and direction; neither region starts over within a block.
+          const auto& params = model_.params();
+          const int table = model_.token_table();
+          const bool tied = model_.lm_head() == table;
+          int64_t need = 0;
+          for (size_t b = 0; b < model_.blocks().size(); ++b) {
+            int64_t n = 0;
+            for (int pi : model_.blocks()[b].params)
+              if (params[size_t(pi)].gemm) n += params[size_t(pi)].numel + 64;
+            if (b + 1 == model_.blocks().size() && tied) n += params[size_t(table)].numel + 64;
+            need = std::max(need, n);
+          }
+          const int64_t wn = need + 64, zn = need + 64;
           w16_.reserve(be_, wn);
           z16_.reserve(be_, zn);
           k_.weights.base = w16_.data(), k_.weights.capacity = wn;
