@@ -41,6 +41,8 @@ inline uint16_t f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
+// f rounded to the nearest bf16 value (as f32_to_bf16), held in fp32.
+inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 inline float f16_to_f32(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f;

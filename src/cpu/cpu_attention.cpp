@@ -235,8 +235,6 @@ struct Bf16Inputs {
   }
 };
 
-inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
 // y(n) = bf16(a * x(n)), nearest even.
 inline void to_bf16(const float* x, float a, uint16_t* y, int64_t n) {
   int64_t i = 0;
@@ -365,11 +363,7 @@ inline void pack_queries(Bf16Tiles& bt, const uint16_t* const* rows, int64_t n_r
                          int64_t D2) {
   if (n_rows < kRows) std::fill(bt.qp.begin(), bt.qp.end(), 0u);
   for (int64_t rr = 0; rr < n_rows; ++rr)
-    for (int64_t dp = 0; dp < D2 / 2; ++dp) {
-      uint32_t w;
-      std::memcpy(&w, rows[rr] + 2 * dp, sizeof(w));
-      bt.qp[dp * kRows + rr] = w;
-    }
+    for (int64_t dp = 0; dp < D2 / 2; ++dp) bt.qp[dp * kRows + rr] = word(rows[rr] + 2 * dp);
 }
 
 // s(jj, r) = q_r . k_j over the pairs of d (vdpbf16ps: a lane adds both products of its pair).

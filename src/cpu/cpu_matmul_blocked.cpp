@@ -74,7 +74,7 @@ void Matmul::run(const float* x, const void* wv, DType wt, const float* bias, fl
     // No bf16 kernel here: the same products in fp32 (a bf16 x bf16 product is exact in fp32).
     std::vector<float> xs(size_t(M * K)), ws(size_t(N * K));
     const uint16_t* wb = static_cast<const uint16_t*>(wv);
-    for (int64_t i = 0; i < M * K; ++i) xs[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    for (int64_t i = 0; i < M * K; ++i) xs[i] = bf16_round(x[i]);
     for (int64_t i = 0; i < N * K; ++i) ws[i] = bf16_to_f32(wb[i]);
     return run(xs.data(), ws.data(), DType::F32, bias, y, M, N, K);
   }

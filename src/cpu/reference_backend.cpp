@@ -31,7 +31,7 @@ void matmul_bf16(const float* x, const uint16_t* w, const float* bias, float* y,
     for (int64_t n = 0; n < N; ++n) {
       double acc = 0.0;
       for (int64_t k = 0; k < K; ++k)
-        acc += double(bf16_to_f32(f32_to_bf16(x[m * K + k]))) * double(bf16_to_f32(w[n * K + k]));
+        acc += double(bf16_round(x[m * K + k])) * double(bf16_to_f32(w[n * K + k]));
       if (bias) acc += double(bias[n]);
       y[m * N + n] = float(acc);
     }
@@ -94,7 +94,7 @@ void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
                float softcap, bool bf16) {
-  auto r = [bf16](float x) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : x; };
+  auto r = [bf16](float x) { return bf16 ? bf16_round(x) : x; };
   const int64_t group = H / Hkv;
   std::vector<double> score(size_t(Tk > 0 ? Tk : 1));
   for (int64_t b = 0; b < B; ++b) {

@@ -395,7 +395,7 @@ void parse_gemma(const Fields& f, ModelConfig& c) {
   // transformers multiplies the token rows by sqrt(hidden_size) held in the model's dtype.
   const double root = std::sqrt(double(c.hidden_size));
   const DType dt = parse_torch_dtype(f);
-  c.embed_scale = dt == DType::BF16   ? bf16_to_f32(f32_to_bf16(float(root)))
+  c.embed_scale = dt == DType::BF16   ? bf16_round(float(root))
                   : dt == DType::F16 ? f16_to_f32(f32_to_f16(float(root)))
                                      : float(root);
   c.attn_scale = float(std::pow(f.positive_number_or("query_pre_attn_scalar", 256), -0.5));

@@ -349,7 +349,7 @@ void Model::round_to(DType dtype) {
   const bool bf = dtype == DType::BF16;
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
   for (int64_t i = 0; i < n; ++i)
-    w[i] = bf ? bf16_to_f32(f32_to_bf16(w[i])) : f16_to_f32(f32_to_f16(w[i]));
+    w[i] = bf ? bf16_round(w[i]) : f16_to_f32(f32_to_f16(w[i]));
 }
 
 void Model::set_storage_dtype(DType t) {
