@@ -2,6 +2,8 @@
 // SVG charts: training loss raw and smoothed, the held-out metric, against steps and against
 // forward passes; throughput and step time; memory where recorded; the options and the summary.
 // A run in progress can be reported: the complete lines of metrics.jsonl are what it has.
+// Runs of different tasks can be overlaid: each quantity (a held-out metric, a kind of training
+// loss) has charts of its own, so no axis ever carries two.
 #pragma once
 #include <string>
 #include <vector>
@@ -22,7 +24,9 @@ struct ReportRun {
 };
 
 // Reads run.json and the complete lines of metrics.jsonl. Throws zof::Error naming the path and
-// the fix: a missing directory, no run.json or metrics.jsonl, a damaged complete line.
+// the fix: a missing directory, a path that is not a directory (saying what it is: a file, one
+// of a run's files, a FIFO, a link to nothing), no run.json or metrics.jsonl, a damaged complete
+// line. A symbolic link to a run directory is that run directory.
 ReportRun load_report_run(const std::string& dir);
 
 // One series the page draws: what a test compares with metrics.jsonl.
@@ -33,6 +37,10 @@ struct ReportSeries {
   std::string what;   // "loss", "loss EMA", the metric's name, "tokens/s", "step ms", ...
   std::string name;   // the curve's data-series attribute: "<label> <what>"
   std::vector<double> x, y;  // x: steps or forward passes; non-finite y: no point
+  // What y measures: the metric's name ("accuracy", "ppl", ...) for eval_*, the kind of
+  // training loss ("token NLL", "candidate cross-entropy") for loss_*, the unit otherwise. The
+  // page draws one chart per (chart, quantity): never two quantities on one axis.
+  std::string quantity;
 };
 
 // Forward passes per step from run.json's options: 2q (two-point SPSA), q + 1 (one-sided), q

@@ -17,6 +17,7 @@
 #include "report/svg_chart.h"
 #include "train/run_dir.h"
 #include "zof/error.h"
+#include "zof/trainer.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -61,8 +62,32 @@ std::vector<double> ema(const std::vector<double>& y) {
   return out;
 }
 
-std::string metric_name(const ReportRun& r) {
-  return r.evals.empty() ? std::string("metric") : r.evals.back().value("metric", "metric");
+// A string field, or fallback where it is missing or not a string (a hand-edited record).
+std::string text_of(const json& j, const char* key, const std::string& fallback) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+std::string eval_metric(const json& e) { return text_of(e, "metric", "metric"); }
+
+// The held-out metrics of a run, in the order they first appear (one, unless metrics.jsonl was
+// pieced together from runs of different tasks).
+std::vector<std::string> run_metrics(const ReportRun& r) {
+  std::vector<std::string> m;
+  for (const json& e : r.evals)
+    if (std::find(m.begin(), m.end(), eval_metric(e)) == m.end()) m.push_back(eval_metric(e));
+  return m;
+}
+
+// What a run's training loss is, from run.json's options: MeZO's cross-entropy over a candidate
+// task's answers (objective classification: about ln 2 for SST-2 at the start), or the mean NLL
+// of the trained tokens (the text, or the correct answer's tokens: objective lm). Different
+// quantities on different scales: never drawn on one axis.
+std::string loss_quantity(const json& options) {
+  TrainOptions o;
+  o.task = text_of(options, "task", "text");
+  o.objective = text_of(options, "objective", "lm");  // runs from before --objective: lm
+  return training_objective(o) == "classification" ? "candidate cross-entropy" : "token NLL";
 }
 
 // The series of one run, in the order the page draws them.
@@ -78,26 +103,30 @@ void run_series(size_t index, const ReportRun& r, std::vector<ReportSeries>& out
   std::vector<double> passes;
   for (double s : step) passes.push_back(s * fp);
   const std::vector<double> smooth = ema(loss);
-  auto add = [&](const char* chart, const std::string& what, std::vector<double> x,
-                 std::vector<double> y) {
-    out.push_back({chart, index, what, r.label + " " + what, std::move(x), std::move(y)});
+  auto add = [&](const char* chart, const std::string& what, const std::string& quantity,
+                 std::vector<double> x, std::vector<double> y) {
+    out.push_back(
+        {chart, index, what, r.label + " " + what, std::move(x), std::move(y), quantity});
   };
-  add("loss_steps", "loss", step, loss);
-  add("loss_steps", "loss EMA", step, smooth);
-  add("loss_passes", "loss", passes, loss);
-  add("loss_passes", "loss EMA", passes, smooth);
-  std::vector<double> es, ev, ep;
-  for (const json& e : r.evals) {
-    es.push_back(num(e, "step"));
-    ev.push_back(num(e, "value"));
-    ep.push_back(es.back() * fp);
+  const std::string lq = loss_quantity(r.run["options"]);
+  add("loss_steps", "loss", lq, step, loss);
+  add("loss_steps", "loss EMA", lq, step, smooth);
+  add("loss_passes", "loss", lq, passes, loss);
+  add("loss_passes", "loss EMA", lq, passes, smooth);
+  // A series per metric: each evaluation on the chart of the metric it measured.
+  for (const std::string& m : run_metrics(r)) {
+    std::vector<double> es, ev, ep;
+    for (const json& e : r.evals) {
+      if (eval_metric(e) != m) continue;
+      es.push_back(num(e, "step"));
+      ev.push_back(num(e, "value"));
+      ep.push_back(es.back() * fp);
+    }
+    add("eval_steps", m, m, es, ev);
+    add("eval_passes", m, m, ep, ev);
   }
-  if (!r.evals.empty()) {
-    add("eval_steps", metric_name(r), es, ev);
-    add("eval_passes", metric_name(r), ep, ev);
-  }
-  add("tokens_per_s", "tokens/s", step, tps);
-  add("step_ms", "step ms", step, ms);
+  add("tokens_per_s", "tokens/s", "tokens/s", step, tps);
+  add("step_ms", "step ms", "ms per step", step, ms);
   for (const char* field : kMemoryFields) {
     std::vector<double> y;
     bool any = false;
@@ -105,29 +134,38 @@ void run_series(size_t index, const ReportRun& r, std::vector<ReportSeries>& out
       y.push_back(num(s, field) / (1024.0 * 1024.0));
       any = any || std::isfinite(y.back());
     }
-    if (any) add(field, field, step, y);
+    if (any) add(field, field, "MiB", step, y);
   }
 }
 
 
 // ---- the page ---------------------------------------------------------------------------------
 
+// One chart: the series of one chart kind (ReportSeries::chart) that measure one quantity.
 struct ChartSpec {
-  const char* id;
-  std::string title, x_label, y_label;
+  std::string id, quantity, title, x_label, y_label;
 };
 
-std::vector<ChartSpec> chart_specs(const std::vector<ReportRun>& runs) {
-  const std::string metric = metric_name(runs.front());
-  std::vector<ChartSpec> c = {
-      {"loss_steps", "Training loss vs steps", "step", "training loss"},
-      {"loss_passes", "Training loss vs forward passes", "forward passes", "training loss"},
-      {"eval_steps", "Held-out " + metric + " vs steps", "step", metric},
-      {"eval_passes", "Held-out " + metric + " vs forward passes", "forward passes", metric},
-      {"tokens_per_s", "Throughput", "step", "tokens/s"},
-      {"step_ms", "Step time", "step", "ms per step"}};
-  for (const char* f : kMemoryFields) c.push_back({f, f, "step", "MiB"});
-  return c;
+ChartSpec chart_spec(const std::string& id, const std::string& q) {
+  if (id == "loss_steps") return {id, q, "Training loss (" + q + ") vs steps", "step", q};
+  if (id == "loss_passes")
+    return {id, q, "Training loss (" + q + ") vs forward passes", "forward passes", q};
+  if (id == "eval_steps") return {id, q, "Held-out " + q + " vs steps", "step", q};
+  if (id == "eval_passes") return {id, q, "Held-out " + q + " vs forward passes", "forward passes", q};
+  if (id == "tokens_per_s") return {id, q, "Throughput", "step", q};
+  if (id == "step_ms") return {id, q, "Step time", "step", q};
+  return {id, q, id, "step", q};  // a memory field
+}
+
+// The quantities the series of the chart kinds ids measure, in the order they first appear.
+std::vector<std::string> quantities(const std::vector<ReportSeries>& all,
+                                    const std::vector<std::string>& ids) {
+  std::vector<std::string> q;
+  for (const ReportSeries& rs : all)
+    if (std::find(ids.begin(), ids.end(), rs.chart) != ids.end() &&
+        std::find(q.begin(), q.end(), rs.quantity) == q.end())
+      q.push_back(rs.quantity);
+  return q;
 }
 
 // How a series looks: a run's colour; the raw loss faint under its EMA; evaluations with dots.
@@ -159,7 +197,7 @@ std::string chart_svg(const ChartSpec& spec, const std::vector<ReportSeries>& al
                       const std::vector<ReportRun>& runs) {
   Chart c{spec.title, spec.x_label, spec.y_label, {}};
   for (const ReportSeries& rs : all)
-    if (rs.chart == spec.id) c.series.push_back(styled(rs, runs));
+    if (rs.chart == spec.id && rs.quantity == spec.quantity) c.series.push_back(styled(rs, runs));
   if (c.series.empty()) return "";
   return "<figure>" + report::svg_line_chart(c) + "</figure>";
 }
@@ -189,23 +227,40 @@ std::string passes_caption(const std::vector<ReportRun>& runs) {
 
 std::string charts_html(const std::vector<ReportRun>& runs) {
   const std::vector<ReportSeries> all = report_series(runs);
-  const std::vector<ChartSpec> specs = chart_specs(runs);
-  auto charts = [&](size_t from, size_t to) {
+  // The charts of the kinds ids: for each quantity, one chart per kind (a loss against steps
+  // beside the same loss against forward passes). Runs of different tasks share the charts of
+  // the quantities they share (throughput, step time) and have their own for the rest.
+  auto charts = [&](const std::vector<std::string>& ids) {
     std::string s;
-    for (size_t i = from; i < to && i < specs.size(); ++i) s += chart_svg(specs[i], all, runs);
+    for (const std::string& q : quantities(all, ids))
+      for (const std::string& id : ids) s += chart_svg(chart_spec(id, q), all, runs);
     return s;
   };
-  const std::string loss_caption =
+  const std::vector<std::string> losses = quantities(all, {"loss_steps"});
+  const std::vector<std::string> metrics = quantities(all, {"eval_steps"});
+  std::string loss_caption =
       "Training loss of every step (SPSA: the mean of L(&theta;+&epsilon;z) and "
       "L(&theta;&minus;&epsilon;z); JVP: L(&theta;)), faint, and its exponential moving average "
-      "(alpha " + fmt("%.2g", kEmaAlpha) + ", bias-corrected), solid. " + passes_caption(runs);
-  return section("Training loss", charts(0, 2), loss_caption) +
-         section("Held-out metric", charts(2, 4),
-                 "The held-out metric at every evaluation: before the first step, every "
-                 "--eval-every steps, after the last. Against forward passes as above.") +
-         section("Throughput", charts(4, 6),
+      "(alpha " + fmt("%.2g", kEmaAlpha) + ", bias-corrected), solid. ";
+  if (std::find(losses.begin(), losses.end(), "candidate cross-entropy") != losses.end())
+    loss_caption += "Candidate cross-entropy: MeZO's classification loss, the cross-entropy of "
+                    "the scores of a task's candidate answers (--objective classification); "
+                    "token NLL: the mean negative log-likelihood of the trained tokens. ";
+  if (losses.size() > 1)
+    loss_caption += "The runs train on different losses, each drawn on charts of its own. ";
+  std::vector<std::string> memory(std::begin(kMemoryFields), std::end(kMemoryFields));
+  return section("Training loss", charts({"loss_steps", "loss_passes"}),
+                 loss_caption + passes_caption(runs)) +
+         section("Held-out metric", charts({"eval_steps", "eval_passes"}),
+                 std::string("The held-out metric at every evaluation: before the first step, "
+                             "every --eval-every steps, after the last. Against forward passes "
+                             "as above.") +
+                     (metrics.size() > 1 ? " The runs are scored by different metrics, each "
+                                           "drawn on charts of its own."
+                                         : "")) +
+         section("Throughput", charts({"tokens_per_s", "step_ms"}),
                  "Training tokens per second and wall time of each step (evaluations excluded).") +
-         section("Memory per step", charts(6, specs.size()), "Per-step memory fields of metrics.jsonl, in MiB.");
+         section("Memory per step", charts(memory), "Per-step memory fields of metrics.jsonl, in MiB.");
 }
 
 }  // namespace
@@ -264,7 +319,10 @@ std::string run_table(const std::vector<ReportRun>& runs) {
   Rows rows;
   add_row(rows, "run directory", runs, [](const ReportRun& r) { return r.dir; });
   add_row(rows, "zof version", runs, [](const ReportRun& r) { return value_text(r.run.value("zof_version", json())); });
-  auto config = [](const ReportRun& r) { return r.run.value("model_id", json::object()).value("config", json::object()); };
+  auto config = [](const ReportRun& r) {
+    const json c = r.run.value("model_id", json::object()).value("config", json::object());
+    return c.is_object() ? c : json::object();  // a hand-edited one: no rows, not an exception
+  };
   add_row(rows, "architecture", runs, [&](const ReportRun& r) {
     const json c = config(r);
     return c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty()
@@ -293,7 +351,7 @@ Rows derived_summary(const std::vector<ReportRun>& runs) {
   Rows rows;
   add_row(rows, "status", runs, [](const ReportRun& r) {
     const bool done = std::any_of(r.evals.begin(), r.evals.end(), [](const json& e) { return e.value("when", "") == "after"; });
-    if (r.summary.is_object() && r.summary.value("interrupted", false)) return std::string("interrupted (resumable)");
+    if (r.summary.is_object() && r.summary.value("interrupted", json()) == true) return std::string("interrupted (resumable)");
     return std::string(done ? "finished" : "in progress or interrupted") + (r.partial_line ? "; last line of metrics.jsonl incomplete, left out" : "");
   });
   add_row(rows, "steps", runs, [](const ReportRun& r) {
@@ -309,9 +367,10 @@ Rows derived_summary(const std::vector<ReportRun>& runs) {
   });
   add_row(rows, "held-out metric, first and last", runs, [](const ReportRun& r) {
     if (r.evals.empty()) return std::string();
-    return metric_name(r) + " " + fmt("%.6g", num(r.evals.front(), "value")) + " -> " +
-           fmt("%.6g", num(r.evals.back(), "value")) + " (step " +
-           fmt("%.0f", num(r.evals.back(), "step")) + ")";
+    const std::string first = eval_metric(r.evals.front()), last = eval_metric(r.evals.back());
+    return first + " " + fmt("%.6g", num(r.evals.front(), "value")) + " -> " +
+           (last == first ? "" : last + " ") + fmt("%.6g", num(r.evals.back(), "value")) +
+           " (step " + fmt("%.0f", num(r.evals.back(), "step")) + ")";
   });
   add_row(rows, "tokens/s (all steps)", runs, [](const ReportRun& r) {
     double tok = 0, sec = 0;
