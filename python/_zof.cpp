@@ -11,6 +11,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -30,11 +32,20 @@ using json = nlohmann::json;
 
 namespace {
 
+// --threads as the CLI reads it.
+int read_threads(const std::string& text) {
+  const zof::NumberRule& r = *zof::train_flag_rule("--threads");
+  const int v = zof::read_int_text("--threads", text, r);
+  zof::check_whole("--threads", v, r);
+  return v;
+}
+
 // A loaded model with the host backend that runs it; the tokenizer is read on first use, so a
 // model directory without tokenizer.json still gives logits.
 class PyModel {
  public:
-  PyModel(const std::string& path, const std::string& device, int threads) {
+  // threads: the keyword's text, read as the CLI reads --threads.
+  PyModel(const std::string& path, const std::string& device, const std::string& threads) {
     // generate and eval run on the host, as on the CLI; fine-tuning takes device="cuda".
     ZOF_CHECK(device == "cpu" || device == "reference",
               "device must be cpu (or reference, the scalar oracle), not '" + device +
@@ -42,18 +53,26 @@ class PyModel {
                   "zof.finetune(device=\"cuda\")");
     zof::BackendOptions b;
     b.device = device;
-    b.threads = threads;
+    b.threads = read_threads(threads);
     backend_ = zof::make_backend(b);
     zof::check_model_dir("--model", path);  // as the CLI's eval and generate
     model_ = zof::Model::load(path);
   }
 
   // logits (B, T, V) of right-padded rows; positions past a row's length are 0.
-  nb::ndarray<nb::numpy, float, nb::ndim<3>> logits(const std::vector<std::vector<int32_t>>& rows) {
-    for (const auto& r : rows) ZOF_CHECK(!r.empty(), "logits: every sequence needs a token");
-    ZOF_CHECK(!rows.empty(), "logits: no sequences given");
-    zof::Batch batch = zof::Batch::from_sequences(rows);
+  nb::ndarray<nb::numpy, float, nb::ndim<3>> logits(const std::vector<std::vector<int64_t>>& ids) {
+    ZOF_CHECK(!ids.empty(), "logits: no sequences given");
     const int64_t V = model_.config().vocab_size;
+    std::vector<std::vector<int32_t>> rows;
+    for (const auto& r : ids) {
+      ZOF_CHECK(!r.empty(), "logits: every sequence needs a token");
+      for (const int64_t t : r)
+        ZOF_CHECK(t >= 0 && t < V, "logits: token id " + std::to_string(t) +
+                                       " is outside the model's vocabulary (0 to " +
+                                       std::to_string(V - 1) + ")");
+      rows.emplace_back(r.begin(), r.end());
+    }
+    zof::Batch batch = zof::Batch::from_sequences(rows);
     auto* out = new float[(size_t)(batch.B * batch.T * V)];
     nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
     {
@@ -80,29 +99,46 @@ class PyModel {
     return p;
   }
 
-  std::string eval(const std::string& text, const std::string& source, int64_t seq_len,
-                   int64_t batch, int64_t max_windows, const std::string& dtype) {
+  // eval's numbers as text (seq_len "": the default, the context at most 512), each read and
+  // checked as the CLI reads its flag, before the file is read; path: a file read as --text (a
+  // FIFO, a device or a directory refused, never opened); else text is the text itself.
+  std::string eval(const std::optional<std::string>& path, const std::string& text,
+                   const std::string& seq_len, const std::string& batch,
+                   const std::string& max_windows, const std::string& dtype) {
+    const int64_t n = seq_len.empty() ? 0 : whole("--seq-len", seq_len);
+    const int64_t b = whole("--batch", batch), w = whole("--max-windows", max_windows);
     const zof::WeightPlacement p = placement(dtype);
     nb::gil_scoped_release release;
-    return zof::evaluate_text(model_, tokenizer(), *backend_, text, source, seq_len, batch,
-                              max_windows, p)
+    const std::string body = path ? zof::read_eval_text(*path) : text;
+    return zof::evaluate_text(model_, tokenizer(), *backend_, body,
+                              path ? "--text " + *path : "the text", n, b, w, p)
         .dump();
   }
 
-  std::string generate(const std::string& prompt, int64_t max_new_tokens, float temperature,
-                       float top_p, uint64_t seed, const std::string& dtype) {
-    // The CLI's ranges for these flags (CLI11 checks them there).
-    ZOF_CHECK(max_new_tokens >= 1, "--max-new-tokens must be at least 1");
-    ZOF_CHECK(temperature >= 0.f && temperature <= 100.f, "--temperature must be in [0, 100]");
-    ZOF_CHECK(top_p > 0.f && top_p <= 1.f, "--top-p must be in (0, 1]");
+  std::string generate(const std::string& prompt, const std::string& max_new_tokens,
+                       const std::string& temperature, const std::string& top_p,
+                       const std::string& seed, const std::string& dtype) {
     zof::SampleOptions opt;
-    opt.max_new_tokens = max_new_tokens;
-    opt.temperature = temperature;
-    opt.top_p = top_p;
-    opt.seed = seed;
+    opt.max_new_tokens = whole("--max-new-tokens", max_new_tokens);
+    opt.temperature = real("--temperature", temperature);
+    opt.top_p = real("--top-p", top_p);
+    opt.seed = zof::read_seed_text("--seed", seed);
     const zof::WeightPlacement p = placement(dtype);
     nb::gil_scoped_release release;
     return zof::generate_text(model_, tokenizer(), *backend_, prompt, opt, {}, p).dump();
+  }
+
+  static int64_t whole(const char* flag, const std::string& text) {
+    const zof::NumberRule& r = *zof::text_flag_rule(flag);
+    const int64_t v = zof::read_whole_text(flag, text, r);
+    zof::check_whole(flag, v, r);
+    return v;
+  }
+  static float real(const char* flag, const std::string& text) {
+    const zof::NumberRule& r = *zof::text_flag_rule(flag);
+    const float v = zof::read_float_text(flag, text, r);
+    zof::check_real(flag, v, r);
+    return v;
   }
 
   std::string config() const { return model_.config().raw.dump(); }
@@ -172,31 +208,42 @@ class PySink : public zof::TrainSink {
   std::optional<nb::python_error> error_;
 };
 
-std::string finetune(zof::TrainOptions opt, nb::callable message, nb::callable step,
-                     bool progress) {
+// options: each keyword's text, set as the CLI sets its flag (zof::set_train_option); the keys
+// given are what --resume's rule checks.
+std::string finetune(const std::vector<std::pair<std::string, std::string>>& options,
+                     nb::callable message, nb::callable step, bool progress) {
+  zof::TrainOptions opt;
+  zof::GivenOptions given;
+  for (const auto& [key, text] : options) {
+    zof::set_train_option(opt, key, text);
+    given[key] = "";
+  }
   // The CLI's checks before zof::finetune (tools/zof.cpp run_finetune), word for word.
   if (opt.resume.empty()) {
     ZOF_CHECK(!opt.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
     ZOF_CHECK(!opt.out.empty(), "finetune needs --out DIR, the run directory to write");
     ZOF_CHECK(!opt.data.empty(), "finetune needs --data PATH, the task's data file or directory");
+    zof::validate_options(opt);
     zof::check_model_dir("--model", opt.model);
+    zof::check_task_data(opt.task, opt.data);
   }
   std::unique_ptr<zof::TrainSink> terminal = progress ? zof::make_terminal_sink() : nullptr;
   PySink sink(std::move(message), std::move(step), terminal.get());
   json summary;
   {
     nb::gil_scoped_release release;
-    summary = zof::finetune(opt, &sink);
+    summary = zof::finetune(opt, &sink, &given);
   }
   sink.rethrow();
   return summary.dump();
 }
 
 std::string replay(const std::string& model, const std::string& log, const std::string& out,
-                   int threads) {
+                   const std::string& threads) {
+  const int t = read_threads(threads);
   zof::check_model_dir("--model", model);
   nb::gil_scoped_release release;
-  return zof::replay(model, log, out, threads).dump();
+  return zof::replay(model, log, out, t).dump();
 }
 
 }  // namespace
@@ -215,26 +262,14 @@ NB_MODULE(_zof, m) {
   });
   m.def("version", [] { return std::string(zof::version()); });
 
-  nb::class_<zof::TrainOptions> t(m, "TrainOptions");
-  t.def(nb::init<>());
-#define ZOF_FIELD(name) t.def_rw(#name, &zof::TrainOptions::name)
-  ZOF_FIELD(model); ZOF_FIELD(task); ZOF_FIELD(objective); ZOF_FIELD(dtype); ZOF_FIELD(save_dtype); ZOF_FIELD(master); ZOF_FIELD(tf32); ZOF_FIELD(data); ZOF_FIELD(out);
-  ZOF_FIELD(steps); ZOF_FIELD(lr); ZOF_FIELD(eps); ZOF_FIELD(weight_decay);
-  ZOF_FIELD(batch); ZOF_FIELD(micro_batches); ZOF_FIELD(queries); ZOF_FIELD(seed);
-  ZOF_FIELD(schedule); ZOF_FIELD(estimator); ZOF_FIELD(z); ZOF_FIELD(one_sided);
-  ZOF_FIELD(sparsity); ZOF_FIELD(optimizer); ZOF_FIELD(beta1); ZOF_FIELD(beta2);
-  ZOF_FIELD(adam_eps); ZOF_FIELD(warmup); ZOF_FIELD(eval_every); ZOF_FIELD(save_every);
-  ZOF_FIELD(train_examples); ZOF_FIELD(eval_examples); ZOF_FIELD(seq_len);
-  ZOF_FIELD(max_bad_steps); ZOF_FIELD(round_every); ZOF_FIELD(threads); ZOF_FIELD(resume);
-  ZOF_FIELD(pipeline_stages); ZOF_FIELD(dist_timeout); ZOF_FIELD(gpu_mem);
-  ZOF_FIELD(sim_device); ZOF_FIELD(device);
-#undef ZOF_FIELD
+  // The names finetune() takes: every field of zof::TrainOptions (the CLI's flags).
+  m.def("train_option_keys", &zof::train_option_keys);
 
   nb::class_<PyModel>(m, "Model")
-      .def(nb::init<const std::string&, const std::string&, int>(), nb::arg("path"),
-           nb::arg("device") = "cpu", nb::arg("threads") = 0)
+      .def(nb::init<const std::string&, const std::string&, const std::string&>(),
+           nb::arg("path"), nb::arg("device"), nb::arg("threads"))
       .def("logits", &PyModel::logits, nb::arg("rows"))
-      .def("eval", &PyModel::eval, nb::arg("text"), nb::arg("source"), nb::arg("seq_len"),
+      .def("eval", &PyModel::eval, nb::arg("path").none(), nb::arg("text"), nb::arg("seq_len"),
            nb::arg("batch"), nb::arg("max_windows"), nb::arg("dtype"))
       .def("generate", &PyModel::generate, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("temperature"), nb::arg("top_p"), nb::arg("seed"), nb::arg("dtype"))

@@ -41,96 +41,11 @@ namespace {
 
 const char* const kCommands = "generate, eval, finetune, replay, report";
 
-std::string read_text_file(const std::string& path, const std::string& flag) {
-  zof::check_input_file(flag, path, flag + " takes one plain-text file");
-  std::ifstream f(path, std::ios::binary);
-  ZOF_CHECK(f.good(), flag + " " + path + ": cannot be read (check its permissions)");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // ---- numbers ----------------------------------------------------------------------------------
 // Numeric flags are bound as text and read here once CLI11 has parsed: its own conversions and
 // range checks answer in their words (exit 105, "Value 0 not in range 0.000000 to 1797...") and
 // wrap a negative --seed round to 2^64 - 1. A text is read into the flag's type only if it fits;
 // the ranges are then the validation's (validate_options, validate_generate, ...).
-
-// The text as the user wrote it, quoted unless it reads as a number.
-std::string shown(const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  (void)std::strtod(text.c_str(), &end);
-  const bool number = !text.empty() && end == text.c_str() + text.size() && text[0] != ' ';
-  return number ? text : "'" + text + "'";
-}
-
-// The whole text as a double (strtod: decimal, exponent, nan, inf); false for anything else. A
-// value beyond double's range reads as +-HUGE_VAL or as a tiny (or zero) number, as strtod gives.
-// underflow: a nonzero text beyond double's range toward zero (1e-400), which reads as 0.
-bool read_double_text(const std::string& text, double& v, bool* underflow = nullptr) {
-  if (text.empty() || std::isspace((unsigned char)text[0])) return false;
-  char* end = nullptr;
-  errno = 0;
-  v = std::strtod(text.c_str(), &end);
-  if (underflow) *underflow = errno == ERANGE && std::fabs(v) < 1;
-  return end == text.c_str() + text.size();
-}
-
-int64_t read_whole(const std::string& flag, const std::string& text, const NumberRule& rule) {
-  const char* b = text.data();
-  const char* e = b + text.size();
-  if (b != e && *b == '+') ++b;
-  int64_t v = 0;
-  const auto [p, ec] = std::from_chars(b, e, v);
-  if (ec == std::errc() && p == e && b != e) return v;
-  // Whole values written as decimals or with an exponent (1e3, 64.0), exactly representable.
-  double d = 0;
-  if (ec != std::errc::result_out_of_range && read_double_text(text, d) && std::isfinite(d) &&
-      d == std::floor(d) && std::fabs(d) <= 0x1p53)
-    return (int64_t)d;
-  throw zof::Error(rule.refusal(flag, shown(text)));
-}
-
-int read_int(const std::string& flag, const std::string& text, const NumberRule& rule) {
-  const int64_t v = read_whole(flag, text, rule);
-  ZOF_CHECK(v >= INT_MIN && v <= INT_MAX, rule.refusal(flag, text));
-  return (int)v;
-}
-
-// Seeds are the full 64-bit range, negative ones refused (strtoull would wrap -1 round).
-uint64_t read_seed(const std::string& flag, const std::string& text) {
-  uint64_t v = 0;
-  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  ZOF_CHECK(ec == std::errc() && p == text.data() + text.size() && !text.empty(),
-            flag + " must be a whole number from 0 to 18446744073709551615, not " + shown(text));
-  return v;
-}
-
-double read_real(const std::string& flag, const std::string& text, const NumberRule& rule) {
-  double d = 0;
-  bool underflow = false;
-  ZOF_CHECK(read_double_text(text, d, &underflow) && std::isfinite(d) && !underflow,
-            rule.refusal(flag, shown(text)));
-  return d;
-}
-
-// A float flag is read as a double and refused before narrowing: 1e39 would become inf and
-// 1e-50 zero, and the validation would then see values the user never wrote.
-float read_float(const std::string& flag, const std::string& text, const NumberRule& rule) {
-  double d = 0;
-  bool underflow = false;
-  const bool read = read_double_text(text, d, &underflow);
-  const bool overflow = errno == ERANGE && std::isinf(d);
-  ZOF_CHECK(read && !std::isnan(d) && (std::isfinite(d) || overflow),
-            rule.refusal(flag, shown(text)));
-  ZOF_CHECK(std::fabs(d) <= FLT_MAX,
-            rule.refusal(flag, text) + " (beyond float's range, about 3.4e38)");
-  ZOF_CHECK((d == 0 && !underflow) || std::fabs(d) >= FLT_MIN,
-            rule.refusal(flag, text) + " (below the smallest positive float, about 1.2e-38" +
-                (flag == "--eps" ? ": too small to perturb the weights)" : ")"));
-  return (float)d;
-}
 
 // The numeric flags of every command, as text until read().
 class NumberFlags {
@@ -151,23 +66,23 @@ class NumberFlags {
       type = "FLOAT";
       f.read = [&target, name, r](const std::string& t) {
         if constexpr (std::is_same_v<T, float>)
-          target = read_float(name, t, r);
+          target = zof::read_float_text(name, t, r);
         else
-          target = read_real(name, t, r);
+          target = zof::read_real_text(name, t, r);
       };
     } else if constexpr (std::is_same_v<T, uint64_t>) {
       def = std::to_string(target);
       type = "UINT";
-      f.read = [&target, name](const std::string& t) { target = read_seed(name, t); };
+      f.read = [&target, name](const std::string& t) { target = zof::read_seed_text(name, t); };
     } else if constexpr (std::is_same_v<T, int>) {
       def = std::to_string(target);
       type = "INT";
-      f.read = [&target, name, r](const std::string& t) { target = read_int(name, t, r); };
+      f.read = [&target, name, r](const std::string& t) { target = zof::read_int_text(name, t, r); };
     } else {
       static_assert(std::is_same_v<T, int64_t>);
       def = std::to_string(target);
       type = "INT";
-      f.read = [&target, name, r](const std::string& t) { target = read_whole(name, t, r); };
+      f.read = [&target, name, r](const std::string& t) { target = zof::read_whole_text(name, t, r); };
     }
     f.opt = app->add_option(name, f.text, help)->type_name(type);
     if (show_default) f.opt->default_str(def);
@@ -199,13 +114,13 @@ const NumberRule& train_rule(const char* flag) { return *zof::train_flag_rule(fl
 
 // ---- generate, eval ---------------------------------------------------------------------------
 
-const NumberRule kMaxNewTokens{.whole = true, .lo = 1, .hi = double(int64_t(1) << 20)};
-const NumberRule kTemperature{.lo = 0, .hi = 100, .note = "0: greedy"};
-const NumberRule kTopP{.lo = 0, .hi = 1, .lo_open = true,
-                       .note = "the probability mass sampled from"};
-const NumberRule kEvalSeqLen{.whole = true, .lo = 2, .hi = double(int64_t(1) << 20)};
-const NumberRule kEvalBatch{.whole = true, .lo = 1, .hi = 4096};
-const NumberRule kMaxWindows{.whole = true, .lo = 0, .note = "0: all"};
+const NumberRule& text_rule(const char* flag) { return *zof::text_flag_rule(flag); }
+const NumberRule& kMaxNewTokens = text_rule("--max-new-tokens");
+const NumberRule& kTemperature = text_rule("--temperature");
+const NumberRule& kTopP = text_rule("--top-p");
+const NumberRule& kEvalSeqLen = text_rule("--seq-len");
+const NumberRule& kEvalBatch = text_rule("--batch");
+const NumberRule& kMaxWindows = text_rule("--max-windows");
 
 const char* const kDtypeHelp =
     "Matrix products in bf16 (weights rounded to bf16, fp32 accumulation) or fp32; auto: bf16 "
@@ -326,14 +241,14 @@ void validate_eval(const EvalArgs& a) {
 
 int run_eval(const EvalArgs& a) {
   validate_eval(a);
-  zof::check_input_file("--text", a.text, "--text takes one plain-text file");
+  zof::check_input_file("--text", a.text, "--text takes one plain-text file");  // before loading
   zof::WeightPlacement place;
   zof::check_model_dir("--model", a.model);
   auto backend = text_backend(a.where, a.threads, place);
   zof::Model model = zof::Model::load(a.model);
   zof::Tokenizer tok = zof::Tokenizer::load(a.model);
   tok.check_ids_below(model.config().vocab_size);
-  const std::string text = read_text_file(a.text, "--text");
+  const std::string text = zof::read_eval_text(a.text);
   json j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
                               a.max_windows, place);
   if (a.json) {
@@ -391,15 +306,30 @@ ExpandedArgs expand_config(int argc, char** argv) {
         const size_t a = x.find_first_not_of(" \t\r"), b = x.find_last_not_of(" \t\r");
         return a == std::string::npos ? std::string() : x.substr(a, b - a + 1);
       };
-      const size_t hash = line.find('#');
-      line = trim(hash == std::string::npos ? line : line.substr(0, hash));
+      // '#' starts a comment outside quotes only: `out = "runs/a#1"` keeps its '#'.
+      if (const size_t hash = line.find('#'); hash != std::string::npos && hash < line.find('='))
+        line = line.substr(0, hash);  // a comment before any '=' (npos: none at all)
+      line = trim(line);
       if (line.empty() || line[0] == '[') continue;  // blank, comment, or a TOML section header
       const size_t eq = line.find('=');
       ZOF_CHECK(eq != std::string::npos, at + ": expected `key = value`, found `" + line + "`");
       std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
       for (auto& c : key) c = c == '_' ? '-' : c;
-      if (value.size() >= 2 && (value[0] == '"' || value[0] == '\'') && value.back() == value[0])
-        value = value.substr(1, value.size() - 2);
+      if (!value.empty() && (value[0] == '"' || value[0] == '\'')) {
+        // A quoted value runs to its closing quote; only a comment may follow it.
+        const char q = value[0];
+        const size_t close = value.find(q, 1);
+        ZOF_CHECK(close != std::string::npos,
+                  at + ": the value of `" + key + "` opens a quote (" + q + ") that the line "
+                  "never closes; close it, or drop the quote");
+        const std::string rest = trim(value.substr(close + 1));
+        ZOF_CHECK(rest.empty() || rest[0] == '#',
+                  at + ": `" + key + "` has text after its closing quote (`" + rest + "`); "
+                  "put the whole value inside the quotes");
+        value = value.substr(1, close - 1);
+      } else if (const size_t c = value.find('#'); c != std::string::npos) {
+        value = trim(value.substr(0, c));  // an unquoted value ends at a comment
+      }
       ZOF_CHECK(!key.empty() && key != "config" && key[0] != '-',
                 at + ": bad key `" + key + "` (keys are flag names without dashes)");
       ZOF_CHECK(!value.empty(), at + ": `" + key + "` has no value (write `" + key +
@@ -420,7 +350,6 @@ ExpandedArgs expand_config(int argc, char** argv) {
 struct FinetuneArgs {
   zof::TrainOptions t;
   std::string config_file;  // applied by expand_config() before parsing
-  std::vector<CLI::Option*> run_flags;  // the flags saved in run.json (what a run computes)
 };
 
 struct ReplayArgs {
@@ -470,66 +399,86 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& e, NumberFlags& n) {
 // (a zof::Error naming the flag), none by CLI11.
 CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
   zof::TrainOptions& t = f.t;
-  auto* ft = app.add_subcommand("finetune", "Fine-tune every parameter with forward passes only (MeZO)");
+  auto* ft =
+      app.add_subcommand("finetune", "Fine-tune every parameter with forward passes only (MeZO)");
   ft->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  ft->add_option("--config", f.config_file, "Read options from a file of `key = value` lines (flag "
+  ft->add_option("--config", f.config_file,
+                 "Read options from a file of `key = value` lines (flag "
                  "names without dashes, # comments); command-line flags override it");
   ft->add_option("--model", t.model, "Hugging Face model directory");
-  ft->add_option("--resume", t.resume, "Continue the run in this directory with its saved "
+  ft->add_option("--resume", t.resume,
+                 "Continue the run in this directory with its saved "
                  "options (a flag that would change one is refused; --threads, --json, "
                  "--no-report and the mpirun and device flags may change)");
-  auto& run = f.run_flags;
   auto num = [&](const std::string& name, auto& target, const std::string& help) {
-    run.push_back(n.add(ft, name, target, help, zof::train_flag_rule(name)));
+    n.add(ft, name, target, help, zof::train_flag_rule(name));
   };
-  run.push_back(ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")
-                    ->capture_default_str());
-  run.push_back(ft->add_option("--data", t.data, "Data file or directory of the task"));
-  run.push_back(ft->add_option("--objective", t.objective, "What sst2/rte/cb/copa train on: lm "
-                               "(the correct answer's tokens) | classification (MeZO's "
-                               "cross-entropy over the candidates' mean log-likelihoods) | auto "
-                               "(MeZO's choice: classification for sst2, rte and cb, lm for "
-                               "copa; lm for text and jsonl)")->capture_default_str());
-  run.push_back(ft->add_option("--out", t.out, "Run directory: metrics, checkpoints and the "
-                               "fine-tuned model"));
-  run.push_back(ft->add_option("--dtype", t.dtype, kDtypeHelp)->capture_default_str());
-  run.push_back(ft->add_flag("--tf32", t.tf32, "With --device cuda: the fp32 products on TF32 "
-                             "tensor cores (off: strict fp32; --dtype bf16 is faster still)"));
-  run.push_back(ft->add_option("--save-dtype", t.save_dtype, "The saved model's tensors: fp32, "
-                               "bf16, f16, input (as the input model), or auto (the master "
-                               "weights' dtype: every update kept); the final evaluation scores "
-                               "the saved weights")->capture_default_str());
-  run.push_back(ft->add_option("--master", t.master, "The master weights: fp32, or bf16 (the "
-                               "model rounded to bf16, each update computed in fp32 and rounded "
-                               "back stochastically with bits of (seed, step, tensor, element): "
-                               "exact on resume, replay and data parallel; held in 2 bytes a "
-                               "parameter, streamed in bf16; in fp32 storage with the JVP "
-                               "estimator or pipeline stages)")->capture_default_str());
+  ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")->capture_default_str();
+  ft->add_option("--data", t.data, "Data file or directory of the task");
+  ft->add_option("--objective", t.objective,
+                 "What sst2/rte/cb/copa train on: lm "
+                 "(the correct answer's tokens) | classification (MeZO's "
+                 "cross-entropy over the candidates' mean log-likelihoods) | auto "
+                 "(MeZO's choice: classification for sst2, rte and cb, lm for "
+                 "copa; lm for text and jsonl)")
+      ->capture_default_str();
+  ft->add_option("--out", t.out,
+                 "Run directory: metrics, checkpoints and the "
+                 "fine-tuned model");
+  ft->add_option("--dtype", t.dtype, kDtypeHelp)->capture_default_str();
+  ft->add_flag("--tf32", t.tf32,
+               "With --device cuda: the fp32 products on TF32 "
+               "tensor cores (off: strict fp32; --dtype bf16 is faster still)");
+  ft->add_option("--save-dtype", t.save_dtype,
+                 "The saved model's tensors: fp32, "
+                 "bf16, f16, input (as the input model), or auto (the master "
+                 "weights' dtype: every update kept); the final evaluation scores "
+                 "the saved weights")
+      ->capture_default_str();
+  ft->add_option("--master", t.master,
+                 "The master weights: fp32, or bf16 (the "
+                 "model rounded to bf16, each update computed in fp32 and rounded "
+                 "back stochastically with bits of (seed, step, tensor, element): "
+                 "exact on resume, replay and data parallel; held in 2 bytes a "
+                 "parameter, streamed in bf16; in fp32 storage with the JVP "
+                 "estimator or pipeline stages)")
+      ->capture_default_str();
   num("--steps", t.steps, "ZO steps");
-  num("--lr", t.lr, "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
+  num("--lr", t.lr,
+      "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
       "need larger steps (the demo's stories260K: 1e-4)");
   num("--eps", t.eps, "Perturbation scale epsilon");
   num("--weight-decay", t.weight_decay, "Weight decay (not on norms and biases)");
   num("--batch", t.batch, "Examples (or text windows) per step");
-  num("--micro-batches", t.micro_batches, "Split each batch into this many forward passes "
+  num("--micro-batches", t.micro_batches,
+      "Split each batch into this many forward passes "
       "(gradient accumulation)");
   num("--queries", t.queries, "Random directions averaged per step");
-  run.push_back(n.add(ft, "--seed", t.seed, "Seed of perturbations and data sampling (0 to "
-                      "2^64 - 1)", nullptr));
-  run.push_back(ft->add_option("--schedule", t.schedule, "constant | linear | cosine")
-                    ->capture_default_str());
-  run.push_back(ft->add_option("--estimator", t.estimator, "spsa (two-point MeZO) | jvp (forward "
-                               "gradient: exact directional derivatives by forward-mode AD, no "
-                               "--eps)")->capture_default_str());
-  run.push_back(ft->add_option("--z", t.z, "Perturbation directions: gaussian (MeZO) | rademacher "
-                               "(+-1)")->capture_default_str());
-  run.push_back(ft->add_flag("--one-sided", t.one_sided, "One-sided differences (L(theta+eps z) "
-                             "- L(theta)) / eps: q + 1 forwards per step instead of 2q"));
-  num("--sparsity", t.sparsity, "Sparse MeZO: fraction of each weight matrix (largest |theta|) "
+  n.add(ft, "--seed", t.seed,
+        "Seed of perturbations and data sampling (0 to "
+        "2^64 - 1)",
+        nullptr);
+  ft->add_option("--schedule", t.schedule, "constant | linear | cosine")->capture_default_str();
+  ft->add_option("--estimator", t.estimator,
+                 "spsa (two-point MeZO) | jvp (forward "
+                 "gradient: exact directional derivatives by forward-mode AD, no "
+                 "--eps)")
+      ->capture_default_str();
+  ft->add_option("--z", t.z,
+                 "Perturbation directions: gaussian (MeZO) | rademacher "
+                 "(+-1)")
+      ->capture_default_str();
+  ft->add_flag("--one-sided", t.one_sided,
+               "One-sided differences (L(theta+eps z) "
+               "- L(theta)) / eps: q + 1 forwards per step instead of 2q");
+  num("--sparsity", t.sparsity,
+      "Sparse MeZO: fraction of each weight matrix (largest |theta|) "
       "left unperturbed and unchanged; 0: dense");
-  run.push_back(ft->add_option("--optimizer", t.optimizer, "sgd (MeZO) | momentum (ZO-SGD with "
-                               "momentum) | adam (ZO-Adam; state in memory, saved with "
-                               "checkpoints)")->capture_default_str());
+  ft->add_option("--optimizer", t.optimizer,
+                 "sgd (MeZO) | momentum (ZO-SGD with "
+                 "momentum) | adam (ZO-Adam; state in memory, saved with "
+                 "checkpoints)")
+      ->capture_default_str();
   num("--beta1", t.beta1, "Momentum / Adam first-moment decay");
   num("--beta2", t.beta2, "Adam second-moment decay");
   num("--adam-eps", t.adam_eps, "Adam's denominator epsilon");
@@ -540,7 +489,8 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
   num("--eval-examples", t.eval_examples, "Evaluation examples sampled");
   num("--seq-len", t.seq_len, "Text window length; longest task sequence");
   num("--max-bad-steps", t.max_bad_steps, "Stop after this many non-finite steps in a row");
-  num("--round-every", t.round_every, "With --master bf16 (ZO-SGD): round the master once every "
+  num("--round-every", t.round_every,
+      "With --master bf16 (ZO-SGD): round the master once every "
       "N steps, the steps between summed in fp32 from their seeds on every pass (up to N z's "
       "regenerated): less rounding noise. 0 (auto): 8 with --master bf16 and ZO-SGD, else 1 "
       "(every update rounded). Evaluations, checkpoints and the end also close a window");
@@ -605,99 +555,34 @@ int run_report(const ReportArgs& r) {
   return 0;
 }
 
-// A float as its shortest text that reads back to it: 1e-06, not 9.99999997e-07.
-std::string float_text(double v) {
-  char b[64];
-  for (int prec = 6; prec <= 17; ++prec) {
-    std::snprintf(b, sizeof b, "%.*g", prec, v);
-    if ((float)std::strtod(b, nullptr) == (float)v) break;
-  }
-  return b;
-}
-
-// A saved option as a flag: "--steps 3", "--one-sided", "no --one-sided".
-std::string as_flag(const std::string& flag, const json& v) {
-  if (v.is_boolean()) return v.get<bool>() ? flag : "no " + flag;
-  if (v.is_string()) return flag + " " + v.get<std::string>();
-  if (v.is_number_float()) return flag + " " + float_text(v.get<double>());
-  return flag + " " + v.dump();
-}
-
-std::string and_list(const std::vector<std::string>& items) {
-  std::string s;
-  for (size_t i = 0; i < items.size(); ++i)
-    s += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
-  return s;
-}
-
-// --resume continues a run with the options saved in its run.json: a flag (or --config line)
-// that would change one of them would be ignored, so it is refused. Flags with the saved value
-// change nothing and pass; the layout flags (add_finetune_layout) may always change. A directory
-// without a readable run.json is left to finetune(), which says what it is.
-void check_resume_flags(const FinetuneArgs& f, const NumberFlags& n,
-                        const std::map<std::string, std::string>& from_config) {
-  const zof::TrainOptions& t = f.t;
-  if (t.resume.empty()) return;
-  json saved;
-  try {
-    std::error_code ec;  // not a regular file (a FIFO would block here): finetune() says what
-    if (!fs::is_regular_file(fs::path(t.resume) / "run.json", ec)) return;
-    std::ifstream in(fs::path(t.resume) / "run.json");
-    if (!in) return;
-    saved = zof::TrainOptions::from_json(json::parse(in).at("options")).to_json();
-  } catch (const std::exception&) {
-    return;
-  }
-  const json now = t.to_json();
-  std::vector<std::string> given, kept;
-  for (const CLI::Option* o : f.run_flags) {
-    if (o->count() == 0) continue;
-    const std::string flag = o->get_name();
-    std::string key = flag.substr(2);
-    for (auto& c : key) c = c == '-' ? '_' : c;
-    if (!saved.contains(key) || saved[key] == now[key]) continue;
-    // --save-dtype auto is the master's dtype: it changes nothing (saved holds "master", fp32
-    // for runs from before it, through TrainOptions' round trip).
-    if (key == "save_dtype" && now[key] == "auto" && saved[key] == saved["master"]) continue;
-    // --round-every 0 (auto) is the window the run resolved when it started.
-    if (key == "round_every" && now[key] == 0) continue;
-    // --out naming the run itself changes nothing either.
-    if (key == "out") {
-      std::error_code ec;
-      if (fs::weakly_canonical(t.out, ec) == fs::weakly_canonical(t.resume, ec)) continue;
-    }
-    const std::string text = n.text(o);
-    std::string g = now[key].is_boolean() ? as_flag(flag, now[key])
-                    : !text.empty()       ? flag + " " + text
-                                          : as_flag(flag, now[key]);
-    if (auto it = from_config.find(flag); it != from_config.end()) g += " (" + it->second + ")";
-    given.push_back(g);
-    kept.push_back(key == "out" ? "--out " + t.resume : as_flag(flag, saved[key]));
-  }
-  ZOF_CHECK(given.empty(),
-            "--resume " + t.resume + " continues the run with the options it was started " +
-                "with, so " + and_list(given) + " would be ignored (the run has " +
-                and_list(kept) + "); drop " + (given.size() == 1 ? "it" : "them") +
-                ", or start a new run with --out DIR");
-}
-
-int run_finetune(const FinetuneArgs& f, const NumberFlags& n,
+int run_finetune(const CLI::App* ft, const FinetuneArgs& f,
                  const std::map<std::string, std::string>& from_config) {
   const zof::TrainOptions& t = f.t;
-  // Every flag error before anything is loaded or created.
-  check_resume_flags(f, n, from_config);
+  // Every flag error before anything is loaded or created. A resumed run's flags are checked
+  // by finetune() against the run's own (--resume's rule), with the --config line of each.
   if (t.resume.empty()) {
     ZOF_CHECK(!t.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
     ZOF_CHECK(!t.out.empty(), "finetune needs --out DIR, the run directory to write");
     ZOF_CHECK(!t.data.empty(), "finetune needs --data PATH, the task's data file or directory");
+    zof::validate_options(t);
+    zof::check_model_dir("--model", t.model);
+    zof::check_task_data(t.task, t.data);
   }
-  zof::validate_options(t);
-  if (t.resume.empty()) zof::check_model_dir("--model", t.model);
-  if (t.resume.empty()) zof::check_task_data(t.task, t.data);
-  auto summary = zof::finetune(t);
+  zof::GivenOptions given;
+  for (const CLI::Option* o : ft->get_options()) {
+    if (o->count() == 0 || o->get_name().rfind("--", 0) != 0) continue;
+    std::string key = o->get_name().substr(2);
+    for (auto& c : key) c = c == '-' ? '_' : c;
+    const auto it = from_config.find(o->get_name());
+    given[key] = it == from_config.end() ? "" : it->second;
+  }
+  auto summary = zof::finetune(t, nullptr, &given);
   // The run's result: always one JSON line, from rank 0 alone under mpirun.
   if (!summary.contains("rank")) std::cout << summary.dump() << "\n";
-  return summary.value("interrupted", false) ? 130 : 0;
+  // Stopped by a signal: 128 + its number, as a shell reports a process it ended (SIGINT 130,
+  // SIGTERM 143); by a signal to another rank or a stop request: SIGINT's.
+  if (!summary.value("interrupted", false)) return 0;
+  return 128 + summary.value("signal", 2);
 }
 
 int run_replay(const ReplayArgs& r) {
@@ -908,7 +793,7 @@ int main(int argc, char** argv) {
     g.max_new_given = gen->count("--max-new-tokens") > 0;
     if (parsed == gen) return run_generate(g);
     if (parsed == ev) return run_eval(e);
-    if (parsed == ft) return run_finetune(f, numbers, x.from_config);
+    if (parsed == ft) return run_finetune(ft, f, x.from_config);
     if (parsed == rp) return run_replay(r);
     if (parsed == rpt) return run_report(rep);
   } catch (const zof::Error& err) {

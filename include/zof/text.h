@@ -11,6 +11,7 @@
 #include "zof/backend.h"
 #include "zof/generate.h"
 #include "zof/model.h"
+#include "zof/number_rule.h"
 #include "zof/tokenizer.h"
 
 namespace zof {
@@ -26,6 +27,15 @@ struct WeightPlacement {
   uint64_t budget = 0;
   DType compute = DType::F32;
 };
+
+// What the numbers of `zof eval` and `zof generate` accept (--seq-len and --batch as eval takes
+// them, --max-windows, --max-new-tokens, --temperature, --top-p): one rule each for the CLI and
+// Python alike. Null for any other flag.
+const NumberRule* text_flag_rule(const std::string& flag);
+
+// The text `zof eval --text PATH` scores: a regular file (never a FIFO, a device or a directory:
+// zof::Error saying what the path is) read whole.
+std::string read_eval_text(const std::string& path);
 
 // Perplexity of text, documents separated by "<|endoftext|>" (each encoded alone and scored
 // from its own BOS). seq_len 0: the context, at most 512. source names the text in errors

@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zof/forward.h"
+#include "zof/number_rule.h"
 #include "zof/zo.h"
 
 namespace zof {
@@ -141,27 +143,22 @@ std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokeni
 // (run.json, which an older zof may have written with them) pass without.
 void validate_options(const TrainOptions& opt, bool new_run = true);
 
-// What a numeric option accepts, said in words and checked in one place: validate_options and
-// the CLI's generate/eval/replay checks test values against it, and the CLI reads each number's
-// text with it, so that every bad value, from a typo to a float that overflows, gets one message
-// naming the flag and the accepted values.
-struct NumberRule {
-  bool whole = false;  // a whole number (an integer field)
-  double lo = -HUGE_VAL, hi = HUGE_VAL;
-  bool lo_open = false, hi_open = false;  // the bound itself excluded
-  const char* note = "";                  // after the range, in parentheses: what a value means
-  // "a whole number of at least 1", "a whole number from 1 to 1024", "a finite number of at
-  // least 0", "a number from 0 to 100", "in [0, 1)".
-  std::string words() const;
-  bool accepts(double v) const;  // finite and within the bounds
-  // "FLAG must be WORDS (NOTE), not VALUE" (VALUE as the user wrote it): the refusal's text.
-  std::string refusal(const std::string& flag, const std::string& value) const;
-};
-// zof::Error with the rule's refusal unless it accepts the value.
-void check_real(const std::string& flag, double value, const NumberRule& rule);
-void check_whole(const std::string& flag, int64_t value, const NumberRule& rule);
 // The rule of a numeric `zof finetune` flag ("--steps"); null for the others.
 const NumberRule* train_flag_rule(const std::string& flag);
+
+// "--micro-batches" for the field micro_batches.
+std::string option_flag(const std::string& key);
+// The fields of TrainOptions a caller may set by name, and the one way to set one from text.
+std::vector<std::string> train_option_keys();
+void set_train_option(TrainOptions& o, const std::string& key, const std::string& text);
+
+// The options a caller set (CLI flags given, Python keywords), each with where it came from
+// ("--config FILE line N"; empty: the command line). --resume continues a run with the options in
+// its run.json: a given option that would change one of them would be ignored, so finetune()
+// refuses it; one that restates the run's value, an "auto" that the run resolved when it started
+// (--dtype, --save-dtype, --round-every) and the layout options (threads, ranks, device, output)
+// pass.
+using GivenOptions = std::map<std::string, std::string>;
 
 // Input files named by a flag (--data, --text, --config): zof::Error unless `path` is a regular
 // file it may read, saying what the path is instead (missing, a directory, a FIFO, a device) and
@@ -218,7 +215,9 @@ std::unique_ptr<TrainSink> make_terminal_sink();
 // Started by mpirun, the ranks of the job train one model together (see TrainOptions); rank 0
 // alone writes the run directory and returns the summary, the other ranks return
 // {"rank": r} only. sink: rank 0's progress (null: the terminal).
-nlohmann::json finetune(TrainOptions opt, TrainSink* sink = nullptr);
+// given: the options the caller set (GivenOptions), for --resume's rule; null: none checked.
+nlohmann::json finetune(TrainOptions opt, TrainSink* sink = nullptr,
+                        const GivenOptions* given = nullptr);
 
 // Rebuilds fine-tuned weights from a base model and a run's step log; writes a model directory.
 // The log must be the run's: as long as, and hashing to, what the run's latest checkpoint (else

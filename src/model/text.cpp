@@ -7,6 +7,7 @@
 
 #include "zof/error.h"
 #include "zof/forward.h"
+#include "zof/input_file.h"
 #include "zof/perplexity.h"
 #include "zof/runtime.h"
 #include "zof/streaming.h"
@@ -73,7 +74,32 @@ Placed place_forward(const Model& model, Backend& be, int64_t rows, const Weight
   return out;
 }
 
+const struct {
+  const char* flag;
+  NumberRule rule;
+} kTextRules[] = {
+    {"--max-new-tokens", {.whole = true, .lo = 1, .hi = double(int64_t(1) << 20)}},
+    {"--temperature", {.lo = 0, .hi = 100, .note = "0: greedy"}},
+    {"--top-p", {.lo = 0, .hi = 1, .lo_open = true, .note = "the probability mass sampled from"}},
+    {"--seq-len", {.whole = true, .lo = 2, .hi = double(int64_t(1) << 20)}},
+    {"--batch", {.whole = true, .lo = 1, .hi = 4096}},
+    {"--max-windows", {.whole = true, .lo = 0, .note = "0: all"}},
+};
+
 }  // namespace
+
+const NumberRule* text_flag_rule(const std::string& flag) {
+  for (const auto& r : kTextRules)
+    if (flag == r.flag) return &r.rule;
+  return nullptr;
+}
+
+std::string read_eval_text(const std::string& path) {
+  const std::string want = "--text takes one plain-text file";
+  ZOF_CHECK(!path.empty(), "--text is empty; " + want);
+  // The whole file is held in memory: no limit beyond the memory's (1 TiB, far past it).
+  return read_input_file("--text " + path, path, want, uint64_t(1) << 40);
+}
 
 json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                    const std::string& text, const std::string& source, int64_t seq_len_arg,

@@ -56,63 +56,7 @@ const NumberRule& rule_of(const char* flag) {
   return *r;
 }
 
-// A number as a user would write it: 1000, 0.001, 1e-06, nan.
-std::string number_text(double v) {
-  char b[64];
-  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15)
-    std::snprintf(b, sizeof b, "%.0f", v);
-  else
-    std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
-
 }  // namespace
-
-std::string NumberRule::words() const {
-  const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
-  const std::string l = number_text(lo), h = number_text(hi);
-  if (whole) {
-    // Whole numbers: the bounds are whole and inclusive.
-    if (has_lo && has_hi) return "a whole number from " + l + " to " + h;
-    if (has_lo) return "a whole number of at least " + l;
-    if (has_hi) return "a whole number of at most " + h;
-    return "a whole number";
-  }
-  if (has_lo && has_hi) {
-    if (!lo_open && !hi_open) return "a number from " + l + " to " + h;
-    return std::string("in ") + (lo_open ? "(" : "[") + l + ", " + h + (hi_open ? ")" : "]");
-  }
-  if (has_lo) return (lo_open ? "a finite number above " : "a finite number of at least ") + l;
-  if (has_hi) return (hi_open ? "a finite number below " : "a finite number of at most ") + h;
-  return "a finite number";
-}
-
-bool NumberRule::accepts(double v) const {
-  if (!std::isfinite(v)) return false;
-  if (whole && v != std::floor(v)) return false;
-  if (lo_open ? !(v > lo) : !(v >= lo)) return false;
-  if (hi_open ? !(v < hi) : !(v <= hi)) return false;
-  return true;
-}
-
-std::string NumberRule::refusal(const std::string& flag, const std::string& value) const {
-  std::string m = flag + " must be " + words();
-  if (*note) m += std::string(" (") + note + ")";
-  return m + ", not " + value;
-}
-
-void check_real(const std::string& flag, double value, const NumberRule& rule) {
-  ZOF_CHECK(rule.accepts(value), rule.refusal(flag, number_text(value)));
-}
-
-void check_whole(const std::string& flag, int64_t value, const NumberRule& rule) {
-  // Compared as integers: a double would round values near 2^63 onto the bound.
-  const bool above_lo = !std::isfinite(rule.lo) || (rule.lo <= -0x1p63) ||
-                        (rule.lo < 0x1p63 && value >= (int64_t)rule.lo);
-  const bool below_hi = !std::isfinite(rule.hi) || rule.hi >= 0x1p63 ||
-                        (rule.hi >= -0x1p63 && value <= (int64_t)rule.hi);
-  ZOF_CHECK(above_lo && below_hi, rule.refusal(flag, std::to_string(value)));
-}
 
 const NumberRule* train_flag_rule(const std::string& flag) {
   for (const auto& r : kTrainRules)
@@ -166,6 +110,11 @@ void validate_options(const TrainOptions& o, bool new_run) {
   ZOF_CHECK(o.schedule == "constant" || o.schedule == "linear" || o.schedule == "cosine",
             "--schedule must be constant, linear or cosine, not '" + o.schedule + "'");
   check_whole("--warmup", o.warmup, rule_of("--warmup"));
+  // A warm-up longer than the run never reaches --lr (nor starts the schedule's decay).
+  ZOF_CHECK(!new_run || o.warmup <= o.steps,
+            "--warmup " + std::to_string(o.warmup) + " is longer than the run's --steps " +
+                std::to_string(o.steps) + ", so the learning rate would never reach --lr: give "
+                "--warmup " + std::to_string(o.steps) + " or less");
   check_whole("--eval-every", o.eval_every, rule_of("--eval-every"));
   check_whole("--save-every", o.save_every, rule_of("--save-every"));
   check_whole("--train-examples", o.train_examples, rule_of("--train-examples"));

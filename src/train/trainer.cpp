@@ -10,6 +10,7 @@
 #include "train/estimator.h"
 #include "train/evaluation.h"
 #include "train/job.h"
+#include "train/resume_rule.h"
 #include "train/run_dir.h"
 #include "train/step_loop.h"
 #include "zof/backend.h"
@@ -107,7 +108,9 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
     r.sink.message("interrupted by " + by + " at step " + std::to_string(end.step) +
                    "; checkpoint saved, continue with: zof finetune --resume " + run);
     if (!r.job.root) return json{{"rank", r.job.rank}, {"interrupted", true}};
-    return json{{"steps", end.step}, {"interrupted", true}, {"run", run}};
+    json s{{"steps", end.step}, {"interrupted", true}, {"run", run}};
+    if (end.signal) s["signal"] = end.signal;  // SIGINT or SIGTERM: the CLI exits 128 + it
+    return s;
   }
   // The model is saved in --save-dtype: the evaluation scores those weights (the final
   // checkpoint above keeps the exact master).
@@ -172,9 +175,14 @@ void write_run_report(const TrainOptions& opt, const RunDir& dir, const json& su
 
 }  // namespace
 
-json finetune(TrainOptions opt, TrainSink* user_sink) {
-  validate_options(opt);  // the flags as given: a bad one is refused under --resume too
-  RunDir dir(opt);        // --resume: the run's saved options from here on (run.json, state.json)
+json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given) {
+  // A new run's options as given. A resumed run's are its run.json's: what its caller set may
+  // restate them, not change them (and they are validated as the run's, below).
+  if (opt.resume.empty())
+    validate_options(opt);
+  else if (given)
+    check_resume_request(opt, *given);
+  RunDir dir(opt);  // --resume: the run's saved options from here on (run.json, state.json)
   validate_options(opt, opt.resume.empty());
   // A new run records the objective it trains on, not "auto": a later change of the default
   // cannot change what a resumed or replayed run computes.

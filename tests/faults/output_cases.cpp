@@ -205,7 +205,7 @@ TEST(OutputRules, SigtermWhileCreatingTheRunLeavesAResumableRun) {
   const std::string zof = zof::faults::zof_binary();
   auto t = run_command("ZOF_FAULT_TERM_IN_CREATE=1 " + zof + " finetune " + s.run_flags() +
                        " --out " + shell_quoted(out));
-  ASSERT_EQ(t.code, 130) << t.err;
+  ASSERT_EQ(t.code, 143) << t.err;
   EXPECT_NE(t.err.find("interrupted by signal 15 at step 1; checkpoint saved"), std::string::npos)
       << t.err;
   EXPECT_TRUE(fs::exists(out / "run.json"));

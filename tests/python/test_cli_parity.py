@@ -98,7 +98,8 @@ def test_resume_refuses_options_it_would_ignore(tmp_path):
     run = tmp_path / "run"
     zof.finetune(model=STORIES, data=SHAKESPEARE, out=run, steps=2, batch=2, seq_len=32,
                  eval_examples=2, lr=1e-6)
-    with pytest.raises(zof.Error, match=r"so steps=320 and lr=0\.5 would be ignored") as e:
+    # The rule is the library's: the CLI's words, flags and all.
+    with pytest.raises(zof.Error, match=r"so --steps 320 and --lr 0\.5 would be ignored") as e:
         zof.finetune(resume=run, steps=320, lr=0.5)
     assert "drop them" in str(e.value)
     # The saved values themselves (lr as the run stores it, a float32) and layout options pass

@@ -1,0 +1,85 @@
+// --resume's rule: a resumed run continues with the options it was started with (run.json), so an
+// option given with --resume that would change one of them is refused rather than ignored.
+#include "train/resume_rule.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "train/run_dir.h"
+#include "zof/error.h"
+
+using json = nlohmann::json;
+
+namespace zof::train {
+namespace {
+
+// A float as its shortest text that reads back to it: 1e-06, not 9.99999997e-07.
+std::string float_text(double v) {
+  char b[64];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(b, sizeof b, "%.*g", prec, v);
+    if ((float)std::strtod(b, nullptr) == (float)v) break;
+  }
+  return b;
+}
+
+// A saved option as a flag: "--steps 3", "--one-sided", "no --one-sided".
+std::string as_flag(const std::string& flag, const json& v) {
+  if (v.is_boolean()) return v.get<bool>() ? flag : "no " + flag;
+  if (v.is_string()) return flag + " " + v.get<std::string>();
+  if (v.is_number_float()) return flag + " " + float_text(v.get<double>());
+  return flag + " " + v.dump();
+}
+
+std::string and_list(const std::vector<std::string>& items) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return s;
+}
+
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+}  // namespace
+
+void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
+  std::error_code ec;
+  const fs::path file = fs::path(opt.resume) / "run.json";
+  if (!fs::is_regular_file(file, ec)) return;  // not a regular file: a FIFO would block the read
+  json saved;
+  try {
+    saved = parse_run_options(read_json(file), file.string()).to_json();
+  } catch (const std::exception&) {
+    return;  // a damaged run.json: RunDir names what is wrong with it
+  }
+  const json now = opt.to_json();
+  std::vector<std::string> changed, kept;
+  for (const std::string& key : train_option_keys()) {  // in the order the flags are listed
+    const auto it = given.find(key);
+    if (it == given.end()) continue;
+    const std::string& where = it->second;
+    // Layout options are not saved (they may change); --model is RunDir's to check, naming both.
+    if (!saved.contains(key) || key == "model" || saved[key] == now[key]) continue;
+    // auto is what the run resolved when it started: its dtype, its window, its saved dtype
+    // (the master's).
+    if (key == "dtype" && now[key] == "auto") continue;
+    if (key == "round_every" && now[key] == 0) continue;
+    if (key == "save_dtype" && now[key] == "auto" && saved[key] == saved["master"]) continue;
+    // The same file or directory by another name.
+    if (key == "out" && same_path(opt.out, opt.resume)) continue;
+    if (key == "data" && same_path(opt.data, saved[key].get<std::string>())) continue;
+    const std::string flag = option_flag(key);
+    changed.push_back(as_flag(flag, now[key]) + (where.empty() ? "" : " (" + where + ")"));
+    kept.push_back(key == "out" ? "--out " + opt.resume : as_flag(flag, saved[key]));
+  }
+  ZOF_CHECK(changed.empty(),
+            "--resume " + opt.resume + " continues the run with the options it was started " +
+                "with, so " + and_list(changed) + " would be ignored (the run has " +
+                and_list(kept) + "); drop " + (changed.size() == 1 ? "it" : "them") +
+                ", or start a new run with --out DIR");
+}
+
+}  // namespace zof::train
