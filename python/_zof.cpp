@@ -262,8 +262,26 @@ NB_MODULE(_zof, m) {
   });
   m.def("version", [] { return std::string(zof::version()); });
 
-  // The names finetune() takes: every field of zof::TrainOptions (the CLI's flags).
-  m.def("train_option_keys", &zof::train_option_keys);
+  // The table of finetune's options (zof/options.h) as JSON: key, flag, help, kind ("text",
+  // "switch", "number"), choices, saved, default, and a number's rule in words.
+  m.def("train_options", [] {
+    json all = json::array();
+    const zof::TrainOptions defaults;
+    for (const zof::OptionSpec& s : zof::train_options()) {
+      const json d = s.get(defaults);
+      json e{{"key", s.key},
+             {"flag", s.flag()},
+             {"help", s.help},
+             {"kind", d.is_string() ? "text" : d.is_boolean() ? "switch" : "number"},
+             {"choices", json::array()},
+             {"saved", s.saved},
+             {"default", d}};
+      for (const char* c : s.choices) e["choices"].push_back(c);
+      if (const zof::NumberRule* r = s.rule()) e["accepts"] = r->words();
+      all.push_back(e);
+    }
+    return all.dump();
+  });
 
   nb::class_<PyModel>(m, "Model")
       .def(nb::init<const std::string&, const std::string&, const std::string&>(),

@@ -395,7 +395,8 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& e, NumberFlags& n) {
   return ev;
 }
 
-// What a run computes: the flags saved in run.json. Every value is checked by validate_options
+// Every flag of `zof finetune` from the library's table of options (zof/options.h), in its
+// order, with its help: numbers as text read by NumberFlags, then checked by validate_options
 // (a zof::Error naming the flag), none by CLI11.
 CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
   zof::TrainOptions& t = f.t;
@@ -403,121 +404,26 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
       app.add_subcommand("finetune", "Fine-tune every parameter with forward passes only (MeZO)");
   ft->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ft->add_option("--config", f.config_file,
-                 "Read options from a file of `key = value` lines (flag "
-                 "names without dashes, # comments); command-line flags override it");
-  ft->add_option("--model", t.model, "Hugging Face model directory");
-  ft->add_option("--resume", t.resume,
-                 "Continue the run in this directory with its saved "
-                 "options (a flag that would change one is refused; --threads, --json, "
-                 "--no-report and the mpirun and device flags may change)");
-  auto num = [&](const std::string& name, auto& target, const std::string& help) {
-    n.add(ft, name, target, help, zof::train_flag_rule(name));
-  };
-  ft->add_option("--task", t.task, "text | sst2 | rte | cb | copa | jsonl")->capture_default_str();
-  ft->add_option("--data", t.data, "Data file or directory of the task");
-  ft->add_option("--objective", t.objective,
-                 "What sst2/rte/cb/copa train on: lm "
-                 "(the correct answer's tokens) | classification (MeZO's "
-                 "cross-entropy over the candidates' mean log-likelihoods) | auto "
-                 "(MeZO's choice: classification for sst2, rte and cb, lm for "
-                 "copa; lm for text and jsonl)")
-      ->capture_default_str();
-  ft->add_option("--out", t.out,
-                 "Run directory: metrics, checkpoints and the "
-                 "fine-tuned model");
-  ft->add_option("--dtype", t.dtype, kDtypeHelp)->capture_default_str();
-  ft->add_flag("--tf32", t.tf32,
-               "With --device cuda: the fp32 products on TF32 "
-               "tensor cores (off: strict fp32; --dtype bf16 is faster still)");
-  ft->add_option("--save-dtype", t.save_dtype,
-                 "The saved model's tensors: fp32, "
-                 "bf16, f16, input (as the input model), or auto (the master "
-                 "weights' dtype: every update kept); the final evaluation scores "
-                 "the saved weights")
-      ->capture_default_str();
-  ft->add_option("--master", t.master,
-                 "The master weights: fp32, or bf16 (the "
-                 "model rounded to bf16, each update computed in fp32 and rounded "
-                 "back stochastically with bits of (seed, step, tensor, element): "
-                 "exact on resume, replay and data parallel; held in 2 bytes a "
-                 "parameter, streamed in bf16; in fp32 storage with the JVP "
-                 "estimator or pipeline stages)")
-      ->capture_default_str();
-  num("--steps", t.steps, "ZO steps");
-  num("--lr", t.lr,
-      "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models "
-      "need larger steps (the demo's stories260K: 1e-4)");
-  num("--eps", t.eps, "Perturbation scale epsilon");
-  num("--weight-decay", t.weight_decay, "Weight decay (not on norms and biases)");
-  num("--batch", t.batch, "Examples (or text windows) per step");
-  num("--micro-batches", t.micro_batches,
-      "Split each batch into this many forward passes "
-      "(gradient accumulation)");
-  num("--queries", t.queries, "Random directions averaged per step");
-  n.add(ft, "--seed", t.seed,
-        "Seed of perturbations and data sampling (0 to "
-        "2^64 - 1)",
-        nullptr);
-  ft->add_option("--schedule", t.schedule, "constant | linear | cosine")->capture_default_str();
-  ft->add_option("--estimator", t.estimator,
-                 "spsa (two-point MeZO) | jvp (forward "
-                 "gradient: exact directional derivatives by forward-mode AD, no "
-                 "--eps)")
-      ->capture_default_str();
-  ft->add_option("--z", t.z,
-                 "Perturbation directions: gaussian (MeZO) | rademacher "
-                 "(+-1)")
-      ->capture_default_str();
-  ft->add_flag("--one-sided", t.one_sided,
-               "One-sided differences (L(theta+eps z) "
-               "- L(theta)) / eps: q + 1 forwards per step instead of 2q");
-  num("--sparsity", t.sparsity,
-      "Sparse MeZO: fraction of each weight matrix (largest |theta|) "
-      "left unperturbed and unchanged; 0: dense");
-  ft->add_option("--optimizer", t.optimizer,
-                 "sgd (MeZO) | momentum (ZO-SGD with "
-                 "momentum) | adam (ZO-Adam; state in memory, saved with "
-                 "checkpoints)")
-      ->capture_default_str();
-  num("--beta1", t.beta1, "Momentum / Adam first-moment decay");
-  num("--beta2", t.beta2, "Adam second-moment decay");
-  num("--adam-eps", t.adam_eps, "Adam's denominator epsilon");
-  num("--warmup", t.warmup, "Linear warm-up steps");
-  num("--eval-every", t.eval_every, "Evaluate every N steps (0: before and after only)");
-  num("--save-every", t.save_every, "Checkpoint every N steps (0: at the end only)");
-  num("--train-examples", t.train_examples, "Training examples sampled (MeZO: 1000)");
-  num("--eval-examples", t.eval_examples, "Evaluation examples sampled");
-  num("--seq-len", t.seq_len, "Text window length; longest task sequence");
-  num("--max-bad-steps", t.max_bad_steps, "Stop after this many non-finite steps in a row");
-  num("--round-every", t.round_every,
-      "With --master bf16 (ZO-SGD): round the master once every "
-      "N steps, the steps between summed in fp32 from their seeds on every pass (up to N z's "
-      "regenerated): less rounding noise. 0 (auto): 8 with --master bf16 and ZO-SGD, else 1 "
-      "(every update rounded). Evaluations, checkpoints and the end also close a window");
+                 "Read options from a file of `key = value` lines (flag names without dashes, # "
+                 "comments); command-line flags override it");
+  for (const zof::OptionSpec& spec : zof::train_options()) {
+    const std::string name = spec.flag();
+    std::visit(
+        [&](auto field) {
+          auto& target = t.*field;
+          using T = std::remove_reference_t<decltype(target)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            ft->add_flag(name, target, spec.help);
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            CLI::Option* o = ft->add_option(name, target, spec.help);
+            if (!target.empty()) o->capture_default_str();
+          } else {
+            n.add(ft, name, target, spec.help, spec.rule());
+          }
+        },
+        spec.field);
+  }
   return ft;
-}
-
-// Where and how a run runs (threads, ranks, device): not saved, they may change on --resume.
-void add_finetune_layout(CLI::App* ft, zof::TrainOptions& t, NumberFlags& n) {
-  n.add(ft, "--threads", t.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
-  ft->add_flag("--json", t.json, "Print one JSON object as the last line");
-  ft->add_flag("--no-report", t.no_report, "Do not write report.html (zof report) into the run "
-               "directory at the end");
-  n.add(ft, "--pipeline-stages", t.pipeline_stages, "Under mpirun: split the blocks into this "
-        "many pipeline stages on consecutive ranks (ranks = stages x data-parallel replicas)",
-        &train_rule("--pipeline-stages"));
-  n.add(ft, "--dist-timeout", t.dist_timeout, "Under mpirun: seconds a rank may wait on the "
-        "others before the whole job stops with an error (0: wait for ever)",
-        &train_rule("--dist-timeout"));
-  // Checked by finetune() (a zof::Error naming the flag), not by CLI11.
-  ft->add_option("--gpu-mem", t.gpu_mem, "Device memory budget for parameter streaming, e.g. 16GiB, "
-                 "512MiB or bytes (default: what the device has free): blocks that fit stay on the "
-                 "device, the rest stream through it each step (with their momentum/Adam state)");
-  ft->add_option("--device", t.device, "cpu, or cuda: the steps on the GPU, the weights streamed "
-                 "from host memory within --gpu-mem (all resident if they fit)")
-      ->capture_default_str();
-  ft->add_flag("--sim-device", t.sim_device, "Run on the simulated device (host memory with the "
-               "--gpu-mem budget, threads as copy streams): the streaming schedule without a GPU");
 }
 
 CLI::App* add_replay(CLI::App& app, ReplayArgs& r, NumberFlags& n) {
@@ -736,7 +642,6 @@ int main(int argc, char** argv) {
   CLI::App* gen = add_generate(app, g, numbers);
   CLI::App* ev = add_eval(app, e, numbers);
   CLI::App* ft = add_finetune(app, f, numbers);
-  add_finetune_layout(ft, f.t, numbers);
   CLI::App* rp = add_replay(app, r, numbers);
   CLI::App* rpt = add_report(app, rep);
   // Unknown arguments are zof's to report (extras_message), before a missing --model.

@@ -13,79 +13,13 @@
 
 #include "zof/forward.h"
 #include "zof/number_rule.h"
+#include "zof/options.h"
 #include "zof/zo.h"
 
 namespace zof {
 
 class Tokenizer;
 
-// The options of `zof finetune`, one field per flag (--micro-batches: micro_batches). What each
-// numeric field accepts is its train_flag_rule; validate_options checks them all, alone and
-// together.
-struct TrainOptions {
-  std::string model, task = "text", data, out;
-  // What a candidate task trains on (training_objective): lm, the correct answer's tokens; or
-  // classification, MeZO's cross-entropy over the candidates (LossBatch::choices); auto:
-  // MeZO's choice for the task.
-  std::string objective = "auto";
-  // The type of the matrix products (--dtype): fp32, bf16, or auto (bf16 where it is faster:
-  // AMX, tensor cores). A new run records the resolved word; runs from before it were fp32.
-  std::string dtype = "auto";
-  // The saved model's tensors (--save-dtype): fp32, bf16, f16, input (the input model's dtype),
-  // or auto, the master weights' dtype (--master), which keeps every update. The evaluation after
-  // the run scores the weights rounded so: what is saved is what was evaluated. Runs from
-  // before the flag saved as the input.
-  std::string save_dtype = "auto";
-  // The master weights (--master): fp32, or bf16 (updates rounded back stochastically, bits
-  // from (seed, step, tensor, element): ZOStepOptions::master). Runs from before it were fp32.
-  std::string master = "fp32";
-  // --tf32: with --device cuda, the fp32 products on TF32 tensor cores (saved: it changes what
-  // a run computes; off, fp32 is strict).
-  bool tf32 = false;
-  int64_t steps = 1000;
-  float lr = 1e-6f, eps = 1e-3f, weight_decay = 0.f;
-  int64_t batch = 16;        // examples (or text windows) per step
-  int64_t micro_batches = 1; // gradient accumulation: the batch is split into this many
-  int queries = 1;
-  uint64_t seed = 0;
-  std::string schedule = "constant";  // constant | linear | cosine
-  std::string estimator = "spsa";     // spsa (two-point MeZO) | jvp (forward gradient, jvp.h)
-  // The ZO estimator's direction and the optimizer (ZOStepOptions; zo.h).
-  std::string z = "gaussian";         // gaussian | rademacher
-  bool one_sided = false;             // (L(theta + eps z) - L(theta)) / eps
-  float sparsity = 0.f;               // Sparse MeZO: fraction of each matrix left unperturbed
-  std::string optimizer = "sgd";      // sgd | momentum | adam
-  float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
-  int64_t warmup = 0;                 // steps of linear warm-up
-  int64_t eval_every = 0;             // 0: only before and after
-  int64_t save_every = 0;             // 0: only at the end (and on SIGINT/SIGTERM)
-  int64_t train_examples = 1000, eval_examples = 500;
-  int64_t seq_len = 128;              // text windows; max sequence length for tasks
-  int64_t max_bad_steps = 10;         // consecutive non-finite losses before giving up
-  // --round-every: a bf16 master rounded once every N steps (ZOStepOptions::round_every); 0,
-  // auto: 8 where a window applies (round_every_of), else 1. A new run records the number.
-  int64_t round_every = 0;
-  int threads = 0;
-  bool json = false;
-  bool no_report = false;  // --no-report: no report.html at the end (not saved: output only)
-  std::string resume;  // run directory to continue
-  // How the job is laid out, not what it computes (not saved in run.json: a run may resume on
-  // another number of ranks or stages). Under mpirun, ranks = pipeline_stages x replicas; each
-  // step's batch is split across replicas (data parallel) and the blocks across stages.
-  int pipeline_stages = 1;
-  double dist_timeout = 600;  // seconds a rank may wait on the others before the job aborts
-  // Parameter streaming (streaming.h), layout too: the device memory budget --gpu-mem ("16GiB",
-  // "512MiB", bytes; empty: what the device has free), and --sim-device: run on the simulated
-  // device (host memory with that budget, sim_device.h), the streaming schedule without a GPU.
-  std::string gpu_mem;
-  bool sim_device = false;
-  // Where the steps run: "cpu" (the host backend, weights in the model's storage) or "cuda" (the
-  // CUDA backend; the weights stream from host memory within --gpu-mem, resident if they fit).
-  std::string device = "cpu";
-
-  nlohmann::json to_json() const;
-  static TrainOptions from_json(const nlohmann::json& j);
-};
 
 // The objective a run trains on: "lm" or "classification". auto is MeZO's choice
 // (--train_as_classification for SST-2, RTE and CB; not for COPA, nor for jsonl and text, which
@@ -146,19 +80,6 @@ void validate_options(const TrainOptions& opt, bool new_run = true);
 // The rule of a numeric `zof finetune` flag ("--steps"); null for the others.
 const NumberRule* train_flag_rule(const std::string& flag);
 
-// "--micro-batches" for the field micro_batches.
-std::string option_flag(const std::string& key);
-// The fields of TrainOptions a caller may set by name, and the one way to set one from text.
-std::vector<std::string> train_option_keys();
-void set_train_option(TrainOptions& o, const std::string& key, const std::string& text);
-
-// The options a caller set (CLI flags given, Python keywords), each with where it came from
-// ("--config FILE line N"; empty: the command line). --resume continues a run with the options in
-// its run.json: a given option that would change one of them would be ignored, so finetune()
-// refuses it; one that restates the run's value, an "auto" that the run resolved when it started
-// (--dtype, --save-dtype, --round-every) and the layout options (threads, ranks, device, output)
-// pass.
-using GivenOptions = std::map<std::string, std::string>;
 
 // Input files named by a flag (--data, --text, --config): zof::Error unless `path` is a regular
 // file it may read, saying what the path is instead (missing, a directory, a FIFO, a device) and

@@ -31,8 +31,10 @@ __version__ = _zof.version()
 
 _log = logging.getLogger("zof")
 
-# The flags of `zof finetune` (TrainOptions' fields) that finetune() takes as keywords.
-_TRAIN_FIELDS = sorted(_zof.train_option_keys())
+# The table of `zof finetune`'s options (the library's, which the CLI's flags come from too):
+# finetune() takes each as a keyword, and its docstring lists them.
+_TRAIN_OPTIONS = json.loads(_zof.train_options())
+_TRAIN_FIELDS = [o["key"] for o in _TRAIN_OPTIONS]
 
 
 def _text(name, value):
@@ -169,6 +171,20 @@ def finetune(*, on_step=None, progress=False, **options):
         raise KeyboardInterrupt("zof.finetune: interrupted at step %d; checkpoint saved, continue "
                                 "with zof.finetune(resume=%r)" % (summary["steps"], summary["run"]))
     return summary
+
+
+def _option_line(o):
+    what = o["help"]
+    if o["choices"]:
+        what += " (one of: %s)" % ", ".join(o["choices"])
+    elif "accepts" in o:
+        what += " (%s)" % o["accepts"]
+    default = "" if o["default"] in ("", None) else ", default %r" % (o["default"],)
+    return "    %s (%s%s): %s" % (o["key"], o["flag"], default, what)
+
+
+finetune.__doc__ += "\n    The options (from the library's table, as `zof finetune --help` lists them):\n\n" + \
+    "\n".join(_option_line(o) for o in _TRAIN_OPTIONS) + "\n"
 
 
 def replay(model, log, out, threads=0):

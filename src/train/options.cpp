@@ -50,6 +50,19 @@ const FlagRule kTrainRules[] = {
     {"--dist-timeout", {.lo = 0, .note = "seconds; 0: wait for ever"}},
 };
 
+// A choice option's value among the table's words: "--z must be gaussian or rademacher, not 'x'".
+void check_choice(const TrainOptions& o, const char* key) {
+  const OptionSpec* s = find_option(key);
+  ZOF_ASSERT(s != nullptr && !s->choices.empty());
+  const std::string v = s->get(o).get<std::string>();
+  for (const char* c : s->choices)
+    if (v == c) return;
+  std::string words;
+  for (size_t i = 0; i < s->choices.size(); ++i)
+    words += std::string(i == 0 ? "" : i + 1 == s->choices.size() ? " or " : ", ") + s->choices[i];
+  throw Error(s->flag() + " must be " + words + ", not '" + v + "'");
+}
+
 const NumberRule& rule_of(const char* flag) {
   const NumberRule* r = train_flag_rule(flag);
   ZOF_ASSERT(r != nullptr);
@@ -72,17 +85,14 @@ void validate_options(const TrainOptions& o, bool new_run) {
   check_whole("--threads", o.threads, rule_of("--threads"));
   check_whole("--pipeline-stages", o.pipeline_stages, rule_of("--pipeline-stages"));
   (void)task_kind(o.task);  // the message lists the tasks
-  ZOF_CHECK(o.estimator == "spsa" || o.estimator == "jvp",
-            "--estimator must be spsa or jvp, not '" + o.estimator + "'");
+  check_choice(o, "estimator");
   // The JVP walk has no stage split (its tangents would have to cross ranks too).
   ZOF_CHECK(o.estimator != "jvp" || o.pipeline_stages == 1,
             "--estimator jvp does not support --pipeline-stages > 1; use --pipeline-stages 1 "
             "(data parallel only) or --estimator spsa");
-  ZOF_CHECK(o.z == "gaussian" || o.z == "rademacher",
-            "--z must be gaussian or rademacher, not '" + o.z + "'");
+  check_choice(o, "z");
   check_real("--sparsity", o.sparsity, rule_of("--sparsity"));
-  ZOF_CHECK(o.optimizer == "sgd" || o.optimizer == "momentum" || o.optimizer == "adam",
-            "--optimizer must be sgd, momentum or adam, not '" + o.optimizer + "'");
+  check_choice(o, "optimizer");
   ZOF_CHECK(o.optimizer == "sgd" || o.pipeline_stages == 1,
             "--optimizer " + o.optimizer + " keeps state per parameter, which --pipeline-stages "
             "> 1 does not gather for checkpoints yet; use --optimizer sgd or one stage");
@@ -107,8 +117,7 @@ void validate_options(const TrainOptions& o, bool new_run) {
             "--estimator jvp computes the directional derivative exactly and takes no --eps "
             "(the finite-difference step of spsa): drop --eps, or use --estimator spsa");
   check_real("--weight-decay", o.weight_decay, rule_of("--weight-decay"));
-  ZOF_CHECK(o.schedule == "constant" || o.schedule == "linear" || o.schedule == "cosine",
-            "--schedule must be constant, linear or cosine, not '" + o.schedule + "'");
+  check_choice(o, "schedule");
   check_whole("--warmup", o.warmup, rule_of("--warmup"));
   // A warm-up longer than the run never reaches --lr (nor starts the schedule's decay).
   ZOF_CHECK(!new_run || o.warmup <= o.steps,
@@ -122,19 +131,14 @@ void validate_options(const TrainOptions& o, bool new_run) {
   check_whole("--seq-len", o.seq_len, rule_of("--seq-len"));
   check_whole("--max-bad-steps", o.max_bad_steps, rule_of("--max-bad-steps"));
   check_whole("--round-every", o.round_every, rule_of("--round-every"));
-  ZOF_CHECK(o.objective == "auto" || o.objective == "lm" || o.objective == "classification",
-            "--objective must be auto, lm or classification, not '" + o.objective + "'");
+  check_choice(o, "objective");
   const bool candidates = o.task == "sst2" || o.task == "rte" || o.task == "cb" || o.task == "copa";
   ZOF_CHECK(o.objective != "classification" || candidates,
             "--objective classification compares a task's candidate answers, and --task " +
                 o.task + " has none; use it with sst2, rte, cb or copa, or --objective lm");
-  ZOF_CHECK(o.dtype == "auto" || o.dtype == "bf16" || o.dtype == "fp32",
-            "--dtype must be auto, bf16 or fp32, not '" + o.dtype + "'");
-  ZOF_CHECK(o.save_dtype == "auto" || o.save_dtype == "fp32" || o.save_dtype == "bf16" ||
-                o.save_dtype == "f16" || o.save_dtype == "input",
-            "--save-dtype must be auto, fp32, bf16, f16 or input, not '" + o.save_dtype + "'");
-  ZOF_CHECK(o.master == "fp32" || o.master == "bf16",
-            "--master must be fp32 or bf16, not '" + o.master + "'");
+  check_choice(o, "dtype");
+  check_choice(o, "save_dtype");
+  check_choice(o, "master");
   // A rounding window (ZOStepOptions::round_every) sums ZO-SGD's updates on a bf16 master
   // (window_closes_after).
   if (o.round_every > 1) {
@@ -173,8 +177,7 @@ void validate_options(const TrainOptions& o, bool new_run) {
 
 // --gpu-mem / --sim-device / --device: the device budget in bytes (0: none given).
 uint64_t device_memory_budget(const TrainOptions& o) {
-  ZOF_CHECK(o.device == "cpu" || o.device == "cuda",
-            "--device must be cpu or cuda, not '" + o.device + "'");
+  check_choice(o, "device");
   ZOF_CHECK(o.device == "cpu" || !o.sim_device,
             "--sim-device simulates a GPU on the CPU: drop it with --device cuda");
   ZOF_CHECK(!o.tf32 || o.device == "cuda",
@@ -251,90 +254,6 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   zo.master = o.master == "bf16" ? DType::BF16 : DType::F32;
   zo.round_every = (int)round_every_of(o);
   return zo;
-}
-
-json TrainOptions::to_json() const {
-  return nlohmann::json{{"model", model},
-              {"task", task},
-              {"objective", objective},
-              {"dtype", dtype},
-              {"save_dtype", save_dtype},
-              {"master", master},
-              {"tf32", tf32},
-              {"data", data},
-              {"out", out},
-              {"steps", steps},
-              {"lr", lr},
-              {"eps", eps},
-              {"weight_decay", weight_decay},
-              {"batch", batch},
-              {"micro_batches", micro_batches},
-              {"queries", queries},
-              {"seed", seed},
-              {"schedule", schedule},
-              {"estimator", estimator},
-              {"z", z},
-              {"one_sided", one_sided},
-              {"sparsity", sparsity},
-              {"optimizer", optimizer},
-              {"beta1", beta1},
-              {"beta2", beta2},
-              {"adam_eps", adam_eps},
-              {"warmup", warmup},
-              {"eval_every", eval_every},
-              {"save_every", save_every},
-              {"train_examples", train_examples},
-              {"eval_examples", eval_examples},
-              {"seq_len", seq_len},
-              {"max_bad_steps", max_bad_steps},
-              {"round_every", round_every}};
-}
-
-TrainOptions TrainOptions::from_json(const nlohmann::json& j) {
-  TrainOptions o;
-  auto get = [&](const char* k, auto& v) {
-    if (j.contains(k)) j.at(k).get_to(v);
-  };
-  get("model", o.model);
-  get("task", o.task);
-  // Runs from before --objective trained every task on the answer's tokens.
-  o.objective = "lm";
-  get("objective", o.objective);
-  o.dtype = "fp32";  // runs from before --dtype computed in fp32
-  get("dtype", o.dtype);
-  o.save_dtype = "input";  // runs from before --save-dtype saved in the input's dtype
-  get("save_dtype", o.save_dtype);
-  get("master", o.master);  // absent in runs from before --master: fp32
-  get("tf32", o.tf32);
-  get("data", o.data);
-  get("out", o.out);
-  get("steps", o.steps);
-  get("lr", o.lr);
-  get("eps", o.eps);
-  get("weight_decay", o.weight_decay);
-  get("batch", o.batch);
-  get("micro_batches", o.micro_batches);
-  get("queries", o.queries);
-  get("seed", o.seed);
-  get("schedule", o.schedule);
-  get("estimator", o.estimator);  // absent in runs from before --estimator: spsa
-  get("z", o.z);                  // absent in older runs: the defaults (MeZO)
-  get("one_sided", o.one_sided);
-  get("sparsity", o.sparsity);
-  get("optimizer", o.optimizer);
-  get("beta1", o.beta1);
-  get("beta2", o.beta2);
-  get("adam_eps", o.adam_eps);
-  get("warmup", o.warmup);
-  get("eval_every", o.eval_every);
-  get("save_every", o.save_every);
-  get("train_examples", o.train_examples);
-  get("eval_examples", o.eval_examples);
-  get("seq_len", o.seq_len);
-  get("max_bad_steps", o.max_bad_steps);
-  o.round_every = 1;  // runs from before --round-every rounded every update
-  get("round_every", o.round_every);
-  return o;
 }
 
 float learning_rate(const TrainOptions& o, int64_t step) {

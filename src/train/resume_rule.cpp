@@ -57,12 +57,12 @@ void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
   }
   const json now = opt.to_json();
   std::vector<std::string> changed, kept;
-  for (const std::string& key : train_option_keys()) {  // in the order the flags are listed
+  for (const OptionSpec& spec : train_options()) {  // in the order the flags are listed
+    const std::string key = spec.key;
     const auto it = given.find(key);
-    if (it == given.end()) continue;
-    const std::string& where = it->second;
     // Layout options are not saved (they may change); --model is RunDir's to check, naming both.
-    if (!saved.contains(key) || key == "model" || saved[key] == now[key]) continue;
+    if (it == given.end() || !spec.saved || key == "model" || saved[key] == now[key]) continue;
+    const std::string& where = it->second;
     // auto is what the run resolved when it started: its dtype, its window, its saved dtype
     // (the master's).
     if (key == "dtype" && now[key] == "auto") continue;
@@ -71,7 +71,7 @@ void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
     // The same file or directory by another name.
     if (key == "out" && same_path(opt.out, opt.resume)) continue;
     if (key == "data" && same_path(opt.data, saved[key].get<std::string>())) continue;
-    const std::string flag = option_flag(key);
+    const std::string flag = spec.flag();
     changed.push_back(as_flag(flag, now[key]) + (where.empty() ? "" : " (" + where + ")"));
     kept.push_back(key == "out" ? "--out " + opt.resume : as_flag(flag, saved[key]));
   }

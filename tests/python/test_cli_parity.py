@@ -107,3 +107,28 @@ def test_resume_refuses_options_it_would_ignore(tmp_path):
     with pytest.raises(zof.Error, match=r"the run finished at step 2 of its --steps 2"):
         zof.finetune(resume=run, lr=1e-6, steps=2, threads=1)
 
+
+
+def test_options_round_trip_cli_run_json_python_run_json(tmp_path):
+    """Every saved option as the CLI wrote it into run.json, given back to Python as keywords,
+    is written into the new run's run.json unchanged: one table reads and writes both."""
+    require(STORIES), require(SHAKESPEARE)
+    flags = ["--task", "text", "--objective", "lm", "--dtype", "fp32", "--save-dtype", "bf16",
+             "--master", "bf16", "--steps", 2, "--lr", 3e-4, "--eps", 2e-3, "--weight-decay",
+             0.01, "--batch", 2, "--micro-batches", 2, "--queries", 2, "--seed", 5,
+             "--schedule", "cosine", "--z", "rademacher", "--one-sided", "--warmup", 1,
+             "--eval-every", 1, "--save-every", 1, "--train-examples", 64, "--eval-examples", 2,
+             "--seq-len", 32, "--max-bad-steps", 3, "--round-every", 2, "--threads", 1,
+             "--no-report"]
+    r = cli("finetune", "--model", STORIES, "--data", SHAKESPEARE, "--out", tmp_path / "cli",
+            *flags)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "cli" / "run.json").read_text())["options"]
+    keys = {o["key"] for o in zof._TRAIN_OPTIONS if o["saved"]}
+    assert set(saved) == keys
+    given = dict(saved, out=tmp_path / "py")
+    zof.finetune(threads=1, no_report=True, **given)
+    again = json.loads((tmp_path / "py" / "run.json").read_text())["options"]
+    assert again == dict(saved, out=str(tmp_path / "py"))
+    for f in ("model.safetensors", "zo_log.jsonl"):
+        assert (tmp_path / "py" / f).read_bytes() == (tmp_path / "cli" / f).read_bytes(), f
