@@ -1,9 +1,19 @@
 // `zof replay`: rebuilds a run's fine-tuned weights from its base model and its step log
 // (zo_log.jsonl): every update is (seed, step, lr, g), so the weights are regenerated, not stored.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <sstream>
 
 #include "train/run_dir.h"
@@ -30,12 +40,16 @@ struct Recorded {
   bool ended = true;   // the run ended there: no record may follow
 };
 
-Recorded recorded_log(const path& run, const TrainOptions& o) {
+// saved: run.json (file), which the checkpoint's state.json may record the seal of.
+Recorded recorded_log(const path& run, const TrainOptions& o, const json& saved,
+                      const std::string& file) {
   Recorded r;
   const path ckpt = train::latest_checkpoint(run);
   if (!ckpt.empty()) {
     const path sf = ckpt / "state.json";
-    const train::RunCounters c = train::parse_state(train::read_json(sf), sf.string(), o.steps);
+    const json state = train::read_json(sf);
+    train::check_recorded_seal(state, sf.string(), saved, file);  // before --steps bounds it
+    const train::RunCounters c = train::parse_state(state, sf.string(), o.steps);
     ZOF_CHECK(c.step == train::checkpoint_step(ckpt.filename().string()),
               sf.string() + ": \"step\" is " + std::to_string(c.step) + " but the checkpoint is " +
                   ckpt.filename().string() + "; " + train::kDamaged);
@@ -50,6 +64,7 @@ Recorded recorded_log(const path& run, const TrainOptions& o) {
   const path sj = run / "summary.json";
   if (train::fs::is_regular_file(sj, ec)) {
     const json s = train::read_json(sj);
+    train::check_recorded_seal(s, sj.string(), saved, file);  // where summary.json records it
     if (s.is_object() && s.contains("log_bytes")) {  // absent from an older zof's summary
       auto whole = [&](const char* key, int64_t hi) {
         const json& v = s.contains(key) ? s[key] : json();
@@ -100,6 +115,23 @@ std::string check_log(const path& log, const Recorded& r, int64_t prefix,
     return "";
   }
   if (size < r.bytes) {
+    // A log that still holds every step record the run recorded was not cut: a record was made
+    // shorter, or (its records hashing as recorded) the recorded size was changed.
+    if (r.steps > 0 && lines >= r.steps) {
+      size_t end = 0;
+      for (int64_t i = 0; i < r.steps; ++i) end = text.find('\n', end) + 1;
+      const std::string fewer = name + " holds " + std::to_string(size) + " bytes, fewer than the " +
+                                std::to_string(r.bytes) + " bytes of " + std::to_string(r.steps) +
+                                " steps that " + r.where + " records (log_bytes)";
+      train::ByteHash h;
+      h.add(text.data(), end);
+      ZOF_CHECK(r.hash.empty() || h.text() != r.hash,
+                fewer + ", yet its first " + std::to_string(r.steps) + " records hash to the " +
+                    r.hash + " that it records (log_hash): " + r.where + "'s log_bytes was "
+                    "changed; " + train::kDamaged);
+      throw Error(fewer + ", yet all " + std::to_string(r.steps) + " step records: a record was "
+                  "changed; restore zo_log.jsonl from a copy");
+    }
     ZOF_CHECK(prefix > 0,
               name + " holds " + std::to_string(size) + " bytes (" + std::to_string(lines) +
                   " step records), fewer than the " + std::to_string(r.bytes) + " bytes of " +
@@ -200,6 +232,83 @@ std::pair<int64_t, int64_t> apply_log(const path& log, ZOEngine* engine, const T
   return {expect_step, n};
 }
 
+// ---- the output, built beside --out and renamed into place ------------------------------------
+
+// `.NAME.zof-replay-PID`: where a replay into --out NAME builds the model, beside it (the same
+// directory, so the same file system, for rename(2)).
+const char* const kTmpTag = ".zof-replay-";
+
+void fsync_fd_path(const path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Every file of dir, then dir itself, on disk: what the rename publishes is complete.
+void fsync_tree(const path& dir) {
+  std::error_code ec;
+  for (const auto& e : train::fs::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) fsync_fd_path(e.path());
+  fsync_fd_path(dir);
+}
+
+// The temporaries this process is writing (replays in threads: Python's zof.replay).
+std::mutex g_live_mu;
+std::set<path> g_live_tmp;
+
+// tmp as this process's own for the life of the object: a second replay into the same --out in
+// this process is refused, and a directory of that name is an earlier process's (its pid reused).
+class LiveTmp {
+ public:
+  LiveTmp(const path& tmp, const std::string& out_dir) : tmp_(tmp) {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    ZOF_CHECK(g_live_tmp.insert(tmp).second,
+              "--out " + out_dir + " is being written by another replay in this process (into " +
+                  tmp.string() + "); wait for it to return, or choose another --out");
+  }
+  ~LiveTmp() {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    g_live_tmp.erase(tmp_);
+  }
+  LiveTmp(const LiveTmp&) = delete;
+  LiveTmp& operator=(const LiveTmp&) = delete;
+
+ private:
+  path tmp_;
+};
+
+// The temporaries of replays into NAME (in dir) whose process is gone: a SIGKILL's leftovers.
+// (This process's own name is LiveTmp's to judge.)
+void remove_stale_replay_tmp(const path& dir, const std::string& name) {
+  const std::string pre = "." + name + kTmpTag;
+  std::error_code ec;
+  std::vector<path> stale;
+  for (const auto& e : train::fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() <= pre.size() || n.size() > pre.size() + 10 || n.compare(0, pre.size(), pre) != 0)
+      continue;
+    const std::string digits = n.substr(pre.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::atol(digits.c_str());
+    if (pid <= 0 || !train::fs::is_directory(e.symlink_status(ec))) continue;
+    if (pid != (long)::getpid() && ::kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+      stale.push_back(e.path());
+  }
+  for (const path& p : stale) train::fs::remove_all(p, ec);
+}
+
+// --out as the rename must name it: its real path (a symlink to an empty directory replaces
+// that directory), without a trailing separator.
+path real_out(const std::string& out_dir) {
+  std::error_code ec;
+  path p = train::fs::weakly_canonical(train::fs::absolute(out_dir, ec), ec);
+  if (ec) p = train::fs::absolute(out_dir).lexically_normal();
+  if (p.filename().empty() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
 }  // namespace
 
 namespace train {
@@ -227,12 +336,26 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   // The rebuilt model goes apart from everything it is built from.
   train::check_apart(out_dir, "--out", base_model, "--model");
   train::check_apart(out_dir, "--out", run_dir, "--log");
-  // --out is a new or empty directory, locked while it is written (as a run's): a live run
-  // there is refused naming its pid, anything else there (a model, a run) is never overwritten.
+  // --out is a new or empty directory: anything there (a model, a run) is never overwritten,
+  // and a live run there (its lock held) is refused naming its pid. A lock file left there is
+  // held from here on, so that a run started there meanwhile is refused.
   const char* const kNewDir = "replay writes the rebuilt model into a new or empty directory";
   train::RunLock lock;
   if (train::fs::exists(path(out_dir) / ".lock", ec)) lock.acquire(out_dir, "--out");
   train::check_empty_out(out_dir, "--out", kNewDir);
+  // Where the rebuilt model is renamed to, once written beside it (below).
+  const path dst = real_out(out_dir);
+  const path parent = dst.parent_path();
+  const std::string name = dst.filename().string();
+  ZOF_CHECK(!name.empty() && parent != dst,
+            "--out " + out_dir + " is the root directory; " + kNewDir + ": choose another --out");
+  // An empty --out that is a mount point (a container's volume) cannot be replaced by rename(2).
+  struct stat so {}, sp {};
+  ZOF_CHECK(::stat(dst.c_str(), &so) != 0 || ::stat(parent.c_str(), &sp) != 0 ||
+                so.st_dev == sp.st_dev,
+            "--out " + out_dir + " is a mount point: replay writes the rebuilt model beside --out "
+            "and renames it into place, which cannot replace a mount point; give a new directory "
+            "inside it, --out " + (path(out_dir) / "model").string());
   const json saved = train::read_json(run / "run.json");
   const std::string run_json = (run / "run.json").string();
   const TrainOptions o = train::parse_run_options(saved, run_json);
@@ -241,13 +364,17 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   ZOF_CHECK(!saved.contains("base_fingerprint") || saved["base_fingerprint"].is_string(),
             run_json + ": \"base_fingerprint\" is not a string; the run directory is damaged");
   validate_options(o, /*new_run=*/false);
+  // The options are the ones the run trained with: a run.json edited since is refused (its
+  // seal, and the one its checkpoint recorded, read by recorded_log).
+  train::check_run_seal(saved, run_json);
+  const Recorded recorded = recorded_log(run, o, saved, run_json);
   // The log is the run's, whole (or the prefix asked for), before anything is built from it:
   // each record read, then the log against what the run recorded of it.
   // Warnings wait until the replay is known to succeed: a refused one prints its error alone.
   std::vector<std::string> warnings;
   const int64_t read_steps =
       apply_log(run / "zo_log.jsonl", nullptr, o, steps_wanted).first;
-  if (std::string w = check_log(run / "zo_log.jsonl", recorded_log(run, o), steps_wanted, run_dir);
+  if (std::string w = check_log(run / "zo_log.jsonl", recorded, steps_wanted, run_dir);
       !w.empty())
     warnings.push_back(std::move(w));
   setup_host_threads(threads, 1);
@@ -301,33 +428,72 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
                 model.params()[bad.param].name + " is beyond " + dtype_torch_name(out_t) +
                 "'s range (the run's --save-dtype " + o.save_dtype + "), so the run wrote no "
                 "model and neither does its replay");
-  for (const std::string& w : warnings) std::fprintf(stderr, "zof: warning: %s\n", w.c_str());
-  const bool existed = train::fs::exists(out_dir, ec);
-  train::fs::create_directories(out_dir, ec);
+  // The model is built beside --out under a temporary name, synced, and renamed into place (as
+  // a checkpoint is): a replay stopped part way (a SIGKILL, a full disk) leaves no --out that
+  // looks like a model, only its temporary, which the next replay into --out removes. The
+  // rename is the arbiter between replays (and runs) into one --out: it replaces only a missing
+  // or empty directory, so the one that comes second is refused, and nothing is mixed.
+  path top;  // the topmost directory above --out that this process creates
+  for (path p = parent; !train::fs::exists(train::fs::symlink_status(p, ec)); p = p.parent_path()) {
+    top = p;
+    if (!p.has_parent_path() || p.parent_path() == p) break;
+  }
+  train::fs::create_directories(parent, ec);
   ZOF_CHECK(!ec, "--out " + out_dir + ": cannot create the directory (" + ec.message() + ")");
-  const path lock_file = path(out_dir) / ".lock";
-  bool ours = false;  // locked and still empty: what is in it from here on is this process's
+  const path tmp = parent / ("." + name + kTmpTag + std::to_string(::getpid()));
+  const LiveTmp live(tmp, out_dir);
   try {
-    if (!lock.held()) lock.acquire(out_dir, "--out");
-    lock.write_pid();
-    train::check_empty_out(out_dir, "--out", kNewDir);  // again, now that it is locked
-    ours = true;
-    train::remove_stale_tmp(out_dir);
-    model.save(out_dir, out_t);  // as the run saved it
-    train::copy_tokenizer_files(base_model, out_dir);
-  } catch (...) {
-    if (ours && !existed) {
-      train::fs::remove_all(out_dir, ec);
-    } else if (ours) {  // an empty directory before: empty again
-      for (const auto& e : train::fs::directory_iterator(out_dir, ec))
-        train::fs::remove_all(e.path(), ec);
-    } else if (lock.held()) {
-      train::fs::remove(lock_file, ec);
-      if (!existed) train::fs::remove(out_dir, ec);  // only if empty
+    lock.write_pid();  // (when held) for whoever is refused next: nothing refused this one
+    remove_stale_replay_tmp(parent, name);
+    train::fs::remove_all(tmp, ec);  // not this process's: an earlier one's with this pid
+    ZOF_CHECK(::mkdir(tmp.c_str(), 0777) == 0,
+              "--out " + out_dir + ": cannot create " + tmp.string() + " (" +
+                  std::strerror(errno) + "); replay builds the model there, beside --out, and "
+                  "renames it into place: choose an --out in a directory you can write");
+    // Fault injection for the crash tests: ZOF_FAULT_KILL_IN_REPLAY=weights dies mid-write with
+    // the weights written and the tokenizer not; =files with every file written, not renamed.
+    const char* kill = std::getenv("ZOF_FAULT_KILL_IN_REPLAY");
+    model.save(tmp.string(), out_t);  // as the run saved it
+    if (kill && std::string(kill) == "weights") ::raise(SIGKILL);
+    train::copy_tokenizer_files(base_model, tmp);
+    if (kill && std::string(kill) == "files") ::raise(SIGKILL);
+    fsync_tree(tmp);
+    // --out again, as it is now: a run may have started there (its lock held), or anything
+    // been put there, since it was checked.
+    if (!lock.held() && train::fs::exists(dst / ".lock", ec)) {
+      lock.acquire(out_dir, "--out");
+      lock.write_pid();
     }
+    train::check_empty_out(out_dir, "--out", kNewDir);
+    // zof's leftovers there (a dead process's NAME.tmp.PID, the lock file, which this process
+    // holds): rename(2) replaces an empty directory only.
+    if (train::fs::is_directory(dst, ec)) {
+      train::remove_stale_tmp(dst);
+      if (lock.held()) train::fs::remove(dst / ".lock", ec);
+    }
+    if (::rename(tmp.c_str(), dst.c_str()) != 0) {
+      const int e = errno;
+      // Filled by another process since: refused as any --out that holds something, naming
+      // what it holds (or the live process whose lock is all it holds yet).
+      if (e == ENOTEMPTY || e == EEXIST) {
+        train::check_empty_out(out_dir, "--out", kNewDir);
+        train::RunLock probe;
+        if (train::fs::exists(dst / ".lock", ec)) probe.acquire(out_dir, "--out");
+      }
+      throw Error("--out " + out_dir + ": cannot rename " + tmp.string() + " to " +
+                  dst.string() + " (" + std::strerror(e) + "); " + kNewDir +
+                  ": try again, or choose another --out");
+    }
+  } catch (...) {
+    train::fs::remove_all(tmp, ec);
+    // The directories above --out that this process created, as far as they are empty.
+    if (!top.empty())
+      for (path p = parent; train::fs::remove(p, ec) && p != top; p = p.parent_path()) {
+      }
     throw;
   }
-  train::fs::remove(lock_file, ec);  // the model directory keeps only the model's files
+  fsync_fd_path(parent);
+  for (const std::string& w : warnings) std::fprintf(stderr, "zof: warning: %s\n", w.c_str());
   return json{{"steps", steps}, {"updates", updates}, {"out", out_dir}};
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cfloat>
 #include <cmath>
@@ -307,6 +308,88 @@ TrainOptions parse_run_options(const json& run_json, const std::string& file) {
   return t;
 }
 
+// ---- run.json's seal ---------------------------------------------------------------------------
+
+namespace {
+
+// The fix every "run.json was edited" message ends with.
+const char* const kEditedFix =
+    "so it no longer says how the run was made; restore run.json as the run wrote it, or start "
+    "a new run with the new options (zof finetune --out NEW_DIR)";
+
+bool hash_text(const json& v) {
+  const std::string pre = "fnv1a64:";
+  if (!v.is_string()) return false;
+  const std::string& t = v.get_ref<const std::string&>();
+  bool ok = t.size() == pre.size() + 16 && t.rfind(pre, 0) == 0;
+  for (size_t i = pre.size(); ok && i < t.size(); ++i)
+    ok = std::isdigit((unsigned char)t[i]) || (t[i] >= 'a' && t[i] <= 'f');
+  return ok;
+}
+
+std::string shown(const json& v) {
+  const std::string d = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return d.size() > 40 ? d.substr(0, 40) + "..." : d;
+}
+
+}  // namespace
+
+std::string run_json_seal(const json& run_json) {
+  json j = run_json;
+  if (j.is_object()) {
+    j.erase("seal");
+    // Where the inputs and the run are, not what they are: base_fingerprint and
+    // data_fingerprint say that (and a resumed run's --out is where it is found).
+    if (auto o = j.find("options"); o != j.end() && o->is_object())
+      for (const char* where : {"model", "data", "out"}) o->erase(where);
+  }
+  // Objects keep their keys sorted, and a number is written as the shortest text that reads
+  // back to it: the dump of run.json as parsed is the dump of what the run wrote.
+  ByteHash h;
+  h.add(j.dump(-1, ' ', false, json::error_handler_t::replace));
+  return h.text();
+}
+
+void check_run_seal(const json& run_json, const std::string& file) {
+  if (!run_json.is_object()) return;  // parse_run_options says so
+  const auto format = run_json.find("format");
+  const auto seal = run_json.find("seal");
+  if (format == run_json.end() && seal == run_json.end()) return;  // an older zof's
+  if (format != run_json.end()) {
+    const json& f = *format;
+    ZOF_CHECK(!f.is_number_integer() ||
+                  (f.is_number_unsigned() ? f.get<uint64_t>() <= (uint64_t)kRunJsonFormat
+                                          : f.get<int64_t>() <= kRunJsonFormat),
+              file + " is \"format\" " + f.dump() + ", newer than this zof reads (" +
+                  std::to_string(kRunJsonFormat) + "): the run was written by a newer zof; "
+                  "resume or replay it with that zof");
+    ZOF_CHECK(f.is_number_integer() && f.get<int64_t>() == kRunJsonFormat,
+              file + ": \"format\" is " + shown(f) + ", not " + std::to_string(kRunJsonFormat) +
+                  "; " + kDamaged);
+  }
+  ZOF_CHECK(seal != run_json.end(),
+            file + " was edited after the run started: its \"seal\" was removed (a run.json of "
+            "\"format\" " + std::to_string(kRunJsonFormat) + " is sealed), " + kEditedFix);
+  ZOF_CHECK(hash_text(*seal), file + ": \"seal\" is " + shown(*seal) +
+                                  "; it must be \"fnv1a64:\" and 16 hex digits; " + kDamaged);
+  const std::string now = run_json_seal(run_json);
+  ZOF_CHECK(now == seal->get<std::string>(),
+            file + " was edited after the run started: its fields hash to " + now +
+                ", not to its \"seal\" " + seal->get<std::string>() + ", " + kEditedFix);
+}
+
+void check_recorded_seal(const json& state, const std::string& state_file, const json& run_json,
+                         const std::string& file) {
+  if (!state.is_object()) return;  // parse_state says so
+  const auto r = state.find("run_seal");
+  if (r == state.end() || !hash_text(*r)) return;  // none (an older zof), or parse_state's
+  const std::string now = run_json_seal(run_json);
+  ZOF_CHECK(now == r->get<std::string>(),
+            file + " was edited after the run started: its fields hash to " + now +
+                ", not to the " + r->get<std::string>() + " that " + state_file +
+                " records of it (run_seal), " + kEditedFix);
+}
+
 // ---- paths and the lock -----------------------------------------------------------------------
 
 namespace {
@@ -390,6 +473,14 @@ void RunLock::acquire(const fs::path& run, const std::string& flag) {
   ZOF_CHECK(e == EWOULDBLOCK || e == EAGAIN,
             flag + " " + run.string() + ": cannot lock " + path_.string() + " (" +
                 std::strerror(e) + ")");
+  // The holder may be this very process: a flock belongs to an open file, so a second open here
+  // is refused as another process's would be (Python calling zof.finetune on a run directory
+  // from inside the on_step callback of a run in that directory).
+  ZOF_CHECK(pid != std::to_string(::getpid()),
+            flag + " " + run.string() + " is in use by this process (pid " + pid +
+                "), which already holds " + path_.string() + " for a run or replay it has not "
+                "finished (zof.finetune called from an on_step callback, say); start this one "
+                "after that one returns, or use another directory");
   throw Error(flag + " " + run.string() + " is in use by another process (" +
               (pid.empty() ? std::string("pid unknown") : "pid " + pid) + ") that holds " +
               path_.string() + "; wait for it to finish, or stop it, then try again");
@@ -426,6 +517,12 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
             run_json + ": \"model_id\" is missing or not an object; " + kDamaged);
   ZOF_CHECK(!saved_.contains("base_fingerprint") || saved_["base_fingerprint"].is_string(),
             run_json + ": \"base_fingerprint\" is not a string; " + kDamaged);
+  ZOF_CHECK(!saved_.contains("data_fingerprint") || saved_["data_fingerprint"].is_string(),
+            run_json + ": \"data_fingerprint\" is not a string; " + kDamaged);
+  // The options the run continues with are the ones it started with: a run.json edited since
+  // (a new --lr for the steps from the checkpoint on) is refused, never half applied.
+  check_run_seal(saved_, run_json);
+  run_seal_ = run_json_seal(saved_);  // also of an older run.json: its checkpoints record it
   ZOF_CHECK(opt.model.empty() || fs::weakly_canonical(opt.model) == fs::weakly_canonical(s.model),
             "--resume " + run_.string() + " was started from model " + s.model +
                 ", not --model " + opt.model + "; resume with the same model or start a new run");
@@ -443,7 +540,9 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
   ckpt_ = latest_checkpoint(run_);
   if (ckpt_.empty()) return;
   const fs::path sf = ckpt_ / "state.json";
-  state_ = parse_state(read_json(sf), sf.string(), opt.steps);
+  const json sj = read_json(sf);
+  check_recorded_seal(sj, sf.string(), saved_, run_json);  // before --steps bounds its step
+  state_ = parse_state(sj, sf.string(), opt.steps);
   const int64_t named = checkpoint_step(ckpt_.filename().string());
   ZOF_CHECK(state_.step == named, sf.string() + ": \"step\" is " + std::to_string(state_.step) +
                                       " but the checkpoint is " + ckpt_.filename().string() +
@@ -514,10 +613,31 @@ void RunDir::check_log(const fs::path& file, int64_t recorded, const char* field
   }
   ZOF_CHECK(fs::is_regular_file(file, ec), file.string() + " is not a file; " + fix);
   const int64_t size = (int64_t)fs::file_size(file, ec);
-  ZOF_CHECK(size >= recorded,
-            file.string() + " holds " + std::to_string(size) + " bytes, fewer than the " +
-                std::to_string(recorded) + " that " + state + " records (" + field +
-                "): the log was truncated; " + fix);
+  if (size < recorded) {
+    const std::string fewer = file.string() + " holds " + std::to_string(size) +
+                              " bytes, fewer than the " + std::to_string(recorded) + " that " +
+                              state + " records (" + field + ")";
+    // A step log that still holds every step record the checkpoint saw was not cut: a record
+    // was made shorter, or (its records hashing as recorded) the recorded size was changed.
+    if (lines > 0) {
+      const std::string text = slurp(file);
+      int64_t n = 0;
+      size_t end = 0;
+      for (size_t at = 0; n < lines && (at = text.find('\n', end)) != std::string::npos; ++n)
+        end = at + 1;
+      if (n == lines) {
+        ByteHash h;
+        h.add(text.data(), end);
+        ZOF_CHECK(hash.empty() || h.text() != hash,
+                  fewer + ", yet its first " + std::to_string(n) + " records hash to the " +
+                      hash + " that it records (log_hash): " + state + "'s " + field +
+                      " was changed; " + kDamaged);
+        throw Error(fewer + ", yet all " + std::to_string(n) + " step records: a record was "
+                    "changed; " + fix);
+      }
+    }
+    throw Error(fewer + ": the log was truncated; " + fix);
+  }
   if (recorded == 0) return;
   std::ifstream f(file, std::ios::binary);
   std::string prefix((size_t)recorded, '\0');
@@ -677,15 +797,16 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
   weight_decay_ = opt.weight_decay;
   steps_ = opt.steps;
   lock_.write_pid();
-  if (!resuming_)
-    write_file_atomic(run_ / "run.json",
-                      json{{"options", opt.to_json()},
-                           {"model_id", model_id},
-                           {"base_fingerprint", fingerprint},
-                           {"data_fingerprint", data_fingerprint_},
-                           {"compute", compute},
-                           {"zof_version", version()}}
-                          .dump(1));
+  if (!resuming_) {
+    json run{{"options", opt.to_json()},         {"model_id", model_id},
+             {"base_fingerprint", fingerprint},  {"data_fingerprint", data_fingerprint_},
+             {"compute", compute},               {"zof_version", version()},
+             {"format", kRunJsonFormat}};
+    // Sealed: a resume or replay refuses a run.json edited since (check_run_seal).
+    run_seal_ = run_json_seal(run);
+    run["seal"] = run_seal_;
+    write_file_atomic(run_ / "run.json", run.dump(1));
+  }
   started_ = true;
   metrics_.open(run_ / "metrics.jsonl", resuming_ ? c.metrics_bytes : 0);
   zlog_.open(run_ / "zo_log.jsonl", resuming_ ? c.log_bytes : 0);
@@ -762,6 +883,8 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
           {"metrics_bytes", metrics_.sync()}, {"log_bytes", zlog_.sync()},
           {"log_hash", zlog_.hash()}};
   if (c.window_from >= 0) st["window_from"] = c.window_from;
+  // What run.json held: its seal deleted along with an edit is found where a checkpoint is.
+  if (!run_seal_.empty()) st["run_seal"] = run_seal_;
   write_file_atomic(tmp / "state.json", st.dump(1));
   fsync_path(tmp);
   fs::remove_all(dst);

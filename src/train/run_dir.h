@@ -73,6 +73,7 @@ struct RunCounters {
   double tokens = 0, train_s = 0;
   int64_t metrics_bytes = 0, log_bytes = 0;
   std::string log_hash;  // ByteHash of the step log's log_bytes; empty from an older zof
+  std::string run_seal;  // run_json_seal of run.json when written; empty from an older zof
   // A checkpoint written by a stop inside a bf16 master's rounding window: the window's first
   // step (its master is the one before that step; the window's updates are the log's records
   // from there to step); -1: none (every other checkpoint is at a window's end).
@@ -86,8 +87,8 @@ int64_t checkpoint_step(const std::string& name);
 
 // A checkpoint's state.json, validated like any input file: every field's type and range (step
 // in [0, max_steps], the run's --steps; bad_run in [0, step]; tokens and train_s finite and
-// >= 0; the logs' sizes non-negative integers; log_hash absent or a ByteHash text; eval_before
-// null or an evaluation record).
+// >= 0; the logs' sizes non-negative integers; log_hash and run_seal absent or a ByteHash text;
+// eval_before null or an evaluation record).
 // zof::Error naming the file and the field. (Whether the sizes fit the logs is checked against
 // the files, on resume.)
 RunCounters parse_state(const nlohmann::json& j, const std::string& file, int64_t max_steps);
@@ -102,6 +103,26 @@ void reopen_window(const std::string& log, ZOEngine& engine, const TrainOptions&
 // boolean, an integer in range, a finite number), then TrainOptions::from_json. zof::Error
 // naming the file and the field.
 TrainOptions parse_run_options(const nlohmann::json& run_json, const std::string& file);
+
+// run.json's format: 2 is sealed ("format": 2 and "seal"); a run.json without "format" is an
+// older zof's, unsealed.
+constexpr int kRunJsonFormat = 2;
+// run.json's seal: the ByteHash of the canonical dump (keys sorted, no spaces) of its fields but
+// "seal" itself and the options that only say where the inputs and the run are (options.model,
+// options.data, options.out: what they hold is fingerprinted, base_fingerprint and
+// data_fingerprint, so they may be moved). Layout and white space do not change it.
+std::string run_json_seal(const nlohmann::json& run_json);
+// A sealed run.json (or one whose "format" says it should be) against its seal; a "format" this
+// zof does not know is refused. zof::Error naming the file, saying that it was edited after the
+// run started and what to do. An older zof's run.json (neither field) passes.
+void check_run_seal(const nlohmann::json& run_json, const std::string& file);
+// A checkpoint's state.json (and a summary.json that has it) records the seal of run.json as
+// the run held it ("run_seal", run_json_seal, also of an older unsealed run.json): zof::Error
+// when run.json's fields no longer hash to it (run.json edited and its seal removed or
+// recomputed). state: the file as read (before it is validated: an edited --steps would
+// otherwise be blamed on state.json). Nothing recorded (an older zof): passes.
+void check_recorded_seal(const nlohmann::json& state, const std::string& state_file,
+                         const nlohmann::json& run_json, const std::string& file);
 
 // Refuses (zof::Error) an output directory that is, holds or lies inside an input path,
 // comparing real paths (symlinks resolved), before anything is created: writing there would
@@ -121,7 +142,8 @@ void remove_stale_tmp(const fs::path& dir);
 void check_empty_out(const fs::path& out, const std::string& flag, const std::string& what);
 
 // An exclusive flock(2) on RUN/.lock held for the life of the process by the run's one writer
-// (compatible with util-linux flock(1)); a second writer is refused naming the holder's pid.
+// (compatible with util-linux flock(1)); a second writer is refused naming the holder's pid (as
+// this process, when the holder is the caller itself: a run started from inside another).
 class RunLock {
  public:
   RunLock() = default;
@@ -163,6 +185,9 @@ class RunDir {
   bool resuming() const { return resuming_; }
   // run.json's base_fingerprint of a resumed run ("": a new run, or none recorded).
   std::string saved_fingerprint() const;
+  // run_json_seal of the run's run.json (once started, or resumed): what each checkpoint's
+  // state.json records as "run_seal" (summary.json may record it too: replay checks it there).
+  const std::string& run_seal() const { return run_seal_; }
   const fs::path& path() const { return run_; }
   // A resumed run: zof::Error unless model_id (config and size) and the base model's weights'
   // fingerprint are the run's. Returns a warning for a run recorded without a fingerprint.
@@ -213,6 +238,7 @@ class RunDir {
   bool started_ = false;  // run.json written: the directory holds a run from here on
   std::string data_fingerprint_;  // of a new run's data, for run.json
   bool finished_ = false;  // a resumed run that has nothing left to do (check_unfinished)
+  std::string run_seal_;  // run_json_seal of run.json, for each checkpoint's state.json
   float lr_ = 0, weight_decay_ = 0;  // the run's, for the message about non-finite weights
   int64_t steps_ = 0;                // the run's --steps: its last checkpoint
 };

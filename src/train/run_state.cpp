@@ -71,15 +71,20 @@ RunCounters parse_state(const json& j, const std::string& file, int64_t max_step
   const int64_t big = std::numeric_limits<int64_t>::max();
   c.metrics_bytes = integer("metrics_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
   c.log_bytes = integer("log_bytes", true, 0, big, "a size in bytes (an integer >= 0)");
-  if (auto h = j.find("log_hash"); h != j.end()) {  // absent in checkpoints of an older zof
+  // A ByteHash text; absent in checkpoints of an older zof.
+  auto hash = [&](const char* key) -> std::string {
+    auto h = j.find(key);
+    if (h == j.end()) return "";
     const std::string pre = "fnv1a64:";
     const std::string t = h->is_string() ? h->get<std::string>() : std::string();
     bool ok = t.size() == pre.size() + 16 && t.rfind(pre, 0) == 0;
     for (size_t i = pre.size(); ok && i < t.size(); ++i)
       ok = std::isdigit((unsigned char)t[i]) || (t[i] >= 'a' && t[i] <= 'f');
-    if (!ok) fail("log_hash", "is " + shown(*h) + "; it must be \"fnv1a64:\" and 16 hex digits");
-    c.log_hash = t;
-  }
+    if (!ok) fail(key, "is " + shown(*h) + "; it must be \"fnv1a64:\" and 16 hex digits");
+    return t;
+  };
+  c.log_hash = hash("log_hash");
+  c.run_seal = hash("run_seal");
   if (j.contains("window_from"))  // a stop inside a rounding window (RunCounters::window_from)
     c.window_from = integer("window_from", false, 0, c.step > 0 ? c.step - 1 : 0,
                             "an integer from 0 to the step before " + std::to_string(c.step));

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common.h"
+#include "train/run_dir.h"
 
 namespace zof::faults {
 
@@ -40,6 +41,30 @@ void hold_lock(Sandbox& s, const fs::path& lock) {
 void release_lock(Sandbox& s) {
   const std::string cmd = "kill -- -$(cat " + shell_quoted(s.root() / "holder.pid") + ") 2>/dev/null";
   (void)std::system(cmd.c_str());
+}
+
+namespace {
+
+std::string slurp(const fs::path& p);
+
+}  // namespace
+
+void reseal_run(const fs::path& run) {
+  json j = json::parse(slurp(run / "run.json"));
+  const std::string seal = zof::train::run_json_seal(j);
+  if (j.contains("seal")) {
+    j["seal"] = seal;
+    std::ofstream(run / "run.json", std::ios::binary | std::ios::trunc) << j.dump(1);
+  }
+  for (const auto& e : fs::directory_iterator(run)) {
+    const fs::path state = e.path() / "state.json";
+    if (zof::train::checkpoint_step(e.path().filename().string()) < 0 || !fs::exists(state))
+      continue;
+    json st = json::parse(slurp(state));
+    if (!st.contains("run_seal")) continue;
+    st["run_seal"] = seal;
+    std::ofstream(state, std::ios::binary | std::ios::trunc) << st.dump(1);
+  }
 }
 
 namespace {

@@ -73,6 +73,11 @@ std::string shell_quoted(const std::filesystem::path& p);
 // lock is held. release_lock ends it (a case's check, so that it also runs when the case fails).
 void hold_lock(Sandbox& s, const std::filesystem::path& lock);
 void release_lock(Sandbox& s);
+// After a test's own edit of a run's run.json (a finished run's --steps raised, so that --resume
+// continues it): run.json's seal and each checkpoint's state.json run_seal recomputed, as a run
+// started with those options would have written them. A run.json without a seal (an older
+// zof's) gets none, and a state.json without run_seal none.
+void reseal_run(const std::filesystem::path& run);
 
 }  // namespace zof::faults
 

@@ -200,6 +200,7 @@ TEST(InputFaultsMidRun, CheckpointWriteFails) {
   Sandbox s("CheckpointWriteFails");
   const fs::path r = s.run();
   s.edit_json(r / "run.json", [](json& j) { j["options"]["steps"] = 5; });
+  zof::faults::reseal_run(r);  // as a run started with --steps 5 would be
   // The checkpoint directory of step 4 cannot be created (the hook throws what
   // create_directories throws on a directory without write permission).
   const fs::path err = s.root() / "stderr.txt";

@@ -16,12 +16,13 @@ using zof::faults::Case;
 using zof::faults::Sandbox;
 using zof::faults::shell_quoted;
 
-// The sandbox's run with --steps 5 in its run.json: its last checkpoint (step 3) is not its end,
-// so --resume would continue it (the cached run has finished, and a finished run is refused
-// before its log is read).
+// The sandbox's run with --steps 5 in its run.json (resealed, as a run started so would be): its
+// last checkpoint (step 3) is not its end, so --resume would continue it (the cached run has
+// finished, and a finished run is refused before its log is read).
 fs::path unfinished_run(Sandbox& s) {
   const fs::path r = s.run();
   s.edit_json(r / "run.json", [](json& j) { j["options"]["steps"] = 5; });
+  zof::faults::reseal_run(r);
   return r;
 }
 
@@ -174,20 +175,29 @@ int zof_run(const std::string& args) {
   return zof::test::run_command(zof::faults::zof_binary() + " " + args + " </dev/null").code;
 }
 
-// A run from before the fields (no data_fingerprint, log_hash or summary log fields) resumes
-// and replays as before, and the resumed run's checkpoints record log_hash again.
+// A run from before the fields (no data_fingerprint, log_hash or summary log fields, and no
+// seal: run.json's format, seal and state.json's run_seal) resumes and replays as before, and
+// the resumed run's checkpoints record log_hash and run_seal again.
 TEST(IntegrityExact, OlderRunWithoutTheFieldsResumesAndReplays) {
   ZOF_REQUIRE_PATH(zof::faults::assets_dir() + "/models/stories260K");
   Sandbox s("IntegrityExactOlderRun");
   const fs::path r = unfinished_run(s);
-  s.edit_json(r / "run.json", [](json& j) { j.erase("data_fingerprint"); });
-  s.edit_json(r / "checkpoint-3" / "state.json", [](json& j) { j.erase("log_hash"); });
+  s.edit_json(r / "run.json", [](json& j) {
+    j.erase("data_fingerprint");
+    j.erase("format");
+    j.erase("seal");
+  });
+  s.edit_json(r / "checkpoint-3" / "state.json", [](json& j) {
+    j.erase("log_hash");
+    j.erase("run_seal");
+  });
   s.edit_json(r / "summary.json", [](json& j) {
     j.erase("log_bytes");
     j.erase("log_hash");
   });
   ASSERT_EQ(zof_run("finetune --resume " + shell_quoted(r)), 0);
   EXPECT_TRUE(json::parse(s.read(r / "checkpoint-5" / "state.json")).contains("log_hash"));
+  EXPECT_TRUE(json::parse(s.read(r / "checkpoint-5" / "state.json")).contains("run_seal"));
   ASSERT_EQ(zof_run("replay --model " + shell_quoted(s.model()) + " --log " + shell_quoted(r) +
                     " --out " + shell_quoted(s.root() / "rebuilt")),
             0);
