@@ -49,12 +49,15 @@ void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
   std::error_code ec;
   const fs::path file = fs::path(opt.resume) / "run.json";
   if (!fs::is_regular_file(file, ec)) return;  // not a regular file: a FIFO would block the read
-  json saved;
+  json run_json, saved;
   try {
-    saved = parse_run_options(read_json(file), file.string()).to_json();
+    run_json = read_json(file);
+    saved = parse_run_options(run_json, file.string()).to_json();
   } catch (const std::exception&) {
     return;  // a damaged run.json: RunDir names what is wrong with it
   }
+  // An edited run.json says so first: its options are not the run's to compare with.
+  check_run_seal(run_json, file.string());
   const json now = opt.to_json();
   std::vector<std::string> changed, kept;
   for (const OptionSpec& spec : train_options()) {  // in the order the flags are listed

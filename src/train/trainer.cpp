@@ -280,6 +280,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     // checkpoints are gone).
     summary["log_bytes"] = dir.zo_log().sync();
     summary["log_hash"] = dir.zo_log().hash();
+    // And run.json's seal: replay refuses an edited run.json there too.
+    summary["run_seal"] = dir.run_seal();
   }
   if (job.root) write_run_report(opt, dir, summary, *backend, sink);
   return summary;

@@ -97,6 +97,21 @@ std::vector<Case> hostile3_run_cases() {
        kReplay, 1,
        R"(^.*/killed/run\.json was edited after the run started: its "seal" was removed \(a run\.json of "format" 2 is sealed\), )" +
            kEditedFix},
+      // A finished run whose checkpoints were removed: summary.json records the seal.
+      {"ReplayWithoutCheckpointsOfAnEditedRunJson",
+       [](Sandbox& s) {
+         const fs::path r = s.run();
+         fs::remove_all(r / "checkpoint-3");
+         fs::remove(r / "latest");
+         s.edit_json(r / "run.json", [](json& j) {
+           j["options"]["lr"] = 0.01;
+           j.erase("seal");
+           j.erase("format");
+         });
+       },
+       "replay --model {M} --log {R} --out {S}/rebuilt", 1,
+       R"(^.*/run/run\.json was edited after the run started: .* that .*/run/summary\.json records of it \(run_seal\), )" +
+           kEditedFix},
       {"ResumeOfANewerFormat",
        [](Sandbox& s) { s.edit_json(killed_run(s) / "run.json", [](json& j) { j["format"] = 3; }); },
        "finetune --resume {S}/killed", 1,
