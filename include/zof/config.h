@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zof/activation.h"
 #include "zof/dtype.h"
 
 namespace zof {
@@ -13,8 +14,6 @@ namespace zof {
 // Llama also covers Mistral, Qwen2, Qwen3, Phi-3 and Gemma 2/3 (their differences are the
 // fields below).
 enum class Arch { Llama, OPT, GPT2 };
-enum class Activation { SiLU, ReLU, GeluTanh, GeluErf };
-
 struct ModelConfig {
   Arch arch = Arch::Llama;
   // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "opt", "gpt2"

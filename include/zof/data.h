@@ -4,13 +4,15 @@
 // by candidate scoring (average log-likelihood of each answer's tokens given the prompt).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "zof/forward.h"
+#include "zof/options.h"
 #include "zof/perplexity.h"
 #include "zof/tokenizer.h"
-#include "zof/zo.h"
+#include "zof/loss.h"
 
 namespace zof {
 
@@ -188,5 +190,37 @@ PerplexityResult completion_nll(Forward& fwd, const Tokenizer& tok,
 // "text": mean next-token NLL and perplexity of held-out windows (every token after the first).
 PerplexityResult windows_nll(Forward& fwd, const std::vector<std::vector<int32_t>>& windows,
                              int64_t batch_rows);
+
+// ---- a run's data ---------------------------------------------------------------------------
+
+// What a task supplies to the loop: deterministic batches per step and an evaluation.
+class TrainData {
+ public:
+  virtual ~TrainData() = default;
+  // The step's batch split into micro-batches: a pure function of (seed, step). Data-parallel
+  // replica r of R takes its share BatchSampler::rank_slice(batch, r, R) of the step's examples
+  // and splits that into the micro-batches.
+  virtual std::vector<LossBatch> batch(uint64_t step, int replica = 0, int replicas = 1) = 0;
+  // The held-out metric at the model's current weights.
+  struct Metric {
+    std::string name;  // "ppl", "accuracy", "nll"
+    double value = 0;
+  };
+  virtual Metric evaluate(Forward& fwd) = 0;
+  virtual int64_t max_rows() const = 0;  // most tokens in one micro-batch or eval forward
+  virtual std::string describe() const = 0;
+};
+std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
+                                           int64_t context);
+
+// Input files named by a flag (--data, --text, --config): zof::Error unless `path` is a regular
+// file it may read, saying what the path is instead (missing, a directory, a FIFO, a device) and
+// `want`, what the flag takes. Nothing is opened, so a FIFO cannot block and a device is never
+// read.
+void check_input_file(const std::string& flag, const std::string& path, const std::string& want);
+// --task and --data of a run: the task is known and --data is what it reads (one text file for
+// text; a directory of the task's files or one file for the others). Cheap (no file is read):
+// the CLI calls it with the other flag checks, before a run directory is created.
+void check_task_data(const std::string& task, const std::string& data);
 
 }  // namespace zof

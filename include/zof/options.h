@@ -115,6 +115,13 @@ struct OptionSpec {
 
 // Every option of `zof finetune`, in the order --help lists them.
 const std::vector<OptionSpec>& train_options();
+// The objective a run trains on: "lm" or "classification". auto is MeZO's choice
+// (--train_as_classification for SST-2, RTE and CB; not for COPA, nor for jsonl and text, which
+// have no candidates to compare).
+std::string training_objective(const TrainOptions& o);
+
+// The rule of a numeric `zof finetune` flag ("--steps"); null for the others.
+const NumberRule* train_flag_rule(const std::string& flag);
 // The entry for a key; null for none.
 const OptionSpec* find_option(const std::string& key);
 

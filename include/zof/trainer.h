@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zof/data.h"
 #include "zof/forward.h"
 #include "zof/number_rule.h"
 #include "zof/options.h"
@@ -20,11 +21,6 @@ namespace zof {
 
 class Tokenizer;
 
-
-// The objective a run trains on: "lm" or "classification". auto is MeZO's choice
-// (--train_as_classification for SST-2, RTE and CB; not for COPA, nor for jsonl and text, which
-// have no candidates to compare).
-std::string training_objective(const TrainOptions& o);
 
 // The dtype a run saves its model in: --save-dtype, "input" as the model loaded, auto the
 // master's (--master).
@@ -49,26 +45,6 @@ int64_t round_every_of(const TrainOptions& o);
 // held as weight_storage() says (Model::set_storage_dtype).
 DType fingerprint_storage(const std::string& recorded, DType otherwise);
 
-// What a task supplies to the loop: deterministic batches per step and an evaluation.
-class TrainData {
- public:
-  virtual ~TrainData() = default;
-  // The step's batch split into micro-batches: a pure function of (seed, step). Data-parallel
-  // replica r of R takes its share BatchSampler::rank_slice(batch, r, R) of the step's examples
-  // and splits that into the micro-batches.
-  virtual std::vector<LossBatch> batch(uint64_t step, int replica = 0, int replicas = 1) = 0;
-  // The held-out metric at the model's current weights.
-  struct Metric {
-    std::string name;  // "ppl", "accuracy", "nll"
-    double value = 0;
-  };
-  virtual Metric evaluate(Forward& fwd) = 0;
-  virtual int64_t max_rows() const = 0;  // most tokens in one micro-batch or eval forward
-  virtual std::string describe() const = 0;
-};
-std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
-                                           int64_t context);
-
 // Every field of the options, alone and together, checked once before anything is created: a bad
 // value throws zof::Error naming the flag and the fix. (That --batch covers every data-parallel
 // replica is checked once the ranks are known.) Numbers are checked against the rules of
@@ -77,19 +53,7 @@ std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokeni
 // (run.json, which an older zof may have written with them) pass without.
 void validate_options(const TrainOptions& opt, bool new_run = true);
 
-// The rule of a numeric `zof finetune` flag ("--steps"); null for the others.
-const NumberRule* train_flag_rule(const std::string& flag);
 
-
-// Input files named by a flag (--data, --text, --config): zof::Error unless `path` is a regular
-// file it may read, saying what the path is instead (missing, a directory, a FIFO, a device) and
-// `want`, what the flag takes. Nothing is opened, so a FIFO cannot block and a device is never
-// read.
-void check_input_file(const std::string& flag, const std::string& path, const std::string& want);
-// --task and --data of a run: the task is known and --data is what it reads (one text file for
-// text; a directory of the task's files or one file for the others). Cheap (no file is read):
-// the CLI calls it with the other flag checks, before a run directory is created.
-void check_task_data(const std::string& task, const std::string& data);
 
 // The device memory budget of --gpu-mem in bytes (0: none given; the device's free memory).
 uint64_t device_memory_budget(const TrainOptions& opt);

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "dist/mpi_comm.h"
-#include "dist/nccl_comm.h"
+#include "comm/mpi_comm.h"
+#include "comm/nccl_comm.h"
 #include "zof/cuda.h"
 #include "zof/dist.h"
 #include "zof/error.h"

@@ -5,7 +5,7 @@
 // rank that hangs (or a lost peer on a fabric that does not notice) would otherwise leave every
 // other rank blocked for ever.
 #ifdef ZOF_WITH_MPI
-#include "dist/mpi_comm.h"
+#include "comm/mpi_comm.h"
 
 #include <mpi.h>
 

@@ -6,7 +6,7 @@
 // it. Every NCCL and CUDA status goes through ZOF_NCCL_CHECK / ZOF_NCCL_CUDA_CHECK, which end the
 // whole job through the bootstrap communicator: the other ranks would otherwise wait for ever.
 #ifdef ZOF_WITH_NCCL
-#include "dist/nccl_comm.h"
+#include "comm/nccl_comm.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>

@@ -9,6 +9,7 @@
 #include <limits>
 #include <numbers>
 #include <type_traits>
+#include <vector>
 
 #include "zof/error.h"
 

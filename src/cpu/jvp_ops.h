@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "zof/config.h"
+#include "zof/activation.h"
 
 namespace zof {
 namespace jvp {

@@ -16,7 +16,6 @@
 #include <cerrno>
 
 #include "zof/error.h"
-#include "zof/trainer.h"
 
 namespace zof {
 

@@ -17,7 +17,6 @@
 #include "zof/error.h"
 #include "zof/input_file.h"
 #include "zof/philox.h"
-#include "zof/trainer.h"
 
 namespace zof {
 

@@ -6,7 +6,6 @@
 #include "zof/data.h"
 #include "zof/error.h"
 #include "zof/tokenizer.h"
-#include "zof/trainer.h"
 
 namespace zof {
 namespace {
@@ -169,11 +168,6 @@ class ExampleTask : public TrainData {
 };
 
 }  // namespace
-
-std::string training_objective(const TrainOptions& o) {
-  if (o.objective != "auto") return o.objective;
-  return o.task == "sst2" || o.task == "rte" || o.task == "cb" ? "classification" : "lm";
-}
 
 std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
                                            int64_t context) {

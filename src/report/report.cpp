@@ -15,9 +15,9 @@
 #include <set>
 
 #include "report/svg_chart.h"
-#include "train/run_dir.h"
+#include "util/files.h"
 #include "zof/error.h"
-#include "zof/trainer.h"
+#include "zof/options.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -599,7 +599,7 @@ void write_report(const std::vector<std::string>& dirs, const std::string& out,
   check_report_out(dirs, out, "");
   check_writable(out);
   try {
-    train::write_file_atomic(out, page);
+    write_file_atomic(out, page);
   } catch (const Error& e) {
     throw Error("report: cannot write " + out + " (" + e.what() + "); choose a writable --out");
   }

@@ -14,42 +14,6 @@ namespace zof {
 
 namespace {
 
-constexpr int64_t kMaxRows = int64_t(1) << 20;  // --batch, --seq-len: far beyond any model's use
-
-// The numeric flags of `zof finetune` and what each accepts.
-struct FlagRule {
-  const char* flag;
-  NumberRule rule;
-};
-const FlagRule kTrainRules[] = {
-    // z and the step log key steps by a 32-bit counter (ZKey::step).
-    {"--steps", {.whole = true, .lo = 1, .hi = 4294967295.0}},
-    {"--batch", {.whole = true, .lo = 1, .hi = double(kMaxRows)}},
-    {"--micro-batches", {.whole = true, .lo = 1, .hi = double(kMaxRows)}},
-    {"--queries", {.whole = true, .lo = 1, .hi = 1024}},
-    {"--lr", {.lo = 0}},
-    {"--eps", {.lo = 0, .lo_open = true, .note = "the perturbation's scale"}},
-    {"--weight-decay", {.lo = 0}},
-    {"--sparsity",
-     {.lo = 0, .hi = 1, .hi_open = true,
-      .note = "the fraction of each weight matrix left unperturbed"}},
-    {"--beta1", {.lo = 0, .hi = 1, .hi_open = true}},
-    {"--beta2", {.lo = 0, .hi = 1, .hi_open = true}},
-    {"--adam-eps", {.lo = 0, .lo_open = true}},
-    {"--warmup", {.whole = true, .lo = 0}},
-    {"--eval-every", {.whole = true, .lo = 0, .note = "0: before and after only"}},
-    {"--save-every", {.whole = true, .lo = 0, .note = "0: at the end only"}},
-    {"--train-examples", {.whole = true, .lo = 1}},
-    {"--eval-examples", {.whole = true, .lo = 1}},
-    {"--seq-len", {.whole = true, .lo = 2, .hi = double(kMaxRows)}},
-    {"--max-bad-steps", {.whole = true, .lo = 1}},
-    {"--round-every",
-     {.whole = true, .lo = 0, .hi = 128, .note = "0: auto; 1: every update rounded"}},
-    {"--threads", {.whole = true, .lo = 0, .hi = 4096, .note = "0: all cores"}},
-    {"--pipeline-stages", {.whole = true, .lo = 1, .hi = 4096}},
-    {"--dist-timeout", {.lo = 0, .note = "seconds; 0: wait for ever"}},
-};
-
 // A choice option's value among the table's words: "--z must be gaussian or rademacher, not 'x'".
 void check_choice(const TrainOptions& o, const char* key) {
   const OptionSpec* s = find_option(key);
@@ -71,11 +35,6 @@ const NumberRule& rule_of(const char* flag) {
 
 }  // namespace
 
-const NumberRule* train_flag_rule(const std::string& flag) {
-  for (const auto& r : kTrainRules)
-    if (flag == r.flag) return &r.rule;
-  return nullptr;
-}
 
 // The flags a user can get wrong first (estimator, optimizer, device), then the sizes: the
 // order in which the errors have always come. The layout's numbers come first of all, since the

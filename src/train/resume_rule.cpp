@@ -53,11 +53,11 @@ void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
   try {
     run_json = read_json(file);
     saved = parse_run_options(run_json, file.string()).to_json();
+    // An edited run.json's options are not the run's to compare with.
+    check_run_seal(run_json, file.string());
   } catch (const std::exception&) {
-    return;  // a damaged run.json: RunDir names what is wrong with it
+    return;  // a damaged or edited run.json: RunDir names what is wrong with it, in its order
   }
-  // An edited run.json says so first: its options are not the run's to compare with.
-  check_run_seal(run_json, file.string());
   const json now = opt.to_json();
   std::vector<std::string> changed, kept;
   for (const OptionSpec& spec : train_options()) {  // in the order the flags are listed

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/files.h"
 #include "zof/trainer.h"
 
 namespace zof {
@@ -21,25 +22,15 @@ class ZOEngine;
 namespace zof::train {
 
 namespace fs = std::filesystem;
+// Atomic files and the byte hash (util/files.h), by the names the run directory's code uses.
+using zof::ByteHash;
+using zof::fsync_path;
+using zof::write_file_atomic;
 
-// Writes text to path atomically: temporary file, fsync, rename, fsync of the directory.
-void write_file_atomic(const fs::path& path, const std::string& text);
 // A JSON file; zof::Error saying the run directory is damaged when it does not parse.
 nlohmann::json read_json(const fs::path& p);
 // The tokenizer's files (and generation_config.json) beside a saved model.
 void copy_tokenizer_files(const fs::path& from, const fs::path& to);
-
-// A running 64-bit FNV-1a hash of bytes, as "fnv1a64:<16 hex digits>": what a checkpoint records
-// of the step log (state.json "log_hash"), so that a changed record is found on resume and replay.
-class ByteHash {
- public:
-  void add(const char* p, size_t n);
-  void add(const std::string& s) { add(s.data(), s.size()); }
-  std::string text() const;  // "fnv1a64:<16 hex digits>"
-
- private:
-  uint64_t h_ = 0xcbf29ce484222325ull;
-};
 
 // The data a run trains and evaluates on, as files: --data (a text or task file) or, for a task
 // directory, the files load_task reads there; "files-fnv1a64:<16 hex digits>" over each file's
