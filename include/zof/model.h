@@ -231,8 +231,6 @@ class Model {
   void allocate_storage();
   void set_param_pointers();  // Param::data from the storage (null without fp32 storage)
   int index(const std::string& name) const;  // -1 when absent
-  // at(index of the named parameter); null when the architecture has no such parameter.
-  Weight ptr(const std::string& name, const ParamLocator& at) const;
   // A locator into base, a copy of block `block` laid out as in storage().
   ParamLocator in_copy(const float* base, int block) const;
 

@@ -3,13 +3,16 @@
 #include "zof/model.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <random>
+#include <type_traits>
 #include <unordered_map>
 
 #include "zof/error.h"
@@ -21,139 +24,235 @@ namespace fs = std::filesystem;
 namespace zof {
 namespace {
 
+// A view slot that reads a tensor (a field of EmbedWeights, LayerWeights or HeadWeights), at an
+// element offset into it: Phi-3's q, k, v and gate, up are row ranges of one tensor each.
+template <class View>
+struct Slot {
+  Weight View::*field = nullptr;
+  int64_t at = 0;
+};
+
+// 1-D or 2-D, held inline: the views rebuild their family's table at every call, so a row
+// allocates nothing.
+struct Shape {
+  std::array<int64_t, 2> d{};
+  int rank = 0;
+  Shape(std::initializer_list<int64_t> s) : rank((int)s.size()) {
+    ZOF_ASSERT(s.size() <= d.size());
+    std::copy(s.begin(), s.end(), d.begin());
+  }
+  std::vector<int64_t> vec() const { return {d.begin(), d.begin() + rank}; }
+};
+
+// One tensor of a family: its Hugging Face name (a layer's follows "<layer_prefix><i>."), its
+// shape as zof holds it (a Linear's (out, in)), whether weight decay applies, the view slots
+// that read it (up to three; the rest null), whether this config has it, and whether the file
+// holds its transpose.
+template <class View>
+struct Tensor {
+  const char* name;
+  Shape shape;
+  bool decay;
+  Slot<View> slots[3];
+  bool present = true;
+  bool transposed = false;
+};
+constexpr bool kDecay = true, kNoDecay = false;  // norms and biases do not decay
+
+// A family's tensors, each written once, in the order Hugging Face writes them: the storage
+// layout (build_layout) and the views (Model::embed, layer, head) both come from this table, a
+// view reading the k-th tensor of its block's list as the block's k-th parameter, so the two
+// cannot disagree.
+struct Family {
+  std::string layer_prefix;  // then the layer's index and "."
+  std::vector<Tensor<EmbedWeights>> embed{};
+  std::vector<Tensor<LayerWeights>> layer{};
+  std::vector<Tensor<HeadWeights>> head{};
+};
+
+using EW = EmbedWeights;
+using LW = LayerWeights;
+using HW = HeadWeights;
+const char* const kLmHead = "lm_head.weight";  // every family's untied LM head, (V, E)
+
+// Llama and the families that differ from it only in config fields (Mistral, Qwen2, Qwen3,
+// Phi-3, Gemma 2/3). Phi-3's fused tensors and the biases, q/k norms and sandwich norms are
+// never in one config (config.cpp), so one list holds them all.
+Family llama_family(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t Hq = c.num_heads * c.head_dim, Hk = c.num_kv_heads * c.head_dim;
+  const bool fused = c.fused_proj, split = !fused, sandwich = c.sandwich_norm;
+  Family f{"model.layers."};
+  f.embed = {{"model.embed_tokens.weight", {V, C}, kDecay, {{&EW::tokens}}}};
+  f.layer = {
+      {"input_layernorm.weight", {C}, kNoDecay, {{&LW::ln1_w}}},
+      {"self_attn.qkv_proj.weight", {Hq + 2 * Hk, C}, kDecay,
+       {{&LW::q_w}, {&LW::k_w, Hq * C}, {&LW::v_w, (Hq + Hk) * C}}, fused},
+      {"self_attn.q_proj.weight", {Hq, C}, kDecay, {{&LW::q_w}}, split},
+      {"self_attn.q_proj.bias", {Hq}, kNoDecay, {{&LW::q_b}}, c.qkv_bias},
+      {"self_attn.k_proj.weight", {Hk, C}, kDecay, {{&LW::k_w}}, split},
+      {"self_attn.k_proj.bias", {Hk}, kNoDecay, {{&LW::k_b}}, c.qkv_bias},
+      {"self_attn.v_proj.weight", {Hk, C}, kDecay, {{&LW::v_w}}, split},
+      {"self_attn.v_proj.bias", {Hk}, kNoDecay, {{&LW::v_b}}, c.qkv_bias},
+      {"self_attn.o_proj.weight", {C, Hq}, kDecay, {{&LW::o_w}}},
+      {"self_attn.o_proj.bias", {C}, kNoDecay, {{&LW::o_b}}, c.o_bias},
+      // Qwen3, Gemma 3: RMSNorm weights over head_dim, shared by every head
+      {"self_attn.q_norm.weight", {c.head_dim}, kNoDecay, {{&LW::q_norm}}, c.qk_norm},
+      {"self_attn.k_norm.weight", {c.head_dim}, kNoDecay, {{&LW::k_norm}}, c.qk_norm},
+      // Gemma: post_attention_layernorm is the attention output's norm, and the FFN reads
+      // pre_feedforward_layernorm
+      {"post_attention_layernorm.weight", {C}, kNoDecay,
+       {{sandwich ? &LW::post_attn_norm : &LW::ln2_w}}},
+      {"pre_feedforward_layernorm.weight", {C}, kNoDecay, {{&LW::ln2_w}}, sandwich},
+      {"post_feedforward_layernorm.weight", {C}, kNoDecay, {{&LW::post_ffn_norm}}, sandwich},
+      {"mlp.gate_up_proj.weight", {2 * I, C}, kDecay, {{&LW::fc1_w}, {&LW::up_w, I * C}}, fused},
+      {"mlp.gate_proj.weight", {I, C}, kDecay, {{&LW::fc1_w}}, split},
+      {"mlp.gate_proj.bias", {I}, kNoDecay, {{&LW::fc1_b}}, c.mlp_bias},
+      {"mlp.up_proj.weight", {I, C}, kDecay, {{&LW::up_w}}, split},
+      {"mlp.up_proj.bias", {I}, kNoDecay, {{&LW::up_b}}, c.mlp_bias},
+      {"mlp.down_proj.weight", {C, I}, kDecay, {{&LW::fc2_w}}},
+      {"mlp.down_proj.bias", {C}, kNoDecay, {{&LW::fc2_b}}, c.mlp_bias},
+  };
+  f.head = {{"model.norm.weight", {C}, kNoDecay, {{&HW::norm_w}}},
+            {kLmHead, {V, C}, kDecay, {{&HW::lm_head}}, !c.tie_embeddings}};
+  return f;
+}
+
+// OPT: the token table has word_embed_proj_dim E columns; where E != hidden, project_in and
+// project_out map between them (OPT-350m, which also has no final norm).
+Family opt_family(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.intermediate_size;
+  const int64_t E = c.word_embed_proj_dim;
+  const bool b = c.qkv_bias, projected = E != C;
+  Family f{"model.decoder.layers."};
+  f.embed = {
+      {"model.decoder.embed_tokens.weight", {V, E}, kDecay, {{&EW::tokens}}},
+      {"model.decoder.embed_positions.weight", {c.max_position + 2, C}, kDecay,
+       {{&EW::positions}}},
+      {"model.decoder.project_in.weight", {C, E}, kDecay, {{&EW::project_in}}, projected},
+  };
+  f.layer = {
+      {"self_attn.q_proj.weight", {C, C}, kDecay, {{&LW::q_w}}},
+      {"self_attn.q_proj.bias", {C}, kNoDecay, {{&LW::q_b}}, b},
+      {"self_attn.k_proj.weight", {C, C}, kDecay, {{&LW::k_w}}},
+      {"self_attn.k_proj.bias", {C}, kNoDecay, {{&LW::k_b}}, b},
+      {"self_attn.v_proj.weight", {C, C}, kDecay, {{&LW::v_w}}},
+      {"self_attn.v_proj.bias", {C}, kNoDecay, {{&LW::v_b}}, b},
+      {"self_attn.out_proj.weight", {C, C}, kDecay, {{&LW::o_w}}},
+      {"self_attn.out_proj.bias", {C}, kNoDecay, {{&LW::o_b}}, b},
+      {"self_attn_layer_norm.weight", {C}, kNoDecay, {{&LW::ln1_w}}},
+      {"self_attn_layer_norm.bias", {C}, kNoDecay, {{&LW::ln1_b}}},
+      {"fc1.weight", {F, C}, kDecay, {{&LW::fc1_w}}},
+      {"fc1.bias", {F}, kNoDecay, {{&LW::fc1_b}}, b},
+      {"fc2.weight", {C, F}, kDecay, {{&LW::fc2_w}}},
+      {"fc2.bias", {C}, kNoDecay, {{&LW::fc2_b}}, b},
+      {"final_layer_norm.weight", {C}, kNoDecay, {{&LW::ln2_w}}},
+      {"final_layer_norm.bias", {C}, kNoDecay, {{&LW::ln2_b}}},
+  };
+  f.head = {
+      {"model.decoder.final_layer_norm.weight", {C}, kNoDecay, {{&HW::norm_w}},
+       c.do_layer_norm_before},
+      {"model.decoder.final_layer_norm.bias", {C}, kNoDecay, {{&HW::norm_b}},
+       c.do_layer_norm_before},
+      {"model.decoder.project_out.weight", {E, C}, kDecay, {{&HW::project_out}}, projected},
+      {kLmHead, {V, E}, kDecay, {{&HW::lm_head}}, !c.tie_embeddings},
+  };
+  return f;
+}
+
+Family gpt2_family(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.intermediate_size;
+  Family f{"transformer.h."};
+  f.embed = {{"transformer.wte.weight", {V, C}, kDecay, {{&EW::tokens}}},
+             {"transformer.wpe.weight", {c.max_position, C}, kDecay, {{&EW::positions}}}};
+  f.layer = {
+      {"ln_1.weight", {C}, kNoDecay, {{&LW::ln1_w}}},
+      {"ln_1.bias", {C}, kNoDecay, {{&LW::ln1_b}}},
+      {"attn.c_attn.weight", {3 * C, C}, kDecay, {{&LW::qkv_w}}},
+      {"attn.c_attn.bias", {3 * C}, kNoDecay, {{&LW::qkv_b}}},
+      {"attn.c_proj.weight", {C, C}, kDecay, {{&LW::o_w}}},
+      {"attn.c_proj.bias", {C}, kNoDecay, {{&LW::o_b}}},
+      {"ln_2.weight", {C}, kNoDecay, {{&LW::ln2_w}}},
+      {"ln_2.bias", {C}, kNoDecay, {{&LW::ln2_b}}},
+      {"mlp.c_fc.weight", {F, C}, kDecay, {{&LW::fc1_w}}},
+      {"mlp.c_fc.bias", {F}, kNoDecay, {{&LW::fc1_b}}},
+      {"mlp.c_proj.weight", {C, F}, kDecay, {{&LW::fc2_w}}},
+      {"mlp.c_proj.bias", {C}, kNoDecay, {{&LW::fc2_b}}},
+  };
+  // Conv1D: the file holds every layer matrix as (in, out).
+  for (auto& t : f.layer) t.transposed = t.shape.rank == 2;
+  f.head = {{"transformer.ln_f.weight", {C}, kNoDecay, {{&HW::norm_w}}},
+            {"transformer.ln_f.bias", {C}, kNoDecay, {{&HW::norm_b}}},
+            {kLmHead, {V, C}, kDecay, {{&HW::lm_head}}, !c.tie_embeddings}};
+  return f;
+}
+
+Family arch_family(const ModelConfig& c) {
+  switch (c.arch) {
+    case Arch::Llama: return llama_family(c);
+    case Arch::OPT: return opt_family(c);
+    case Arch::GPT2: return gpt2_family(c);
+  }
+  ZOF_ABORT("unknown arch");
+}
+
+// The config's family with the tensors it lacks dropped.
+Family family(const ModelConfig& c) {
+  Family f = arch_family(c);
+  auto absent = [](const auto& t) { return !t.present; };
+  std::erase_if(f.embed, absent);
+  std::erase_if(f.layer, absent);
+  std::erase_if(f.head, absent);
+  // Model::token_table() is the first parameter.
+  ZOF_ASSERT(!f.embed.empty() && f.embed.front().slots[0].field == &EW::tokens);
+  return f;
+}
+
 struct Spec {
   std::string name;
   std::vector<int64_t> shape;
   bool decay;
   bool transposed;
+  bool gathered;  // the token or a position table: rows gathered, never a matrix product's
 };
 
 // Tensors of one block, in the order Hugging Face writes them.
 using BlockSpec = std::pair<std::string, std::vector<Spec>>;
 
-std::vector<BlockSpec> layout_llama(const ModelConfig& c) {
-  const int64_t C = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
-  const int64_t Hq = c.num_heads * c.head_dim, Hk = c.num_kv_heads * c.head_dim;
-  std::vector<BlockSpec> out;
-  out.push_back({"embed", {{"model.embed_tokens.weight", {V, C}, true, false}}});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    std::vector<Spec> s;
-    s.push_back({p + "input_layernorm.weight", {C}, false, false});
-    if (c.fused_proj) {  // Phi-3: rows q, k, v; gate, up (layer() views into them)
-      s.push_back({p + "self_attn.qkv_proj.weight", {Hq + 2 * Hk, C}, true, false});
-      s.push_back({p + "self_attn.o_proj.weight", {C, Hq}, true, false});
-      s.push_back({p + "post_attention_layernorm.weight", {C}, false, false});
-      s.push_back({p + "mlp.gate_up_proj.weight", {2 * I, C}, true, false});
-      s.push_back({p + "mlp.down_proj.weight", {C, I}, true, false});
-      out.push_back({"layers." + std::to_string(i), s});
-      continue;
-    }
-    s.push_back({p + "self_attn.q_proj.weight", {Hq, C}, true, false});
-    if (c.qkv_bias) s.push_back({p + "self_attn.q_proj.bias", {Hq}, false, false});
-    s.push_back({p + "self_attn.k_proj.weight", {Hk, C}, true, false});
-    if (c.qkv_bias) s.push_back({p + "self_attn.k_proj.bias", {Hk}, false, false});
-    s.push_back({p + "self_attn.v_proj.weight", {Hk, C}, true, false});
-    if (c.qkv_bias) s.push_back({p + "self_attn.v_proj.bias", {Hk}, false, false});
-    s.push_back({p + "self_attn.o_proj.weight", {C, Hq}, true, false});
-    if (c.o_bias) s.push_back({p + "self_attn.o_proj.bias", {C}, false, false});
-    if (c.qk_norm) {  // Qwen3, Gemma 3: RMSNorm weights over head_dim, shared by every head
-      s.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, false, false});
-      s.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, false, false});
-    }
-    s.push_back({p + "post_attention_layernorm.weight", {C}, false, false});
-    if (c.sandwich_norm) {  // Gemma: post_attention_layernorm is the attention output's norm
-      s.push_back({p + "pre_feedforward_layernorm.weight", {C}, false, false});
-      s.push_back({p + "post_feedforward_layernorm.weight", {C}, false, false});
-    }
-    s.push_back({p + "mlp.gate_proj.weight", {I, C}, true, false});
-    if (c.mlp_bias) s.push_back({p + "mlp.gate_proj.bias", {I}, false, false});
-    s.push_back({p + "mlp.up_proj.weight", {I, C}, true, false});
-    if (c.mlp_bias) s.push_back({p + "mlp.up_proj.bias", {I}, false, false});
-    s.push_back({p + "mlp.down_proj.weight", {C, I}, true, false});
-    if (c.mlp_bias) s.push_back({p + "mlp.down_proj.bias", {C}, false, false});
-    out.push_back({"layers." + std::to_string(i), s});
+template <class View>
+std::vector<Spec> specs(const std::vector<Tensor<View>>& tensors, const std::string& prefix) {
+  std::vector<Spec> out;
+  for (const auto& t : tensors) {
+    bool gathered = false;
+    if constexpr (std::is_same_v<View, EW>)
+      for (const auto& s : t.slots) gathered |= s.field == &EW::tokens || s.field == &EW::positions;
+    out.push_back({prefix + t.name, t.shape.vec(), t.decay, t.transposed, gathered});
   }
-  std::vector<Spec> head{{"model.norm.weight", {C}, false, false}};
-  if (!c.tie_embeddings) head.push_back({"lm_head.weight", {V, C}, true, false});
-  out.push_back({"head", head});
-  return out;
-}
-
-std::vector<BlockSpec> layout_opt(const ModelConfig& c) {
-  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.intermediate_size;
-  const int64_t E = c.word_embed_proj_dim;
-  const bool b = c.qkv_bias;
-  std::vector<BlockSpec> out;
-  std::vector<Spec> embed{{"model.decoder.embed_tokens.weight", {V, E}, true, false},
-                          {"model.decoder.embed_positions.weight", {c.max_position + 2, C}, true,
-                           false}};
-  if (E != C) embed.push_back({"model.decoder.project_in.weight", {C, E}, true, false});
-  out.push_back({"embed", embed});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.decoder.layers." + std::to_string(i) + ".";
-    std::vector<Spec> s;
-    for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
-      s.push_back({p + "self_attn." + proj + ".weight", {C, C}, true, false});
-      if (b) s.push_back({p + "self_attn." + proj + ".bias", {C}, false, false});
-    }
-    s.push_back({p + "self_attn_layer_norm.weight", {C}, false, false});
-    s.push_back({p + "self_attn_layer_norm.bias", {C}, false, false});
-    s.push_back({p + "fc1.weight", {F, C}, true, false});
-    if (b) s.push_back({p + "fc1.bias", {F}, false, false});
-    s.push_back({p + "fc2.weight", {C, F}, true, false});
-    if (b) s.push_back({p + "fc2.bias", {C}, false, false});
-    s.push_back({p + "final_layer_norm.weight", {C}, false, false});
-    s.push_back({p + "final_layer_norm.bias", {C}, false, false});
-    out.push_back({"layers." + std::to_string(i), s});
-  }
-  std::vector<Spec> head;
-  if (c.do_layer_norm_before) {
-    head.push_back({"model.decoder.final_layer_norm.weight", {C}, false, false});
-    head.push_back({"model.decoder.final_layer_norm.bias", {C}, false, false});
-  }
-  if (E != C) head.push_back({"model.decoder.project_out.weight", {E, C}, true, false});
-  if (!c.tie_embeddings) head.push_back({"lm_head.weight", {V, E}, true, false});
-  out.push_back({"head", head});
-  return out;
-}
-
-std::vector<BlockSpec> layout_gpt2(const ModelConfig& c) {
-  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.intermediate_size;
-  std::vector<BlockSpec> out;
-  out.push_back({"embed",
-                 {{"transformer.wte.weight", {V, C}, true, false},
-                  {"transformer.wpe.weight", {c.max_position, C}, true, false}}});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "transformer.h." + std::to_string(i) + ".";
-    out.push_back({"layers." + std::to_string(i),
-                   {{p + "ln_1.weight", {C}, false, false},
-                    {p + "ln_1.bias", {C}, false, false},
-                    {p + "attn.c_attn.weight", {3 * C, C}, true, true},
-                    {p + "attn.c_attn.bias", {3 * C}, false, false},
-                    {p + "attn.c_proj.weight", {C, C}, true, true},
-                    {p + "attn.c_proj.bias", {C}, false, false},
-                    {p + "ln_2.weight", {C}, false, false},
-                    {p + "ln_2.bias", {C}, false, false},
-                    {p + "mlp.c_fc.weight", {F, C}, true, true},
-                    {p + "mlp.c_fc.bias", {F}, false, false},
-                    {p + "mlp.c_proj.weight", {C, F}, true, true},
-                    {p + "mlp.c_proj.bias", {C}, false, false}}});
-  }
-  std::vector<Spec> head{{"transformer.ln_f.weight", {C}, false, false},
-                         {"transformer.ln_f.bias", {C}, false, false}};
-  if (!c.tie_embeddings) head.push_back({"lm_head.weight", {V, C}, true, false});
-  out.push_back({"head", head});
   return out;
 }
 
 std::vector<BlockSpec> layout(const ModelConfig& c) {
-  switch (c.arch) {
-    case Arch::Llama: return layout_llama(c);
-    case Arch::OPT: return layout_opt(c);
-    case Arch::GPT2: return layout_gpt2(c);
+  const Family f = family(c);
+  std::vector<BlockSpec> out{{"embed", specs(f.embed, "")}};
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    out.push_back({"layers." + std::to_string(i),
+                   specs(f.layer, f.layer_prefix + std::to_string(i) + ".")});
+  out.push_back({"head", specs(f.head, "")});
+  return out;
+}
+
+// A block's view: the k-th tensor of its list read as the block's k-th parameter.
+template <class View>
+View view_of(const std::vector<Tensor<View>>& tensors, const Block& b,
+             const Model::ParamLocator& at) {
+  ZOF_ASSERT(tensors.size() == b.params.size());
+  View w;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Weight x = at(b.params[k]);
+    for (const auto& s : tensors[k].slots)
+      if (s.field) w.*s.field = x.at(s.at);
   }
-  ZOF_ABORT("unknown arch");
+  return w;
 }
 
 // Copies a stored tensor into dst as fp32, transposing a 2-D (in, out) file tensor to (out, in).
@@ -201,10 +300,8 @@ void check_config_against_weights(const ModelConfig& c, const safetensors::Archi
     return n;
   };
   // Layers: the highest index among the layer tensors' names, plus one.
-  const std::vector<std::string> prefixes =
-      c.arch == Arch::Llama ? std::vector<std::string>{"model.layers."}
-      : c.arch == Arch::OPT ? std::vector<std::string>{"model.decoder.layers."}
-                            : std::vector<std::string>{"transformer.h.", "h."};
+  std::vector<std::string> prefixes{family(c).layer_prefix};
+  if (gpt2) prefixes.push_back(prefixes[0].substr(std::string("transformer.").size()));
   int64_t layers = 0;
   for (const auto& n : a.names())
     for (const auto& p : prefixes) {
@@ -495,6 +592,9 @@ void Model::build_layout(bool allocate) {
       p.shape = s.shape;
       p.decay = s.decay;
       p.transposed = s.transposed;
+      // Matrix-product weights: every matrix but the token and position tables (gathered; a
+      // tied LM head is read through lm_head()).
+      p.gemm = s.shape.size() == 2 && !s.gathered;
       p.numel = 1;
       for (auto d : s.shape) p.numel *= d;
       blk.params.push_back((int)params_.size());
@@ -513,12 +613,6 @@ void Model::build_layout(bool allocate) {
     by_name_[params_[i].name] = (int)i;
   }
   if (allocate) allocate_storage();
-  // Matrix-product weights: every matrix but the token table (gathered; a tied LM head is read
-  // through lm_head()) and a learned position table (gathered).
-  for (Param& p : params_)
-    p.gemm = p.shape.size() == 2 && p.name != "model.decoder.embed_positions.weight" &&
-             p.name != "transformer.wpe.weight";
-  params_[token_table()].gemm = false;
   int64_t end = 0;
   for (auto& b : blocks_) {
     if (b.params.empty()) {  // e.g. an OPT head with neither final norm nor projections
@@ -549,11 +643,6 @@ const float* Weight::f32() const {
   return static_cast<const float*>(p);
 }
 
-Weight Model::ptr(const std::string& name, const ParamLocator& at) const {
-  const int i = index(name);
-  return i < 0 ? Weight() : at(i);
-}
-
 Model::ParamLocator Model::in_copy(const float* base, int block) const {
   return [this, base, block](int i) -> Weight {
     return base + params_[i].offset - blocks_[block].offset;
@@ -561,15 +650,10 @@ Model::ParamLocator Model::in_copy(const float* base, int block) const {
 }
 
 int Model::token_table() const {
-  switch (cfg_.arch) {
-    case Arch::Llama: return index("model.embed_tokens.weight");
-    case Arch::OPT: return index("model.decoder.embed_tokens.weight");
-    case Arch::GPT2: return index("transformer.wte.weight");
-  }
-  ZOF_ABORT("unknown architecture");
+  return blocks_.empty() ? -1 : blocks_.front().params.front();  // first in every family
 }
 
-int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index("lm_head.weight"); }
+int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index(kLmHead); }
 
 Model Model::load_layout(const std::string& dir) {
   check_model_dir("", dir);
@@ -726,21 +810,7 @@ EmbedWeights Model::embed() const {
 EmbedWeights Model::embed(const float* base) const { return embed(in_copy(base, 0)); }
 
 EmbedWeights Model::embed(const ParamLocator& b) const {
-  auto ptr = [&](const std::string& n, const ParamLocator& at) { return this->ptr(n, at); };
-  EmbedWeights w;
-  switch (cfg_.arch) {
-    case Arch::Llama: w.tokens = ptr("model.embed_tokens.weight", b); break;
-    case Arch::OPT:
-      w.tokens = ptr("model.decoder.embed_tokens.weight", b);
-      w.positions = ptr("model.decoder.embed_positions.weight", b);
-      w.project_in = ptr("model.decoder.project_in.weight", b);
-      break;
-    case Arch::GPT2:
-      w.tokens = ptr("transformer.wte.weight", b);
-      w.positions = ptr("transformer.wpe.weight", b);
-      break;
-  }
-  return w;
+  return view_of(family(cfg_).embed, blocks_.front(), b);
 }
 
 LayerWeights Model::layer(int i) const {
@@ -750,83 +820,7 @@ LayerWeights Model::layer(int i) const {
 LayerWeights Model::layer(int i, const float* base) const { return layer(i, in_copy(base, i + 1)); }
 
 LayerWeights Model::layer(int i, const ParamLocator& b) const {
-  auto ptr = [&](const std::string& n, const ParamLocator& at) { return this->ptr(n, at); };
-  LayerWeights w;
-  const std::string n = std::to_string(i);
-  switch (cfg_.arch) {
-    case Arch::Llama: {
-      const std::string p = "model.layers." + n + ".";
-      w.ln1_w = ptr(p + "input_layernorm.weight", b);
-      w.q_w = ptr(p + "self_attn.q_proj.weight", b);
-      w.q_b = ptr(p + "self_attn.q_proj.bias", b);
-      w.k_w = ptr(p + "self_attn.k_proj.weight", b);
-      w.k_b = ptr(p + "self_attn.k_proj.bias", b);
-      w.v_w = ptr(p + "self_attn.v_proj.weight", b);
-      w.v_b = ptr(p + "self_attn.v_proj.bias", b);
-      w.o_w = ptr(p + "self_attn.o_proj.weight", b);
-      w.o_b = ptr(p + "self_attn.o_proj.bias", b);
-      w.q_norm = ptr(p + "self_attn.q_norm.weight", b);
-      w.k_norm = ptr(p + "self_attn.k_norm.weight", b);
-      w.ln2_w = ptr(p + "post_attention_layernorm.weight", b);
-      if (cfg_.sandwich_norm) {  // Gemma: the FFN reads pre_feedforward_layernorm
-        w.post_attn_norm = w.ln2_w;
-        w.ln2_w = ptr(p + "pre_feedforward_layernorm.weight", b);
-        w.post_ffn_norm = ptr(p + "post_feedforward_layernorm.weight", b);
-      }
-      w.fc1_w = ptr(p + "mlp.gate_proj.weight", b);
-      w.fc1_b = ptr(p + "mlp.gate_proj.bias", b);
-      w.up_w = ptr(p + "mlp.up_proj.weight", b);
-      w.up_b = ptr(p + "mlp.up_proj.bias", b);
-      w.fc2_w = ptr(p + "mlp.down_proj.weight", b);
-      w.fc2_b = ptr(p + "mlp.down_proj.bias", b);
-      if (cfg_.fused_proj) {  // Phi-3: q, k, v and gate, up are row ranges of the fused tensors
-        const int64_t C = cfg_.hidden_size, Hq = cfg_.num_heads * cfg_.head_dim,
-                      Hk = cfg_.num_kv_heads * cfg_.head_dim;
-        const Weight qkv = ptr(p + "self_attn.qkv_proj.weight", b);
-        const Weight gate_up = ptr(p + "mlp.gate_up_proj.weight", b);
-        w.q_w = qkv, w.k_w = qkv.at(Hq * C), w.v_w = qkv.at((Hq + Hk) * C);
-        w.fc1_w = gate_up, w.up_w = gate_up.at(cfg_.intermediate_size * C);
-      }
-      break;
-    }
-    case Arch::OPT: {
-      const std::string p = "model.decoder.layers." + n + ".";
-      w.ln1_w = ptr(p + "self_attn_layer_norm.weight", b);
-      w.ln1_b = ptr(p + "self_attn_layer_norm.bias", b);
-      w.q_w = ptr(p + "self_attn.q_proj.weight", b);
-      w.q_b = ptr(p + "self_attn.q_proj.bias", b);
-      w.k_w = ptr(p + "self_attn.k_proj.weight", b);
-      w.k_b = ptr(p + "self_attn.k_proj.bias", b);
-      w.v_w = ptr(p + "self_attn.v_proj.weight", b);
-      w.v_b = ptr(p + "self_attn.v_proj.bias", b);
-      w.o_w = ptr(p + "self_attn.out_proj.weight", b);
-      w.o_b = ptr(p + "self_attn.out_proj.bias", b);
-      w.ln2_w = ptr(p + "final_layer_norm.weight", b);
-      w.ln2_b = ptr(p + "final_layer_norm.bias", b);
-      w.fc1_w = ptr(p + "fc1.weight", b);
-      w.fc1_b = ptr(p + "fc1.bias", b);
-      w.fc2_w = ptr(p + "fc2.weight", b);
-      w.fc2_b = ptr(p + "fc2.bias", b);
-      break;
-    }
-    case Arch::GPT2: {
-      const std::string p = "transformer.h." + n + ".";
-      w.ln1_w = ptr(p + "ln_1.weight", b);
-      w.ln1_b = ptr(p + "ln_1.bias", b);
-      w.qkv_w = ptr(p + "attn.c_attn.weight", b);
-      w.qkv_b = ptr(p + "attn.c_attn.bias", b);
-      w.o_w = ptr(p + "attn.c_proj.weight", b);
-      w.o_b = ptr(p + "attn.c_proj.bias", b);
-      w.ln2_w = ptr(p + "ln_2.weight", b);
-      w.ln2_b = ptr(p + "ln_2.bias", b);
-      w.fc1_w = ptr(p + "mlp.c_fc.weight", b);
-      w.fc1_b = ptr(p + "mlp.c_fc.bias", b);
-      w.fc2_w = ptr(p + "mlp.c_proj.weight", b);
-      w.fc2_b = ptr(p + "mlp.c_proj.bias", b);
-      break;
-    }
-  }
-  return w;
+  return view_of(family(cfg_).layer, blocks_[i + 1], b);
 }
 
 HeadWeights Model::head() const {
@@ -842,21 +836,8 @@ HeadWeights Model::head(const float* base, const float* tied_tokens) const {
 }
 
 HeadWeights Model::head(const ParamLocator& b) const {
-  auto ptr = [&](const std::string& n, const ParamLocator& at) { return this->ptr(n, at); };
-  HeadWeights w;
-  switch (cfg_.arch) {
-    case Arch::Llama: w.norm_w = ptr("model.norm.weight", b); break;
-    case Arch::OPT:
-      w.norm_w = ptr("model.decoder.final_layer_norm.weight", b);
-      w.norm_b = ptr("model.decoder.final_layer_norm.bias", b);
-      w.project_out = ptr("model.decoder.project_out.weight", b);
-      break;
-    case Arch::GPT2:
-      w.norm_w = ptr("transformer.ln_f.weight", b);
-      w.norm_b = ptr("transformer.ln_f.bias", b);
-      break;
-  }
-  w.lm_head = b(lm_head());
+  HeadWeights w = view_of(family(cfg_).head, blocks_.back(), b);
+  if (cfg_.tie_embeddings) w.lm_head = b(token_table());  // in the embedding's block
   return w;
 }
 
