@@ -1,5 +1,5 @@
-// zof._zof: the nanobind module over the C++ library the CLI links. It mirrors tools/zof.cpp
-// (same library calls, same errors); python/zof/__init__.py is the Python face around it.
+// zof._zof: the nanobind module over the C++ library the CLI links. It mirrors the CLI
+// (tools/commands.cpp: same library calls, same errors); python/zof/__init__.py is the Python face around it.
 // JSON results cross as strings (the CLI's --json text), parsed on the Python side.
 #include <cstring>
 #include <memory>
@@ -218,7 +218,7 @@ std::string finetune(const std::vector<std::pair<std::string, std::string>>& opt
     zof::set_train_option(opt, key, text);
     given[key] = "";
   }
-  // The CLI's checks before zof::finetune (tools/zof.cpp run_finetune), word for word.
+  // The CLI's checks before zof::finetune (tools/commands.cpp run_finetune), word for word.
   if (opt.resume.empty()) {
     ZOF_CHECK(!opt.model.empty(), "finetune needs --model DIR (or --resume RUN_DIR)");
     ZOF_CHECK(!opt.out.empty(), "finetune needs --out DIR, the run directory to write");

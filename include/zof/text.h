@@ -1,4 +1,4 @@
-// The CLI's text commands as library calls, shared by tools/zof.cpp and the Python module:
+// The CLI's text commands as library calls, shared by the CLI (tools/) and the Python module:
 // `zof eval` (perplexity over a text's documents) and `zof generate` (from a prompt string).
 #pragma once
 #include <cstdint>

@@ -1,27 +1,20 @@
-// The run directory (run_dir.h): atomic files, the JSONL logs, run.json, checkpoints and
-// `latest`, and the options, weights and counters a resumed run continues with.
+// The run directory (run_dir.h): the tokenizer's files beside a model, the JSONL logs,
+// checkpoints and `latest`, and RunDir: a new run's --out, a resumed run's options, weights and
+// counters, and each checkpoint. Beside it: run.json (run_json.cpp), the lock (run_lock.cpp), the
+// output directory's checks (output_checks.cpp), state.json (run_state.cpp).
 #include "train/run_dir.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <cctype>
 #include <cerrno>
-#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <limits>
 #include <sstream>
 
-#include "hf/json_depth.h"
 #include "zof/error.h"
-#include "zof/input_file.h"
 #include "zof/model.h"
 #include "zof/safetensors.h"
 #include "zof/version.h"
@@ -30,18 +23,6 @@
 using json = nlohmann::json;
 
 namespace zof::train {
-
-json read_json(const fs::path& p) {
-  // A regular file of sane size (a FIFO would block, /dev/zero would be read for ever).
-  const std::string text =
-      read_input_file(p.string(), p.string(), "the run directory is damaged", kMaxModelJsonBytes);
-  check_json_depth(text, p.string());  // a deep nest would overflow the stack when copied
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(p.string() + " is not valid JSON (" + e.what() + "); the run directory is damaged");
-  }
-}
 
 void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -53,44 +34,6 @@ void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
     ss << f.rdbuf();
     write_file_atomic(to / name, ss.str());
   }
-}
-
-// ---- the data's fingerprint ----------------------------------------------------------------------
-
-std::string data_fingerprint(const TrainOptions& opt) {
-  std::error_code ec;
-  std::vector<fs::path> files;
-  if (fs::is_directory(opt.data, ec) && opt.task != "text") {
-    // As load_task picks them: the train split's file and the first eval file present.
-    const bool tsv = opt.task == "sst2";
-    files.push_back(fs::path(opt.data) / (tsv ? "train.tsv" : "train.jsonl"));
-    for (const char* n : tsv ? std::vector<const char*>{"dev.tsv"}
-                             : std::vector<const char*>{"val.jsonl", "dev.jsonl"}) {
-      if (fs::is_regular_file(fs::path(opt.data) / n, ec)) {
-        files.push_back(fs::path(opt.data) / n);
-        break;
-      }
-    }
-  } else {
-    files.push_back(opt.data);
-  }
-  ByteHash h;
-  std::vector<char> buf(1 << 20);
-  for (const fs::path& f : files) {
-    // Not a regular file (a FIFO would block the open): no fingerprint; loading refuses it.
-    if (!fs::is_regular_file(f, ec)) return "";
-    std::ifstream in(f, std::ios::binary);
-    if (!in) return "";
-    const std::string head = f.filename().string() + "\n" +
-                             std::to_string(fs::file_size(f, ec)) + "\n";
-    h.add(head);
-    while (in) {
-      in.read(buf.data(), (std::streamsize)buf.size());
-      h.add(buf.data(), (size_t)in.gcount());
-    }
-    if (in.bad()) return "";
-  }
-  return "files-" + h.text();
 }
 
 // ---- JsonlLog ---------------------------------------------------------------------------------
@@ -131,14 +74,14 @@ int64_t JsonlLog::sync() {
 
 // ---- RunDir -----------------------------------------------------------------------------------
 
-namespace {
-
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
 }
+
+namespace {
 
 // A run that ended and wrote its model: model.safetensors and a summary.json of a run that
 // was not interrupted (an interrupted run writes a summary too, and no model).
@@ -154,7 +97,6 @@ bool run_finished(const fs::path& run) {
     return false;
   }
 }
-
 
 }  // namespace
 
@@ -199,250 +141,6 @@ fs::path latest_checkpoint(const fs::path& run) {
                 "' in its 'latest' file, but that checkpoint is incomplete (it needs state.json "
                 "and model.safetensors); the run cannot resume");
   return dir;
-}
-
-// ---- state.json, run.json -------------------------------------------------------------------
-
-TrainOptions parse_run_options(const json& run_json, const std::string& file) {
-  ZOF_CHECK(run_json.is_object(), file + " must hold a JSON object, not " +
-                                      std::string(run_json.type_name()) + "; " + kDamaged);
-  auto it = run_json.find("options");
-  ZOF_CHECK(it != run_json.end() && it->is_object(),
-            file + ": \"options\" is missing or not an object; " + kDamaged);
-  const json& o = *it;
-  // Each option's type as the defaults write it.
-  const json proto = TrainOptions().to_json();
-  for (auto f = o.begin(); f != o.end(); ++f) {
-    auto p = proto.find(f.key());
-    if (p == proto.end()) continue;  // a field from another version: ignored, as from_json does
-    const json& v = f.value();
-    std::string want;
-    if (p->is_string() && !v.is_string()) want = "a string";
-    else if (p->is_boolean() && !v.is_boolean()) want = "true or false";
-    else if (p->is_number_integer()) {
-      const bool is_unsigned_field = f.key() == "seed";
-      const bool ok = v.is_number_integer() &&
-                      (is_unsigned_field ? v.is_number_unsigned() || v.get<int64_t>() >= 0
-                       : f.key() == "queries"
-                           ? !v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT32_MAX
-                           : !v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t)INT64_MAX);
-      const bool fits_int = f.key() != "queries" || !ok ||
-                            (v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX);
-      if (!ok || !fits_int) want = is_unsigned_field ? "an integer >= 0" : "an integer";
-    } else if (p->is_number_float()) {
-      if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > FLT_MAX)
-        want = "a finite number";
-    }
-    if (!want.empty()) {
-      const std::string d = v.dump();
-      throw Error(file + ": options." + f.key() + " is " +
-                  (d.size() > 40 ? d.substr(0, 40) + "..." : d) + ", not " + want + "; " +
-                  kDamaged);
-    }
-  }
-  TrainOptions t;
-  try {
-    t = TrainOptions::from_json(o);
-  } catch (const json::exception& e) {
-    throw Error(file + ": \"options\" cannot be read (" + e.what() + "); " + kDamaged);
-  }
-  // The saved options pass the checks a new run's flags do, blamed on this file (and before a
-  // checkpoint's state.json is read against them): "--steps must be ..." is options.steps.
-  try {
-    validate_options(t, /*new_run=*/false);
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    std::string key = what.rfind("--", 0) == 0 ? what.substr(2, what.find_first_of(" ,;:") - 2) : "";
-    for (char& ch : key) ch = ch == '-' ? '_' : ch;
-    throw Error(file + ": " + (o.contains(key) ? "options." + key + " is out of range: " : "") +
-                what + "; " + kDamaged);
-  }
-  return t;
-}
-
-// ---- run.json's seal ---------------------------------------------------------------------------
-
-namespace {
-
-// The fix every "run.json was edited" message ends with.
-const char* const kEditedFix =
-    "so it no longer says how the run was made; restore run.json as the run wrote it, or start "
-    "a new run with the new options (zof finetune --out NEW_DIR)";
-
-bool hash_text(const json& v) {
-  const std::string pre = "fnv1a64:";
-  if (!v.is_string()) return false;
-  const std::string& t = v.get_ref<const std::string&>();
-  bool ok = t.size() == pre.size() + 16 && t.rfind(pre, 0) == 0;
-  for (size_t i = pre.size(); ok && i < t.size(); ++i)
-    ok = std::isdigit((unsigned char)t[i]) || (t[i] >= 'a' && t[i] <= 'f');
-  return ok;
-}
-
-std::string shown(const json& v) {
-  const std::string d = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  return d.size() > 40 ? d.substr(0, 40) + "..." : d;
-}
-
-}  // namespace
-
-std::string run_json_seal(const json& run_json) {
-  json j = run_json;
-  if (j.is_object()) {
-    j.erase("seal");
-    // Where the inputs and the run are, not what they are: base_fingerprint and
-    // data_fingerprint say that (and a resumed run's --out is where it is found).
-    if (auto o = j.find("options"); o != j.end() && o->is_object())
-      for (const char* where : {"model", "data", "out"}) o->erase(where);
-  }
-  // Objects keep their keys sorted, and a number is written as the shortest text that reads
-  // back to it: the dump of run.json as parsed is the dump of what the run wrote.
-  ByteHash h;
-  h.add(j.dump(-1, ' ', false, json::error_handler_t::replace));
-  return h.text();
-}
-
-void check_run_seal(const json& run_json, const std::string& file) {
-  if (!run_json.is_object()) return;  // parse_run_options says so
-  const auto format = run_json.find("format");
-  const auto seal = run_json.find("seal");
-  if (format == run_json.end() && seal == run_json.end()) return;  // an older zof's
-  if (format != run_json.end()) {
-    const json& f = *format;
-    ZOF_CHECK(!f.is_number_integer() ||
-                  (f.is_number_unsigned() ? f.get<uint64_t>() <= (uint64_t)kRunJsonFormat
-                                          : f.get<int64_t>() <= kRunJsonFormat),
-              file + " is \"format\" " + f.dump() + ", newer than this zof reads (" +
-                  std::to_string(kRunJsonFormat) + "): the run was written by a newer zof; "
-                  "resume or replay it with that zof");
-    ZOF_CHECK(f.is_number_integer() && f.get<int64_t>() == kRunJsonFormat,
-              file + ": \"format\" is " + shown(f) + ", not " + std::to_string(kRunJsonFormat) +
-                  "; " + kDamaged);
-  }
-  ZOF_CHECK(seal != run_json.end(),
-            file + " was edited after the run started: its \"seal\" was removed (a run.json of "
-            "\"format\" " + std::to_string(kRunJsonFormat) + " is sealed), " + kEditedFix);
-  ZOF_CHECK(hash_text(*seal), file + ": \"seal\" is " + shown(*seal) +
-                                  "; it must be \"fnv1a64:\" and 16 hex digits; " + kDamaged);
-  const std::string now = run_json_seal(run_json);
-  ZOF_CHECK(now == seal->get<std::string>(),
-            file + " was edited after the run started: its fields hash to " + now +
-                ", not to its \"seal\" " + seal->get<std::string>() + ", " + kEditedFix);
-}
-
-void check_recorded_seal(const json& state, const std::string& state_file, const json& run_json,
-                         const std::string& file) {
-  if (!state.is_object()) return;  // parse_state says so
-  const auto r = state.find("run_seal");
-  if (r == state.end() || !hash_text(*r)) return;  // none (an older zof), or parse_state's
-  const std::string now = run_json_seal(run_json);
-  ZOF_CHECK(now == r->get<std::string>(),
-            file + " was edited after the run started: its fields hash to " + now +
-                ", not to the " + r->get<std::string>() + " that " + state_file +
-                " records of it (run_seal), " + kEditedFix);
-}
-
-// ---- paths and the lock -----------------------------------------------------------------------
-
-namespace {
-
-// The real path: symlinks of the part that exists resolved, ".." folded.
-fs::path real_path(const fs::path& p) {
-  std::error_code ec;
-  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
-  return ec ? fs::absolute(p).lexically_normal() : r;
-}
-
-// Whether `inner` is `outer` or lies inside it (whole components).
-bool within(const fs::path& inner, const fs::path& outer) {
-  auto i = inner.begin(), o = outer.begin();
-  for (; o != outer.end(); ++o, ++i) {
-    if (o->empty()) continue;  // a trailing separator
-    if (i == inner.end() || *i != *o) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-void check_apart(const fs::path& out, const std::string& out_flag, const fs::path& input,
-                 const std::string& in_flag) {
-  if (out.empty() || input.empty()) return;
-  const fs::path o = real_path(out), i = real_path(input);
-  const std::string what = out_flag + " " + out.string();
-  const std::string in = in_flag + " " + input.string();
-  ZOF_CHECK(!(within(o, i) && within(i, o)),
-            what + " is " + in + " (both are " + o.string() + "): writing there would overwrite " +
-                "the input; choose another " + out_flag);
-  ZOF_CHECK(!within(o, i), what + " lies inside " + in + " (" + o.string() +
-                               "): writing there would mix with the input; choose an " +
-                               out_flag + " outside it");
-  ZOF_CHECK(!within(i, o), what + " holds " + in + " (" + i.string() +
-                               "): writing there could overwrite the input; choose an " +
-                               out_flag + " that does not contain it");
-}
-
-RunLock::~RunLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
-}
-
-void RunLock::acquire(const fs::path& run, const std::string& flag) {
-  path_ = run / ".lock";
-  const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  ZOF_CHECK(fd >= 0, flag + " " + run.string() + ": cannot open its lock file " + path_.string() +
-                         " (" + std::strerror(errno) + "); check that the directory is writable");
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
-    fd_ = fd;
-    return;
-  }
-  const int e = errno;
-  // The holder: /proc/locks names the process that took a flock on this inode; else the pid
-  // the holder wrote into the file.
-  std::string pid;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0) {
-    std::ifstream locks("/proc/locks");
-    std::string line;
-    const std::string ino = ":" + std::to_string((unsigned long long)st.st_ino);
-    while (pid.empty() && std::getline(locks, line)) {
-      std::istringstream ls(line);
-      std::string n, kind, adv, mode, who, dev;
-      if (!(ls >> n >> kind)) continue;
-      if (kind == "->") ls >> kind;  // a waiter
-      if (kind != "FLOCK" || !(ls >> adv >> mode >> who >> dev)) continue;
-      if (dev.size() > ino.size() && dev.compare(dev.size() - ino.size(), ino.size(), ino) == 0)
-        pid = who;
-    }
-  }
-  ::close(fd);
-  if (pid.empty()) {
-    std::string text = slurp(path_);
-    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-    if (!text.empty() && text.size() < 12 &&
-        text.find_first_not_of("0123456789") == std::string::npos)
-      pid = text;
-  }
-  ZOF_CHECK(e == EWOULDBLOCK || e == EAGAIN,
-            flag + " " + run.string() + ": cannot lock " + path_.string() + " (" +
-                std::strerror(e) + ")");
-  // The holder may be this very process: a flock belongs to an open file, so a second open here
-  // is refused as another process's would be (Python calling zof.finetune on a run directory
-  // from inside the on_step callback of a run in that directory).
-  ZOF_CHECK(pid != std::to_string(::getpid()),
-            flag + " " + run.string() + " is in use by this process (pid " + pid +
-                "), which already holds " + path_.string() + " for a run or replay it has not "
-                "finished (zof.finetune called from an on_step callback, say); start this one "
-                "after that one returns, or use another directory");
-  throw Error(flag + " " + run.string() + " is in use by another process (" +
-              (pid.empty() ? std::string("pid unknown") : "pid " + pid) + ") that holds " +
-              path_.string() + "; wait for it to finish, or stop it, then try again");
-}
-
-void RunLock::write_pid() {
-  if (fd_ < 0) return;
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) == (ssize_t)pid.size())
-    ::fsync(fd_);
 }
 
 RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
@@ -848,67 +546,6 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
     const std::string n = e.path().filename().string();
     if (n.rfind("checkpoint-", 0) == 0 && n != name) fs::remove_all(e.path());
   }
-}
-
-// ---- an output directory that already exists ------------------------------------------------
-
-namespace {
-
-// `NAME.tmp.PID` (write_file_atomic's temporary file): PID; else 0.
-long tmp_pid(const std::string& name) {
-  const size_t at = name.rfind(".tmp.");
-  if (at == std::string::npos || at == 0 || at + 5 >= name.size() || name.size() - at > 16)
-    return 0;
-  const std::string digits = name.substr(at + 5);
-  if (digits.find_first_not_of("0123456789") != std::string::npos) return 0;
-  return std::atol(digits.c_str());
-}
-
-// A leftover of a zof process that is gone: its temporary file, or the lock file.
-bool stale_tmp(const fs::directory_entry& e) {
-  const long pid = tmp_pid(e.path().filename().string());
-  std::error_code ec;
-  return pid > 0 && e.is_regular_file(ec) && ::kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
-}  // namespace
-
-std::vector<std::string> foreign_entries(const fs::path& dir, size_t max) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if ((n == ".lock" && e.is_regular_file(ec)) || stale_tmp(e)) continue;
-    names.push_back(n);
-  }
-  std::sort(names.begin(), names.end());
-  if (names.size() > max) {
-    const size_t more = names.size() - max;
-    names.resize(max);
-    names.push_back(std::to_string(more) + " more");
-  }
-  return names;
-}
-
-void remove_stale_tmp(const fs::path& dir) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (stale_tmp(e)) fs::remove(e.path(), ec);
-}
-
-void check_empty_out(const fs::path& out, const std::string& flag, const std::string& what) {
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(out, ec))) return;
-  ZOF_CHECK(fs::is_directory(out, ec),
-            flag + " " + out.string() + " exists and is not a directory; " + what +
-                ": choose another " + flag);
-  const std::vector<std::string> names = foreign_entries(out);
-  if (names.empty()) return;
-  std::string list;
-  for (size_t i = 0; i < names.size(); ++i)
-    list += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
-  throw Error(flag + " " + out.string() + " is not empty (it holds " + list + "); " + what +
-              ", so that nothing there is overwritten: choose another " + flag);
 }
 
 }  // namespace zof::train

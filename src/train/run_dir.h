@@ -31,6 +31,10 @@ using zof::write_file_atomic;
 nlohmann::json read_json(const fs::path& p);
 // The tokenizer's files (and generation_config.json) beside a saved model.
 void copy_tokenizer_files(const fs::path& from, const fs::path& to);
+// A file's bytes as they are, with no checks (empty when it cannot be opened): the run
+// directory's own small files (`latest`, summary.json, the lock's pid, a log being checked).
+// Internal to the run directory's code (run_dir.cpp, run_lock.cpp).
+std::string slurp(const fs::path& p);
 
 // The data a run trains and evaluates on, as files: --data (a text or task file) or, for a task
 // directory, the files load_task reads there; "files-fnv1a64:<16 hex digits>" over each file's

@@ -613,7 +613,7 @@ def make_stories(out_root, assets):
 
 
 def eval_windows(text, tok, bos, seq_len):
-    """The windows `zof eval` scores (tools/zof.cpp, src/model/perplexity.cpp): the text split
+    """The windows `zof eval` scores (src/app/text.cpp, src/model/perplexity.cpp): the text split
     at <|endoftext|>, each document stripped of surrounding whitespace and encoded alone without
     special tokens, then cut into non-overlapping windows of BOS + seq_len - 1 tokens that never
     cross a document boundary."""
