@@ -2,7 +2,7 @@
 // option's name, type, default, accepted values, help text, whether run.json saves it and what a
 // run from before it existed computed. The CLI's flags and --config lines, run.json's "options",
 // Python's keywords and docstring, the validation of single values and --resume's rule are all
-// read from it, so a new option is a field here and one entry in src/train/option_table.cpp.
+// read from it, so a new option is a field here and one entry in src/options/option_table.cpp.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -40,7 +40,7 @@ _TRAIN_FIELDS = [o["key"] for o in _TRAIN_OPTIONS]
 def _text(name, value):
     """A keyword's value as the text the CLI would read for its flag: the library reads it (and
     refuses it) exactly as it reads the flag's."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
     if isinstance(value, (int, np.integer)):
         return str(int(value))
@@ -102,7 +102,9 @@ class Model:
             r = self._m.eval(path, text or "", n, _text("batch", batch),
                              _text("max_windows", max_windows), dtype)
         except Error as e:
-            if path is not None and not os.path.lexists(path):
+            # The file's own refusal (not a number's or the dtype's, checked first).
+            if (path is not None and str(e).startswith("--text " + path)
+                    and not os.path.lexists(path)):
                 raise Error("%s (to score a string, pass it as text=)" % e) from None
             raise
         return json.loads(r)
@@ -183,7 +185,7 @@ def _option_line(o):
     return "    %s (%s%s): %s" % (o["key"], o["flag"], default, what)
 
 
-finetune.__doc__ += "\n    The options (from the library's table, as `zof finetune --help` lists them):\n\n" + \
+finetune.__doc__ = (finetune.__doc__ or "") + "\n    The options (from the library's table, as `zof finetune --help` lists them):\n\n" + \
     "\n".join(_option_line(o) for o in _TRAIN_OPTIONS) + "\n"
 
 

@@ -356,6 +356,14 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
             "--out " + out_dir + " is a mount point: replay writes the rebuilt model beside --out "
             "and renames it into place, which cannot replace a mount point; give a new directory "
             "inside it, --out " + (path(out_dir) / "model").string());
+  // The rename would swap the directory a process stands in (this one's, a shell's) for a new
+  // one, leaving them in an empty, deleted directory: refuse the working directory.
+  struct stat sc {};
+  ZOF_CHECK(::stat(dst.c_str(), &so) != 0 || ::stat(".", &sc) != 0 || so.st_dev != sc.st_dev ||
+                so.st_ino != sc.st_ino,
+            "--out " + out_dir + " is the current directory, which replay would replace with the "
+            "rebuilt model's (this shell would be left in a deleted directory); give a new "
+            "directory, e.g. --out " + (path(out_dir) / "model").string());
   const json saved = train::read_json(run / "run.json");
   const std::string run_json = (run / "run.json").string();
   const TrainOptions o = train::parse_run_options(saved, run_json);

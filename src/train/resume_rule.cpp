@@ -38,9 +38,11 @@ std::string and_list(const std::vector<std::string>& items) {
   return s;
 }
 
+// The same file or directory by another name; a path that cannot be resolved is no match.
 bool same_path(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+  std::error_code ea, eb;
+  const fs::path pa = fs::weakly_canonical(a, ea), pb = fs::weakly_canonical(b, eb);
+  return !ea && !eb && pa == pb;
 }
 
 }  // namespace
@@ -67,10 +69,15 @@ void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
     if (it == given.end() || !spec.saved || key == "model" || saved[key] == now[key]) continue;
     const std::string& where = it->second;
     // auto is what the run resolved when it started: its dtype, its window, its saved dtype
-    // (the master's).
+    // (the master's), its objective (MeZO's choice for its task).
     if (key == "dtype" && now[key] == "auto") continue;
     if (key == "round_every" && now[key] == 0) continue;
     if (key == "save_dtype" && now[key] == "auto" && saved[key] == saved["master"]) continue;
+    if (key == "objective" && now[key] == "auto") {
+      TrainOptions run = TrainOptions::from_json(saved);
+      run.objective = "auto";
+      if (training_objective(run) == saved[key]) continue;
+    }
     // The same file or directory by another name.
     if (key == "out" && same_path(opt.out, opt.resume)) continue;
     if (key == "data" && same_path(opt.data, saved[key].get<std::string>())) continue;

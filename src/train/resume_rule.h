@@ -1,4 +1,4 @@
-// --resume's rule (GivenOptions in zof/trainer.h): what a resumed run refuses of the options its
+// --resume's rule (GivenOptions in zof/options.h): what a resumed run refuses of the options its
 // caller set, the same for the CLI and Python since finetune() applies it.
 #pragma once
 #include "zof/trainer.h"

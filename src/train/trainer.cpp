@@ -107,7 +107,11 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                                            : std::string("a signal to another rank");
     r.sink.message("interrupted by " + by + " at step " + std::to_string(end.step) +
                    "; checkpoint saved, continue with: zof finetune --resume " + run);
-    if (!r.job.root) return json{{"rank", r.job.rank}, {"interrupted", true}};
+    if (!r.job.root) {  // the CLI's exit status, on every rank: 128 + the signal
+      json s{{"rank", r.job.rank}, {"interrupted", true}};
+      if (end.signal) s["signal"] = end.signal;
+      return s;
+    }
     json s{{"steps", end.step}, {"interrupted", true}, {"run", run}};
     if (end.signal) s["signal"] = end.signal;  // SIGINT or SIGTERM: the CLI exits 128 + it
     return s;

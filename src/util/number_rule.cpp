@@ -162,8 +162,12 @@ float read_float_text(const std::string& flag, const std::string& text, const Nu
 }
 
 bool read_switch_text(const std::string& flag, const std::string& text) {
-  if (text == "true") return true;
-  if (text == "false") return false;
+  // The words CLI11 takes for a flag's value (--one-sided=yes), so that Python and --config
+  // lines take what the command line does.
+  for (const char* t : {"true", "on", "yes", "enable", "1"})
+    if (text == t) return true;
+  for (const char* f : {"false", "off", "no", "disable", "0"})
+    if (text == f) return false;
   throw Error(flag + " is a switch: give it alone (or =true, =false), not with '" + text + "'");
 }
 

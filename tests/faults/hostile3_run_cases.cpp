@@ -301,4 +301,22 @@ TEST(Hostile3RunSeal, LayoutAndTheModelsPlaceAreNotSealed) {
   EXPECT_EQ(json::parse(s.read(r / "checkpoint-10" / "state.json"))["run_seal"], j["seal"]);
 }
 
+// --out . from an empty directory: the rename would swap the directory the caller stands in for
+// the rebuilt model's, leaving the caller in a deleted directory. Refused, nothing created.
+TEST(Hostile3RunReplay, TheCurrentDirectoryIsNoOut) {
+  ZOF_REQUIRE_PATH(zof::faults::assets_dir() + "/models/stories260K");
+  Sandbox s("Hostile3ReplayIntoCwd");
+  const fs::path run = s.run(), here = s.root() / "empty";
+  fs::create_directories(here);
+  const auto r = run_command("cd " + shell_quoted(here) + " && " + zof::faults::zof_binary() +
+                             " replay --model " + shell_quoted(s.model()) + " --log " +
+                             shell_quoted(run) + " --out .");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("zof: error: --out . is the current directory, which replay would replace"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::is_empty(here));
+  EXPECT_TRUE(fs::is_empty(s.root() / "empty"));
+}
+
 }  // namespace

@@ -196,3 +196,40 @@ def test_resume_rule_is_the_clis(tmp_path):
     want = cli_error("finetune", "--resume", run, "--z", "rademacher")
     assert "--z rademacher would be ignored (the run has --z gaussian)" in want
     assert py_error(lambda: zof.finetune(resume=run, z="rademacher")) == want
+
+
+def test_import_under_python_oo():
+    # -OO strips docstrings; finetune's is built from the option table at import.
+    r = subprocess.run([sys.executable, "-OO", "-c", "import zof; print(len(zof._TRAIN_FIELDS))"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == len(zof._TRAIN_FIELDS)
+
+
+def test_eval_hint_is_only_for_a_missing_file(model, tmp_path):
+    # A number refused before the file is looked at gets the CLI's message, no hint about text=.
+    missing = str(tmp_path / "missing.txt")
+    want = cli_error("eval", "--model", STORIES, "--text", missing, "--seq-len", 1)
+    assert py_error(lambda: model.eval(missing, seq_len=1)) == want
+
+
+def test_switches_take_the_clis_words(tmp_path):
+    require(STORIES), require(SHAKESPEARE)
+    # --no-report=yes on the command line; no_report="yes" (and numpy's bool) in Python.
+    import numpy as np
+    zof.finetune(model=STORIES, data=SHAKESPEARE, out=tmp_path / "a",
+                 **dict(SHORT, no_report="yes"))
+    zof.finetune(model=STORIES, data=SHAKESPEARE, out=tmp_path / "b",
+                 **dict(SHORT, no_report=np.bool_(True)))
+    assert not (tmp_path / "a" / "report.html").exists()
+    assert not (tmp_path / "b" / "report.html").exists()
+
+
+def test_resume_with_objective_auto_restates_the_runs_choice(tmp_path):
+    require(STORIES), require(SHAKESPEARE)
+    run = tmp_path / "run"
+    zof.finetune(model=STORIES, data=SHAKESPEARE, out=run, **SHORT)  # text: auto is lm
+    assert "the run finished at step 2" in py_error(
+        lambda: zof.finetune(resume=run, objective="auto"))
+    want = cli_error("finetune", "--resume", run, "--objective", "classification")
+    assert "--objective classification would be ignored (the run has --objective lm)" in want
