@@ -55,8 +55,12 @@ void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
   try {
     run_json = read_json(file);
     saved = parse_run_options(run_json, file.string()).to_json();
-    // An edited run.json's options are not the run's to compare with.
+    // An edited run.json's options are not the run's to compare with: its own seal, and the
+    // one its latest checkpoint records (a seal removed along with the edit).
     check_run_seal(run_json, file.string());
+    if (const fs::path ckpt = latest_checkpoint(opt.resume); !ckpt.empty())
+      check_recorded_seal(read_json(ckpt / "state.json"), (ckpt / "state.json").string(),
+                          run_json, file.string());
   } catch (const std::exception&) {
     return;  // a damaged or edited run.json: RunDir names what is wrong with it, in its order
   }

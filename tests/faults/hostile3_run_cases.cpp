@@ -89,6 +89,15 @@ std::vector<Case> hostile3_run_cases() {
        R"(^.*/killed/run\.json was edited after the run started: its fields hash to )" + kHash +
            ", not to the " + kHash +
            R"( that .*/killed/checkpoint-5/state\.json records of it \(run_seal\), )" + kEditedFix},
+      // Restating the run's real lr with the edited run.json: the edit is named, not the lr.
+      {"ResumeRestatingTheLrOfAnEditedRunJson", lr_edited([](json& j) {
+         j.erase("seal");
+         j.erase("format");
+       }),
+       "finetune --resume {S}/killed --lr 1e-06", 1,
+       R"(^.*/killed/run\.json was edited after the run started: its fields hash to )" + kHash +
+           ", not to the " + kHash +
+           R"( that .*/killed/checkpoint-5/state\.json records of it \(run_seal\), )" + kEditedFix},
       {"ReplayWithAnEditedLrAndTheSealRecomputed",
        lr_edited([](json& j) { j["seal"] = zof::train::run_json_seal(j); }), kReplay, 1,
        R"(^.*/killed/run\.json was edited after the run started: .* that .*/killed/checkpoint-5/state\.json records of it \(run_seal\), )" +
