@@ -193,6 +193,11 @@ def test_resume_rule_is_the_clis(tmp_path):
         saved.pop(k, None)
     with open(run / "run.json", "w") as f:
         json.dump(saved, f)
+    # An older zof's checkpoints recorded no seal of run.json either.
+    for state in run.glob("checkpoint-*/state.json"):
+        st = json.loads(state.read_text())
+        st.pop("run_seal", None)
+        state.write_text(json.dumps(st))
     want = cli_error("finetune", "--resume", run, "--z", "rademacher")
     assert "--z rademacher would be ignored (the run has --z gaussian)" in want
     assert py_error(lambda: zof.finetune(resume=run, z="rademacher")) == want
