@@ -1,6 +1,7 @@
 // `zof finetune`: the training loop around ZOEngine: schedules, evaluation, metrics, progress,
 // atomic checkpoints and exact resume, the (seed, g) step log, and replay from that log.
-// The parts live in src/train/, one file each (see the first lines of each).
+// The parts live in src/train/, one file each (see the first lines of each); the options and
+// their table in zof/options.h, a run's data in zof/data.h.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -18,9 +19,6 @@
 #include "zof/zo.h"
 
 namespace zof {
-
-class Tokenizer;
-
 
 // The dtype a run saves its model in: --save-dtype, "input" as the model loaded, auto the
 // master's (--master).
