@@ -95,16 +95,29 @@ void validate_eval(const EvalArgs& a) {
   zof::check_whole("--threads", a.threads, train_rule("--threads"));
 }
 
+// What generate and eval run on: the model directory checked, the backend and where it reads
+// the weights, the model, and its tokenizer (no id beyond the embeddings).
+struct TextModel {
+  std::unique_ptr<zof::Backend> backend;
+  zof::Model model;
+  zof::Tokenizer tok;
+};
+TextModel load_text_model(const std::string& dir, const DeviceArgs& where, int threads,
+                          zof::WeightPlacement& place) {
+  zof::check_model_dir("--model", dir);
+  auto backend = text_backend(where, threads, place);
+  zof::Model model = zof::Model::load(dir);
+  zof::Tokenizer tok = zof::Tokenizer::load(dir);
+  tok.check_ids_below(model.config().vocab_size);
+  return {std::move(backend), std::move(model), std::move(tok)};
+}
+
 }  // namespace
 
 int run_generate(const GenerateArgs& a) {
   validate_generate(a);
   zof::WeightPlacement place;
-  zof::check_model_dir("--model", a.model);
-  auto backend = text_backend(a.where, a.threads, place);
-  zof::Model model = zof::Model::load(a.model);
-  zof::Tokenizer tok = zof::Tokenizer::load(a.model);
-  tok.check_ids_below(model.config().vocab_size);
+  auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
   zof::SampleOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
   opt.max_new_is_default = !a.max_new_given;
@@ -133,11 +146,7 @@ int run_eval(const EvalArgs& a) {
   validate_eval(a);
   zof::check_input_file("--text", a.text, "--text takes one plain-text file");  // before loading
   zof::WeightPlacement place;
-  zof::check_model_dir("--model", a.model);
-  auto backend = text_backend(a.where, a.threads, place);
-  zof::Model model = zof::Model::load(a.model);
-  zof::Tokenizer tok = zof::Tokenizer::load(a.model);
-  tok.check_ids_below(model.config().vocab_size);
+  auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
   const std::string text = zof::read_eval_text(a.text);
   json j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
                               a.max_windows, place);
