@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "zof/safetensors.h"
+#include "hf/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = zof::fuzz::write_file("model.safetensors",

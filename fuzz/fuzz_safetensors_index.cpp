@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "zof/safetensors.h"
+#include "hf/safetensors.h"
 
 namespace {
 

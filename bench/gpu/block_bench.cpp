@@ -26,11 +26,11 @@
 #include <nlohmann/json.hpp>
 
 #include "zof/config.h"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/model.h"
-#include "zof/philox.h"
+#include "util/philox.h"
 #include "zof/streaming.h"
 
 #include "cuda/matmul.cuh"

@@ -19,7 +19,7 @@
 #include <string>
 
 #include "zof/dtype.h"
-#include "zof/philox.h"
+#include "zof/zkey.h"
 
 namespace zof {
 
@@ -214,9 +214,9 @@ class Backend {
   //  1. when n_update > 0: theta[i] <- theta[i] - (sum_j upd[j].coef * z(upd[j].key, tensor, i)
   //     + lr_wd * theta[i]), accumulated with fmaf in j order from lr_wd * theta[i];
   //  2. when cur: plus[i] = theta[i] + eps * z(cur, tensor, i), minus[i] = theta[i] - eps * z.
-  // plus/minus may be null (update only). z is z_group() of philox.h, so every backend produces
-  // the same bits. The copies are of type copy_t: F32, or BF16 (the fp32 value of step 2
-  // rounded to nearest even: the perturbed weights of a bf16 matrix product).
+  // plus/minus may be null (update only). z is z_group() of src/util/philox.h, so every backend
+  // produces the same bits. The copies are of type copy_t: F32, or BF16 (the fp32 value of step
+  // 2 rounded to nearest even: the perturbed weights of a bf16 matrix product).
   // round (a bf16 master, --master bf16; null: fp32): when n_update > 0, step 1's result is
   // rounded to bf16 stochastically, as round_bf16_stochastic(theta, ..., *round) would after
   // it, and step 2 reads the rounded value: the same bits as those three passes, in one.
@@ -261,7 +261,7 @@ class Backend {
                                const ZOOptimizer& o, const ZKey* round, Stream* s = nullptr) = 0;
   // A bf16 master's rounding after an update (--master bf16): elements [first, first + n) of
   // tensor `tensor` (x points at element first) become bf16 values, held as fp32, rounded
-  // stochastically with the bits of (key.seed, key.step, tensor, element): philox.h's
+  // stochastically with the bits of (key.seed, key.step, tensor, element): src/util/philox.h's
   // bf16_round_stochastic and round_bits_group, so every backend gives the same bits.
   virtual void round_bf16_stochastic(float* x, int64_t n, uint32_t tensor, int64_t first,
                                      const ZKey& key, Stream* s = nullptr) = 0;

@@ -153,14 +153,14 @@ class ZOEngine {
   // With streaming, writes the device copies back to the Model's storage without applying
   // the pending update (a checkpoint inside a rounding window: the master stays the window's).
   void sync_to_host();
-  const PendingUpdate& pending() const { return pending_; }
-  void set_pending(PendingUpdate p) { pending_ = std::move(p); }
+  const PendingUpdate& pending() const;
+  void set_pending(PendingUpdate p);
 
   // Mean loss at the current (flushed) weights.
   double loss(const std::vector<LossBatch>& micro);
 
-  Forward& forward() { return fwd_; }
-  const ZOStepOptions& options() const { return opt_; }
+  Forward& forward();
+  const ZOStepOptions& options() const;
 
   // Parameter streaming (streaming.h): the blocks pass through device memory within gpu_mem
   // bytes for everything this engine keeps on the device, its own buffers included (0: what the
@@ -171,13 +171,13 @@ class ZOEngine {
   // copy and is current after flush(). Not with pipeline stages. Enable it before the first walk
   // and before write_state(), once the Model's storage holds the weights to start from.
   void enable_streaming(size_t gpu_mem);
-  BlockStreamer* streamer() { return stream_.get(); }
+  BlockStreamer* streamer();
   // Device bytes of the engine's own buffers (how far free_memory() fell while allocating them
-  // in the constructor; the optimizer state comes later, see m_).
-  size_t buffer_bytes() const { return buffer_bytes_; }
+  // in the constructor; the optimizer state comes later).
+  size_t buffer_bytes() const;
   // Device memory another part of the run allocated on this backend for its walks (the JVP
   // estimator's buffers): counted with the engine's buffers in the streaming minimum and budget.
-  void add_buffer_bytes(size_t bytes) { buffer_bytes_ += bytes; }
+  void add_buffer_bytes(size_t bytes);
   // Rounds the master weights to dtype in place (Model::round_to) after the pending update, and
   // makes every copy read them: the device's streamed blocks and the forward's bf16 copies.
   void round_weights(DType dtype);
@@ -201,110 +201,12 @@ class ZOEngine {
   void read_state(std::vector<float>& m, std::vector<float>& v);
   void write_state(const std::vector<float>& m, const std::vector<float>& v);
   // Sparse MeZO's threshold of each parameter (infinity: dense).
-  const std::vector<float>& masks() const { return mask_; }
+  const std::vector<float>& masks() const;
 
  private:
-  // One block's pass: the pending update (when apply_update) and the perturbations of `cur`
-  // into plus/minus at the block's copy layout. The token table and the LM head matrix get
-  // their update here but are never copied whole (see embed_rows and head_sums).
-  void block_pass(int block, bool apply_update, const ZKey* cur, float* plus, float* minus);
-  // The bits of a bf16 master's rounding of the pending update: its first term's (seed, step).
-  ZKey round_key() const;
-  // A pass of an open rounding window over elements [first, first + n) of tensor pi (th points
-  // at element first): the copies at (master - the window's updates) +/- eps z(cur), through
-  // held_ in chunks; the master is only read. theta_out (may be null) receives that theta in
-  // type ct (a one-sided walk's second stream).
-  void held_pass(const Theta& th, int64_t n, int pi, int64_t first, const ZKey& cur, void* plus,
-                 void* minus, DType ct, void* theta_out);
-  // One step's walk: the queries' keys and the stage's share of the blocks.
-  struct StepWalk {
-    std::vector<ZKey> keys;
-    int nblocks = 0, li_lo = 0, li_hi = 0;  // layers [li_lo, li_hi)
-    bool has_embed = true, has_head = true;
-  };
-  StepWalk step_walk(uint32_t step) const;
-  // One-sided: query 0's second stream runs at theta and serves every query; the others have
-  // only their +eps stream.
-  bool has_minus(int j) const { return !opt_.one_sided || j == 0; }
-  // The three parts of one micro-batch's walk (the first applies the pending update; dirty: the
-  // blocks change and must be written back).
-  void walk_embed(const StepWalk& w, const DeviceInputs& in, int64_t n_uniq, bool first,
-                  bool dirty);
-  void walk_layers(const StepWalk& w, const DeviceInputs& in, bool first, bool dirty);
-  void walk_head(const StepWalk& w, const LossBatch& lb, bool first, bool dirty,
-                 QueryLosses& out);
-  // The batch's rows of the token table: its unique ids in order, and each id's index among them.
-  static void token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
-                         std::vector<int32_t>& local);
-  // Those rows (the first n_uniq ids in uniq_dev_) at theta +/- eps z(key) into
-  // tok_plus_/tok_minus_, row k from id uniq_dev_[k].
-  void perturb_rows(const ZKey& key, int64_t n_uniq);
-  // Summed NLL at theta +/- eps z(key) of the scored rows of hp/hm (hidden states after the
-  // last layer), with the head block's small parameters already in blk_plus_/blk_minus_: the
-  // LM head is perturbed and multiplied one vocabulary chunk at a time with an online softmax.
-  void head_sums(const ZKey& key, const float* hp, const float* hm, const LossBatch& lb,
-                 double& sum_plus, double& sum_minus);
-  Model::ParamLocator copy_locator(const float* base, const float* tokens) const;
-  // The type of parameter pi's perturbed copies: the compute dtype for matrices, else fp32.
-  DType copy_dtype(int pi) const;
-  void release_buffers();  // frees every buffer allocated so far
-  // The key of query j at step with this engine's distribution, and a key's copy with tensor
-  // pi's Sparse MeZO mask.
-  ZKey key(uint32_t step, int j) const;
-  ZKey masked(const ZKey& k, int pi) const;
-  // Where the walk finds parameter pi's weights: the model's storage, or the device copy of its
-  // block while streaming (the block must be acquired). acquire/release: no-ops unless streaming.
-  // In the storage's type: a bf16 master held in 2 bytes is read and updated as bf16.
-  Theta theta(int pi) const;
-  // n elements of a master as its copy of type ct (the one-sided walk's unperturbed stream).
-  void copy_theta(const Theta& th, void* dst, DType ct, int64_t n);
-  // Parameter pi's optimizer state on the device, plane 1 (m) or 2 (v): the whole-model arrays
-  // (allocated at first use), or its block's planes while streaming (the block must be acquired).
-  float* state(int pi, int plane);
-  void alloc_device_state();  // m_ (and v_), zeroed
-  void acquire(int block);
-  void release(int block, bool dirty);
-  std::vector<int> walk_order(size_t micro_batches) const;  // blocks in acquire order
-
-  Model& model_;
-  Backend& be_;
-  size_t free0_ = 0;  // be_.free_memory() before the buffers (declared before fwd_)
-  Forward fwd_;
-  ZOStepOptions opt_;
-  PendingUpdate pending_;
-  int64_t max_rows_;
-  int first_block_ = 0, last_block_ = -1;  // the stage's blocks; -1: the last block
-  StageIO io_;
-  int tok_ = -1, lm_ = -1;           // parameter indices of the token table and LM head matrix
-  std::vector<int64_t> copy_off_;    // per parameter: byte offset in a block copy (-1: never copied)
-  // Buffers, allocated once: one perturbed pair of the current block's copied parameters, the
-  // batch's rows of the token table, a vocabulary chunk of the LM head and its logits, the 2q
-  // hidden-state streams, the head's input features and the online-softmax state.
-  float *blk_plus_ = nullptr, *blk_minus_ = nullptr;
-  float *tok_plus_ = nullptr, *tok_minus_ = nullptr;
-  float *w_plus_ = nullptr, *w_minus_ = nullptr, *logit_plus_ = nullptr, *logit_minus_ = nullptr;
-  float *x_plus_ = nullptr, *x_minus_ = nullptr, *ce_state_ = nullptr;
-  float* h_sel_ = nullptr;       // the scored rows of a hidden state, gathered for the head
-  int32_t* targets_ = nullptr;   // their targets, on the device
-  int32_t* uniq_dev_ = nullptr;  // the batch's distinct token ids, on the device
-  std::vector<int32_t> uniq_host_;  // the same on the host
-  std::vector<float*> h_plus_, h_minus_;
-  int64_t vocab_chunk_ = 0;
-  std::vector<float> mask_;            // per parameter (Sparse MeZO)
-  // An open rounding window (round_every > 1): the walk of this step reads the master through
-  // held_pass, held_ chunks of held_n_ floats at a time.
-  bool hold_ = false;
-  float* held_ = nullptr;
-  int64_t held_n_ = 0;
-  // Optimizer state in storage layout: without streaming m_/v_ in device memory (allocated by
-  // the first update or write_state(), so that an engine about to stream never holds it whole
-  // on the device); with streaming state_host_, the pinned host masters (m, then v) that stream_
-  // carries as its planes 1 and 2.
-  float *m_ = nullptr, *v_ = nullptr;
-  std::vector<float*> state_host_;
-  size_t buffer_bytes_ = 0;
-  int lm_block_ = -1;                     // the block holding the LM head matrix
-  std::unique_ptr<BlockStreamer> stream_;  // null: the walk works on the model's storage
+  // The walk's state, its device buffers and helpers (src/zo/zo_engine.h).
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace zof

@@ -6,7 +6,7 @@
 
 #include "comm/mpi_comm.h"
 #include "comm/nccl_comm.h"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/dist.h"
 #include "zof/error.h"
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "cpu/cpu_zo.h"
+#include "util/philox.h"
 #include "zof/error.h"
 
 // Box-Muller's float math vectorizes across 16 lanes; let GCC use full 512-bit vectors here.

@@ -14,6 +14,7 @@
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_zo.h"
 #include "cpu/jvp_ops.h"
+#include "util/philox.h"
 #include "zof/error.h"
 
 namespace zof::cpu {

@@ -1,6 +1,6 @@
 // The CUDA entry points of a build without the CUDA backend (ZOF_CUDA=OFF or no nvcc): no
 // devices, and a message that says how to get the backend.
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/error.h"
 
 namespace zof {

@@ -24,7 +24,7 @@
 #include "cuda/pointwise.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/zo.cuh"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 
 namespace zof::cuda {
 

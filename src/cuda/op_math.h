@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "zof/philox.h"
+#include "util/philox.h"
 
 namespace zof::opmath {
 

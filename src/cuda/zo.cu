@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "util/philox.h"
+
 namespace zof::cuda {
 
 namespace {

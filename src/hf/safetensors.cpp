@@ -1,7 +1,7 @@
 // safetensors reader (mmap, every offset, size, dtype and shape validated before use) and atomic
 // writer. The format: u64 LE header length N, N bytes of JSON, then the data section; see
 // https://github.com/huggingface/safetensors (the Rust crate is the reference we match).
-#include "zof/safetensors.h"
+#include "hf/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

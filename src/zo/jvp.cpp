@@ -1,6 +1,6 @@
 // Forward-mode AD of the transformer forward (see jvp.h): the float walk of jvp_walk.h through
 // the Backend, its matrix products fp32 or bf16.
-#include "zof/jvp.h"
+#include "zo/jvp.h"
 
 #include "zof/error.h"
 

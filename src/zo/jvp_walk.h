@@ -15,8 +15,9 @@
 #include "model/block_graph.h"
 #include "model/graph_ops.h"
 #include "model/scored_rows.h"
+#include "util/philox.h"
 #include "zof/error.h"
-#include "zof/jvp.h"
+#include "zo/jvp.h"
 #include "zof/zo.h"
 #include "zof/streaming.h"
 

@@ -1,25 +1,72 @@
 // The ZO step as a walk over blocks with both perturbed hidden states (see zo.h). This file
-// holds the engine's construction and buffers, its pipeline stage, parameter streaming and the
-// evaluation loss. The walk is in zo_walk.cpp, the optimizer state in zo_state.cpp, the updates
-// in zo_update.cpp; the loss of a batch in src/model/loss.cpp.
+// holds ZOEngine's public calls (each forwards to its Impl, src/zo/zo_engine.h), the engine's
+// construction and buffers, its pipeline stage, parameter streaming and the evaluation loss.
+// The walk is in zo_walk.cpp, the optimizer state in zo_state.cpp, the updates in
+// zo_update.cpp; the loss of a batch in src/model/loss.cpp.
 #include "zof/zo.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "zof/error.h"
 #include "zof/streaming.h"
 
+#include "zo/zo_engine.h"
+
 namespace zof {
 
+// ---- ZOEngine: the interface, over its Impl -------------------------------------------------
+
 ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptions opt)
-    : model_(model),
-      be_(backend),
-      free0_(backend.free_memory()),
-      fwd_(model, backend, max_rows),
-      opt_(opt),
-      max_rows_(max_rows) {
+    : impl_(std::make_unique<Impl>(model, backend, max_rows, opt)) {}
+ZOEngine::~ZOEngine() = default;
+
+QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro) {
+  return impl_->perturbed_losses(step, micro);
+}
+void ZOEngine::set_stage(int first, int last, StageIO io) {
+  impl_->set_stage(first, last, std::move(io));
+}
+bool ZOEngine::owns_block(int b) const { return impl_->owns_block(b); }
+std::vector<double> ZOEngine::projected_gradients(const QueryLosses& l) const {
+  return impl_->projected_gradients(l);
+}
+void ZOEngine::schedule_update(uint32_t step, float lr, const std::vector<double>& g) {
+  impl_->schedule_update(step, lr, g);
+}
+void ZOEngine::add_update(const PendingUpdate& u) { impl_->add_update(u); }
+void ZOEngine::flush(bool to_host) { impl_->flush(to_host); }
+void ZOEngine::sync_to_host() { impl_->sync_to_host(); }
+const PendingUpdate& ZOEngine::pending() const { return impl_->pending_; }
+void ZOEngine::set_pending(PendingUpdate p) { impl_->pending_ = std::move(p); }
+double ZOEngine::loss(const std::vector<LossBatch>& micro) { return impl_->loss(micro); }
+Forward& ZOEngine::forward() { return impl_->fwd_; }
+const ZOStepOptions& ZOEngine::options() const { return impl_->opt_; }
+void ZOEngine::enable_streaming(size_t gpu_mem) { impl_->enable_streaming(gpu_mem); }
+BlockStreamer* ZOEngine::streamer() { return impl_->stream_.get(); }
+size_t ZOEngine::buffer_bytes() const { return impl_->buffer_bytes_; }
+void ZOEngine::add_buffer_bytes(size_t bytes) { impl_->buffer_bytes_ += bytes; }
+void ZOEngine::round_weights(DType dtype) { impl_->round_weights(dtype); }
+size_t ZOEngine::streaming_minimum() const { return impl_->streaming_minimum(); }
+size_t ZOEngine::streaming_buffers() const { return impl_->streaming_buffers(); }
+int ZOEngine::state_planes() const { return impl_->state_planes(); }
+void ZOEngine::read_state(std::vector<float>& m, std::vector<float>& v) { impl_->read_state(m, v); }
+void ZOEngine::write_state(const std::vector<float>& m, const std::vector<float>& v) {
+  impl_->write_state(m, v);
+}
+const std::vector<float>& ZOEngine::masks() const { return impl_->mask_; }
+
+// ---- the engine ----------------------------------------------------------------------------
+
+ZOEngine::Impl::Impl(Model& model, Backend& backend, int64_t max_rows, ZOStepOptions opt)
+          : model_(model),
+            be_(backend),
+            free0_(backend.free_memory()),
+            fwd_(model, backend, max_rows),
+            opt_(opt),
+            max_rows_(max_rows) {
   // A constructor that throws gets no destructor: whatever was allocated before the failure (a
   // device budget running out part way, a bad option) is given back here.
   try {
@@ -119,7 +166,7 @@ ZOEngine::ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptio
   }
 }
 
-ZOEngine::~ZOEngine() {
+ZOEngine::Impl::~Impl() {
   if (stream_) {
     try {
       stream_->sync_to_host();  // the weights the walks applied, as without streaming
@@ -131,7 +178,7 @@ ZOEngine::~ZOEngine() {
   release_buffers();
 }
 
-void ZOEngine::release_buffers() {
+void ZOEngine::Impl::release_buffers() {
   for (float** p : {&blk_plus_, &blk_minus_, &tok_plus_, &tok_minus_, &w_plus_, &w_minus_,
                     &logit_plus_, &logit_minus_, &x_plus_, &x_minus_, &ce_state_, &h_sel_, &m_, &v_,
                     &held_}) {
@@ -150,7 +197,7 @@ void ZOEngine::release_buffers() {
   state_host_.clear();
 }
 
-void ZOEngine::set_stage(int first, int last, StageIO io) {
+void ZOEngine::Impl::set_stage(int first, int last, StageIO io) {
   const int nblocks = (int)model_.blocks().size();
   ZOF_ASSERT(0 <= first && first <= last && last < nblocks);
   ZOF_ASSERT(first == 0 || io.recv);
@@ -162,27 +209,27 @@ void ZOEngine::set_stage(int first, int last, StageIO io) {
   io_ = std::move(io);
 }
 
-bool ZOEngine::owns_block(int b) const {
+bool ZOEngine::Impl::owns_block(int b) const {
   const int nblocks = (int)model_.blocks().size();
   const int last = last_block_ < 0 ? nblocks - 1 : last_block_;
   if (b >= first_block_ && b <= last) return true;
   return b == 0 && last == nblocks - 1 && model_.config().tie_embeddings;
 }
 
-Theta ZOEngine::theta(int pi) const {
+Theta ZOEngine::Impl::theta(int pi) const {
   if (stream_) return stream_->param(pi);
   return Theta(model_.param_ptr(pi), model_.storage_dtype());
 }
 
-void ZOEngine::acquire(int block) {
+void ZOEngine::Impl::acquire(int block) {
   if (stream_) stream_->acquire(block);
 }
 
-void ZOEngine::release(int block, bool dirty) {
+void ZOEngine::Impl::release(int block, bool dirty) {
   if (stream_) stream_->release(block, dirty);
 }
 
-std::vector<int> ZOEngine::walk_order(size_t micro_batches) const {
+std::vector<int> ZOEngine::Impl::walk_order(size_t micro_batches) const {
   const int nblocks = (int)model_.blocks().size();
   std::vector<int> order;
   for (int b = 0; b < nblocks; ++b) order.push_back(b);  // micro_batches 0: flush's walk
@@ -194,16 +241,16 @@ std::vector<int> ZOEngine::walk_order(size_t micro_batches) const {
   return order;
 }
 
-size_t ZOEngine::streaming_minimum() const {
+size_t ZOEngine::Impl::streaming_minimum() const {
   return streaming_buffers() + BlockStreamer::min_bytes(model_, 1 + state_planes());
 }
 
-size_t ZOEngine::streaming_buffers() const {
+size_t ZOEngine::Impl::streaming_buffers() const {
   // A bf16 evaluation converts each streamed block into scratch of its own.
   return buffer_bytes_ + fwd_.streamed_compute_bytes();
 }
 
-void ZOEngine::enable_streaming(size_t gpu_mem) {
+void ZOEngine::Impl::enable_streaming(size_t gpu_mem) {
   ZOF_CHECK(first_block_ == 0 && last_block_ < 0,
             "--gpu-mem (parameter streaming) does not combine with pipeline stages; use "
             "--pipeline-stages 1");
@@ -247,11 +294,11 @@ void ZOEngine::enable_streaming(size_t gpu_mem) {
   fwd_.set_weights(stream_.get());  // evaluation reads the device copies too
 }
 
-void ZOEngine::sync_to_host() {
+void ZOEngine::Impl::sync_to_host() {
   if (stream_) stream_->sync_to_host();
 }
 
-double ZOEngine::loss(const std::vector<LossBatch>& micro) {
+double ZOEngine::Impl::loss(const std::vector<LossBatch>& micro) {
   flush();
   double sum = 0, count = 0;
   for (const auto& lb : micro) {

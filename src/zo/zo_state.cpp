@@ -9,9 +9,11 @@
 #include "zof/error.h"
 #include "zof/streaming.h"
 
+#include "zo/zo_engine.h"
+
 namespace zof {
 
-int ZOEngine::state_planes() const {
+int ZOEngine::Impl::state_planes() const {
   switch (opt_.optimizer) {
     case ZOStepOptions::Optimizer::SGD: return 0;
     case ZOStepOptions::Optimizer::Momentum: return 1;
@@ -20,7 +22,7 @@ int ZOEngine::state_planes() const {
   return 0;
 }
 
-void ZOEngine::alloc_device_state() {
+void ZOEngine::Impl::alloc_device_state() {
   ZOF_ASSERT(!stream_ && !m_ && state_planes() > 0);
   const int64_t n = model_.storage_size();
   const std::vector<float> zeros(std::min<int64_t>(n, 1 << 20), 0.f);
@@ -42,14 +44,14 @@ void ZOEngine::alloc_device_state() {
   v_ = planes[1];
 }
 
-float* ZOEngine::state(int pi, int plane) {
+float* ZOEngine::Impl::state(int pi, int plane) {
   ZOF_ASSERT(plane >= 1 && plane <= state_planes());
   if (stream_) return stream_->plane(pi, plane);
   if (!m_) alloc_device_state();
   return (plane == 1 ? m_ : v_) + model_.params()[pi].offset;
 }
 
-void ZOEngine::read_state(std::vector<float>& m, std::vector<float>& v) {
+void ZOEngine::Impl::read_state(std::vector<float>& m, std::vector<float>& v) {
   flush();  // with streaming, the host masters are current from here
   const int64_t n = model_.storage_size();
   const int planes = state_planes();
@@ -67,7 +69,7 @@ void ZOEngine::read_state(std::vector<float>& m, std::vector<float>& v) {
   be_.synchronize(nullptr);
 }
 
-void ZOEngine::write_state(const std::vector<float>& m, const std::vector<float>& v) {
+void ZOEngine::Impl::write_state(const std::vector<float>& m, const std::vector<float>& v) {
   const int64_t n = model_.storage_size();
   const int planes = state_planes();
   ZOF_ASSERT((int64_t)m.size() == (planes >= 1 ? n : 0) &&

@@ -6,6 +6,8 @@
 #include "zof/error.h"
 #include "zof/streaming.h"
 
+#include "zo/zo_engine.h"
+
 namespace zof {
 
 PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, float lr,
@@ -28,7 +30,7 @@ PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, flo
   return u;
 }
 
-ZKey ZOEngine::round_key() const {
+ZKey ZOEngine::Impl::round_key() const {
   ZOF_ASSERT(!pending_.terms.empty());
   ZKey k;  // the update's own (seed, step), as its z: whoever made it, they travel together
   k.seed = pending_.terms[0].key.seed;
@@ -42,11 +44,11 @@ void PendingUpdate::join(const PendingUpdate& later) {
   lr_wd += later.lr_wd;
 }
 
-void ZOEngine::schedule_update(uint32_t step, float lr, const std::vector<double>& g) {
+void ZOEngine::Impl::schedule_update(uint32_t step, float lr, const std::vector<double>& g) {
   add_update(make_update(opt_, step, lr, g));
 }
 
-void ZOEngine::add_update(const PendingUpdate& u) {
+void ZOEngine::Impl::add_update(const PendingUpdate& u) {
   if (pending_.empty()) {
     pending_ = u;
     return;
@@ -56,7 +58,7 @@ void ZOEngine::add_update(const PendingUpdate& u) {
   pending_.join(u);
 }
 
-void ZOEngine::flush(bool to_host) {
+void ZOEngine::Impl::flush(bool to_host) {
   hold_ = false;  // a flush closes a rounding window (even after a walk cut short)
   if (!pending_.empty()) {
     const auto& blocks = model_.blocks();
@@ -73,7 +75,7 @@ void ZOEngine::flush(bool to_host) {
   if (stream_ && to_host) stream_->sync_to_host();
 }
 
-void ZOEngine::round_weights(DType dtype) {
+void ZOEngine::Impl::round_weights(DType dtype) {
   if (dtype == DType::F32) return;
   flush();  // the host master is current
   model_.round_to(dtype);

@@ -12,25 +12,27 @@
 #include "zof/error.h"
 #include "zof/streaming.h"
 
+#include "zo/zo_engine.h"
+
 namespace zof {
 
-ZKey ZOEngine::key(uint32_t step, int j) const {
+ZKey ZOEngine::Impl::key(uint32_t step, int j) const {
   ZKey k{opt_.seed, step, (uint32_t)j};
   k.dist = opt_.dist;
   return k;
 }
 
-ZKey ZOEngine::masked(const ZKey& k, int pi) const {
+ZKey ZOEngine::Impl::masked(const ZKey& k, int pi) const {
   ZKey m = k;
   m.mask = mask_[pi];
   return m;
 }
 
-DType ZOEngine::copy_dtype(int pi) const {
+DType ZOEngine::Impl::copy_dtype(int pi) const {
   return model_.params()[pi].gemm ? opt_.compute : DType::F32;
 }
 
-Model::ParamLocator ZOEngine::copy_locator(const float* base, const float* tokens) const {
+Model::ParamLocator ZOEngine::Impl::copy_locator(const float* base, const float* tokens) const {
   return [this, base, tokens](int pi) -> Weight {
     if (pi == tok_) return tokens;
     if (pi == lm_) return Weight();  // untied LM head: read chunk by chunk in head_sums
@@ -39,7 +41,7 @@ Model::ParamLocator ZOEngine::copy_locator(const float* base, const float* token
   };
 }
 
-void ZOEngine::copy_theta(const Theta& th, void* dst, DType ct, int64_t n) {
+void ZOEngine::Impl::copy_theta(const Theta& th, void* dst, DType ct, int64_t n) {
   if (th.dtype == DType::F32) {
     be_.cast(th.f32(), dst, ct, n);
   } else if (ct == th.dtype) {
@@ -50,8 +52,8 @@ void ZOEngine::copy_theta(const Theta& th, void* dst, DType ct, int64_t n) {
   }
 }
 
-void ZOEngine::held_pass(const Theta& th, int64_t n, int pi, int64_t first, const ZKey& cur,
-                         void* plus, void* minus, DType ct, void* theta_out) {
+void ZOEngine::Impl::held_pass(const Theta& th, int64_t n, int pi, int64_t first, const ZKey& cur,
+                               void* plus, void* minus, DType ct, void* theta_out) {
   const Param& p = model_.params()[pi];
   std::vector<ZOUpdateTerm> terms = pending_.terms;
   for (auto& t : terms) t.key.mask = mask_[pi];
@@ -69,8 +71,8 @@ void ZOEngine::held_pass(const Theta& th, int64_t n, int pi, int64_t first, cons
   }
 }
 
-void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* plus,
-                          float* minus) {
+void ZOEngine::Impl::block_pass(int block, bool apply_update, const ZKey* cur, float* plus,
+                                float* minus) {
   const Block& blk = model_.blocks()[block];
   auto& params = model_.params();
   if (hold_) {  // an open rounding window: copies only, from the master and the window's terms
@@ -135,8 +137,8 @@ void ZOEngine::block_pass(int block, bool apply_update, const ZKey* cur, float* 
   }
 }
 
-void ZOEngine::token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
-                          std::vector<int32_t>& local) {
+void ZOEngine::Impl::token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
+                                std::vector<int32_t>& local) {
   uniq.assign(ids, ids + rows);
   std::sort(uniq.begin(), uniq.end());
   uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
@@ -145,7 +147,7 @@ void ZOEngine::token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>
     local[i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.end(), ids[i]) - uniq.begin());
 }
 
-void ZOEngine::perturb_rows(const ZKey& key, int64_t n_uniq) {
+void ZOEngine::Impl::perturb_rows(const ZKey& key, int64_t n_uniq) {
   const int64_t E = model_.params()[tok_].shape[1];
   const ZKey mk = masked(key, tok_);
   const Theta table = theta(tok_);
@@ -173,8 +175,8 @@ void ZOEngine::perturb_rows(const ZKey& key, int64_t n_uniq) {
     be_.widen(table.at(int64_t(uniq_host_[k]) * E).p, table.dtype, tok_minus_ + k * E, E);
 }
 
-void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, const LossBatch& lb,
-                         double& sum_plus, double& sum_minus) {
+void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm,
+                               const LossBatch& lb, double& sum_plus, double& sum_minus) {
   const int64_t rows = lb.batch.B * lb.batch.T;
   const int32_t* targets = lb.targets.data();
   const bool minus = hm != nullptr;  // one-sided, query > 0: the theta stream is query 0's
@@ -251,7 +253,7 @@ void ZOEngine::head_sums(const ZKey& key, const float* hp, const float* hm, cons
   sum_minus = loss_sum(lb, nll.data());
 }
 
-ZOEngine::StepWalk ZOEngine::step_walk(uint32_t step) const {
+ZOEngine::Impl::StepWalk ZOEngine::Impl::step_walk(uint32_t step) const {
   StepWalk w;
   const int q = opt_.queries;
   for (int j = 0; j < q; ++j) w.keys.push_back(key(step, j));
@@ -266,8 +268,8 @@ ZOEngine::StepWalk ZOEngine::step_walk(uint32_t step) const {
 
 // Block 0: the embedding, with only the batch's rows of the token table perturbed (a stage
 // without it receives the 2q streams instead).
-void ZOEngine::walk_embed(const StepWalk& w, const DeviceInputs& in, int64_t n_uniq, bool first,
-                          bool dirty) {
+void ZOEngine::Impl::walk_embed(const StepWalk& w, const DeviceInputs& in, int64_t n_uniq,
+                                bool first, bool dirty) {
   const int64_t rows = in.B * in.T, C = model_.config().hidden_size;
   const int q = (int)w.keys.size();
   if (!w.has_embed) {
@@ -291,7 +293,8 @@ void ZOEngine::walk_embed(const StepWalk& w, const DeviceInputs& in, int64_t n_u
 }
 
 // The stage's transformer layers, each resident once for all 2q streams.
-void ZOEngine::walk_layers(const StepWalk& w, const DeviceInputs& in, bool first, bool dirty) {
+void ZOEngine::Impl::walk_layers(const StepWalk& w, const DeviceInputs& in, bool first,
+                                 bool dirty) {
   const int q = (int)w.keys.size();
   for (int li = w.li_lo; li < w.li_hi; ++li) {
     acquire(li + 1);
@@ -310,8 +313,8 @@ void ZOEngine::walk_layers(const StepWalk& w, const DeviceInputs& in, bool first
 
 // The head: final norm, projections, LM head in vocabulary chunks, NLL of the scored rows (a
 // stage without it sends the 2q streams on). A tied LM head is the embedding block's token table.
-void ZOEngine::walk_head(const StepWalk& w, const LossBatch& lb, bool first, bool dirty,
-                         QueryLosses& out) {
+void ZOEngine::Impl::walk_head(const StepWalk& w, const LossBatch& lb, bool first, bool dirty,
+                               QueryLosses& out) {
   const int64_t rows = lb.batch.B * lb.batch.T, C = model_.config().hidden_size;
   const int q = (int)w.keys.size(), last = w.nblocks - 1;
   if (!w.has_head) {
@@ -339,7 +342,7 @@ void ZOEngine::walk_head(const StepWalk& w, const LossBatch& lb, bool first, boo
   out.count += lb.units();
 }
 
-QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro) {
+QueryLosses ZOEngine::Impl::perturbed_losses(uint32_t step, const std::vector<LossBatch>& micro) {
   ZOF_CHECK(opt_.perturb, "this ZO engine only applies updates (ZOStepOptions::perturb is off): "
                           "it has no buffers for perturbed losses");
   ZOF_CHECK(!micro.empty(), "a ZO step needs at least one batch");
@@ -383,7 +386,7 @@ QueryLosses ZOEngine::perturbed_losses(uint32_t step, const std::vector<LossBatc
   return out;
 }
 
-std::vector<double> ZOEngine::projected_gradients(const QueryLosses& l) const {
+std::vector<double> ZOEngine::Impl::projected_gradients(const QueryLosses& l) const {
   ZOF_CHECK(l.count > 0, "the batch has no scored tokens (every target is masked)");
   std::vector<double> g(l.sum_plus.size());
   for (size_t j = 0; j < g.size(); ++j)

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/dtype.h"
 
 namespace zof::gpu_test {

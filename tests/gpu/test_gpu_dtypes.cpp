@@ -16,10 +16,10 @@
 #include "cuda/matmul.cuh"
 #include "gpu/gpu_test.h"
 #include "zof/backend.h"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/dtype.h"
 #include "zof/error.h"
-#include "zof/philox.h"
+#include "util/philox.h"
 
 namespace {
 

@@ -18,9 +18,9 @@
 #include "gpu/gpu_test.h"
 #include "zof/error.h"
 #include "zof/forward.h"
-#include "zof/jvp.h"
+#include "zo/jvp.h"
 #include "zof/model.h"
-#include "zof/safetensors.h"
+#include "hf/safetensors.h"
 #include "zof/streaming.h"
 #include "zof/zo.h"
 

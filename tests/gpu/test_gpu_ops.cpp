@@ -15,9 +15,9 @@
 #include "cpu/cpu_zo.h"
 #include "zof/backend.h"
 #include "zof/config.h"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/error.h"
-#include "zof/philox.h"
+#include "util/philox.h"
 
 namespace {
 

@@ -12,12 +12,13 @@
 
 #include "common.h"
 #include "golden_batch.h"
+#include "util/philox.h"
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zof/forward.h"
-#include "zof/jvp.h"
+#include "zo/jvp.h"
 #include "zof/model.h"
-#include "zof/safetensors.h"
+#include "hf/safetensors.h"
 #include "zof/zo.h"
 
 namespace {

@@ -19,7 +19,7 @@
 #include "zof/forward.h"
 #include "zof/generate.h"
 #include "zof/model.h"
-#include "zof/safetensors.h"
+#include "hf/safetensors.h"
 #include "zof/zo.h"
 
 namespace fs = std::filesystem;

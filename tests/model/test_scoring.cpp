@@ -9,7 +9,7 @@
 #include "zof/forward.h"
 #include "zof/model.h"
 #include "zof/perplexity.h"
-#include "zof/philox.h"
+#include "util/philox.h"
 #include "zof/tokenizer.h"
 #include "zof/zo.h"
 

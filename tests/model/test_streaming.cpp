@@ -16,7 +16,7 @@
 #include "common.h"
 #include "golden_batch.h"
 #include "zof/backend.h"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/model.h"

@@ -15,8 +15,8 @@
 #include "zof/backend.h"
 #include "zof/forward.h"
 #include "zof/model.h"
-#include "zof/philox.h"
-#include "zof/safetensors.h"
+#include "util/philox.h"
+#include "hf/safetensors.h"
 #include "zof/zo.h"
 
 namespace fs = std::filesystem;

@@ -11,7 +11,7 @@
 #include "cpu/cpu_zo.h"
 #include "zof/backend.h"
 #include "zof/error.h"
-#include "zof/philox.h"
+#include "util/philox.h"
 #include "cpu/sim_device.h"
 #include "zof/zo.h"
 

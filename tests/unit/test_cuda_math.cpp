@@ -19,7 +19,7 @@
 #include "cuda/op_math.h"
 #include "zof/backend.h"
 #include "zof/config.h"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/error.h"
 #include "cpu/jvp_ops.h"
 

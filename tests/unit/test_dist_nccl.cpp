@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/dist.h"
 #include "zof/error.h"
 

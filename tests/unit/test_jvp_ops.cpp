@@ -14,7 +14,7 @@
 #include "zof/config.h"
 #include "zof/error.h"
 #include "cpu/jvp_ops.h"
-#include "zof/jvp.h"
+#include "zo/jvp.h"
 
 namespace {
 

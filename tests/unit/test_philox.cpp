@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "zof/philox.h"
+#include "util/philox.h"
 
 namespace {
 

@@ -23,7 +23,7 @@
 
 #include "common.h"
 #include "zof/error.h"
-#include "zof/safetensors.h"
+#include "hf/safetensors.h"
 
 namespace {
 

@@ -11,7 +11,6 @@
 #include "zof/config.h"
 
 #include "zof/model.h"
-#include "zof/philox.h"
 #include "zof/zo.h"
 
 namespace zof {

@@ -2,11 +2,14 @@
 // of ZO perturbations, a pure function of (seed, step, query, tensor, element). The same source
 // compiles for the host and for CUDA (__host__ __device__), and every floating-point step is an
 // IEEE-exact operation (+, *, /, sqrt) or an explicit fmaf, so CPU and GPU produce the same z bit
-// for bit, at any thread count, block layout or rank.
+// for bit, at any thread count, block layout or rank. Internal (src/util/): the public API
+// names a direction by its key alone (zof/zkey.h).
 #pragma once
 #include <cstdint>
 #include <cstring>
 #include <math.h>
+
+#include "zof/zkey.h"  // ZKey, kZGaussian, kZRademacher: the public part
 
 #if defined(__CUDACC__)
 #define ZOF_HD __host__ __device__ __forceinline__
@@ -135,19 +138,6 @@ ZOF_HD void zof_box_muller4(const Philox4x32& b, float out[4]) {
     out[2 * p + 1] = rad * s;
   }
 }
-
-// The key of one perturbation direction: z for (seed, step, query) over all tensors.
-// dist: 0 standard normal (Box-Muller), 1 Rademacher (+-1 from each word's top bit; the same
-// Philox blocks). mask (Sparse MeZO): the ZO passes take z as 0 wherever |theta| > mask (theta
-// before the update, for update terms); infinity: dense. z_group itself ignores the mask.
-struct ZKey {
-  uint64_t seed = 0;
-  uint32_t step = 0;
-  uint32_t query = 0;
-  uint32_t dist = 0;
-  float mask = __builtin_inff();
-};
-constexpr uint32_t kZGaussian = 0, kZRademacher = 1;
 
 // +-1 from the top bit of each of the 4 words.
 ZOF_HD void zof_rademacher4(const uint32_t w[4], float out[4]) {
