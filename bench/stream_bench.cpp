@@ -101,7 +101,7 @@ Row measure(const Args& a, const zof::ModelConfig& cfg, const std::string& name,
     tokens += m.batch.B * m.batch.T;
   }
   zof::BackendOptions bo;
-  bo.device = a.device == "cuda" ? "cuda" : "cpu";
+  bo.device = a.device == "cuda" ? zof::DeviceChoice::Cuda : zof::DeviceChoice::Cpu;
   bo.threads = threads;
   bo.sim_device = budget > 0 && a.device != "cuda";
   bo.sim_budget = budget;
@@ -164,9 +164,10 @@ int run(Args a) {
   const int threads = zof::setup_host_threads(a.threads > 0 ? a.threads : zof::default_host_threads(), 1);
   {  // --dtype auto follows the measured device: the GPU's tensor cores, or this CPU's
     zof::BackendOptions bo;
-    bo.device = a.device == "cuda" ? "cuda" : "cpu";
+    bo.device = a.device == "cuda" ? zof::DeviceChoice::Cuda : zof::DeviceChoice::Cpu;
     bo.threads = threads;
-    a.compute = zof::resolve_compute_dtype(a.dtype, *zof::make_backend(bo));
+    a.compute = zof::resolve_compute_dtype(
+        zof::read_choice_text<zof::ComputeChoice>("--dtype", a.dtype), *zof::make_backend(bo));
   }
   const zof::ModelConfig cfg = a.model_config == "llama-8x512"
                                    ? zof::ModelConfig::from_json(json::parse(kLlama8x512), a.model_config)

@@ -38,7 +38,8 @@ int run(const Args& a) {
   zof::BackendOptions bo;
   bo.threads = threads;
   auto backend = zof::make_backend(bo);
-  const zof::DType dtype = zof::resolve_compute_dtype(a.dtype, *backend);
+  const zof::DType dtype = zof::resolve_compute_dtype(
+      zof::read_choice_text<zof::ComputeChoice>("--dtype", a.dtype), *backend);
   const std::string unit = backend->compute_info().isa;
 
   // The GEMM rate in the step's dtype, sampled before and after the steps; its buffers exist

@@ -25,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const std::string path = zof::fuzz::write_file("data", file);
   ZOF_FUZZ_REFUSE_OK({
-    const auto examples = zof::parse_task_file(task, path, require_labels);
+    const auto examples = zof::parse_task_file(*zof::find_choice<zof::Task>(task), path, require_labels);
     for (const auto& e : examples) {
       // What tokenize_example and the metrics rely on.
       if (e.candidates.empty()) __builtin_trap();

@@ -52,7 +52,7 @@ class PyModel {
                   "': evaluation and generation run on the CPU; fine-tune on a GPU with "
                   "zof.finetune(device=\"cuda\")");
     zof::BackendOptions b;
-    b.device = device;
+    b.device = *zof::find_choice<zof::DeviceChoice>(device);
     b.threads = read_threads(threads);
     backend_ = zof::make_backend(b);
     zof::check_model_dir("--model", path);  // as the CLI's eval and generate
@@ -95,7 +95,8 @@ class PyModel {
   // dtype: --dtype's word (auto resolved against this model's backend, as the CLI does).
   zof::WeightPlacement placement(const std::string& dtype) const {
     zof::WeightPlacement p;
-    p.compute = zof::resolve_compute_dtype(dtype, *backend_);
+    p.compute = zof::resolve_compute_dtype(
+        zof::read_choice_text<zof::ComputeChoice>("--dtype", dtype), *backend_);
     return p;
   }
 

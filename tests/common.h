@@ -29,7 +29,7 @@ inline std::unique_ptr<Backend> cpu_backend(int threads = 0) {
 }
 inline std::unique_ptr<Backend> reference_backend() {
   BackendOptions b;
-  b.device = "reference";
+  b.device = zof::DeviceChoice::Reference;
   return make_backend(b);
 }
 

@@ -17,8 +17,8 @@
 
 namespace zof::cli {
 
-// ---- numbers ----------------------------------------------------------------------------------
-// Numeric flags are bound as text and read here once CLI11 has parsed: its own conversions and
+// ---- numbers (and words) ----------------------------------------------------------------------
+// Numeric flags (and a choice's words) are bound as text and read here once CLI11 has parsed: its own conversions and
 // range checks answer in their words (exit 105, "Value 0 not in range 0.000000 to 1797...") and
 // wrap a negative --seed round to 2^64 - 1. A text is read into the flag's type only if it fits;
 // the ranges are then the validation's (validate_options, validate_generate, ...).
@@ -62,6 +62,19 @@ class NumberFlags {
     }
     f.opt = app->add_option(name, f.text, help)->type_name(type);
     if (show_default) f.opt->default_str(def);
+    return f.opt;
+  }
+  // A flag of words (a choice, choices.h), read by `read` once parsed, as the numbers are: a
+  // word it refuses gets the option table's message.
+  CLI::Option* add_words(CLI::App* app, const std::string& name,
+                         std::function<void(const std::string&)> read, const std::string& help,
+                         const std::string& def) {
+    Flag& f = flags_.emplace_back();
+    f.app = app;
+    f.name = name;
+    f.read = std::move(read);
+    f.opt = app->add_option(name, f.text, help)->type_name("WORD");
+    f.opt->default_str(def);
     return f.opt;
   }
   // Reads the flags given to app, in the order they were declared.

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "zof/config.h"
-#include "zof/cuda.h"
+#include "cuda/cuda_backend.h"
 #include "zof/error.h"
 #include "zof/model.h"
 #include "zof/streaming.h"
@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
     opt.queries = queries;
     opt.seed = 1;
     auto be = zof::make_cuda_backend(0);
-    opt.compute = zof::resolve_compute_dtype(dtype, *be);
+    opt.compute = zof::resolve_compute_dtype(
+        zof::read_choice_text<zof::ComputeChoice>("--dtype", dtype), *be);
     zof::ZOEngine zo(model, *be, rows, opt);
     // Room for every block beside the engine's buffers: all resident, as in a run whose model
     // fits (the trainer's --device cuda without --gpu-mem).

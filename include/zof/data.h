@@ -36,10 +36,7 @@ enum class TaskKind {
   Text,            // text: token windows; metric = held-out perplexity
 };
 
-// "sst2", "rte", "cb", "copa", "jsonl", "text".
-const std::vector<std::string>& task_names();
-// zof::Error for an unknown name (the message lists the known ones).
-TaskKind task_kind(const std::string& task);
+TaskKind task_kind(Task task);
 
 // Reads one file of a task (not "text") into examples with the task's prompts, in file order.
 //   sst2:  TSV with a header naming the columns `sentence` and `label` (GLUE); label 0 or 1.
@@ -48,7 +45,7 @@ TaskKind task_kind(const std::string& task);
 // Blank lines are skipped. require_labels = false accepts lines without a label (SuperGLUE test
 // files; label -1 there) and gives them label = -1. zof::Error names the file, the 1-based line,
 // the field and the fix; a file with no examples is an error.
-std::vector<Example> parse_task_file(const std::string& task, const std::string& path,
+std::vector<Example> parse_task_file(Task task, const std::string& path,
                                      bool require_labels = true);
 
 struct DataOptions {
@@ -59,7 +56,7 @@ struct DataOptions {
 };
 
 struct TaskData {
-  std::string task;
+  Task task = Task::Text;
   std::vector<Example> train, eval;  // the samples, in sampled order
   std::string train_path, eval_path;
   int64_t train_available = 0, eval_available = 0;  // split sizes before sampling
@@ -75,7 +72,7 @@ struct TaskData {
 // (without replacement): train k = train_examples with stream 1, eval k = eval_examples with
 // stream 2, both keyed by seed. (MeZO uses numpy's permutation; ours is Philox-based, so the same
 // seed does not pick the same examples as MeZO.)
-TaskData load_task(const std::string& task, const std::string& data_path, const DataOptions& opt);
+TaskData load_task(Task task, const std::string& data_path, const DataOptions& opt);
 
 // The first k entries of a permutation of 0..n-1 that is a pure function of (seed, stream, sub):
 // Fisher-Yates driven by Philox4x32-10 keyed by seed. k > n gives all n. Streams: 1 train sample,
@@ -221,6 +218,6 @@ void check_input_file(const std::string& flag, const std::string& path, const st
 // --task and --data of a run: the task is known and --data is what it reads (one text file for
 // text; a directory of the task's files or one file for the others). Cheap (no file is read):
 // the CLI calls it with the other flag checks, before a run directory is created.
-void check_task_data(const std::string& task, const std::string& data);
+void check_task_data(Task task, const std::string& data);
 
 }  // namespace zof

@@ -16,7 +16,7 @@
 #include "zof/data.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
-#include "zof/philox.h"
+#include "util/philox.h"
 
 namespace zof {
 
@@ -122,12 +122,14 @@ int get_label(const json& j, const std::vector<std::string>& names, bool require
 }
 
 // What --data is for each task (not "text"), for messages.
-std::string data_wanted(const std::string& task) {
-  if (task == "sst2") return "--task sst2 reads a directory (train.tsv and dev.tsv) or one TSV file";
-  return "--task " + task + " reads a directory (train.jsonl and val.jsonl) or one JSONL file";
+std::string data_wanted(Task task) {
+  if (task == Task::Sst2)
+    return "--task sst2 reads a directory (train.tsv and dev.tsv) or one TSV file";
+  return std::string("--task ") + word(task) +
+         " reads a directory (train.jsonl and val.jsonl) or one JSONL file";
 }
 
-std::vector<std::string> read_lines(const std::string& path, const std::string& task) {
+std::vector<std::string> read_lines(const std::string& path, Task task) {
   check_input_file("--data", path, data_wanted(task));
   std::ifstream f(path, std::ios::binary);
   ZOF_CHECK(f.good(), path + ": cannot open for reading");
@@ -141,7 +143,7 @@ std::vector<std::string> read_lines(const std::string& path, const std::string& 
 }
 
 std::vector<Example> parse_sst2(const std::string& path, bool require_labels) {
-  const auto lines = read_lines(path, "sst2");
+  const auto lines = read_lines(path, Task::Sst2);
   std::vector<Example> out;
   // The header names the columns (GLUE: "sentence\tlabel"; its test file "index\tsentence").
   int64_t first = 0;
@@ -199,7 +201,7 @@ std::vector<Example> parse_sst2(const std::string& path, bool require_labels) {
   return out;
 }
 
-std::vector<Example> parse_jsonl(const std::string& task, const std::string& path,
+std::vector<Example> parse_jsonl(Task task, const std::string& path,
                                  bool require_labels) {
   const auto lines = read_lines(path, task);
   std::vector<Example> out;
@@ -218,17 +220,17 @@ std::vector<Example> parse_jsonl(const std::string& task, const std::string& pat
     }
     ZOF_CHECK(j.is_object(), where(path, i + 1) + "expected a JSON object, got " +
                                  std::string(j.type_name()) + "; each line must be one object");
-    if (task == "rte") {
+    if (task == Task::Rte) {
       const LineCtx c{path, i + 1, "rte", "premise, hypothesis, label"};
       const std::string p = get_string(j, "premise", c), h = get_string(j, "hypothesis", c);
       out.push_back(
           rte_example(p, h, get_label(j, {"entailment", "not_entailment"}, require_labels, c)));
-    } else if (task == "cb") {
+    } else if (task == Task::Cb) {
       const LineCtx c{path, i + 1, "cb", "premise, hypothesis, label"};
       const std::string p = get_string(j, "premise", c), h = get_string(j, "hypothesis", c);
       out.push_back(cb_example(
           p, h, get_label(j, {"entailment", "contradiction", "neutral"}, require_labels, c)));
-    } else if (task == "copa") {
+    } else if (task == Task::Copa) {
       const LineCtx c{path, i + 1, "copa", "premise, choice1, choice2, question, label"};
       const std::string p = get_string(j, "premise", c), c1 = get_string(j, "choice1", c),
                         c2 = get_string(j, "choice2", c), q = get_string(j, "question", c);
@@ -250,34 +252,27 @@ std::vector<Example> parse_jsonl(const std::string& task, const std::string& pat
   return out;
 }
 
-std::string known_tasks() {
-  std::string s;
-  for (const auto& t : task_names()) s += (s.empty() ? "" : ", ") + t;
-  return s;
-}
-
 }  // namespace
 
-const std::vector<std::string>& task_names() {
-  static const std::vector<std::string> names = {"sst2", "rte", "cb", "copa", "jsonl", "text"};
-  return names;
+TaskKind task_kind(Task task) {
+  switch (task) {
+    case Task::Jsonl: return TaskKind::Completion;
+    case Task::Text: return TaskKind::Text;
+    case Task::Sst2:
+    case Task::Rte:
+    case Task::Cb:
+    case Task::Copa: break;
+  }
+  return TaskKind::Classification;
 }
 
-TaskKind task_kind(const std::string& task) {
-  if (task == "sst2" || task == "rte" || task == "cb" || task == "copa")
-    return TaskKind::Classification;
-  if (task == "jsonl") return TaskKind::Completion;
-  if (task == "text") return TaskKind::Text;
-  throw Error("unknown task \"" + task + "\" (--task); known tasks: " + known_tasks());
-}
-
-std::vector<Example> parse_task_file(const std::string& task, const std::string& path,
+std::vector<Example> parse_task_file(Task task, const std::string& path,
                                      bool require_labels) {
   ZOF_CHECK(task_kind(task) != TaskKind::Text,
             "task \"text\" is read with load_text (token windows), not as examples");
   std::vector<Example> out =
-      task == "sst2" ? parse_sst2(path, require_labels) : parse_jsonl(task, path, require_labels);
-  ZOF_CHECK(!out.empty(), path + ": no examples (the file has no data lines); --task " + task +
+      task == Task::Sst2 ? parse_sst2(path, require_labels) : parse_jsonl(task, path, require_labels);
+  ZOF_CHECK(!out.empty(), path + ": no examples (the file has no data lines); --task " + word(task) +
                               " needs at least one example");
   return out;
 }
@@ -306,7 +301,7 @@ void check_input_file(const std::string& flag, const std::string& path, const st
   check_regular_file(flag + " " + path, path, want);
 }
 
-void check_task_data(const std::string& task, const std::string& data) {
+void check_task_data(Task task, const std::string& data) {
   if (task_kind(task) == TaskKind::Text) {
     check_input_file("--data", data, "--task text reads one plain-text file");
     return;
@@ -317,7 +312,7 @@ void check_task_data(const std::string& task, const std::string& data) {
   check_input_file("--data", data, data_wanted(task));
 }
 
-TaskData load_task(const std::string& task, const std::string& data_path, const DataOptions& opt) {
+TaskData load_task(Task task, const std::string& data_path, const DataOptions& opt) {
   ZOF_CHECK(task_kind(task) != TaskKind::Text,
             "task \"text\" is read with load_text (token windows), not load_task");
   ZOF_CHECK(opt.train_examples >= 1, "--train-examples must be at least 1");
@@ -327,11 +322,12 @@ TaskData load_task(const std::string& task, const std::string& data_path, const 
   d.task = task;
   std::vector<Example> train, eval;
   if (fs::is_directory(data_path)) {
-    const std::string train_name = task == "sst2" ? "train.tsv" : "train.jsonl";
+    const bool tsv = task == Task::Sst2;
+    const std::string train_name = tsv ? "train.tsv" : "train.jsonl";
     const std::vector<std::string> eval_names =
-        task == "sst2" ? std::vector<std::string>{"dev.tsv"}
-                       : std::vector<std::string>{"val.jsonl", "dev.jsonl"};
-    const std::string expect = "--task " + task + " expects " + train_name + " and " +
+        tsv ? std::vector<std::string>{"dev.tsv"}
+            : std::vector<std::string>{"val.jsonl", "dev.jsonl"};
+    const std::string expect = std::string("--task ") + word(task) + " expects " + train_name + " and " +
                                eval_names[0] + " in the --data directory";
     // Present in any form (a FIFO, a directory, a loop): a regular file, or refused as what it is.
     auto present = [](const fs::path& p) {

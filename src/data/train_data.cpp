@@ -100,7 +100,7 @@ class ExampleTask : public TrainData {
  public:
   ExampleTask(const TrainOptions& o, const Tokenizer& tok, int64_t context)
       : opt_(o), tok_(tok), kind_(task_kind(o.task)),
-        classify_(training_objective(o) == "classification"),
+        classify_(training_objective(o) == Objective::Classification),
         data_(load_task(o.task, o.data, DataOptions{o.train_examples, o.eval_examples, o.seed})),
         sampler_((int64_t)data_.train.size(), o.batch, o.seed) {
     max_len_ = std::min<int64_t>(o.seq_len, context);
@@ -148,7 +148,7 @@ class ExampleTask : public TrainData {
     return std::max(micro_rows(opt_, longest_) * width_, 4 * max_len_);
   }
   std::string describe() const override {
-    return opt_.task + " " + opt_.data + ": " + std::to_string(data_.train.size()) + " of " +
+    return word(opt_.task) + (" " + opt_.data) + ": " + std::to_string(data_.train.size()) + " of " +
            std::to_string(data_.train_available) + " training and " +
            std::to_string(data_.eval.size()) + " of " + std::to_string(data_.eval_available) +
            " evaluation examples" + (classify_ ? ", objective classification" : "");

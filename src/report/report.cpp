@@ -85,9 +85,11 @@ std::vector<std::string> run_metrics(const ReportRun& r) {
 // quantities on different scales: never drawn on one axis.
 std::string loss_quantity(const json& options) {
   TrainOptions o;
-  o.task = text_of(options, "task", "text");
-  o.objective = text_of(options, "objective", "lm");  // runs from before --objective: lm
-  return training_objective(o) == "classification" ? "candidate cross-entropy" : "token NLL";
+  o.task = find_choice<Task>(text_of(options, "task", "text")).value_or(Task::Text);
+  // Runs from before --objective: lm.
+  o.objective = find_choice<Objective>(text_of(options, "objective", "lm")).value_or(Objective::Lm);
+  return training_objective(o) == Objective::Classification ? "candidate cross-entropy"
+                                                            : "token NLL";
 }
 
 // The series of one run, in the order the page draws them.

@@ -4,7 +4,7 @@
 
 #include "zof/backend.h"
 #include "zof/error.h"
-#include "zof/jvp.h"
+#include "zo/jvp.h"
 #include "zof/model.h"
 
 namespace zof::train {
@@ -81,10 +81,11 @@ class JvpEstimator : public Estimator {
 std::unique_ptr<Estimator> make_estimator(const TrainOptions& opt, ZOEngine& engine,
                                           const Model& model, Backend& backend, int64_t max_rows) {
   // opt.dtype is resolved by now (auto: what this machine computes fast).
-  ZOF_ASSERT(opt.dtype == "fp32" || opt.dtype == "bf16");
-  if (opt.estimator == "jvp")
+  ZOF_ASSERT(opt.dtype == ComputeChoice::Fp32 || opt.dtype == ComputeChoice::Bf16);
+  if (opt.estimator == EstimatorChoice::Jvp)
     return std::make_unique<JvpEstimator>(engine, model, backend, max_rows, opt.queries, opt.seed,
-                                          opt.dtype == "bf16" ? DType::BF16 : DType::F32);
+                                          opt.dtype == ComputeChoice::Bf16 ? DType::BF16
+                                                                           : DType::F32);
   return std::make_unique<SpsaEstimator>(engine);
 }
 

@@ -14,19 +14,6 @@ namespace zof {
 
 namespace {
 
-// A choice option's value among the table's words: "--z must be gaussian or rademacher, not 'x'".
-void check_choice(const TrainOptions& o, const char* key) {
-  const OptionSpec* s = find_option(key);
-  ZOF_ASSERT(s != nullptr && !s->choices.empty());
-  const std::string v = s->get(o).get<std::string>();
-  for (const char* c : s->choices)
-    if (v == c) return;
-  std::string words;
-  for (size_t i = 0; i < s->choices.size(); ++i)
-    words += std::string(i == 0 ? "" : i + 1 == s->choices.size() ? " or " : ", ") + s->choices[i];
-  throw Error(s->flag() + " must be " + words + ", not '" + v + "'");
-}
-
 const NumberRule& rule_of(const char* flag) {
   const NumberRule* r = train_flag_rule(flag);
   ZOF_ASSERT(r != nullptr);
@@ -36,29 +23,27 @@ const NumberRule& rule_of(const char* flag) {
 }  // namespace
 
 
-// The flags a user can get wrong first (estimator, optimizer, device), then the sizes: the
-// order in which the errors have always come. The layout's numbers come first of all, since the
-// combinations below read them.
+// The combinations a user can get wrong first (estimator, optimizer, device), then the sizes:
+// the order in which the errors have always come. The layout's numbers come first of all, since
+// the combinations below read them. A choice's word was checked as it was read (choices.h).
 void validate_options(const TrainOptions& o, bool new_run) {
   check_real("--dist-timeout", o.dist_timeout, rule_of("--dist-timeout"));
   check_whole("--threads", o.threads, rule_of("--threads"));
   check_whole("--pipeline-stages", o.pipeline_stages, rule_of("--pipeline-stages"));
-  (void)task_kind(o.task);  // the message lists the tasks
-  check_choice(o, "estimator");
+  const bool jvp = o.estimator == EstimatorChoice::Jvp;
   // The JVP walk has no stage split (its tangents would have to cross ranks too).
-  ZOF_CHECK(o.estimator != "jvp" || o.pipeline_stages == 1,
+  ZOF_CHECK(!jvp || o.pipeline_stages == 1,
             "--estimator jvp does not support --pipeline-stages > 1; use --pipeline-stages 1 "
             "(data parallel only) or --estimator spsa");
-  check_choice(o, "z");
   check_real("--sparsity", o.sparsity, rule_of("--sparsity"));
-  check_choice(o, "optimizer");
-  ZOF_CHECK(o.optimizer == "sgd" || o.pipeline_stages == 1,
-            "--optimizer " + o.optimizer + " keeps state per parameter, which --pipeline-stages "
-            "> 1 does not gather for checkpoints yet; use --optimizer sgd or one stage");
+  ZOF_CHECK(o.optimizer == OptimizerChoice::Sgd || o.pipeline_stages == 1,
+            std::string("--optimizer ") + word(o.optimizer) + " keeps state per parameter, which "
+            "--pipeline-stages > 1 does not gather for checkpoints yet; use --optimizer sgd or "
+            "one stage");
   check_real("--beta1", o.beta1, rule_of("--beta1"));
   check_real("--beta2", o.beta2, rule_of("--beta2"));
   check_real("--adam-eps", o.adam_eps, rule_of("--adam-eps"));
-  ZOF_CHECK(o.estimator != "jvp" || (o.z == "gaussian" && !o.one_sided && o.sparsity == 0.f),
+  ZOF_CHECK(!jvp || (o.z == ZChoice::Gaussian && !o.one_sided && o.sparsity == 0.f),
             "--estimator jvp takes Gaussian, dense directions: drop --z, --one-sided and "
             "--sparsity, or use --estimator spsa");
   (void)device_memory_budget(o);
@@ -72,11 +57,10 @@ void validate_options(const TrainOptions& o, bool new_run) {
   check_real("--lr", o.lr, rule_of("--lr"));
   check_real("--eps", o.eps, rule_of("--eps"));
   // The forward gradient takes no finite difference: an --eps would be silently unused.
-  ZOF_CHECK(!new_run || o.estimator != "jvp" || o.eps == TrainOptions().eps,
+  ZOF_CHECK(!new_run || !jvp || o.eps == TrainOptions().eps,
             "--estimator jvp computes the directional derivative exactly and takes no --eps "
             "(the finite-difference step of spsa): drop --eps, or use --estimator spsa");
   check_real("--weight-decay", o.weight_decay, rule_of("--weight-decay"));
-  check_choice(o, "schedule");
   check_whole("--warmup", o.warmup, rule_of("--warmup"));
   // A warm-up longer than the run never reaches --lr (nor starts the schedule's decay).
   ZOF_CHECK(!new_run || o.warmup <= o.steps,
@@ -90,25 +74,22 @@ void validate_options(const TrainOptions& o, bool new_run) {
   check_whole("--seq-len", o.seq_len, rule_of("--seq-len"));
   check_whole("--max-bad-steps", o.max_bad_steps, rule_of("--max-bad-steps"));
   check_whole("--round-every", o.round_every, rule_of("--round-every"));
-  check_choice(o, "objective");
-  const bool candidates = o.task == "sst2" || o.task == "rte" || o.task == "cb" || o.task == "copa";
-  ZOF_CHECK(o.objective != "classification" || candidates,
-            "--objective classification compares a task's candidate answers, and --task " +
-                o.task + " has none; use it with sst2, rte, cb or copa, or --objective lm");
-  check_choice(o, "dtype");
-  check_choice(o, "save_dtype");
-  check_choice(o, "master");
+  ZOF_CHECK(o.objective != Objective::Classification || has_candidates(o.task),
+            std::string("--objective classification compares a task's candidate answers, and "
+                        "--task ") + word(o.task) +
+                " has none; use it with sst2, rte, cb or copa, or --objective lm");
   // A rounding window (ZOStepOptions::round_every) sums ZO-SGD's updates on a bf16 master
   // (window_closes_after).
   if (o.round_every > 1) {
     const std::string n = std::to_string(o.round_every);
-    ZOF_CHECK(o.master == "bf16", "--round-every " + n + " rounds a bf16 master once every " +
+    ZOF_CHECK(o.master == MasterChoice::Bf16, "--round-every " + n + " rounds a bf16 master once every " +
                                       n + " steps: add --master bf16, or drop --round-every");
-    ZOF_CHECK(o.optimizer == "sgd",
-              "--round-every sums ZO-SGD's updates, and --optimizer " + o.optimizer +
+    ZOF_CHECK(o.optimizer == OptimizerChoice::Sgd,
+              std::string("--round-every sums ZO-SGD's updates, and --optimizer ") +
+                  word(o.optimizer) +
                   " updates through its state every step: use --optimizer sgd, or drop "
                   "--round-every");
-    ZOF_CHECK(o.estimator == "spsa",
+    ZOF_CHECK(!jvp,
               "--round-every is for the SPSA estimator (--estimator spsa); the JVP estimator "
               "keeps its master in fp32 storage: drop --round-every");
     // A resumed run's window is its run.json's (auto resolved when it started); only the
@@ -125,23 +106,26 @@ void validate_options(const TrainOptions& o, bool new_run) {
                   std::to_string(o.round_every * o.queries) + " directions in a pass, more than "
                   "the 128 a pass takes: lower --round-every or --queries");
   }
-  ZOF_CHECK(o.estimator != "jvp" || training_objective(o) == "lm",
+  ZOF_CHECK(!jvp || training_objective(o) == Objective::Lm,
             "--estimator jvp differentiates the token loss only, not --objective "
             "classification" +
-                std::string(o.objective == "auto" ? " (MeZO's choice for --task " + o.task +
-                                                        ", the default)"
-                                                  : "") +
+                std::string(o.objective == Objective::Auto
+                                ? std::string(" (MeZO's choice for --task ") + word(o.task) +
+                                      ", the default)"
+                                : "") +
                 "; add --objective lm, or use --estimator spsa");
 }
 
 // --gpu-mem / --sim-device / --device: the device budget in bytes (0: none given).
 uint64_t device_memory_budget(const TrainOptions& o) {
-  check_choice(o, "device");
-  ZOF_CHECK(o.device == "cpu" || !o.sim_device,
+  ZOF_CHECK(o.device != DeviceChoice::Reference,
+            "--device must be cpu or cuda, not 'reference'");
+  const bool cuda = o.device == DeviceChoice::Cuda;
+  ZOF_CHECK(!cuda || !o.sim_device,
             "--sim-device simulates a GPU on the CPU: drop it with --device cuda");
-  ZOF_CHECK(!o.tf32 || o.device == "cuda",
+  ZOF_CHECK(!o.tf32 || cuda,
             "--tf32 runs a GPU's fp32 products on TF32 tensor cores: it needs --device cuda");
-  const bool device = o.sim_device || o.device == "cuda";
+  const bool device = o.sim_device || cuda;
   const uint64_t bytes = o.gpu_mem.empty() ? 0 : parse_memory_size(o.gpu_mem, "--gpu-mem");
   if (!device) {
     ZOF_CHECK(o.gpu_mem.empty(),
@@ -156,24 +140,29 @@ uint64_t device_memory_budget(const TrainOptions& o) {
 }
 
 DType save_dtype(const TrainOptions& o, const Model& model) {
-  if (o.save_dtype == "bf16") return DType::BF16;
-  if (o.save_dtype == "f16") return DType::F16;
-  if (o.save_dtype == "input") return model.stored_dtype();
-  if (o.save_dtype == "auto" && o.master == "bf16") return DType::BF16;  // auto: the master's
+  switch (o.save_dtype) {
+    case SaveChoice::Bf16: return DType::BF16;
+    case SaveChoice::F16: return DType::F16;
+    case SaveChoice::Input: return model.stored_dtype();
+    case SaveChoice::Auto:  // the master's
+      return o.master == MasterChoice::Bf16 ? DType::BF16 : DType::F32;
+    case SaveChoice::Fp32: break;
+  }
   return DType::F32;
 }
 
 DType weight_storage(const TrainOptions& o) {
-  if (o.master != "bf16") return DType::F32;
-  return o.estimator != "jvp" && o.pipeline_stages == 1 ? DType::BF16 : DType::F32;
+  if (o.master != MasterChoice::Bf16) return DType::F32;
+  return o.estimator != EstimatorChoice::Jvp && o.pipeline_stages == 1 ? DType::BF16
+                                                                       : DType::F32;
 }
 
 int64_t round_every_of(const TrainOptions& o) {
   if (o.round_every > 0) return o.round_every;
   // auto: a window of 8 wherever one applies (a bf16 master's ZO-SGD, one stage), no wider
   // than the 128 directions a pass takes.
-  const bool applies = o.master == "bf16" && o.optimizer == "sgd" && o.estimator == "spsa" &&
-                       o.pipeline_stages == 1;
+  const bool applies = o.master == MasterChoice::Bf16 && o.optimizer == OptimizerChoice::Sgd &&
+                       o.estimator == EstimatorChoice::Spsa && o.pipeline_stages == 1;
   return applies ? std::max<int64_t>(1, std::min<int64_t>(8, 128 / std::max<int64_t>(1, o.queries)))
                  : 1;
 }
@@ -196,21 +185,21 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   zo.weight_decay = o.weight_decay;
   zo.queries = o.queries;
   zo.seed = o.seed;
-  zo.dist = o.z == "rademacher" ? kZRademacher : kZGaussian;
+  zo.dist = o.z == ZChoice::Rademacher ? kZRademacher : kZGaussian;
   zo.one_sided = o.one_sided;
   zo.sparsity = o.sparsity;
-  zo.optimizer = o.optimizer == "adam"       ? ZOStepOptions::Optimizer::Adam
-                 : o.optimizer == "momentum" ? ZOStepOptions::Optimizer::Momentum
-                                             : ZOStepOptions::Optimizer::SGD;
+  zo.optimizer = o.optimizer == OptimizerChoice::Adam       ? ZOStepOptions::Optimizer::Adam
+                 : o.optimizer == OptimizerChoice::Momentum ? ZOStepOptions::Optimizer::Momentum
+                                                            : ZOStepOptions::Optimizer::SGD;
   zo.beta1 = o.beta1;
   zo.beta2 = o.beta2;
   zo.adam_eps = o.adam_eps;
   // The JVP walk estimates g itself: the engine only applies the updates.
-  zo.perturb = o.estimator != "jvp";
+  zo.perturb = o.estimator != EstimatorChoice::Jvp;
   // finetune() resolves auto first (run.json holds the word); replay applies updates only,
   // which no dtype changes.
-  zo.compute = o.dtype == "bf16" ? DType::BF16 : DType::F32;
-  zo.master = o.master == "bf16" ? DType::BF16 : DType::F32;
+  zo.compute = o.dtype == ComputeChoice::Bf16 ? DType::BF16 : DType::F32;
+  zo.master = o.master == MasterChoice::Bf16 ? DType::BF16 : DType::F32;
   zo.round_every = (int)round_every_of(o);
   return zo;
 }
@@ -219,8 +208,11 @@ float learning_rate(const TrainOptions& o, int64_t step) {
   if (o.warmup > 0 && step < o.warmup) return o.lr * (float)(step + 1) / (float)o.warmup;
   const int64_t decay_steps = std::max<int64_t>(1, o.steps - o.warmup);
   const double t = std::min(1.0, (double)(step - o.warmup) / (double)decay_steps);
-  if (o.schedule == "linear") return (float)(o.lr * (1.0 - t));
-  if (o.schedule == "cosine") return (float)(o.lr * 0.5 * (1.0 + std::cos(M_PI * t)));
+  switch (o.schedule) {
+    case Schedule::Linear: return (float)(o.lr * (1.0 - t));
+    case Schedule::Cosine: return (float)(o.lr * 0.5 * (1.0 + std::cos(M_PI * t)));
+    case Schedule::Constant: break;
+  }
   return o.lr;
 }
 

@@ -79,8 +79,8 @@ void check_resume_request(const TrainOptions& opt, const GivenOptions& given) {
     if (key == "save_dtype" && now[key] == "auto" && saved[key] == saved["master"]) continue;
     if (key == "objective" && now[key] == "auto") {
       TrainOptions run = TrainOptions::from_json(saved);
-      run.objective = "auto";
-      if (training_objective(run) == saved[key]) continue;
+      run.objective = Objective::Auto;
+      if (word(training_objective(run)) == saved[key]) continue;
     }
     // The same file or directory by another name.
     if (key == "out" && same_path(opt.out, opt.resume)) continue;

@@ -33,9 +33,9 @@ json read_json(const fs::path& p) {
 std::string data_fingerprint(const TrainOptions& opt) {
   std::error_code ec;
   std::vector<fs::path> files;
-  if (fs::is_directory(opt.data, ec) && opt.task != "text") {
+  if (fs::is_directory(opt.data, ec) && opt.task != Task::Text) {
     // As load_task picks them: the train split's file and the first eval file present.
-    const bool tsv = opt.task == "sst2";
+    const bool tsv = opt.task == Task::Sst2;
     files.push_back(fs::path(opt.data) / (tsv ? "train.tsv" : "train.jsonl"));
     for (const char* n : tsv ? std::vector<const char*>{"dev.tsv"}
                              : std::vector<const char*>{"val.jsonl", "dev.jsonl"}) {

@@ -87,7 +87,8 @@ std::vector<Case> flag_cases() {
        R"(^--dist-timeout must be a finite number of at least 0 \(seconds; 0: wait for ever\), not -1$)"},
       {"FlagScheduleUnknown", {}, kRun + " --schedule exponential", 1,
        R"(^--schedule must be constant, linear or cosine, not 'exponential'$)"},
-      {"FlagTaskUnknown", {}, kRun + " --task glue", 1, R"(^unknown task "glue" \(--task\))"},
+      {"FlagTaskUnknown", {}, kRun + " --task glue", 1,
+       R"(^--task must be sst2, rte, cb, copa, jsonl or text, not 'glue'$)"},
 
       // ---- floats: finite, within float's range ----------------------------------------------
       {"FlagWeightDecayNan", {}, kRun + " --weight-decay nan --json", 1,

@@ -256,7 +256,7 @@ TEST(Cli, DefaultMaxNewTokensFitsAShortContext) {
 // options (an older zof wrote such runs, which must still resume and replay).
 TEST(Cli, JvpEpsIsRefusedForNewRunsOnly) {
   zof::TrainOptions o;
-  o.estimator = "jvp";
+  o.estimator = zof::EstimatorChoice::Jvp;
   o.eps = 0.5f;
   EXPECT_THROW(zof::validate_options(o), zof::Error);
   EXPECT_NO_THROW(zof::validate_options(o, /*new_run=*/false));

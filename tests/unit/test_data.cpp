@@ -67,7 +67,7 @@ std::string error_of(F&& f) {
 TEST(TaskParse, Sst2Dev) {
   const std::string path = data_dir("sst2") + "/dev.tsv";
   ZOF_REQUIRE_PATH(path);
-  const auto ex = zof::parse_task_file("sst2", path);
+  const auto ex = zof::parse_task_file(zof::Task::Sst2, path);
   ASSERT_EQ(ex.size(), 872u);
   // Line 2: "it 's a charming and often affecting journey . \t1" (trailing space stripped).
   EXPECT_EQ(ex[0].prompt, "it 's a charming and often affecting journey . It was");
@@ -80,7 +80,7 @@ TEST(TaskParse, Sst2Dev) {
 TEST(TaskParse, RteVal) {
   const std::string path = data_dir("rte") + "/val.jsonl";
   ZOF_REQUIRE_PATH(path);
-  const auto ex = zof::parse_task_file("rte", path);
+  const auto ex = zof::parse_task_file(zof::Task::Rte, path);
   ASSERT_EQ(ex.size(), 277u);
   EXPECT_EQ(ex[0].prompt,
             "Dana Reeve, the widow of the actor Christopher Reeve, has died of lung cancer at age "
@@ -94,7 +94,7 @@ TEST(TaskParse, RteVal) {
 TEST(TaskParse, CbVal) {
   const std::string path = data_dir("cb") + "/val.jsonl";
   ZOF_REQUIRE_PATH(path);
-  const auto ex = zof::parse_task_file("cb", path);
+  const auto ex = zof::parse_task_file(zof::Task::Cb, path);
   ASSERT_EQ(ex.size(), 56u);
   EXPECT_EQ(ex[0].prompt,
             "Suppose Valence the void-brain, Valence the virtuous valet. Why couldn't the figger "
@@ -108,7 +108,7 @@ TEST(TaskParse, CbVal) {
 TEST(TaskParse, CopaVal) {
   const std::string path = data_dir("copa") + "/val.jsonl";
   ZOF_REQUIRE_PATH(path);
-  const auto ex = zof::parse_task_file("copa", path);
+  const auto ex = zof::parse_task_file(zof::Task::Copa, path);
   ASSERT_EQ(ex.size(), 100u);
   EXPECT_EQ(ex[0].prompt, "The man turned on the faucet so ");
   EXPECT_EQ(ex[0].candidates, (std::vector<std::string>{"the toilet filled with water.",
@@ -120,7 +120,7 @@ TEST(TaskParse, CopaVal) {
                                                         "he persuaded me to buy the product."}));
   EXPECT_EQ(ex[5].label, 0);
   // A "cause" question.
-  const auto train = zof::parse_task_file("copa", data_dir("copa") + "/train.jsonl");
+  const auto train = zof::parse_task_file(zof::Task::Copa, data_dir("copa") + "/train.jsonl");
   ASSERT_EQ(train.size(), 400u);
   EXPECT_EQ(train[0].prompt, "My body cast a shadow over the grass because ");
   EXPECT_EQ(train[0].candidates[0], "the sun was rising.");
@@ -129,11 +129,11 @@ TEST(TaskParse, CopaVal) {
 TEST(TaskParse, UnlabelledTestFiles) {
   const std::string path = data_dir("copa") + "/test.jsonl";
   ZOF_REQUIRE_PATH(path);
-  EXPECT_ERROR_AT(zof::parse_task_file("copa", path), path, 1, "label");
-  const auto ex = zof::parse_task_file("copa", path, /*require_labels=*/false);
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Copa, path), path, 1, "label");
+  const auto ex = zof::parse_task_file(zof::Task::Copa, path, /*require_labels=*/false);
   EXPECT_EQ(ex.size(), 500u);
   EXPECT_EQ(ex[0].label, -1);
-  EXPECT_EQ(zof::parse_task_file("cb", data_dir("cb") + "/test.jsonl", false).size(), 250u);
+  EXPECT_EQ(zof::parse_task_file(zof::Task::Cb, data_dir("cb") + "/test.jsonl", false).size(), 250u);
 }
 
 TEST(TaskParse, GenericJsonl) {
@@ -141,7 +141,7 @@ TEST(TaskParse, GenericJsonl) {
   const std::string p = d.write("mine.jsonl",
                                 "{\"prompt\": \"Q: 2+2?\\nA:\", \"completion\": \" 4\"}\n\n"
                                 "{\"prompt\": \"Hi\", \"completion\": \" there\", \"extra\": 1}\n");
-  const auto ex = zof::parse_task_file("jsonl", p);
+  const auto ex = zof::parse_task_file(zof::Task::Jsonl, p);
   ASSERT_EQ(ex.size(), 2u);
   EXPECT_EQ(ex[0].prompt, "Q: 2+2?\nA:");
   EXPECT_EQ(ex[0].candidates, (std::vector<std::string>{" 4"}));
@@ -152,7 +152,7 @@ TEST(TaskParse, IntegerLabelsAsHuggingFaceDatasets) {
   TempDir d;
   const std::string p =
       d.write("cb.jsonl", "{\"premise\": \"P.\", \"hypothesis\": \"H\", \"label\": 2}\n");
-  EXPECT_EQ(zof::parse_task_file("cb", p)[0].label, 2);
+  EXPECT_EQ(zof::parse_task_file(zof::Task::Cb, p)[0].label, 2);
 }
 
 // ---- loading a task directory or file ------------------------------------------------------
@@ -160,7 +160,7 @@ TEST(TaskParse, IntegerLabelsAsHuggingFaceDatasets) {
 TEST(DataLoad, DirectorySplitsAndSampleSizes) {
   ZOF_REQUIRE_PATH(data_dir("cb"));
   zof::DataOptions opt;  // 1000 train, 500 eval
-  const auto d = zof::load_task("cb", data_dir("cb"), opt);
+  const auto d = zof::load_task(zof::Task::Cb, data_dir("cb"), opt);
   EXPECT_EQ(d.train_available, 250);
   EXPECT_EQ(d.eval_available, 56);
   EXPECT_EQ(d.train.size(), 250u);  // all, when fewer than asked
@@ -168,7 +168,7 @@ TEST(DataLoad, DirectorySplitsAndSampleSizes) {
   EXPECT_EQ(fs::path(d.eval_path).filename(), "val.jsonl");
   opt.train_examples = 16;
   opt.eval_examples = 8;
-  const auto s = zof::load_task("sst2", data_dir("sst2"), opt);
+  const auto s = zof::load_task(zof::Task::Sst2, data_dir("sst2"), opt);
   EXPECT_EQ(s.train_available, 67349);
   EXPECT_EQ(s.eval_available, 872);
   EXPECT_EQ(s.train.size(), 16u);
@@ -185,10 +185,10 @@ TEST(DataLoad, SamplingIsSeeded) {
     for (auto& e : v) p.push_back(e.prompt);
     return p;
   };
-  const auto a = zof::load_task("rte", data_dir("rte"), opt);
-  const auto b = zof::load_task("rte", data_dir("rte"), opt);
+  const auto a = zof::load_task(zof::Task::Rte, data_dir("rte"), opt);
+  const auto b = zof::load_task(zof::Task::Rte, data_dir("rte"), opt);
   opt.seed = 1;
-  const auto c = zof::load_task("rte", data_dir("rte"), opt);
+  const auto c = zof::load_task(zof::Task::Rte, data_dir("rte"), opt);
   EXPECT_EQ(prompts(a.train), prompts(b.train));
   EXPECT_EQ(prompts(a.eval), prompts(b.eval));
   EXPECT_NE(prompts(a.train), prompts(c.train));
@@ -216,7 +216,7 @@ TEST(DataLoad, SingleFileIsSplitBySeed) {
     text += "{\"prompt\": \"p" + std::to_string(i) + "\", \"completion\": \" c\"}\n";
   const std::string p = d.write("all.jsonl", text);
   zof::DataOptions opt;
-  const auto a = zof::load_task("jsonl", p, opt);
+  const auto a = zof::load_task(zof::Task::Jsonl, p, opt);
   EXPECT_EQ(a.eval_available, 4);  // 10%
   EXPECT_EQ(a.train_available, 36);
   std::set<std::string> seen;
@@ -224,7 +224,7 @@ TEST(DataLoad, SingleFileIsSplitBySeed) {
   for (auto& e : a.eval) seen.insert(e.prompt);
   EXPECT_EQ(seen.size(), 40u);  // disjoint and complete
   opt.seed = 3;
-  const auto b = zof::load_task("jsonl", p, opt);
+  const auto b = zof::load_task(zof::Task::Jsonl, p, opt);
   std::set<std::string> ea, eb;
   for (auto& e : a.eval) ea.insert(e.prompt);
   for (auto& e : b.eval) eb.insert(e.prompt);
@@ -239,76 +239,78 @@ TEST(DataErrors, MalformedJsonLine) {
       d.write("val.jsonl",
               "{\"premise\": \"P.\", \"hypothesis\": \"H\", \"label\": \"neutral\"}\n"
               "{\"premise\": \"P.\", \"hypothesis\": \n");
-  EXPECT_ERROR_AT(zof::parse_task_file("cb", p), p, 2, "malformed JSON");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Cb, p), p, 2, "malformed JSON");
 }
 
 TEST(DataErrors, MissingField) {
   TempDir d;
   const std::string p =
       d.write("val.jsonl", "\n{\"premise\": \"P.\", \"label\": \"entailment\"}\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("rte", p), p, 2, "\"hypothesis\"");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Rte, p), p, 2, "\"hypothesis\"");
   const std::string q = d.write("mine.jsonl", "{\"prompt\": \"x\"}\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("jsonl", q), q, 1, "\"completion\"");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Jsonl, q), q, 1, "\"completion\"");
 }
 
 TEST(DataErrors, LabelNotInTheTaskLabelSet) {
   TempDir d;
   const std::string p =
       d.write("val.jsonl", "{\"premise\": \"P.\", \"hypothesis\": \"H\", \"label\": \"maybe\"}\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("cb", p), p, 1, "\"label\"");
-  EXPECT_NE(error_of([&] { zof::parse_task_file("cb", p); }).find("neutral"), std::string::npos);
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Cb, p), p, 1, "\"label\"");
+  EXPECT_NE(error_of([&] { zof::parse_task_file(zof::Task::Cb, p); }).find("neutral"), std::string::npos);
   const std::string q = d.write("copa.jsonl",
                                 "{\"premise\": \"P.\", \"choice1\": \"A\", \"choice2\": \"B\", "
                                 "\"question\": \"effect\", \"label\": 2}\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("copa", q), q, 1, "\"label\"");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Copa, q), q, 1, "\"label\"");
   const std::string r = d.write("copa2.jsonl",
                                 "{\"premise\": \"P.\", \"choice1\": \"A\", \"choice2\": \"B\", "
                                 "\"question\": \"why\", \"label\": 1}\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("copa", r), r, 1, "\"question\"");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Copa, r), r, 1, "\"question\"");
 }
 
 TEST(DataErrors, Sst2LabelAndTab) {
   TempDir d;
   const std::string p = d.write("dev.tsv", "sentence\tlabel\ngood film\t1\nbad film\tpositive\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("sst2", p), p, 3, "\"label\"");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Sst2, p), p, 3, "\"label\"");
   const std::string q = d.write("dev2.tsv", "sentence\tlabel\ngood film\t1\nbad film 0\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("sst2", q), q, 3, "tab");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Sst2, q), q, 3, "tab");
   const std::string r = d.write("dev3.tsv", "text,label\ngood film,1\n");
-  EXPECT_ERROR_AT(zof::parse_task_file("sst2", r), r, 1, "header");
+  EXPECT_ERROR_AT(zof::parse_task_file(zof::Task::Sst2, r), r, 1, "header");
 }
 
 TEST(DataErrors, EmptyDataset) {
   TempDir d;
   const std::string p = d.write("dev.tsv", "sentence\tlabel\n");
-  const std::string m = error_of([&] { zof::parse_task_file("sst2", p); });
+  const std::string m = error_of([&] { zof::parse_task_file(zof::Task::Sst2, p); });
   EXPECT_NE(m.find(p), std::string::npos) << m;
   EXPECT_NE(m.find("no examples"), std::string::npos) << m;
   const std::string q = d.write("val.jsonl", "\n\n");
-  EXPECT_NE(error_of([&] { zof::parse_task_file("rte", q); }).find("no examples"),
+  EXPECT_NE(error_of([&] { zof::parse_task_file(zof::Task::Rte, q); }).find("no examples"),
             std::string::npos);
 }
 
 TEST(DataErrors, MissingFilesInDirectory) {
   TempDir d;
   d.write("train.jsonl", "{\"premise\": \"P.\", \"hypothesis\": \"H\", \"label\": \"neutral\"}\n");
-  const std::string m = error_of([&] { zof::load_task("cb", d.str(), {}); });
+  const std::string m = error_of([&] { zof::load_task(zof::Task::Cb, d.str(), {}); });
   EXPECT_NE(m.find(d.str()), std::string::npos) << m;
   EXPECT_NE(m.find("val.jsonl"), std::string::npos) << m;
   TempDir e;
-  const std::string n = error_of([&] { zof::load_task("sst2", e.str() + "/", {}); });
+  const std::string n = error_of([&] { zof::load_task(zof::Task::Sst2, e.str() + "/", {}); });
   EXPECT_NE(n.find("train.tsv"), std::string::npos) << n;
-  EXPECT_NE(error_of([&] { zof::load_task("cb", e.str() + "/nope", {}); }).find("nope"),
+  EXPECT_NE(error_of([&] { zof::load_task(zof::Task::Cb, e.str() + "/nope", {}); }).find("nope"),
             std::string::npos);
 }
 
 TEST(DataErrors, UnknownTask) {
-  const std::string m = error_of([] { zof::task_kind("mnli"); });
+  zof::TrainOptions o;
+  const std::string m = error_of([&] { zof::set_train_option(o, "task", "mnli"); });
+  EXPECT_EQ(m.rfind("--task must be ", 0), 0u) << m;
   EXPECT_NE(m.find("mnli"), std::string::npos) << m;
   for (const char* t : {"sst2", "rte", "cb", "copa", "jsonl", "text"})
     EXPECT_NE(m.find(t), std::string::npos) << m;
-  EXPECT_EQ(zof::task_kind("copa"), zof::TaskKind::Classification);
-  EXPECT_EQ(zof::task_kind("jsonl"), zof::TaskKind::Completion);
-  EXPECT_EQ(zof::task_kind("text"), zof::TaskKind::Text);
+  EXPECT_EQ(zof::task_kind(zof::Task::Copa), zof::TaskKind::Classification);
+  EXPECT_EQ(zof::task_kind(zof::Task::Jsonl), zof::TaskKind::Completion);
+  EXPECT_EQ(zof::task_kind(zof::Task::Text), zof::TaskKind::Text);
 }
 
 // ---- the sampler ----------------------------------------------------------------------------
