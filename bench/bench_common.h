@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -119,11 +120,14 @@ std::vector<float> random_floats(size_t n, uint64_t seed) {
 
 // A Backend that forwards every call to another and adds up the wall time of each op, matmuls
 // keyed by shape: where a forward's time goes, without a profiler that cannot see into oneDNN's
-// JIT code. The CPU backend runs ops inline, so a call's wall time is its op's time.
+// JIT code. The CPU backend runs ops inline, so a call's wall time is its op's time. It adds up
+// the process's CPU time (all threads) too: on a machine shared with other jobs, run with
+// OMP_WAIT_POLICY=passive so that waiting threads do not spin, that is the op's work without
+// the time its threads spent preempted or waiting for each other.
 class TimingBackend : public zof::Backend {
  public:
   struct Entry {
-    double seconds = 0, flop = 0;
+    double seconds = 0, flop = 0, cpu_seconds = 0;
     int64_t calls = 0;
   };
   explicit TimingBackend(zof::Backend& inner) : in_(inner) {}
@@ -329,11 +333,18 @@ class TimingBackend : public zof::Backend {
   template <class F>
   void timed(const std::string& key, double flop, F&& f) {
     auto t0 = std::chrono::steady_clock::now();
+    const double c0 = process_cpu_seconds();
     f();
     Entry& e = entries[key];
+    e.cpu_seconds += process_cpu_seconds() - c0;
     e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     e.flop += flop;
     ++e.calls;
+  }
+  static double process_cpu_seconds() {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
   }
   zof::Backend& in_;
   std::map<void*, size_t> sizes_;
@@ -388,19 +399,26 @@ inline zof::Batch random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t see
 }
 
 // The ops a TimingBackend saw over `runs` runs that took `total` seconds each, slowest first:
-// calls and milliseconds per run, share of the run, GFLOP/s where counted; then the time outside
-// backend ops.
+// calls and milliseconds per run, share of the run, GFLOP/s where counted; the CPU time of all
+// threads per run and GFLOP per CPU second (per thread: times the thread count, the rate the op
+// would run at alone on balanced threads); then the time outside backend ops.
 inline void print_op_table(const TimingBackend& tb, double total, int runs) {
   std::vector<std::pair<std::string, TimingBackend::Entry>> v(tb.entries.begin(), tb.entries.end());
   std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.seconds > b.second.seconds; });
-  std::printf("  %-34s %8s %10s %7s %9s\n", "op", "calls", "ms/run", "share", "GFLOP/s");
+  std::printf("  %-34s %8s %10s %7s %9s %10s %9s\n", "op", "calls", "ms/run", "share", "GFLOP/s",
+              "CPU ms/run", "GF/CPU-s");
   double in_ops = 0;
   for (auto& [k, e] : v) {
     const double s = e.seconds / runs;
     in_ops += s;
     std::printf("  %-34s %8ld %10.1f %6.1f%% ", k.c_str(), long(e.calls / runs), s * 1e3,
                 100 * s / total);
-    if (e.flop > 0) std::printf("%9.1f", e.flop / e.seconds * 1e-9);
+    if (e.flop > 0)
+      std::printf("%9.1f", e.flop / e.seconds * 1e-9);
+    else
+      std::printf("%9s", "");
+    std::printf(" %10.1f", e.cpu_seconds / runs * 1e3);
+    if (e.flop > 0 && e.cpu_seconds > 0) std::printf(" %9.1f", e.flop / e.cpu_seconds * 1e-9);
     std::printf("\n");
   }
   std::printf("  %-34s %8s %10.1f %6.1f%%\n", "(outside backend ops)", "", (total - in_ops) * 1e3,

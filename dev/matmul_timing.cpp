@@ -1,9 +1,10 @@
 // Throwaway timing of the CPU backend's hot ops at GPT-2-small training shapes: matmul through
 // the backend (weights (N,K) read transposed in place) beside a oneDNN matmul on pre-transposed
 // (K,N) weights, attention, and the pointwise ops. Not built by CMake; after building zof_lib in
-// build-ops, from the repository root:
+// build-ops (a library per layer), from the repository root:
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude dev/matmul_timing.cpp
-//       build-ops/libzof.a -ldnnl -o /tmp/matmul_timing && /tmp/matmul_timing 2   (2 = threads)
+//       build-ops/libzof_{backends,hf,util}.a -ldnnl -o /tmp/matmul_timing
+//   /tmp/matmul_timing 2   (2 = threads)
 #include <omp.h>
 
 #include <chrono>

@@ -4,7 +4,8 @@
 // Items of a few rows (decoding) go one row at a time instead. Buffers: per-thread tiles, no T x T.
 // bf16 (Backend::attention's DType): the same walk on bf16 inputs, q * scale, k, v and the
 // probabilities rounded to nearest even, products summed in fp32 (vdpbf16ps where the CPU has
-// AVX512_BF16: two products a lane per instruction); keys and values are converted once per call.
+// AVX512_BF16: two products a lane per instruction); each thread rounds the keys and values of
+// the kv head it works on as its items reach them, inside the one parallel region.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -219,20 +220,25 @@ inline void accumulate_block(Tiles& t, const float* vb, const uint8_t* mask, int
 }
 
 // ---- bf16 ------------------------------------------------------------------------------------
-// Keys and values once per call, in bf16: kh (B, Tk, Hkv, D2) as k with D2 = D rounded up to
-// even (a zero pad), so a key's elements d, d+1 are one 32-bit word; vp per (b, kv head) the
-// values in pairs of keys, (Tk2 / 2, D, 2) with Tk2 = Tk rounded up to even: keys 2jp and
+// One kv head's keys and values in bf16, a thread's own, filled as its items reach them: kh
+// (Tk + 8, D2) the keys with D2 = D rounded up to even (a zero pad), so a key's elements d, d+1
+// are one 32-bit word, and eight keys after the last for score_block_bf16 to read past; vp
+// (Tk2 / 2, D, 2) with Tk2 = Tk rounded up to even, the values in pairs of keys: keys 2jp and
 // 2jp + 1 of one d are one word. A masked key's values (and the pad) are 0: its probability is
-// 0, and 0 times whatever a padding slot held must not leak in as a NaN.
-struct Bf16Inputs {
+// 0, and 0 times whatever a padding slot held must not leak in as a NaN. Rounding them where they
+// are used, rather than all heads up front, keeps the call to one parallel region (a region of
+// its own cost a scheduler tick whenever a thread was preempted) and the rounded rows in cache;
+// a thread rounds each key of a head once as long as its items of that head come in order.
+struct Bf16Kv {
   int64_t D2 = 0, Tk2 = 0;
-  std::vector<uint16_t> qh, kh, vp;  // qh: q * scale as kh (B, Tq, H, D2)
-  const uint16_t* key(int64_t b, int64_t j, int64_t hk, int64_t Hkv, int64_t Tk) const {
-    return kh.data() + ((b * Tk + j) * Hkv + hk) * D2;
+  int64_t b = -1, hk = -1, lo = 0, hi = 0;  // keys [lo, hi) of (b, hk) are in kh and vp
+  std::vector<uint16_t> kh, vp;
+  Bf16Kv(int64_t Tk, int64_t D) : D2((D + 1) / 2 * 2), Tk2((Tk + 1) / 2 * 2) {
+    kh.assign(size_t((Tk + 8) * D2), 0);
+    vp.assign(size_t(Tk2 * D), 0);
   }
-  const uint16_t* values(int64_t b, int64_t hk, int64_t Hkv, int64_t D) const {
-    return vp.data() + (b * Hkv + hk) * Tk2 * D;
-  }
+  const uint16_t* key(int64_t j) const { return kh.data() + j * D2; }
+  const uint16_t* values() const { return vp.data(); }
 };
 
 // y(n) = bf16(a * x(n)), nearest even.
@@ -273,40 +279,32 @@ inline void pairs_bf16(const float* a, const float* b, uint16_t* y, int64_t n) {
   }
 }
 
-Bf16Inputs bf16_inputs(const float* q, const float* k, const float* v, const uint8_t* key_mask,
-                       int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
-                       float scale, int threads) {
-  Bf16Inputs in;
-  in.D2 = (D + 1) / 2 * 2;
-  in.qh.assign(size_t(B * Tq * H * in.D2), 0);
-#pragma omp parallel for num_threads(threads) schedule(static) if (B * Tq * H * D >= kMinParallelWork)
-  for (int64_t r = 0; r < B * Tq * H; ++r) to_bf16(q + r * D, scale, in.qh.data() + r * in.D2, D);
-  in.Tk2 = (Tk + 1) / 2 * 2;
-  in.kh.assign(size_t((B * Tk + 8) * Hkv * in.D2), 0);  // eight keys of zeros after the last
-  in.vp.resize(size_t(B * Hkv * in.Tk2 * D));
-#pragma omp parallel for num_threads(threads) schedule(static) if (B * Tk * Hkv * D >= kMinParallelWork)
-  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
-    const int64_t b = bh / Hkv, hk = bh % Hkv;
-    auto row = [&](int64_t j) { return ((b * Tk + j) * Hkv + hk) * D; };
-    for (int64_t j = 0; j < Tk; ++j)
-      to_bf16(k + row(j), 1.0f, in.kh.data() + ((b * Tk + j) * Hkv + hk) * in.D2, D);
-    auto seen = [&](int64_t j) { return j < Tk && (!key_mask || key_mask[b * Tk + j] != 0); };
-    uint16_t* vp = in.vp.data() + bh * in.Tk2 * D;
-    for (int64_t jp = 0; jp < in.Tk2 / 2; ++jp)
-      pairs_bf16(seen(2 * jp) ? v + row(2 * jp) : nullptr,
-                 seen(2 * jp + 1) ? v + row(2 * jp + 1) : nullptr, vp + jp * 2 * D, D);
+// Makes keys [first, last) of (b, hk) (first even; last rounded up to even) ready in kv: k and
+// v (B, Tk, Hkv, D).
+void fill_kv(Bf16Kv& kv, const float* k, const float* v, const uint8_t* key_mask, int64_t b,
+             int64_t hk, int64_t Tk, int64_t Hkv, int64_t D, int64_t first, int64_t last) {
+  if (kv.b != b || kv.hk != hk || first < kv.lo || first > kv.hi) {
+    kv.b = b, kv.hk = hk, kv.lo = first, kv.hi = first;
   }
-  return in;
+  last = (last + 1) / 2 * 2;  // whole pairs of keys
+  if (last <= kv.hi) return;
+  auto row = [&](int64_t j) { return ((b * Tk + j) * Hkv + hk) * D; };
+  for (int64_t j = kv.hi; j < std::min(last, Tk); ++j)
+    to_bf16(k + row(j), 1.0f, kv.kh.data() + j * kv.D2, D);
+  auto seen = [&](int64_t j) { return j < Tk && (!key_mask || key_mask[b * Tk + j] != 0); };
+  for (int64_t jp = kv.hi / 2; jp < last / 2; ++jp)
+    pairs_bf16(seen(2 * jp) ? v + row(2 * jp) : nullptr,
+               seen(2 * jp + 1) ? v + row(2 * jp + 1) : nullptr, kv.vp.data() + jp * 2 * D, D);
+  kv.hi = last;
 }
 
-// attend_row on bf16 inputs (decoding): qi already scaled and rounded (fp32 values), key j's
-// elements kh rows, values vp; each probability rounded before it meets the values.
-void attend_row_bf16(const float* qi, const Bf16Inputs& in, int64_t b, int64_t hk, int64_t Hkv,
-                     int64_t Tk, const uint8_t* mask, int64_t first_key, int64_t n_keys,
-                     int64_t D, float softcap, float* acc, float* oi) {
+// attend_row on bf16 inputs (decoding): qi already scaled and rounded (fp32 values), keys and
+// values from kv; each probability rounded before it meets the values.
+void attend_row_bf16(const float* qi, const Bf16Kv& kv, const uint8_t* mask, int64_t first_key,
+                     int64_t n_keys, int64_t D, float softcap, float* acc, float* oi) {
   float p[kKeyBlock];
   float m = kNegInf, l = 0.0f;
-  const uint16_t* vp = in.values(b, hk, Hkv, D);
+  const uint16_t* vp = kv.values();
   for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
   for (int64_t j0 = first_key; j0 < n_keys; j0 += kKeyBlock) {
     const int64_t len = std::min(kKeyBlock, n_keys - j0);
@@ -314,7 +312,7 @@ void attend_row_bf16(const float* qi, const Bf16Inputs& in, int64_t b, int64_t h
     for (int64_t jj = 0; jj < len; ++jj) {
       p[jj] = kNegInf;
       if (mask && mask[j0 + jj] == 0) continue;
-      const uint16_t* kj = in.key(b, j0 + jj, hk, Hkv, Tk);
+      const uint16_t* kj = kv.key(j0 + jj);
       float dot = 0.0f;
       for (int64_t d = 0; d < D; ++d) dot += qi[d] * bf16_to_f32(kj[d]);
       p[jj] = softcap > 0.0f ? softcap * tanh_f32(dot / softcap) : dot;
@@ -358,25 +356,29 @@ inline uint32_t word(const uint16_t* p) {
   return w;
 }
 
-// The rows' queries (qh rows, scaled and rounded) as words of pairs of d; padding rows are 0.
-inline void pack_queries(Bf16Tiles& bt, const uint16_t* const* rows, int64_t n_rows,
-                         int64_t D2) {
+// The rows' queries, scaled and rounded, as words of pairs of d; padding rows are 0. qh: room
+// for one row of D2 bf16 values (the pad stays 0).
+inline void pack_queries(Bf16Tiles& bt, const float* const* rows, int64_t n_rows, int64_t D,
+                         int64_t D2, float scale, uint16_t* qh) {
   if (n_rows < kRows) std::fill(bt.qp.begin(), bt.qp.end(), 0u);
-  for (int64_t rr = 0; rr < n_rows; ++rr)
-    for (int64_t dp = 0; dp < D2 / 2; ++dp) bt.qp[dp * kRows + rr] = word(rows[rr] + 2 * dp);
+  for (int64_t rr = 0; rr < n_rows; ++rr) {
+    to_bf16(rows[rr], scale, qh, D);
+    for (int64_t dp = 0; dp < D2 / 2; ++dp) bt.qp[dp * kRows + rr] = word(qh + 2 * dp);
+  }
 }
 
 // s(jj, r) = q_r . k_j over the pairs of d (vdpbf16ps: a lane adds both products of its pair).
-inline void score_block_bf16(Tiles& t, const Bf16Tiles& bt, const Bf16Inputs& in, int64_t b,
-                             int64_t hk, int64_t Hkv, int64_t Tk, int64_t j0, int64_t len) {
-  const int64_t pairs = in.D2 / 2;
+inline void score_block_bf16(Tiles& t, const Bf16Tiles& bt, const Bf16Kv& kv, int64_t j0,
+                             int64_t len) {
+  const int64_t pairs = kv.D2 / 2;
 #if defined(__AVX512BF16__)
-  const int64_t ks = Hkv * in.D2;  // between consecutive keys
+  const int64_t ks = kv.D2;  // between consecutive keys
   // Eight keys at a time: eight chains hide vdpbf16ps's latency. A block's last eight may run
-  // past len (and past the last key: kh has eight keys of zeros after it); their scores land
-  // in t.s past len (still inside its kKeyBlock rows), which nothing reads.
+  // past len (into keys not filled for this item, or past the last key: kh has eight keys
+  // after it); their scores land in t.s past len (still inside its kKeyBlock rows), which
+  // nothing reads.
   for (int64_t jj = 0; jj < len; jj += 8) {
-    const uint16_t* k0 = in.key(b, j0 + jj, hk, Hkv, Tk);
+    const uint16_t* k0 = kv.key(j0 + jj);
     __m512 a[8];
     for (int e = 0; e < 8; ++e) a[e] = _mm512_setzero_ps();
     for (int64_t dp = 0; dp < pairs; ++dp) {
@@ -389,7 +391,7 @@ inline void score_block_bf16(Tiles& t, const Bf16Tiles& bt, const Bf16Inputs& in
   }
 #else
   for (int64_t jj = 0; jj < len; ++jj) {
-    const uint16_t* kj = in.key(b, j0 + jj, hk, Hkv, Tk);
+    const uint16_t* kj = kv.key(j0 + jj);
     for (int64_t rr = 0; rr < kRows; ++rr) {
       float a = 0.0f;
       for (int64_t dp = 0; dp < pairs; ++dp) {
@@ -495,9 +497,11 @@ void attention(const float* q, const float* k, const float* v, float* out,
   const int64_t items = B * Hkv * row_blocks;
   const int64_t kv_stride = Hkv * D;  // between consecutive keys of one head
   const int64_t work = B * H * Tq * std::min(Tk, q_offset + Tq) * D;
-  const Bf16Inputs in =
-      bf16 ? bf16_inputs(q, k, v, key_mask, B, Tq, Tk, H, Hkv, D, scale, threads) : Bf16Inputs{};
-  // Work per item grows with the query position (causal), hence the dynamic schedule.
+  // Work per item grows with the query position (causal), hence the dynamic schedule. A bf16
+  // call hands out a kv head's items together where there are enough heads to go round (four a
+  // thread), so that one thread rounds each head's keys and values once.
+  const int64_t chunk =
+      bf16 ? std::max<int64_t>(1, std::min(row_blocks, items / (4 * int64_t(threads)))) : 1;
 #pragma omp parallel num_threads(threads) if (work >= kMinParallelWork)
   {
     Tiles t;
@@ -507,13 +511,16 @@ void attention(const float* q, const float* k, const float* v, float* out,
     t.lim.resize(size_t(kRows));
     t.lo.resize(size_t(kRows));
     Bf16Tiles bt;
+    Bf16Kv kv(bf16 ? Tk : 0, D);
+    std::vector<uint16_t> qh;  // a query row, scaled and rounded
     if (bf16) {
-      bt.qp.resize(size_t(in.D2 / 2 * kRows));
+      bt.qp.resize(size_t(kv.D2 / 2 * kRows));
       bt.pp.resize(size_t(kKeyBlock * kRows));
       bt.ob.resize(size_t(kRows * D));
+      qh.assign(size_t(kv.D2), 0);
     }
     std::vector<float> qrow(bf16 ? size_t(D) : 0);
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, chunk)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = item / (Hkv * row_blocks);
       const int64_t hk = item / row_blocks % Hkv;
@@ -529,10 +536,11 @@ void attention(const float* q, const float* k, const float* v, float* out,
           const int64_t n_keys = std::min(Tk, p + 1);
           const int64_t first = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
           if (bf16) {
-            const uint16_t* qr = in.qh.data() + q_row(r) / D * in.D2;
-            for (int64_t d = 0; d < D; ++d) qrow[d] = bf16_to_f32(qr[d]);
-            attend_row_bf16(qrow.data(), in, b, hk, Hkv, Tk, mask, first, n_keys, D, softcap,
-                            t.o.data(), out + q_row(r));
+            to_bf16(q + q_row(r), scale, qh.data(), D);
+            for (int64_t d = 0; d < D; ++d) qrow[d] = bf16_to_f32(qh[d]);
+            fill_kv(kv, k, v, key_mask, b, hk, Tk, Hkv, D, first & ~int64_t(1), n_keys);
+            attend_row_bf16(qrow.data(), kv, mask, first, n_keys, D, softcap, t.o.data(),
+                            out + q_row(r));
             continue;
           }
           attend_row(q + q_row(r), kb, vb, mask, kv_stride, first, n_keys, D, scale, softcap,
@@ -542,13 +550,13 @@ void attention(const float* q, const float* k, const float* v, float* out,
       }
 
       // Gather the rows' queries, scaled, transposed; padding rows are zero and see no key.
-      std::fill(t.qt.begin(), t.qt.end(), 0.0f);
       if (bf16) {
-        const uint16_t* rows[kRows];
-        for (int64_t rr = 0; rr < n_rows; ++rr) rows[rr] = in.qh.data() + q_row(r0 + rr) / D * in.D2;
-        pack_queries(bt, rows, n_rows, in.D2);
+        const float* rows[kRows];
+        for (int64_t rr = 0; rr < n_rows; ++rr) rows[rr] = q + q_row(r0 + rr);
+        pack_queries(bt, rows, n_rows, D, kv.D2, scale, qh.data());
         std::fill(bt.ob.begin(), bt.ob.end(), 0.0f);
       } else {
+        std::fill(t.qt.begin(), t.qt.end(), 0.0f);
         for (int64_t rr = 0; rr < n_rows; ++rr) {
           const float* qr = q + q_row(r0 + rr);
           for (int64_t d = 0; d < D; ++d) t.qt[d * kRows + rr] = qr[d] * scale;
@@ -566,7 +574,10 @@ void attention(const float* q, const float* k, const float* v, float* out,
       const int64_t all_see = t.lim[0];  // every real row sees keys 0 .. all_see
       // Keys before first_key are outside every row's window, keys from all_lo on inside all.
       const int64_t first_key = t.lo[0], all_lo = t.lo[n_rows - 1];
-      std::fill(t.o.begin(), t.o.end(), 0.0f);
+      if (bf16)
+        fill_kv(kv, k, v, key_mask, b, hk, Tk, Hkv, D, first_key & ~int64_t(1), n_keys);
+      else
+        std::fill(t.o.begin(), t.o.end(), 0.0f);
 
       // bf16 blocks start at an even key (the paired values); a key before first_key is outside
       // every row's window and hidden.
@@ -574,14 +585,14 @@ void attention(const float* q, const float* k, const float* v, float* out,
         const int64_t len = std::min(kKeyBlock, n_keys - j0);
         float correction[kRows];
         if (bf16)
-          score_block_bf16(t, bt, in, b, hk, Hkv, Tk, j0, len);
+          score_block_bf16(t, bt, kv, j0, len);
         else
           score_block(t, kb, kv_stride, j0, len, D);
         if (softcap > 0.0f) cap_scores(t, len, softcap);
         hide_keys(t, mask, j0, len, all_see, all_lo);
         softmax_block(t, len, correction);
         if (bf16)
-          accumulate_block_bf16(t, bt, in.values(b, hk, Hkv, D), j0, len, D, n_rows, correction);
+          accumulate_block_bf16(t, bt, kv.values(), j0, len, D, n_rows, correction);
         else
           accumulate_block(t, vb, mask, kv_stride, j0, len, D, correction);
       }

@@ -1,14 +1,19 @@
 // cpu::Matmul: y = x w^T + bias through oneDNN's matmul primitive in strict fp32. The nn.Linear
 // weight (N,K) row-major is described to oneDNN as a (K,N) matrix with strides (1,K), so it is
 // read in place; primitives are cached per (M,N,K,bias) since creating one JIT-compiles kernels.
+// A bf16 product of many rows runs as blocks of rows in one parallel region of zof's own: each
+// block's rows are rounded to bf16 and multiplied by one thread (see run_bf16_blocks).
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "cpu/cpu_ops.h"
 #include "cpu/host_backend.h"
@@ -56,6 +61,20 @@ dnnl::memory::desc bias_desc(int64_t N) { return matrix(1, N, N, 1); }
 
 constexpr size_t kMaxCached = 256;
 
+// A bf16 product of many rows runs in row blocks, each on one thread (a single-threaded
+// primitive), blocks handed out in turn. Why not oneDNN's own threads: the rows must be rounded
+// to bf16 first, and doing that in a parallel region of its own put a second fork and join on
+// every product. On a shared machine each join is a chance to wait a scheduler tick for a
+// preempted partner thread (bench/RESULTS.md: GPT-2's bf16 step slower than fp32 under load,
+// with half fp32's CPU time); with blocks there is one region, the rounded rows are still in
+// cache when they are multiplied, and a thread that runs takes the blocks of one that does not.
+// Two blocks a thread, of at least kMinBlockRows rows (fewer rows cost oneDNN's weight packing
+// once more per block: 128-row blocks ran 7% slower than the whole product, 256-row ones 2%).
+// oneDNN 2.6 computes each output row in the same order whatever the rows around it and the
+// thread count (tests/unit/test_ops.cpp CpuThreadCountIndependence checks it), so the blocks
+// give the bits of the one product.
+constexpr int64_t kMinBlockRows = 128;
+
 // oneDNN's name of the ISA its kernels dispatch to on this CPU.
 const char* isa_name() {
   switch (dnnl::get_effective_cpu_isa()) {
@@ -74,19 +93,50 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
+// y rows [m0, m0 + rows) through prim: x's rows rounded into xb first.
+void run_block(const dnnl::matmul& prim, const dnnl::engine& engine, dnnl::stream& stream,
+               void* scratch, size_t scratch_bytes, uint16_t* xb, const float* x, const void* w,
+               const float* bias, float* y, int64_t m0, int64_t rows, int64_t N, int64_t K) {
+  const float* xr = x + m0 * K;
+  for (int64_t i = 0; i < rows * K; ++i) xb[i] = f32_to_bf16(xr[i]);
+  dnnl::memory src(x_desc(rows, K, dt::bf16), engine, xb);
+  dnnl::memory wei(w_desc(N, K, dt::bf16), engine, const_cast<void*>(w));
+  dnnl::memory dst(y_desc(rows, N), engine, y + m0 * N);
+  dnnl::memory scr(dnnl::memory::desc({int64_t(scratch_bytes)}, dt::u8,
+                                      dnnl::memory::format_tag::a),
+                   engine, scratch);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src},
+                                             {DNNL_ARG_WEIGHTS, wei},
+                                             {DNNL_ARG_DST, dst},
+                                             {DNNL_ARG_SCRATCHPAD, scr}};
+  if (bias)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_desc(N), engine, const_cast<float*>(bias)));
+  prim.execute(stream, args);
+  stream.wait();
+}
+
 }  // namespace
 
 struct Matmul::Impl {
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int>;  // M, N, K, has_bias, dtype
+  // M, N, K, has_bias, dtype, threads the primitive was made for (1: a block's)
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int>;
   int threads;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::mutex mu;  // guards the cache and the scratchpad
+  std::mutex mu;  // guards everything below
   std::map<Key, dnnl::matmul> cache;
   std::unique_ptr<void, FreeDeleter> scratch;
   size_t scratch_bytes = 0;
   std::unique_ptr<void, FreeDeleter> xbf;  // x rounded to bf16 (a bf16 product's source)
   size_t xbf_bytes = 0;
+  // Per thread of a blocked product: a stream, the scratchpad and the block's rows in bf16.
+  struct BlockBuffers {
+    dnnl::stream stream;
+    std::unique_ptr<void, FreeDeleter> scratch, xbf;
+    size_t scratch_bytes = 0, xbf_bytes = 0;
+  };
+  std::vector<BlockBuffers> blocks;
+  size_t block_scratch_bytes = 0;  // the most any block primitive asks for
 
   explicit Impl(int n) : threads(n) {
     const dnnl_version_t* v = dnnl_version();
@@ -98,8 +148,12 @@ struct Matmul::Impl {
     scratch_bytes = 64;
   }
 
-  const dnnl::matmul& primitive(int64_t M, int64_t N, int64_t K, bool has_bias, DType wt) {
-    Key key{M, N, K, has_bias, (int)wt};
+  // The primitive for (M, N, K) on `nthr` threads: the backend's (its scratchpad fits in
+  // `scratch`), or 1 for a block (in block_scratch_bytes). The caller has set OpenMP's thread
+  // count to the backend's.
+  const dnnl::matmul& primitive(int64_t M, int64_t N, int64_t K, bool has_bias, DType wt,
+                                int nthr) {
+    Key key{M, N, K, has_bias, (int)wt, nthr};
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     // Training sees a handful of shapes; prompts of every length during generation would grow
@@ -115,6 +169,8 @@ struct Matmul::Impl {
                  : dnnl::matmul::desc(x_desc(M, K, t), w_desc(N, K, t), y_desc(M, N));
     dnnl::matmul::primitive_desc pd;
     try {
+      // oneDNN sizes a primitive's work split from omp_get_max_threads() when it is made.
+      OmpThreads team(nthr);
       pd = dnnl::matmul::primitive_desc(desc, attr, engine);
     } catch (const dnnl::error&) {
       ZOF_CHECK(wt == DType::F32, "this CPU has no bf16 matrix product (oneDNN found no "
@@ -123,11 +179,68 @@ struct Matmul::Impl {
       throw;
     }
     size_t need = pd.scratchpad_desc().get_size();
-    if (need > scratch_bytes) {
+    if (nthr == 1) block_scratch_bytes = std::max(block_scratch_bytes, need);
+    if (nthr == threads && need > scratch_bytes) {
       scratch.reset(aligned_host_alloc(need));
       scratch_bytes = need;
     }
     return cache.emplace(key, dnnl::matmul(pd)).first->second;
+  }
+
+  // Buffers for `n` threads, each with room for block_scratch_bytes of scratchpad and
+  // rows x K bf16 values.
+  void size_blocks(int n, int64_t rows, int64_t K) {
+    if (int(blocks.size()) < n) blocks.resize(size_t(n));
+    const size_t xb = size_t(rows * K) * sizeof(uint16_t);
+    for (int i = 0; i < n; ++i) {
+      BlockBuffers& b = blocks[size_t(i)];
+      if (!b.stream) b.stream = dnnl::stream(engine);
+      if (b.scratch_bytes < std::max<size_t>(block_scratch_bytes, 64)) {
+        b.scratch_bytes = std::max<size_t>(block_scratch_bytes, 64);
+        b.scratch.reset(aligned_host_alloc(b.scratch_bytes));
+      }
+      if (b.xbf_bytes < xb) {
+        b.xbf.reset(aligned_host_alloc(xb));
+        b.xbf_bytes = xb;
+      }
+    }
+  }
+
+  // Row blocks for a bf16 product of M rows: 0 where it should run whole (one thread, or too
+  // few rows for a block per thread).
+  int64_t bf16_blocks(int64_t M) const {
+    if (threads < 2) return 0;
+    const int64_t n = std::min<int64_t>(2 * threads, M / kMinBlockRows);
+    return n >= threads ? n : 0;
+  }
+
+  // The bf16 product in n_blocks blocks of rows (the last one shorter), handed out one at a time
+  // over the backend's threads; the caller holds mu and has set OpenMP's thread count.
+  void run_bf16_blocks(const float* x, const void* w, const float* bias, float* y, int64_t M,
+                       int64_t N, int64_t K, int64_t n_blocks) {
+    const int64_t rows = (M + n_blocks - 1) / n_blocks;
+    n_blocks = (M + rows - 1) / rows;
+    const int64_t tail = M - (n_blocks - 1) * rows;
+    const bool has_bias = bias != nullptr;
+    // Handles, not references: making the second may start the cache over.
+    const dnnl::matmul full = primitive(rows, N, K, has_bias, DType::BF16, 1);
+    const dnnl::matmul last = tail == rows ? full : primitive(tail, N, K, has_bias, DType::BF16, 1);
+    size_blocks(threads, rows, K);
+    std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t blk = 0; blk < n_blocks; ++blk) {
+      BlockBuffers& b = blocks[size_t(omp_get_thread_num())];
+      const bool is_last = blk == n_blocks - 1;
+      try {
+        run_block(is_last ? last : full, engine, b.stream, b.scratch.get(), b.scratch_bytes,
+                  static_cast<uint16_t*>(b.xbf.get()), x, w, bias, y, blk * rows,
+                  is_last ? tail : rows, N, K);
+      } catch (...) {
+#pragma omp critical(zof_matmul_error)
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
   }
 };
 
@@ -147,7 +260,11 @@ void Matmul::run(const float* x, const void* w, DType wt, const float* bias, flo
   Impl& im = *impl_;
   std::lock_guard<std::mutex> lock(im.mu);
   OmpThreads threads(im.threads);
-  const dnnl::matmul& prim = im.primitive(M, N, K, bias != nullptr, wt);
+  if (wt == DType::BF16) {
+    if (const int64_t n_blocks = im.bf16_blocks(M))
+      return im.run_bf16_blocks(x, w, bias, y, M, N, K, n_blocks);
+  }
+  const dnnl::matmul& prim = im.primitive(M, N, K, bias != nullptr, wt, im.threads);
   // oneDNN takes non-const handles; it never writes the source, weights or bias.
   void* xs = const_cast<float*>(x);
   if (wt == DType::BF16) {  // the source rounded to bf16 as the weights are

@@ -717,6 +717,7 @@ TEST(OpsConform, AttentionBf16) {
   const std::vector<Case> cases = {
       {{1, 1, 1, 1, 1, 8, 0}, kNone, 0, 0.f, "T=1"},
       {{2, 13, 13, 4, 2, 64, 0}, kNone, 0, 0.f, "GQA H/Hkv=2"},
+      {{2, 40, 40, 6, 2, 64, 0}, kRandom, 0, 0.f, "GQA H/Hkv=3: tiles end at odd keys"},
       {{1, 33, 33, 8, 2, 32, 0}, kRightPad, 0, 0.f, "GQA H/Hkv=4, right padding"},
       {{2, 130, 130, 2, 1, 64, 0}, kRandom, 0, 0.f, "several key and query blocks"},
       {{2, 21, 21, 2, 2, 5, 0}, kLeftPad, 0, 0.f, "left padding, odd D"},
@@ -1068,8 +1069,9 @@ TEST(OpsConform, MatmulBf16) {
   struct Shape {
     int64_t M, N, K;
   };
+  // M=520: the CPU backend's row blocks (four of 130 rows on two or three threads).
   for (Shape s : {Shape{1, 1, 1}, Shape{2, 3, 5}, Shape{16, 16, 16}, Shape{33, 65, 127},
-                  Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{3, 7, 0}}) {
+                  Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{3, 7, 0}, Shape{520, 40, 96}}) {
     for (bool has_bias : {false, true}) {
       auto x = uniform(size_t(s.M * s.K), -1, 1, 41);
       auto w = to_bf16(uniform(size_t(s.N * s.K), -1, 1, 42));
@@ -1218,6 +1220,37 @@ TEST(Ops, CpuThreadCountIndependence) {
              " K=" + std::to_string(sh.K),
          [&](Backend& be) { return run_matmul_bf16(be, a, to_bf16(wm), bias, sh.M, sh.N, sh.K); });
   }
+}
+
+// The bf16 products of many rows on 1, 2, 3 and 8 threads: the same bits. With two or more
+// threads the CPU backend runs them as row blocks on single-threaded primitives, as many as
+// the thread count asks for (M=1000: 4 blocks on 2 threads, 6 with a shorter last on 3; 8
+// threads take oneDNN's own split); one thread runs the whole product. oneDNN 2.6 computes each
+// row in the same order whatever rows surround it (see the note in CpuThreadCountIndependence).
+// And bf16 attention where a thread's items of a kv head end at odd keys (H/Hkv = 3).
+TEST(Ops, CpuThreadCountIndependenceBf16Blocks) {
+  std::vector<std::pair<int, std::unique_ptr<Backend>>> bes;
+  for (int t : {1, 2, 3, 8}) bes.emplace_back(t, zof::make_cpu_backend(t));
+  auto same = [&](const std::string& what, const std::function<std::vector<float>(Backend&)>& run) {
+    const std::vector<float> want = run(*bes[0].second);
+    for (size_t i = 1; i < bes.size(); ++i)
+      EXPECT_TRUE(bit_identical(want, run(*bes[i].second)))
+          << what << ", " << bes[i].first << " threads";
+  };
+  const int64_t M = 1000, N = 96, K = 200;
+  auto x = uniform(size_t(M * K), -1, 1, 75), w = uniform(size_t(N * K), -1, 1, 76);
+  auto bias = uniform(size_t(N), -1, 1, 77);
+  same("bf16 matmul M=1000",
+       [&](Backend& be) { return run_matmul_bf16(be, x, to_bf16(w), bias, M, N, K); });
+  same("bf16 matmul M=1000, no bias",
+       [&](Backend& be) { return run_matmul_bf16(be, x, to_bf16(w), {}, M, N, K); });
+  AttnShape s{3, 50, 50, 9, 3, 64, 0};
+  auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 78);
+  auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 79);
+  auto v = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -1, 1, 80);
+  same("attention bf16 H/Hkv=3", [&](Backend& be) {
+    return run_attention(be, q, k, v, {}, s, 0, 0.f, 0.f, zof::DType::BF16);
+  });
 }
 
 // Gemma's ops on 1, 2, 3 and 8 threads: the same bits. Every attention item (up to 16 rows of
