@@ -214,3 +214,105 @@ put("safetensors_index", "deep", ('{"weight_map":{"a.weight":' + deep + "}}").en
 put("tokenizer", "deep", '{"model": {"type": "BPE", "vocab": {}, "merges": ' + deep + "}}")
 put("tokenizer", "deep-config", json.dumps(mini) + "\0ab\0" + '{"bos_token": ' + deep + "}")
 put("task_data", "deep", b'rte\n{"premise": ' + deep.encode() + b', "hypothesis": "h", "label": 0}\n')
+
+# ---- GGUF: llama.cpp's model file (hf/gguf.h), built field by field --------------------------------
+GGUF_TYPES = {"u8": (0, "<B"), "i8": (1, "<b"), "u16": (2, "<H"), "i16": (3, "<h"), "u32": (4, "<I"),
+              "i32": (5, "<i"), "f32": (6, "<f"), "bool": (7, "<?"), "u64": (10, "<Q"),
+              "i64": (11, "<q"), "f64": (12, "<d")}
+
+
+def gstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gvalue(kind, v):
+    """kind: a GGUF_TYPES name, "str", or ("arr", element kind)."""
+    if kind == "str":
+        return gstr(v)
+    if isinstance(kind, tuple):
+        ek = kind[1]
+        code = 8 if ek == "str" else 9 if isinstance(ek, tuple) else GGUF_TYPES[ek][0]
+        return struct.pack("<IQ", code, len(v)) + b"".join(gvalue(ek, x) for x in v)
+    return struct.pack(GGUF_TYPES[kind][1], v)
+
+
+def gguf(kvs, tensors, alignment=32, version=3):
+    """kvs: [(key, kind, value)]; tensors: [(name, ggml type id, dims (contiguous first), bytes)]."""
+    out = struct.pack("<IIQQ", 0x46554747, version, len(tensors), len(kvs))
+    for key, kind, v in kvs:
+        code = 8 if kind == "str" else 9 if isinstance(kind, tuple) else GGUF_TYPES[kind][0]
+        out += gstr(key) + struct.pack("<I", code) + gvalue(kind, v)
+    data, offsets = b"", []
+    for name, t, dims, b in tensors:
+        offsets.append(len(data))
+        data += b + b"\0" * ((-len(b)) % alignment)
+    for (name, t, dims, b), off in zip(tensors, offsets):
+        out += gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", t, off)
+    return out + b"\0" * ((-len(out)) % alignment) + data
+
+
+def f16(x):
+    return struct.pack("<e", x)
+
+
+# One block of each type zof reads (F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 8, Q4_K 12, Q6_K 14,
+# BF16 30), from fixed bytes with small fp16 scales.
+BLOCKS = {
+    0: (1, struct.pack("<f", 0.25)), 1: (1, f16(-0.5)), 30: (1, b"\x80\x3e"),
+    2: (32, f16(0.01) + bytes(range(16))), 3: (32, f16(0.01) + f16(-0.05) + bytes(range(16, 32))),
+    8: (32, f16(0.002) + bytes((i * 7) % 256 for i in range(32))),
+    12: (256, f16(0.003) + f16(0.001) + bytes(range(40, 52)) + bytes((i * 13) % 256 for i in range(128))),
+    14: (256, bytes((i * 11) % 256 for i in range(128)) + bytes((i * 5) % 256 for i in range(64)) +
+         bytes((i * 9) % 256 for i in range(16)) + f16(0.004)),
+}
+
+
+def tensor(name, t, dims):
+    block, b = BLOCKS[t]
+    n = 1
+    for d in dims:
+        n *= d
+    return (name, t, dims, b * (n // block))
+
+
+# A tiny llama: width 32, 2 heads of 16 (1 KV head), one layer, a byte-level vocabulary of 10 with
+# SmolLM's pre-tokenizer; every tensor type zof reads among its tensors.
+toks = ["<|endoftext|>", "a", "b", "c", "\u0120", "ab", "\u0120a", "1", "2", "!"]
+llama_kvs = [
+    ("general.architecture", "str", "llama"), ("general.name", "str", "tiny"),
+    ("llama.block_count", "u32", 1), ("llama.context_length", "u32", 64),
+    ("llama.embedding_length", "u32", 32), ("llama.feed_forward_length", "u32", 32),
+    ("llama.attention.head_count", "u32", 2), ("llama.attention.head_count_kv", "u32", 1),
+    ("llama.rope.freq_base", "f32", 10000.0), ("llama.attention.layer_norm_rms_epsilon", "f32", 1e-5),
+    ("llama.rope.dimension_count", "u32", 16), ("llama.vocab_size", "u32", len(toks)),
+    ("general.file_type", "u32", 7), ("tokenizer.ggml.model", "str", "gpt2"),
+    ("tokenizer.ggml.pre", "str", "smollm"), ("tokenizer.ggml.tokens", ("arr", "str"), toks),
+    ("tokenizer.ggml.token_type", ("arr", "i32"), [3] + [1] * (len(toks) - 1)),
+    ("tokenizer.ggml.merges", ("arr", "str"), ["a b", "\u0120 a"]),
+    ("tokenizer.ggml.bos_token_id", "u32", 0), ("tokenizer.ggml.eos_token_id", "u32", 0),
+    ("tokenizer.ggml.add_bos_token", "bool", False),
+]
+llama_tensors = [
+    tensor("token_embd.weight", 8, [32, 10]), tensor("blk.0.attn_norm.weight", 0, [32]),
+    tensor("blk.0.attn_q.weight", 2, [32, 32]), tensor("blk.0.attn_k.weight", 3, [32, 16]),
+    tensor("blk.0.attn_v.weight", 1, [32, 16]), tensor("blk.0.attn_output.weight", 30, [32, 32]),
+    tensor("blk.0.ffn_norm.weight", 0, [32]), tensor("blk.0.ffn_gate.weight", 8, [32, 32]),
+    tensor("blk.0.ffn_up.weight", 8, [32, 32]), tensor("blk.0.ffn_down.weight", 2, [32, 32]),
+    tensor("output_norm.weight", 0, [32]),
+]
+put("gguf", "llama-tiny", gguf(llama_kvs, llama_tensors))
+put("gguf", "llama-tiny-untied", gguf(llama_kvs, llama_tensors + [tensor("output.weight", 3, [32, 10])]))
+put("gguf", "llama-tiny-v2-align64", gguf(llama_kvs + [("general.alignment", "u32", 64)],
+                                          llama_tensors, alignment=64, version=2))
+# Every tensor type (K-quants' blocks of 256 too), an unread one (Q5_0, id 6), an empty tensor,
+# and every metadata type, arrays of arrays included.
+put("gguf", "types", gguf(
+    [("u8", "u8", 200), ("i8", "i8", -3), ("u16", "u16", 60000), ("i16", "i16", -300), ("u32", "u32", 7),
+     ("i32", "i32", -7), ("f32", "f32", 0.5), ("bool", "bool", True), ("u64", "u64", 1 << 40),
+     ("i64", "i64", -(1 << 40)), ("f64", "f64", 0.1), ("s", "str", "h\u00e9"),
+     ("nested", ("arr", ("arr", "i32")), [[1, 2], [], [3]])],
+    [tensor("q4_k", 12, [256, 2]), tensor("q6_k", 14, [256]), tensor("bf16", 30, [3, 2]),
+     ("q5_0", 6, [32], f16(0.5) + bytes(20)), ("empty", 0, [0, 4], b"")]))
+put("gguf", "header-only", gguf([("general.architecture", "str", "llama")], []))

@@ -12,7 +12,7 @@
 #               (libFuzzer -merge=1 on edge coverage alone, which keeps the corpus small)
 #     --resume  continue from the corpus the last run left in build-fuzz/runs/<target>/ (a long
 #               run in chunks: add up the chunks' executions); its log is kept as log.1, ...
-#     TARGET    config, safetensors, safetensors_index, task_data, tokenizer, tokenizer_text
+#     TARGET    config, gguf, safetensors, safetensors_index, task_data, tokenizer, tokenizer_text
 #               (default: all)
 # ZOF_FUZZ_TIMEOUT (seconds, default 5) is the per-input timeout: a wall-clock limit, so a run
 # niced under other load may want more (a starved process can pass 5 s on a 40 ms input).

@@ -53,26 +53,26 @@ void validate_generate(const GenerateArgs& a) {
 // weights.
 std::unique_ptr<zof::Backend> text_backend(const DeviceArgs& d, int threads,
                                            zof::WeightPlacement& place) {
-  ZOF_CHECK(d.device == "cpu" || d.device == "cuda",
-            "--device must be cpu or cuda, not '" + d.device + "'");
-  ZOF_CHECK(d.device == "cpu" || !d.sim_device,
+  const zof::DeviceChoice where =
+      zof::read_choice_text<zof::DeviceChoice>("--device", d.device, {"cpu", "cuda"});
+  const bool cuda = where == zof::DeviceChoice::Cuda;
+  ZOF_CHECK(!cuda || !d.sim_device,
             "--sim-device simulates a GPU on the CPU: drop it with --device cuda");
-  const bool device = d.sim_device || d.device == "cuda";
+  const bool device = d.sim_device || cuda;
   ZOF_CHECK(device || d.gpu_mem.empty(),
             "--gpu-mem budgets device memory, and --device cpu has none; add --device cuda, or "
             "--sim-device to run the streaming schedule on the simulated device");
   place.stream = device;
   place.budget = d.gpu_mem.empty() ? 0 : zof::parse_memory_size(d.gpu_mem, "--gpu-mem");
   zof::BackendOptions b;
-  b.device = d.device;
+  b.device = where;
   b.threads = threads;
   b.sim_device = d.sim_device;
   b.sim_budget = place.budget;
   b.tf32 = d.tf32;
-  ZOF_CHECK(d.dtype == "auto" || d.dtype == "bf16" || d.dtype == "fp32",
-            "--dtype must be auto, bf16 or fp32, not '" + d.dtype + "'");
+  const auto dtype = zof::read_choice_text<zof::ComputeChoice>("--dtype", d.dtype);
   auto be = zof::make_backend(b);
-  place.compute = zof::resolve_compute_dtype(d.dtype, *be);
+  place.compute = zof::resolve_compute_dtype(dtype, *be);
   return be;
 }
 
@@ -165,7 +165,7 @@ int run_eval(const EvalArgs& a) {
 
 CLI::App* add_generate(CLI::App& app, GenerateArgs& g, NumberFlags& n) {
   auto* gen = app.add_subcommand("generate", "Generate text from a prompt");
-  gen->add_option("--model", g.model, "Hugging Face model directory")->required();
+  gen->add_option("--model", g.model, "Hugging Face model directory, or a GGUF file")->required();
   gen->add_option("--prompt", g.prompt, "Prompt text (default: empty, start from BOS)");
   n.add(gen, "--max-new-tokens", g.max_new_tokens, "Tokens to generate", &kMaxNewTokens);
   n.add(gen, "--temperature", g.temperature, "Sampling temperature; 0 is greedy", &kTemperature);
@@ -180,7 +180,7 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& g, NumberFlags& n) {
 CLI::App* add_eval(CLI::App& app, EvalArgs& e, NumberFlags& n) {
   auto* ev = app.add_subcommand("eval", "Perplexity of a model on a text file: mean next-token NLL over windows of --seq-len tokens, "
       "each from BOS; '<|endoftext|>' separates documents, and windows never cross one");
-  ev->add_option("--model", e.model, "Hugging Face model directory")->required();
+  ev->add_option("--model", e.model, "Hugging Face model directory, or a GGUF file")->required();
   ev->add_option("--text", e.text, "Plain-text file")->required();
   n.add(ev, "--seq-len", e.seq_len, "Window length in tokens (default: context, at most 512)",
         &kEvalSeqLen, false);
@@ -212,6 +212,10 @@ CLI::App* add_finetune(CLI::App& app, FinetuneArgs& f, NumberFlags& n) {
           } else if constexpr (std::is_same_v<T, std::string>) {
             CLI::Option* o = ft->add_option(name, target, spec.help);
             if (!target.empty()) o->capture_default_str();
+          } else if constexpr (std::is_enum_v<T>) {
+            n.add_words(
+                ft, name, [&t, &spec](const std::string& text) { spec.set(t, text); }, spec.help,
+                zof::word(target));
           } else {
             n.add(ft, name, target, spec.help, spec.rule());
           }

@@ -25,7 +25,8 @@ std::string size_words(uint64_t bytes);  // "256 MiB"
 // zof::Error unless `dir` is a model directory zof can read: it exists and is a directory, and
 // each file zof reads or copies from it (config.json, the weights and their index, tokenizer.json
 // and the tokenizer's other files, generation_config.json) is, where present, a regular file.
-// `flag` ("--model"; may be empty) names where the path came from.
+// `flag` ("--model"; may be empty) names where the path came from. A path that is not a
+// directory must be a regular file that starts as a GGUF file does (Model::load reads it).
 void check_model_dir(const std::string& flag, const std::string& dir);
 
 }  // namespace zof

@@ -137,6 +137,9 @@ static_assert(sizeof(HeadWeights) == HeadWeights::slots().size() * sizeof(Weight
 class Model {
  public:
   // Loads DIR/config.json and DIR's safetensors; validates every tensor the architecture needs.
+  // DIR may instead be a GGUF file of llama.cpp's llama architecture: the config its metadata
+  // make, each tensor dequantized to fp32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) with
+  // the q/k rows in Hugging Face's order (src/model/model_gguf.cpp).
   // storage: how the weights are held, F32, or BF16 (each tensor rounded to nearest even as it
   // is read, never held whole in fp32: a bf16 master of a model twice the memory's size in fp32).
   static Model load(const std::string& dir, DType storage = DType::F32);
@@ -162,6 +165,14 @@ class Model {
   // Writes out_dir/config.json and out_dir/model.safetensors in dtype (default: as loaded),
   // atomically, in Hugging Face layout (tied LM head omitted, GPT-2 Conv1D transposed back).
   void save(const std::string& out_dir, DType dtype) const;
+  // Writes the file `path` as a GGUF that llama.cpp loads (a plain LLaMA): the matrices in dtype
+  // (F32, F16 or BF16), the norms in F32 (as llama.cpp's converter writes them), the q/k rows in
+  // llama.cpp's order, atomically. The metadata: base's when base (the model this one was loaded
+  // from) is a GGUF file; else llama.* from the config and tokenizer.ggml.* from base's
+  // tokenizer.json. zof::Error, before anything is written, for what GGUF cannot express.
+  void save_gguf(const std::string& path, DType dtype, const std::string& base) const;
+  // The refusals of save_gguf(path, dtype, base), nothing written: a run checks before it starts.
+  void check_gguf_save(const std::string& base) const;
   // Every weight rounded to dtype's nearest value (nearest even; F32 changes nothing), held in
   // the storage's type again: the weights save(dtype) writes, for evaluating what is saved (bf16
   // storage stays bf16: a bf16 value rounded to f16 is a bf16 value).
@@ -228,6 +239,9 @@ class Model {
  private:
   // params_ and blocks_ from cfg_, and (allocate) the storage of storage_dtype_, zeroed.
   void build_layout(bool allocate = true);
+  // load_layout and read_weights of a GGUF file (model_gguf.cpp).
+  static Model load_gguf_layout(const std::string& path);
+  DType read_gguf_weights(const std::string& path);
   void allocate_storage();
   void set_param_pointers();  // Param::data from the storage (null without fp32 storage)
   int index(const std::string& name) const;  // -1 when absent

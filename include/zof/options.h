@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zof/choices.h"
 #include "zof/number_rule.h"
 
 namespace zof {
@@ -20,22 +21,29 @@ namespace zof {
 // numeric field accepts is its train_flag_rule; validate_options checks them all, alone and
 // together.
 struct TrainOptions {
-  std::string model, task = "text", data, out;
+  std::string model;
+  Task task = Task::Text;
+  std::string data, out;
   // What a candidate task trains on (training_objective): lm, the correct answer's tokens; or
   // classification, MeZO's cross-entropy over the candidates (LossBatch::choices); auto:
   // MeZO's choice for the task.
-  std::string objective = "auto";
+  Objective objective = Objective::Auto;
   // The type of the matrix products (--dtype): fp32, bf16, or auto (bf16 where it is faster:
-  // AMX, tensor cores). A new run records the resolved word; runs from before it were fp32.
-  std::string dtype = "auto";
+  // AMX, tensor cores). A new run records the resolved choice; runs from before it were fp32.
+  ComputeChoice dtype = ComputeChoice::Auto;
   // The saved model's tensors (--save-dtype): fp32, bf16, f16, input (the input model's dtype),
   // or auto, the master weights' dtype (--master), which keeps every update. The evaluation after
   // the run scores the weights rounded so: what is saved is what was evaluated. Runs from
   // before the flag saved as the input.
-  std::string save_dtype = "auto";
+  SaveChoice save_dtype = SaveChoice::Auto;
+  // The fine-tuned model's file (--save-format): safetensors (a Hugging Face directory: the run
+  // directory holds config.json, model.safetensors and the tokenizer's files) or gguf (the run
+  // directory's model.gguf, which llama.cpp loads; save_dtype's F32, F16 or BF16 matrices).
+  // Runs from before the flag saved safetensors.
+  SaveFormat save_format = SaveFormat::Safetensors;
   // The master weights (--master): fp32, or bf16 (updates rounded back stochastically, bits
   // from (seed, step, tensor, element): ZOStepOptions::master). Runs from before it were fp32.
-  std::string master = "fp32";
+  MasterChoice master = MasterChoice::Fp32;
   // --tf32: with --device cuda, the fp32 products on TF32 tensor cores (saved: it changes what
   // a run computes; off, fp32 is strict).
   bool tf32 = false;
@@ -45,13 +53,13 @@ struct TrainOptions {
   int64_t micro_batches = 1; // gradient accumulation: the batch is split into this many
   int queries = 1;
   uint64_t seed = 0;
-  std::string schedule = "constant";  // constant | linear | cosine
-  std::string estimator = "spsa";     // spsa (two-point MeZO) | jvp (forward gradient, jvp.h)
+  Schedule schedule = Schedule::Constant;
+  EstimatorChoice estimator = EstimatorChoice::Spsa;  // two-point MeZO, or jvp.h
   // The ZO estimator's direction and the optimizer (ZOStepOptions; zo.h).
-  std::string z = "gaussian";         // gaussian | rademacher
+  ZChoice z = ZChoice::Gaussian;
   bool one_sided = false;             // (L(theta + eps z) - L(theta)) / eps
   float sparsity = 0.f;               // Sparse MeZO: fraction of each matrix left unperturbed
-  std::string optimizer = "sgd";      // sgd | momentum | adam
+  OptimizerChoice optimizer = OptimizerChoice::Sgd;
   float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
   int64_t warmup = 0;                 // steps of linear warm-up
   int64_t eval_every = 0;             // 0: only before and after
@@ -76,9 +84,9 @@ struct TrainOptions {
   // device (host memory with that budget, sim_device.h), the streaming schedule without a GPU.
   std::string gpu_mem;
   bool sim_device = false;
-  // Where the steps run: "cpu" (the host backend, weights in the model's storage) or "cuda" (the
+  // Where the steps run: cpu (the host backend, weights in the model's storage) or cuda (the
   // CUDA backend; the weights stream from host memory within --gpu-mem, resident if they fit).
-  std::string device = "cpu";
+  DeviceChoice device = DeviceChoice::Cpu;
 
   // run.json's "options": the saved entries of train_options(), by key. from_json takes what an
   // older zof wrote: a missing entry is its `before` value (what runs from before it computed).
@@ -89,14 +97,20 @@ struct TrainOptions {
 // One entry of the table.
 struct OptionSpec {
   const char* key;  // the field and Python's keyword: "micro_batches" (flag --micro-batches)
-  // The field it sets, by type: text (a word, a path, a choice), a switch, or a number.
-  std::variant<std::string TrainOptions::*, bool TrainOptions::*, int TrainOptions::*,
-               int64_t TrainOptions::*, uint64_t TrainOptions::*, float TrainOptions::*,
-               double TrainOptions::*>
+  // The field it sets, by type: text (a path, a size), a choice among words (choices.h), a
+  // switch, or a number.
+  std::variant<std::string TrainOptions::*, Task TrainOptions::*, Objective TrainOptions::*,
+               ComputeChoice TrainOptions::*, SaveChoice TrainOptions::*,
+               SaveFormat TrainOptions::*,
+               MasterChoice TrainOptions::*, Schedule TrainOptions::*,
+               EstimatorChoice TrainOptions::*, ZChoice TrainOptions::*,
+               OptimizerChoice TrainOptions::*, DeviceChoice TrainOptions::*,
+               bool TrainOptions::*, int TrainOptions::*, int64_t TrainOptions::*,
+               uint64_t TrainOptions::*, float TrainOptions::*, double TrainOptions::*>
       field;
   const char* help;
-  // A choice among words (empty: any text, or a number or a switch). validate_options refuses
-  // anything else: "--z must be gaussian or rademacher, not 'x'".
+  // The words a choice accepts (empty: all of its enum's; train_options() fills them in). Any
+  // other text is refused as it is read: "--z must be gaussian or rademacher, not 'x'".
   std::vector<const char*> choices = {};
   // Saved in run.json: what a run computes (a resumed run keeps it; --resume refuses a change).
   // The others are where and how it runs (threads, ranks, device, output) and may change.
@@ -115,10 +129,12 @@ struct OptionSpec {
 
 // Every option of `zof finetune`, in the order --help lists them.
 const std::vector<OptionSpec>& train_options();
-// The objective a run trains on: "lm" or "classification". auto is MeZO's choice
+// The objective a run trains on: lm or classification. auto is MeZO's choice
 // (--train_as_classification for SST-2, RTE and CB; not for COPA, nor for jsonl and text, which
 // have no candidates to compare).
-std::string training_objective(const TrainOptions& o);
+Objective training_objective(const TrainOptions& o);
+// Whether a task's examples have candidate answers to compare (sst2, rte, cb, copa).
+bool has_candidates(Task t);
 
 // The rule of a numeric `zof finetune` flag ("--steps"); null for the others.
 const NumberRule* train_flag_rule(const std::string& flag);

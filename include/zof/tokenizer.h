@@ -6,14 +6,19 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace zof {
 
 class Tokenizer {
  public:
   // Reads dir/tokenizer.json and, when present, dir/tokenizer_config.json and
-  // dir/special_tokens_map.json. zof::Error names the file and the field it cannot handle.
+  // dir/special_tokens_map.json; or, when dir is a GGUF file, the byte-level BPE its
+  // tokenizer.ggml.* keys describe (gguf_llama.h). zof::Error names the file and the field it
+  // cannot handle.
   static Tokenizer load(const std::string& dir);
 
   Tokenizer(Tokenizer&&) noexcept;
@@ -39,6 +44,10 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  // The tokenizer of a parsed tokenizer.json (path names it in messages) and of its configs
+  // (tokenizer_config.json, then special_tokens_map.json: each one's name and JSON).
+  static Tokenizer from_json(const nlohmann::json& tokenizer, const std::string& path,
+                             const std::vector<std::pair<std::string, nlohmann::json>>& configs);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

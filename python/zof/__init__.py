@@ -55,7 +55,8 @@ def _text(name, value):
 
 
 class Model:
-    """A Hugging Face model directory loaded for logits, eval and generate (on the CPU)."""
+    """A Hugging Face model directory, or a GGUF file, loaded for logits, eval and generate (on
+    the CPU)."""
 
     def __init__(self, impl):
         self._m = impl
@@ -65,7 +66,9 @@ class Model:
 
     @classmethod
     def load(cls, path, device="cpu", threads=0):
-        """Loads PATH/config.json and its safetensors. threads=0: all cores."""
+        """Loads PATH/config.json and its safetensors, or the GGUF file PATH (llama architecture;
+        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K tensors dequantized to fp32). threads=0: all
+        cores."""
         return cls(_zof.Model(os.fspath(path), device, _text("threads", threads)))
 
     def logits(self, ids):

@@ -93,7 +93,8 @@ std::string read_input_file(const std::string& name, const std::string& path,
 void check_model_dir(const std::string& flag, const std::string& dir) {
   const std::string name = flag.empty() ? "model directory " + dir : flag + " " + dir;
   const std::string want =
-      "give a Hugging Face model directory holding config.json and model.safetensors";
+      "give a Hugging Face model directory holding config.json and model.safetensors, or a GGUF "
+      "file";
   ZOF_CHECK(!dir.empty(), (flag.empty() ? std::string("the model directory") : flag) +
                               " is empty; " + want);
   struct stat st;
@@ -102,7 +103,18 @@ void check_model_dir(const std::string& flag, const std::string& dir) {
     ZOF_CHECK(e != ENOENT && e != ENOTDIR, name + " does not exist; " + want);
     throw Error(name + " cannot be reached (" + std::strerror(e) + "); " + want);
   }
-  ZOF_CHECK(S_ISDIR(st.st_mode), name + " is not a directory; " + want);
+  if (!S_ISDIR(st.st_mode)) {
+    // A file is read as GGUF (hf/gguf.h validates the rest): its magic first, so that any other
+    // file is named as what it is not.
+    check_regular_file(name, dir, want);
+    char magic[4] = {};
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    const bool gguf = fd >= 0 && ::read(fd, magic, 4) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+    if (fd >= 0) ::close(fd);
+    ZOF_CHECK(gguf, name + " is not a directory nor a GGUF file (it does not start with \"GGUF\"); " +
+                        want);
+    return;
+  }
   const std::string base = dir.back() == '/' ? dir : dir + "/";
   for (const char* file : {"config.json", "model.safetensors", "model.safetensors.index.json",
                            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

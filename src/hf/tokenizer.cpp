@@ -17,6 +17,8 @@
 #include <optional>
 #include <unordered_set>
 
+#include "hf/gguf.h"
+#include "hf/gguf_llama.h"
 #include "hf/json_depth.h"
 #include "hf/tokenizer_parts.h"
 #include "hf/unicode.h"
@@ -73,7 +75,8 @@ struct Tokenizer::Impl {
   // their matchers), the id -> token tables, and BOS/EOS/PAD from the tokenizer's configs.
   void load_added_tokens(const Source& src, const json& j);
   void build_id_tables(const Source& src);
-  void load_special_ids(const std::string& dir);
+  // configs: tokenizer_config.json, then special_tokens_map.json, where present.
+  void load_special_ids(const std::vector<std::pair<std::string, json>>& configs);
 };
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
@@ -96,18 +99,35 @@ std::optional<std::string> special_token_name(const Source& src, const json& cfg
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& dir) {
+  if (gguf::is_file_path(dir)) {
+    // A GGUF file: the tokenizer.json and tokenizer_config.json its vocabulary makes.
+    const gguf::File f = gguf::File::open(dir);
+    const gguf::TokenizerFiles files = gguf::llama_tokenizer(f, gguf::llama_config(f));
+    return from_json(files.tokenizer, dir + " (tokenizer.ggml.*)",
+                     {{dir + " (tokenizer.ggml.*)", files.tokenizer_config}});
+  }
   const fs::path path = fs::path(dir) / "tokenizer.json";
   std::error_code ec;
   if (!fs::exists(path, ec) && !ec)
     throw Error(path.string() + ": not found; zof needs a Hugging Face tokenizer.json (a tokenizer.model or "
                                 "vocab.json alone is not enough: convert it with transformers' "
                                 "AutoTokenizer.from_pretrained(...).save_pretrained(dir))");
-  const Source src{path.string()};
   const json j = read_json(path);
+  std::vector<std::pair<std::string, json>> configs;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::exists(p, ec) || ec) configs.emplace_back(p.string(), read_json(p));
+  }
+  return from_json(j, path.string(), configs);
+}
+
+Tokenizer Tokenizer::from_json(const json& j, const std::string& path,
+                               const std::vector<std::pair<std::string, json>>& configs) {
+  const Source src{path};
   if (!j.is_object()) src.fail("(top level)", "expected a JSON object");
   Tokenizer tok;
   Impl& im = *tok.impl_;
-  im.path = path.string();
+  im.path = path;
 
   const json& model = src.at(j, "(top level)", "model");
   if (!model.is_object()) src.fail("model", "expected an object");
@@ -126,7 +146,7 @@ Tokenizer Tokenizer::load(const std::string& dir) {
 
   im.load_added_tokens(src, j);
   im.build_id_tables(src);
-  im.load_special_ids(dir);
+  im.load_special_ids(configs);
   return tok;
 }
 
@@ -200,15 +220,10 @@ void Tokenizer::Impl::build_id_tables(const Source& src) {
 }
 
 // BOS/EOS/PAD: tokenizer_config.json, else special_tokens_map.json.
-void Tokenizer::Impl::load_special_ids(const std::string& dir) {
-  std::vector<std::pair<Source, json>> configs;
-  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
-    const fs::path p = fs::path(dir) / name;
-    std::error_code ec;
-    if (fs::exists(p, ec) || ec) configs.emplace_back(Source{p.string()}, read_json(p));
-  }
+void Tokenizer::Impl::load_special_ids(const std::vector<std::pair<std::string, json>>& configs) {
   auto resolve = [&](const char* key) -> int32_t {
-    for (const auto& [csrc, cfg] : configs) {
+    for (const auto& [file, cfg] : configs) {
+      const Source csrc{file};
       if (!cfg.is_object() || !cfg.contains(key)) continue;
       const auto name = special_token_name(csrc, cfg, key);
       return name ? find_id(*name) : -1;

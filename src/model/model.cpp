@@ -17,7 +17,8 @@
 
 #include "zof/error.h"
 #include "zof/input_file.h"
-#include "zof/safetensors.h"
+#include "hf/gguf.h"
+#include "hf/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -656,6 +657,7 @@ int Model::token_table() const {
 int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index(kLmHead); }
 
 Model Model::load_layout(const std::string& dir) {
+  if (gguf::is_file_path(dir)) return load_gguf_layout(dir);
   check_model_dir("", dir);
   Model m;
   m.source_ = dir;
@@ -678,6 +680,7 @@ Model Model::load(const std::string& dir, DType storage) {
 
 DType Model::read_weights(const std::string& dir) {
   ZOF_ASSERT(storage_size_ > 0 && (!storage_.empty() || !storage16_.empty()));
+  if (gguf::is_file_path(dir)) return read_gguf_weights(dir);
   auto archive = safetensors::Archive::open_dir(dir);
   bool any_bf16 = false, any_f16 = false;
   std::vector<float> wide;

@@ -59,7 +59,7 @@ const char* const kDtypeHelp =
 // order in which other files' static initializers run.
 const std::vector<OptionSpec>& options_table() {
   static const std::vector<OptionSpec> table = {
-      {"model", &O::model, "Hugging Face model directory"},
+      {"model", &O::model, "Hugging Face model directory, or a GGUF file (llama architecture)"},
       {"resume", &O::resume,
        "Continue the run in this directory with its saved options (a flag that would change one "
        "is refused; --threads, --json, --no-report and the mpirun and device flags may change)",
@@ -71,10 +71,10 @@ const std::vector<OptionSpec>& options_table() {
        "What sst2/rte/cb/copa train on: lm (the correct answer's tokens) | classification (MeZO's "
        "cross-entropy over the candidates' mean log-likelihoods) | auto (MeZO's choice: "
        "classification for sst2, rte and cb, lm for copa; lm for text and jsonl)",
-       {"auto", "lm", "classification"}, true, "lm"},
+       {}, true, "lm"},
       {"out", &O::out, "Run directory: metrics, checkpoints and the fine-tuned model"},
       // Runs from before --dtype computed in fp32.
-      {"dtype", &O::dtype, kDtypeHelp, {"auto", "bf16", "fp32"}, true, "fp32"},
+      {"dtype", &O::dtype, kDtypeHelp, {}, true, "fp32"},
       {"tf32", &O::tf32,
        "With --device cuda: the fp32 products on TF32 tensor cores (off: strict fp32; --dtype bf16 "
        "is faster still)"},
@@ -82,13 +82,19 @@ const std::vector<OptionSpec>& options_table() {
       {"save_dtype", &O::save_dtype,
        "The saved model's tensors: fp32, bf16, f16, input (as the input model), or auto (the "
        "master weights' dtype: every update kept); the final evaluation scores the saved weights",
-       {"auto", "fp32", "bf16", "f16", "input"}, true, "input"},
+       {}, true, "input"},
+      // Runs from before --save-format saved safetensors.
+      {"save_format", &O::save_format,
+       "The fine-tuned model's file: safetensors (config.json, model.safetensors and the "
+       "tokenizer in the run directory) | gguf (the run directory's model.gguf, which llama.cpp "
+       "loads: --save-dtype's F32, F16 or BF16 matrices; a LLaMA-architecture model with a "
+       "byte-level BPE tokenizer)",
+       {}, true, "safetensors"},
       {"master", &O::master,
        "The master weights: fp32, or bf16 (the model rounded to bf16, each update computed in fp32 "
        "and rounded back stochastically with bits of (seed, step, tensor, element): exact on "
        "resume, replay and data parallel; held in 2 bytes a parameter, streamed in bf16; in fp32 "
-       "storage with the JVP estimator or pipeline stages)",
-       {"fp32", "bf16"}},
+       "storage with the JVP estimator or pipeline stages)"},
       {"steps", &O::steps, "ZO steps"},
       {"lr", &O::lr,
        "Learning rate. MeZO's 1e-6 and 1e-7 suit 13B-class models; small models need larger steps "
@@ -100,13 +106,11 @@ const std::vector<OptionSpec>& options_table() {
        "Split each batch into this many forward passes (gradient accumulation)"},
       {"queries", &O::queries, "Random directions averaged per step"},
       {"seed", &O::seed, "Seed of perturbations and data sampling (0 to 2^64 - 1)"},
-      {"schedule", &O::schedule, "constant | linear | cosine", {"constant", "linear", "cosine"}},
+      {"schedule", &O::schedule, "constant | linear | cosine"},
       {"estimator", &O::estimator,
        "spsa (two-point MeZO) | jvp (forward gradient: exact directional derivatives by "
-       "forward-mode AD, no --eps)",
-       {"spsa", "jvp"}},
-      {"z", &O::z, "Perturbation directions: gaussian (MeZO) | rademacher (+-1)",
-       {"gaussian", "rademacher"}},
+       "forward-mode AD, no --eps)"},
+      {"z", &O::z, "Perturbation directions: gaussian (MeZO) | rademacher (+-1)"},
       {"one_sided", &O::one_sided,
        "One-sided differences (L(theta+eps z) - L(theta)) / eps: q + 1 forwards per step instead "
        "of 2q"},
@@ -115,8 +119,7 @@ const std::vector<OptionSpec>& options_table() {
        "unchanged; 0: dense"},
       {"optimizer", &O::optimizer,
        "sgd (MeZO) | momentum (ZO-SGD with momentum) | adam (ZO-Adam; state in memory, saved with "
-       "checkpoints)",
-       {"sgd", "momentum", "adam"}},
+       "checkpoints)"},
       {"beta1", &O::beta1, "Momentum / Adam first-moment decay"},
       {"beta2", &O::beta2, "Adam second-moment decay"},
       {"adam_eps", &O::adam_eps, "Adam's denominator epsilon"},
@@ -161,7 +164,20 @@ const std::vector<OptionSpec>& options_table() {
        "streams): the streaming schedule without a GPU",
        {}, false},
   };
-  return table;
+  static const std::vector<OptionSpec> filled = [] {
+    std::vector<OptionSpec> t = table;
+    for (OptionSpec& s : t)
+      std::visit(
+          [&](auto f) {
+            using T = std::remove_reference_t<decltype(O{}.*f)>;
+            if constexpr (std::is_enum_v<T>)
+              if (s.choices.empty())
+                for (const char* w : choice_words(T{})) s.choices.push_back(w);
+          },
+          s.field);
+    return t;
+  }();
+  return filled;
 }
 
 }  // namespace
@@ -183,7 +199,14 @@ std::string OptionSpec::flag() const { return option_flag(key); }
 const NumberRule* OptionSpec::rule() const { return train_flag_rule(flag()); }
 
 json OptionSpec::get(const TrainOptions& o) const {
-  return std::visit([&](auto f) { return json(o.*f); }, field);
+  return std::visit(
+      [&](auto f) {
+        if constexpr (std::is_enum_v<std::remove_reference_t<decltype(o.*f)>>)
+          return json(word(o.*f));
+        else
+          return json(o.*f);
+      },
+      field);
 }
 
 void OptionSpec::set(TrainOptions& o, const std::string& text) const {
@@ -196,6 +219,8 @@ void OptionSpec::set(TrainOptions& o, const std::string& text) const {
         using T = std::remove_reference_t<decltype(o.*f)>;
         if constexpr (std::is_same_v<T, std::string>)
           o.*f = text;
+        else if constexpr (std::is_enum_v<T>)
+          o.*f = read_choice_text<T>(name, text, choices);
         else if constexpr (std::is_same_v<T, bool>)
           o.*f = read_switch_text(name, text);
         else if constexpr (std::is_same_v<T, float>)
@@ -213,7 +238,15 @@ void OptionSpec::set(TrainOptions& o, const std::string& text) const {
 }
 
 void OptionSpec::set(TrainOptions& o, const json& value) const {
-  std::visit([&](auto f) { value.get_to(o.*f); }, field);
+  std::visit(
+      [&](auto f) {
+        using T = std::remove_reference_t<decltype(o.*f)>;
+        if constexpr (std::is_enum_v<T>)
+          o.*f = read_choice_text<T>(flag(), value.get<std::string>(), choices);
+        else
+          value.get_to(o.*f);
+      },
+      field);
 }
 
 const std::vector<OptionSpec>& train_options() { return options_table(); }
@@ -224,9 +257,14 @@ const OptionSpec* find_option(const std::string& key) {
   return nullptr;
 }
 
-std::string training_objective(const TrainOptions& o) {
-  if (o.objective != "auto") return o.objective;
-  return o.task == "sst2" || o.task == "rte" || o.task == "cb" ? "classification" : "lm";
+bool has_candidates(Task t) {
+  return t == Task::Sst2 || t == Task::Rte || t == Task::Cb || t == Task::Copa;
+}
+
+Objective training_objective(const TrainOptions& o) {
+  if (o.objective != Objective::Auto) return o.objective;
+  return has_candidates(o.task) && o.task != Task::Copa ? Objective::Classification
+                                                        : Objective::Lm;
 }
 
 void set_train_option(TrainOptions& o, const std::string& key, const std::string& text) {

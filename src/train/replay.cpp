@@ -391,7 +391,7 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   auto backend = make_backend(b);
   // Loaded as the run's fingerprint was taken; a bf16 master is then held in 2 bytes (replay
   // applies the updates on the host, unstreamed).
-  const DType storage = o.master == "bf16" ? DType::BF16 : DType::F32;
+  const DType storage = o.master == MasterChoice::Bf16 ? DType::BF16 : DType::F32;
   Model model = Model::load(
       base_model, fingerprint_storage(saved.contains("base_fingerprint")
                                           ? saved["base_fingerprint"].get<std::string>()
@@ -434,7 +434,7 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
   if (const Model::NonFinite bad = model.find_non_finite(); bad.param >= 0)
     throw Error("--log " + run_dir + ": replayed weight " + std::to_string(bad.index) + " of " +
                 model.params()[bad.param].name + " is beyond " + dtype_torch_name(out_t) +
-                "'s range (the run's --save-dtype " + o.save_dtype + "), so the run wrote no "
+                "'s range (the run's --save-dtype " + word(o.save_dtype) + "), so the run wrote no "
                 "model and neither does its replay");
   // The model is built beside --out under a temporary name, synced, and renamed into place (as
   // a checkpoint is): a replay stopped part way (a SIGKILL, a full disk) leaves no --out that
@@ -461,9 +461,12 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
     // Fault injection for the crash tests: ZOF_FAULT_KILL_IN_REPLAY=weights dies mid-write with
     // the weights written and the tokenizer not; =files with every file written, not renamed.
     const char* kill = std::getenv("ZOF_FAULT_KILL_IN_REPLAY");
-    model.save(tmp.string(), out_t);  // as the run saved it
+    // As the run saved it: its --save-format, its --save-dtype.
+    const bool gguf = o.save_format == SaveFormat::Gguf;
+    if (gguf) model.save_gguf((tmp / "model.gguf").string(), out_t, base_model);
+    else model.save(tmp.string(), out_t);
     if (kill && std::string(kill) == "weights") ::raise(SIGKILL);
-    train::copy_tokenizer_files(base_model, tmp);
+    if (!gguf) train::copy_tokenizer_files(base_model, tmp);
     if (kill && std::string(kill) == "files") ::raise(SIGKILL);
     fsync_tree(tmp);
     // --out again, as it is now: a run may have started there (its lock held), or anything

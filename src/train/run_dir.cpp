@@ -16,7 +16,9 @@
 
 #include "zof/error.h"
 #include "zof/model.h"
-#include "zof/safetensors.h"
+#include "hf/gguf.h"
+#include "hf/gguf_llama.h"
+#include "hf/safetensors.h"
 #include "zof/version.h"
 #include "zof/zo.h"
 
@@ -25,6 +27,17 @@ using json = nlohmann::json;
 namespace zof::train {
 
 void copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  if (gguf::is_file_path(from.string())) {  // a GGUF model: the files its vocabulary makes
+    const gguf::File f = gguf::File::open(from.string());
+    const gguf::TokenizerFiles t = gguf::llama_tokenizer(f, gguf::llama_config(f));
+    const auto text = [](const json& j, int indent) {
+      return j.dump(indent, ' ', false, json::error_handler_t::replace) + (indent < 0 ? "" : "\n");
+    };
+    write_file_atomic(to / "tokenizer.json", text(t.tokenizer, -1));
+    write_file_atomic(to / "tokenizer_config.json", text(t.tokenizer_config, 2));
+    write_file_atomic(to / "generation_config.json", text(t.generation_config, 2));
+    return;
+  }
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                            "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                            "generation_config.json"}) {
@@ -428,11 +441,11 @@ RunCounters RunDir::load_checkpoint(Model& model) const {
 }
 
 void RunDir::load_optimizer_state(ZOEngine& engine, const Model& model,
-                                  const std::string& optimizer) const {
+                                  OptimizerChoice optimizer) const {
   if (ckpt_.empty() || engine.state_planes() == 0) return;
   const fs::path f = ckpt_ / "optimizer.safetensors";
   ZOF_CHECK(fs::exists(f), "checkpoint " + ckpt_.string() + " has no optimizer.safetensors: it "
-            "was not written by a --optimizer " + optimizer + " run");
+            "was not written by a --optimizer " + word(optimizer) + " run");
   auto st = safetensors::Archive::open_file(f.string());
   const int64_t n = model.storage_size();
   std::vector<float> m(n), v(engine.state_planes() == 2 ? n : 0);
@@ -463,7 +476,7 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
 }
 
 void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine& engine,
-                             const std::string& optimizer) {
+                             OptimizerChoice optimizer) {
   const std::string name = "checkpoint-" + std::to_string(c.step);
   const Model::NonFinite bad = model.find_non_finite();
   // Weights that are not finite, or that gave a non-finite loss at the last step (bad_run > 0:
@@ -523,7 +536,7 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
     engine.read_state(m, v);
     std::vector<safetensors::TensorOut> t{{"m", DType::F32, {n}, m.data()}};
     if (!v.empty()) t.push_back({"v", DType::F32, {n}, v.data()});
-    safetensors::write((tmp / "optimizer.safetensors").string(), t, {{"optimizer", optimizer}});
+    safetensors::write((tmp / "optimizer.safetensors").string(), t, {{"optimizer", word(optimizer)}});
   }
   // Fault injection for the crash tests: die mid-write, before the checkpoint is complete.
   if (const char* f = std::getenv("ZOF_FAULT_KILL_IN_CHECKPOINT"); f && std::atoll(f) == c.step)

@@ -29,7 +29,9 @@ using zof::write_file_atomic;
 
 // A JSON file; zof::Error saying the run directory is damaged when it does not parse.
 nlohmann::json read_json(const fs::path& p);
-// The tokenizer's files (and generation_config.json) beside a saved model.
+// The tokenizer's files (and generation_config.json) beside a saved model; from a GGUF model
+// (`from` a file), the tokenizer.json, tokenizer_config.json and generation_config.json its
+// vocabulary makes (gguf_llama.h).
 void copy_tokenizer_files(const fs::path& from, const fs::path& to);
 // A file's bytes as they are, with no checks (empty when it cannot be opened): the run
 // directory's own small files (`latest`, summary.json, the lock's pid, a log being checked).
@@ -197,7 +199,7 @@ class RunDir {
   RunCounters load_checkpoint(Model& model) const;
   // Momentum/Adam state beside the checkpoint's weights, when the engine keeps any.
   void load_optimizer_state(ZOEngine& engine, const Model& model,
-                            const std::string& optimizer) const;
+                            OptimizerChoice optimizer) const;
 
   // Rank 0: run.json of a new run (with the base model's fingerprint and what computed it:
   // {"dtype", "unit"}), then the logs, open at the checkpoint's sizes.
@@ -216,7 +218,7 @@ class RunDir {
   // last step's loss was not finite are not written either: mid-run the checkpoint is skipped
   // (the previous one stays), at the run's last step that is the same error.
   void save_checkpoint(const RunCounters& c, const Model& model, ZOEngine& engine,
-                       const std::string& optimizer);
+                       OptimizerChoice optimizer);
 
  private:
   // hash: the ByteHash the checkpoint records of the first `recorded` bytes ("": none).

@@ -1,7 +1,7 @@
 // run.json as older zof versions wrote it still resumes, and continues exactly as the run would
-// have: each option added since (newest first: --round-every, --master, --tf32, --save-dtype,
-// --dtype, --z, --estimator, --objective) is taken from the option table's `before` value when
-// run.json lacks it, which must be what those runs computed.
+// have: each option added since (newest first: --save-format, --round-every, --master, --tf32,
+// --save-dtype, --dtype, --z, --estimator, --objective) is taken from the option table's
+// `before` value when run.json lacks it, which must be what those runs computed.
 #include <fstream>
 
 #include "common.h"
@@ -37,8 +37,8 @@ TEST(OptionHistory, OlderRunJsonFilesResumeToTheSameModel) {
   ASSERT_TRUE(fs::exists(killed / "checkpoint-2"));
   const std::string want = s.read(whole / "model.safetensors");
 
-  const char* const added[] = {"round_every", "master",    "tf32", "save_dtype",
-                               "dtype",       "z",         "estimator", "objective"};
+  const char* const added[] = {"save_format", "round_every", "master",    "tf32", "save_dtype",
+                               "dtype",       "z",           "estimator", "objective"};
   for (size_t level = 1; level <= std::size(added); ++level) {
     const fs::path older = s.root() / ("older" + std::to_string(level));
     fs::copy(killed, older, fs::copy_options::recursive);

@@ -69,32 +69,103 @@ TEST(OptionTable, OptionsMissingFromAnOlderRunJsonReadAsThatRunComputed) {
     EXPECT_EQ(s.get(old), want) << s.key;
   }
   // What runs from before these options computed (the history of run.json's fields).
-  EXPECT_EQ(old.objective, "lm");
-  EXPECT_EQ(old.dtype, "fp32");
-  EXPECT_EQ(old.save_dtype, "input");
+  EXPECT_EQ(old.objective, zof::Objective::Lm);
+  EXPECT_EQ(old.dtype, zof::ComputeChoice::Fp32);
+  EXPECT_EQ(old.save_dtype, zof::SaveChoice::Input);
+  EXPECT_EQ(old.save_format, zof::SaveFormat::Safetensors);
   EXPECT_EQ(old.round_every, 1);
-  EXPECT_EQ(old.master, "fp32");
+  EXPECT_EQ(old.master, zof::MasterChoice::Fp32);
 }
 
+// A choice is an enum: a word outside the table's is refused as it is read (from a flag's text
+// or from run.json), in the table's words, and never reaches a field.
 TEST(OptionTable, ChoicesAreRefusedInTheTablesWords) {
   zof::TrainOptions o;
-  o.z = "uniform";
   try {
-    zof::validate_options(o);
+    zof::set_train_option(o, "z", "uniform");
     FAIL() << "accepted --z uniform";
   } catch (const zof::Error& e) {
     EXPECT_STREQ(e.what(), "--z must be gaussian or rademacher, not 'uniform'");
   }
+  EXPECT_EQ(o.z, zof::ZChoice::Gaussian);
+  std::vector<std::string> choices;
   for (const zof::OptionSpec& s : zof::train_options()) {
     if (s.choices.empty()) continue;
-    zof::TrainOptions bad;
-    s.set(bad, std::string("bogus"));
-    try {
-      zof::validate_options(bad);
-      ADD_FAILURE() << s.key << ": accepted 'bogus'";
-    } catch (const zof::Error& e) {
-      EXPECT_EQ(std::string(e.what()).rfind(s.flag() + " must be ", 0), 0u) << e.what();
+    choices.push_back(s.key);
+    for (const auto& bogus : {json("bogus"), json("")}) {
+      zof::TrainOptions bad;
+      const json before = s.get(bad);
+      for (int how = 0; how < 2; ++how) {
+        try {
+          if (how == 0)
+            s.set(bad, bogus.get<std::string>());
+          else
+            s.set(bad, bogus);
+          ADD_FAILURE() << s.key << ": accepted " << bogus;
+        } catch (const zof::Error& e) {
+          EXPECT_EQ(std::string(e.what()).rfind(s.flag() + " must be ", 0), 0u) << e.what();
+        }
+        EXPECT_EQ(s.get(bad), before) << s.key;
+      }
     }
+    // Each accepted word reads to a value whose word it is.
+    for (const char* w : s.choices) {
+      zof::TrainOptions t;
+      s.set(t, std::string(w));
+      EXPECT_EQ(s.get(t), json(w)) << s.key;
+      EXPECT_NO_THROW(s.set(t, json(w))) << s.key;
+    }
+  }
+  // Every enum of TrainOptions reaches the table as a choice.
+  EXPECT_EQ(choices, (std::vector<std::string>{"task", "objective", "dtype", "save_dtype",
+                                               "save_format", "master", "schedule", "estimator",
+                                               "z", "optimizer", "device"}));
+  // The scalar oracle is a device of the runtime, not of finetune.
+  const zof::OptionSpec* device = zof::find_option("device");
+  ASSERT_NE(device, nullptr);
+  EXPECT_THROW(device->set(o, std::string("reference")), zof::Error);
+}
+
+// Every enum's words: distinct, read back to the value they name.
+template <class E>
+void expect_words_round_trip() {
+  const auto words = zof::choice_words(E{});
+  ASSERT_FALSE(words.empty());
+  for (size_t i = 0; i < words.size(); ++i) {
+    const E v = static_cast<E>(i);
+    EXPECT_STREQ(zof::word(v), words[i]);
+    EXPECT_EQ(zof::find_choice<E>(words[i]), v);
+  }
+  EXPECT_FALSE(zof::find_choice<E>("bogus").has_value());
+  EXPECT_FALSE(zof::find_choice<E>("").has_value());
+}
+
+TEST(Choices, WordsReadBackToTheirValues) {
+  expect_words_round_trip<zof::Task>();
+  expect_words_round_trip<zof::Objective>();
+  expect_words_round_trip<zof::ComputeChoice>();
+  expect_words_round_trip<zof::SaveChoice>();
+  expect_words_round_trip<zof::SaveFormat>();
+  expect_words_round_trip<zof::MasterChoice>();
+  expect_words_round_trip<zof::Schedule>();
+  expect_words_round_trip<zof::EstimatorChoice>();
+  expect_words_round_trip<zof::ZChoice>();
+  expect_words_round_trip<zof::OptimizerChoice>();
+  expect_words_round_trip<zof::DeviceChoice>();
+  // In JSON a choice is its word (summary.json's compute.dtype), never the enum's number.
+  EXPECT_EQ(json(zof::ComputeChoice::Bf16), json("bf16"));
+  const json task_json{{"task", zof::Task::Copa}};
+  EXPECT_EQ(task_json.dump(), R"({"task":"copa"})");
+  EXPECT_EQ(json("rademacher").get<zof::ZChoice>(), zof::ZChoice::Rademacher);
+  EXPECT_THROW(json("uniform").get<zof::ZChoice>(), zof::Error);
+  EXPECT_THROW(json(1).get<zof::ZChoice>(), zof::Error);
+  EXPECT_EQ(zof::read_choice_text<zof::DeviceChoice>("--device", "cuda", {"cpu", "cuda"}),
+            zof::DeviceChoice::Cuda);
+  try {
+    zof::read_choice_text<zof::DeviceChoice>("--device", "reference", {"cpu", "cuda"});
+    ADD_FAILURE() << "accepted a word outside the accepted ones";
+  } catch (const zof::Error& e) {
+    EXPECT_STREQ(e.what(), "--device must be cpu or cuda, not 'reference'");
   }
 }
 
