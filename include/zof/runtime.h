@@ -7,14 +7,18 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "zof/backend.h"
+#include "zof/choices.h"
 #include "zof/dist.h"
 
 namespace zof {
 
 struct BackendOptions {
-  std::string device = "cpu";  // cpu | reference (the scalar oracle) | cuda
+  DeviceChoice device = DeviceChoice::Cpu;  // cpu | reference (the scalar oracle) | cuda
   int threads = 0;             // cpu: OpenMP threads (<= 0: OpenMP's default)
   // cuda: the GPU; ranks on one node take its GPUs in turn (local_rank modulo the device count).
   int local_rank = 0;
@@ -28,17 +32,50 @@ struct BackendOptions {
   bool sim_check_pointers = true;  // operands must be device memory
 };
 
-// The backend the options name. zof::Error for an unknown device name, a CUDA device that does
-// not exist or a build without CUDA (the message says how to get one).
+// The backend the options name. zof::Error for a CUDA device that does not exist or a build
+// without CUDA (the message says how to get one).
 std::unique_ptr<Backend> make_backend(const BackendOptions& opt);
 
-// --dtype, the type of the matrix products: "fp32" or "bf16" as given, "auto" bf16 where the
+// --dtype, the type of the matrix products: fp32 or bf16 as given, auto bf16 where the
 // backend's bf16 products are faster than fp32 (Backend::compute_info: AMX, tensor cores), fp32
-// elsewhere. zof::Error naming --dtype for any other word, and for bf16 on a backend that has
-// no bf16 products (one is tried).
-DType resolve_compute_dtype(const std::string& flag, Backend& be);
-// The flag's word for a compute dtype: "fp32" or "bf16".
+// elsewhere. zof::Error naming --dtype for bf16 on a backend that has no bf16 products (one is
+// tried).
+DType resolve_compute_dtype(ComputeChoice choice, Backend& be);
+
+// One matrix product of a model, y(M,N) = x(M,K) w(N,K)^T, as its walk runs it.
+struct MatmulShape {
+  int64_t M = 0, N = 0, K = 0;
+};
+// What --dtype auto measured: the backend's fp32 and bf16 product rates at a model's shapes.
+struct ComputeProbe {
+  bool measured = false;  // false: the unit decided (AMX, tensor cores), fp32 was asked for, or
+                          // the model is too small (small)
+  bool small = false;     // below kProbeMinWeights: fp32 without a probe
+  int64_t weights = 0;    // the products' weights: multiply-adds a row
+  double fp32_gflops = 0, bf16_gflops = 0;
+  int shapes = 0;         // distinct shapes timed
+  double seconds = 0;     // the probe's own time
+  nlohmann::json to_json() const;
+};
+// bf16 is chosen by the probe only when its products are at least this much faster than fp32's:
+// a bf16 walk also rounds its inputs, so a smaller gain does not reach the step (and a timing
+// that noise could flip would make two runs of one command compute differently).
+inline constexpr double kBf16ProbeMargin = 1.3;
+// A model whose products hold fewer weights than this (multiply-adds a row of a step's walk)
+// computes in fp32 under --dtype auto without a probe: its step is spent outside the products
+// (a 15M-parameter model's forward is ~30 MFLOP a token), bf16 would round for nothing, and a
+// timing of products this small is noise that could make two runs of one command differ.
+inline constexpr int64_t kProbeMinWeights = 16'000'000;
+// --dtype auto on a unit that is not known to be fast in bf16 (AMX CPUs and tensor cores are):
+// fp32 for a model below kProbeMinWeights; otherwise times each of `shapes` (rows capped at 256,
+// columns at 8192: a short probe, well under a second) in fp32 and in bf16, and chooses bf16
+// when its rate is kBf16ProbeMargin times fp32's.
+// fp32 and bf16 as asked; the probe's numbers in *probe.
+DType resolve_compute_dtype(ComputeChoice choice, Backend& be,
+                            const std::vector<MatmulShape>& shapes, ComputeProbe* probe);
+// The flag's word for a compute dtype: "fp32" or "bf16"; and its choice.
 const char* compute_dtype_word(DType t);
+ComputeChoice compute_choice(DType t);
 
 // The job's communicator: MPI under mpirun (built with MPI), one process otherwise (zof/dist.h
 // connect_world). Once the forward runs on the device, the choice of NCCL joins it here.

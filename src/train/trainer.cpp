@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "train/estimator.h"
@@ -27,6 +28,30 @@ namespace zof {
 namespace {
 
 using namespace train;
+
+// The matrix products of a step's walk at `rows` rows: every weight a product reads, and the
+// LM head (the token table when tied): what --dtype auto times (resolve_compute_dtype).
+std::vector<MatmulShape> matmul_shapes(const Model& model, int64_t rows) {
+  std::vector<MatmulShape> s;
+  for (const Param& p : model.params())
+    if (p.gemm && p.shape.size() == 2) s.push_back({rows, p.shape[0], p.shape[1]});
+  const ModelConfig& c = model.config();
+  if (c.tie_embeddings) {
+    const int64_t width = c.word_embed_proj_dim > 0 ? c.word_embed_proj_dim : c.hidden_size;
+    s.push_back({rows, c.vocab_size, width});
+  }
+  return s;
+}
+
+// ", auto: fp32 190 GFLOP/s, bf16 193 at this model's shapes" (empty when nothing was measured).
+std::string probe_words(const ComputeProbe& p) {
+  if (p.small) return "; auto: fp32, the model's products are too small for bf16 to pay";
+  if (!p.measured) return "";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "; auto: fp32 %.0f GFLOP/s, bf16 %.0f at this model's shapes",
+                p.fp32_gflops, p.bf16_gflops);
+  return buf;
+}
 
 // Ranks other than 0 report nothing.
 class QuietSink : public TrainSink {
@@ -124,7 +149,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   if (!r.job.root) return json{{"rank", r.job.rank}};
   // f16 holds at most 65504: a larger weight saved so would be inf, a file no loader takes.
   if (const Model::NonFinite bad = r.model.find_non_finite(); bad.param >= 0)
-    throw Error("--save-dtype " + r.opt.save_dtype + ": weight " + std::to_string(bad.index) +
+    throw Error(std::string("--save-dtype ") + word(r.opt.save_dtype) + ": weight " + std::to_string(bad.index) +
                 " of " + r.model.params()[bad.param].name + " is beyond " +
                 dtype_torch_name(saved) + "'s range: no model was written (the logs and the "
                 "checkpoint are in " + run + "); use --save-dtype bf16 or fp32 in a new run");
@@ -133,8 +158,12 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
             "the model after step " + std::to_string(end.step) + " scores a non-finite " +
                 after["metric"].get<std::string>() + " on the held-out set: no model was "
                 "written (the logs and checkpoint are in " + run + "); lower --lr and start a new run");
-  r.model.save(run, saved);
-  copy_tokenizer_files(r.opt.model, run);
+  if (r.opt.save_format == SaveFormat::Gguf) {
+    r.model.save_gguf((r.dir.path() / "model.gguf").string(), saved, r.opt.model);
+  } else {
+    r.model.save(run, saved);
+    copy_tokenizer_files(r.opt.model, run);
+  }
   json summary{{"steps", end.step},
                {"train_loss", r.loop.recent_loss()},
                {"eval",
@@ -192,7 +221,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // cannot change what a resumed or replayed run computes.
   if (opt.resume.empty()) opt.objective = training_objective(opt);
   // Likewise the saved dtype: auto is the master's.
-  if (opt.resume.empty() && opt.save_dtype == "auto") opt.save_dtype = opt.master;
+  if (opt.resume.empty() && opt.save_dtype == SaveChoice::Auto)
+    opt.save_dtype = opt.master == MasterChoice::Bf16 ? SaveChoice::Bf16 : SaveChoice::Fp32;
   // And the bf16 master's rounding window (auto: 8 where one applies).
   if (opt.resume.empty()) opt.round_every = round_every_of(opt);
   const uint64_t gpu_mem = device_memory_budget(opt);
@@ -207,22 +237,29 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // A new run records the dtype it computes in (auto resolved on this machine: a resumed run
   // computes as it started, wherever it resumes).
   const Backend::ComputeInfo unit = backend->compute_info();
-  if (opt.dtype == "auto") {
-    // bf16 only where every rank has it fast: ranks on mixed machines compute alike.
-    double bf16 = resolve_compute_dtype("auto", *backend) == DType::BF16;
-    comm->allreduce_sum_ordered(&bf16, 1);
-    opt.dtype = bf16 == comm->size() ? "bf16" : "fp32";
-  } else {
+  if (opt.dtype != ComputeChoice::Auto)
     resolve_compute_dtype(opt.dtype, *backend);  // a backend without bf16 refuses here
-  }
-  const json compute{{"dtype", opt.dtype}, {"unit", unit.isa}};
   // A bf16 master in 2 bytes a parameter where the walk reads it so (weight_storage); a resumed
   // run's base loaded as its fingerprint was taken, then held so.
   const DType storage = weight_storage(opt);
   Model model = Model::load(opt.model, fingerprint_storage(dir.saved_fingerprint(), storage));
+  ComputeProbe probe;
+  if (opt.dtype == ComputeChoice::Auto) {
+    // The unit's answer (AMX, tensor cores), or the faster of fp32 and bf16 products measured
+    // at this model's shapes. bf16 only where every rank chose it: ranks compute alike.
+    const int64_t rows = (opt.batch + opt.micro_batches - 1) / opt.micro_batches * opt.seq_len;
+    double bf16 = resolve_compute_dtype(ComputeChoice::Auto, *backend,
+                                        matmul_shapes(model, rows), &probe) == DType::BF16;
+    comm->allreduce_sum_ordered(&bf16, 1);
+    opt.dtype = bf16 == comm->size() ? ComputeChoice::Bf16 : ComputeChoice::Fp32;
+  }
+  json compute{{"dtype", word(opt.dtype)}, {"unit", unit.isa}};
+  if (probe.measured) compute["probe"] = probe.to_json();
   const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume
   Tokenizer tok = Tokenizer::load(opt.model);
   tok.check_ids_below(model.config().vocab_size);  // before --out: an id past the embeddings
+  // Before --out too: what a GGUF file cannot express (another architecture, tokenizer).
+  if (opt.save_format == SaveFormat::Gguf) model.check_gguf_save(opt.model);
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
   const std::string model_warning = dir.check_model(model_id, fingerprint, opt.model);
   dir.check_data(data_fingerprint(opt), opt.data);  // a resumed run's data are the run's
@@ -238,7 +275,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // which stays the master copy (current after every flush: evaluation, checkpoints, the end).
   // On a device (simulated or CUDA) the weights always stream: every block resident when they
   // fit. The JVP walk reads the same device blocks.
-  if (opt.sim_device || opt.device == "cuda") {
+  if (opt.sim_device || opt.device == DeviceChoice::Cuda) {
     engine.enable_streaming(gpu_mem);
     estimator->use_streamer(engine.streamer());
   }
@@ -259,10 +296,10 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   std::unique_ptr<TrainSink> terminal = job.root && !user_sink ? make_terminal_sink() : nullptr;
   TrainSink& sink = !job.root ? quiet : user_sink ? *user_sink : *terminal;
   sink.message("zof finetune: " + std::to_string(model.num_params()) + " parameters, " +
-               data->describe() + job.describe(opt.threads) + ", " + opt.dtype +
-               " matrix products (" + unit.isa + ")" +
+               data->describe() + job.describe(opt.threads) + ", " + word(opt.dtype) +
+               " matrix products (" + unit.isa + probe_words(probe) + ")" +
                (model.storage_dtype() == DType::BF16 ? ", bf16 master (2 bytes a parameter)"
-                : opt.master == "bf16"                ? ", bf16 master (in fp32 storage)"
+                : opt.master == MasterChoice::Bf16    ? ", bf16 master (in fp32 storage)"
                                                       : "") +
                (opt.round_every > 1
                     ? ", rounded every " + std::to_string(opt.round_every) + " steps"

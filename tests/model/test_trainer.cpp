@@ -66,6 +66,14 @@ TEST_F(Finetune, RunWritesAHuggingFaceModelAndSummary) {
                         "metrics.jsonl", "zo_log.jsonl", "run.json"})
     EXPECT_TRUE(fs::exists(dir_ / "run" / f)) << f;
   EXPECT_EQ(steps_of(dir_ / "run").size(), 24u);
+  // --dtype auto on a model this small: fp32 without a probe (kProbeMinWeights), said so, and
+  // run.json records the decision without a timing in it (two runs of one command compute alike).
+  const json run = json::parse(zof::test::read_file((dir_ / "run" / "run.json").string()));
+  if (run["compute"]["unit"].get<std::string>().find("amx") == std::string::npos) {
+    EXPECT_EQ(run["compute"]["dtype"], "fp32");
+    EXPECT_FALSE(run["compute"].contains("probe")) << run["compute"];
+    EXPECT_NE(r.err.find("too small for bf16 to pay"), std::string::npos) << r.err;
+  }
   // The output has the base model's tensors (names, shapes, dtypes) as the reference safetensors
   // implementation reads them; transformers loading it back is checked by hand (closing note).
   const char* env = std::getenv("ZOF_PYTHON");

@@ -1,0 +1,96 @@
+// --dtype auto's probe (zof/runtime.h resolve_compute_dtype with a model's shapes): a model too
+// small to pay stays fp32 unmeasured, a large one is measured and decided by its own numbers, and
+// an explicit dtype is never measured.
+#include <gtest/gtest.h>
+
+#include "zof/backend.h"
+#include "zof/error.h"
+#include "zof/runtime.h"
+
+namespace {
+
+using zof::ComputeChoice;
+using zof::ComputeProbe;
+using zof::DType;
+using zof::MatmulShape;
+
+// stories260K's products at a batch of 16 x 64 tokens: 5 layers of dim 64, hidden 172, vocab 512.
+std::vector<MatmulShape> small_model() {
+  std::vector<MatmulShape> s;
+  for (int l = 0; l < 5; ++l)
+    for (MatmulShape m : {MatmulShape{1024, 64, 64}, MatmulShape{1024, 64, 64},
+                          MatmulShape{1024, 64, 64}, MatmulShape{1024, 64, 64},
+                          MatmulShape{1024, 172, 64}, MatmulShape{1024, 172, 64},
+                          MatmulShape{1024, 64, 172}})
+      s.push_back(m);
+  s.push_back({1024, 512, 64});
+  return s;
+}
+
+TEST(ComputeProbe, ASmallModelStaysFp32Unmeasured) {
+  auto be = zof::make_cpu_backend(0);
+  ComputeProbe p;
+  const DType t = zof::resolve_compute_dtype(ComputeChoice::Auto, *be, small_model(), &p);
+  if (be->compute_info().bf16_fast) {  // AMX: the unit decides, whatever the size
+    EXPECT_EQ(t, DType::BF16);
+    GTEST_SKIP() << "this CPU has AMX: auto is bf16 without a probe";
+  }
+  EXPECT_EQ(t, DType::F32);
+  EXPECT_FALSE(p.measured);
+  int64_t weights = 0;
+  for (const MatmulShape& s : small_model()) weights += s.N * s.K;
+  EXPECT_EQ(p.weights, weights);
+  EXPECT_LT(p.weights, zof::kProbeMinWeights);
+  EXPECT_TRUE(p.small);
+}
+
+TEST(ComputeProbe, AnExplicitDtypeIsNeverMeasured) {
+  auto be = zof::make_cpu_backend(0);
+  const std::vector<MatmulShape> big{{64, 4096, 4096}};
+  ComputeProbe p;
+  p.measured = true;  // reset by the call
+  EXPECT_EQ(zof::resolve_compute_dtype(ComputeChoice::Fp32, *be, big, &p), DType::F32);
+  EXPECT_FALSE(p.measured);
+  EXPECT_FALSE(p.small);
+}
+
+// Above kProbeMinWeights the probe times both dtypes and takes bf16 exactly when its rate is
+// kBf16ProbeMargin times fp32's; its record says so.
+TEST(ComputeProbe, ALargeModelIsDecidedByItsOwnNumbers) {
+  auto be = zof::make_cpu_backend(0);
+  const std::vector<MatmulShape> big{{64, 4096, 4096}, {64, 4096, 4096}, {64, 1024, 4096}};
+  ComputeProbe p;
+  const DType t = zof::resolve_compute_dtype(ComputeChoice::Auto, *be, big, &p);
+  if (be->compute_info().bf16_fast) {
+    EXPECT_EQ(t, DType::BF16);
+    EXPECT_FALSE(p.measured);
+    return;
+  }
+  bool has_bf16 = true;
+  try {
+    (void)zof::resolve_compute_dtype(ComputeChoice::Bf16, *be);
+  } catch (const zof::Error&) {
+    has_bf16 = false;
+  }
+  if (!has_bf16) {  // no bf16 products to time
+    EXPECT_EQ(t, DType::F32);
+    EXPECT_FALSE(p.measured);
+    return;
+  }
+  ASSERT_TRUE(p.measured);
+  EXPECT_FALSE(p.small);
+  EXPECT_EQ(p.shapes, 2);  // the repeated shape is timed once
+  EXPECT_EQ(p.weights, 2 * 4096 * 4096 + 1024 * 4096);
+  EXPECT_GT(p.fp32_gflops, 0);
+  EXPECT_GT(p.bf16_gflops, 0);
+  EXPECT_GT(p.seconds, 0);
+  EXPECT_LT(p.seconds, 10);
+  EXPECT_EQ(t == DType::BF16, p.bf16_gflops >= zof::kBf16ProbeMargin * p.fp32_gflops)
+      << p.fp32_gflops << " " << p.bf16_gflops;
+  const nlohmann::json j = p.to_json();
+  EXPECT_EQ(j["shapes"], 2);
+  EXPECT_EQ(j["bf16_margin"], zof::kBf16ProbeMargin);
+  EXPECT_EQ(j["weights"], p.weights);
+}
+
+}  // namespace
