@@ -105,17 +105,20 @@ TrainOptions parse_run_options(const json& run_json, const std::string& file) {
                   kDamaged);
     }
   }
+  // The saved options pass the checks a new run's flags do, blamed on this file (and before a
+  // checkpoint's state.json is read against them): "--steps must be ..." is options.steps. A
+  // choice's word is refused as it is read ("--z must be gaussian or rademacher, not ..."), the
+  // other checks after.
   TrainOptions t;
   try {
-    t = TrainOptions::from_json(o);
-  } catch (const json::exception& e) {
-    throw Error(file + ": \"options\" cannot be read (" + e.what() + "); " + kDamaged);
-  }
-  // The saved options pass the checks a new run's flags do, blamed on this file (and before a
-  // checkpoint's state.json is read against them): "--steps must be ..." is options.steps.
-  try {
+    try {
+      t = TrainOptions::from_json(o);
+    } catch (const json::exception& e) {
+      throw Error(file + ": \"options\" cannot be read (" + e.what() + "); " + kDamaged);
+    }
     validate_options(t, /*new_run=*/false);
   } catch (const Error& e) {
+    if (std::string(e.what()).rfind(file + ": ", 0) == 0) throw;
     const std::string what = e.what();
     std::string key = what.rfind("--", 0) == 0 ? what.substr(2, what.find_first_of(" ,;:") - 2) : "";
     for (char& ch : key) ch = ch == '-' ? '_' : ch;

@@ -164,6 +164,10 @@ std::vector<Case> input_cases() {
        [](Sandbox& s) { s.edit_json(s.run() / "run.json", [](json& j) { j["options"]["steps"] = -1; }); },
        "finetune --resume {R}", 1,
        R"(^.*run/run\.json: options\.steps is out of range: --steps must be .*not -1.*the run directory is damaged)"},
+      {"RunJsonUnknownChoiceWord",
+       [](Sandbox& s) { s.edit_json(s.run() / "run.json", [](json& j) { j["options"]["z"] = "uniform"; }); },
+       "finetune --resume {R}", 1,
+       R"(^.*run/run\.json: options\.z is out of range: --z must be gaussian or rademacher, not 'uniform'; the run directory is damaged)"},
       {"RunJsonHugeBatch",
        [](Sandbox& s) {
          s.edit_json(s.run() / "run.json", [](json& j) { j["options"]["batch"] = 100000000; });
