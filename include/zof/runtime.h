@@ -68,7 +68,7 @@ inline constexpr double kBf16ProbeMargin = 1.3;
 inline constexpr int64_t kProbeMinWeights = 16'000'000;
 // --dtype auto on a unit that is not known to be fast in bf16 (AMX CPUs and tensor cores are):
 // fp32 for a model below kProbeMinWeights; otherwise times each of `shapes` (rows capped at 256,
-// columns at 8192: a short probe, well under a second) in fp32 and in bf16, and chooses bf16
+// columns and depth at 8192: a short probe, well under a second) in fp32 and in bf16, and chooses bf16
 // when its rate is kBf16ProbeMargin times fp32's.
 // fp32 and bf16 as asked; the probe's numbers in *probe.
 DType resolve_compute_dtype(ComputeChoice choice, Backend& be,

@@ -300,9 +300,8 @@ Backend::ComputeInfo Matmul::compute_info() {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   // AMX tiles run bf16 products several times faster than fp32. avx512_core_bf16's dot
   // products differ from machine to machine of CI's kind: 2.0x fp32's GEMM rate on one, slower
-  // than fp32 on another (bench/RESULTS.md), so auto leaves them to --dtype bf16. (Timing the
-  // two at start-up was tried: under load it measured 0.3x to 1.8x on the same machine, and a
-  // dtype that changes with the load would make two runs of one command differ.)
+  // than fp32 on another (bench/RESULTS.md), so the unit does not decide them: finetune's
+  // --dtype auto times both at the model's shapes (resolve_compute_dtype's probe, runtime.h).
   ci.bf16_fast = isa == dnnl::cpu_isa::avx512_core_amx;
   ci.isa = std::string("oneDNN ") + isa_name();
   return ci;

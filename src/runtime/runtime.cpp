@@ -97,7 +97,8 @@ double time_matmul(Backend& be, const float* x, const void* w, DType wt, float* 
 
 void measure(Backend& be, std::vector<MatmulShape> shapes, ComputeProbe& probe) {
   const auto t0 = std::chrono::steady_clock::now();
-  for (MatmulShape& s : shapes) s = {std::min<int64_t>(s.M, 256), std::min<int64_t>(s.N, 8192), s.K};
+  for (MatmulShape& s : shapes)
+    s = {std::min<int64_t>(s.M, 256), std::min<int64_t>(s.N, 8192), std::min<int64_t>(s.K, 8192)};
   std::sort(shapes.begin(), shapes.end(), [](const MatmulShape& a, const MatmulShape& b) {
     return std::tie(a.M, a.N, a.K) < std::tie(b.M, b.N, b.K);
   });
@@ -155,7 +156,12 @@ DType resolve_compute_dtype(ComputeChoice choice, Backend& be,
   } catch (const Error&) {
     return DType::F32;  // no bf16 products here
   }
-  measure(be, shapes, p);
+  try {
+    measure(be, shapes, p);
+  } catch (const Error&) {  // no memory for the probe's buffers: fp32, unmeasured
+    p = ComputeProbe{};
+    return DType::F32;
+  }
   return p.measured && p.bf16_gflops >= kBf16ProbeMargin * p.fp32_gflops ? DType::BF16
                                                                          : DType::F32;
 }
