@@ -142,8 +142,44 @@ int run_generate(const GenerateArgs& a) {
   return 0;
 }
 
+// eval --task: the task's held-out metric, with finetune's defaults for what is not given.
+int run_eval_task(const EvalArgs& a) {
+  ZOF_CHECK(a.text.empty(), "eval takes --text FILE (perplexity) or --task WORD --data PATH "
+                            "(a task's held-out metric), not both");
+  ZOF_CHECK(a.max_windows == 0, "--max-windows counts --text's windows; with --task, "
+                                "--eval-examples says how many examples are scored");
+  ZOF_CHECK(!a.data.empty(), "zof eval --task " + std::string(zof::word(*a.task)) +
+                                 " needs --data PATH, the task's data file or directory");
+  zof::TrainOptions t;
+  t.model = a.model;
+  t.task = *a.task;
+  t.data = a.data;
+  t.eval_examples = a.eval_examples;
+  t.seed = a.seed;
+  t.threads = a.threads;
+  if (a.seq_len_given) t.seq_len = a.seq_len;
+  if (a.batch_given) t.batch = a.batch;
+  zof::validate_options(t);
+  zof::check_task_data(t.task, t.data);  // before loading
+  zof::WeightPlacement place;
+  auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
+  json j = zof::evaluate_task(model, tok, *backend, t, place);
+  if (a.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf("%s: %s %.4f (%.2f s)\n", j["data"].get<std::string>().c_str(),
+                j["metric"].get<std::string>().c_str(), j["value"].get<double>(),
+                j["eval_s"].get<double>());
+  }
+  return 0;
+}
+
 int run_eval(const EvalArgs& a) {
   validate_eval(a);
+  if (a.task) return run_eval_task(a);
+  ZOF_CHECK(!a.text.empty(), "zof eval needs --text FILE (perplexity) or --task WORD and "
+                             "--data PATH (a task's held-out metric)");
+  ZOF_CHECK(a.data.empty(), "--data goes with --task; --text names eval's text file");
   zof::check_input_file("--text", a.text, "--text takes one plain-text file");  // before loading
   zof::WeightPlacement place;
   auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
@@ -179,12 +215,29 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& g, NumberFlags& n) {
 
 CLI::App* add_eval(CLI::App& app, EvalArgs& e, NumberFlags& n) {
   auto* ev = app.add_subcommand("eval", "Perplexity of a model on a text file: mean next-token NLL over windows of --seq-len tokens, "
-      "each from BOS; '<|endoftext|>' separates documents, and windows never cross one");
+      "each from BOS; '<|endoftext|>' separates documents, and windows never cross one. Or, with "
+      "--task, a task's held-out metric exactly as finetune evaluates it");
   ev->add_option("--model", e.model, "Hugging Face model directory, or a GGUF file")->required();
-  ev->add_option("--text", e.text, "Plain-text file")->required();
-  n.add(ev, "--seq-len", e.seq_len, "Window length in tokens (default: context, at most 512)",
+  ev->add_option("--text", e.text, "Plain-text file");
+  n.add_words(
+      ev, "--task",
+      [&e](const std::string& t) { e.task = zof::read_choice_text<zof::Task>("--task", t); },
+      "Instead of --text: " + zof::choice_list(std::vector<const char*>(
+                                  zof::choice_words(zof::Task{}).begin(),
+                                  zof::choice_words(zof::Task{}).end())) +
+          "; the held-out examples finetune samples with the same --data, --eval-examples, "
+          "--seed and --seq-len (accuracy, or perplexity for jsonl and text)",
+      "");
+  ev->add_option("--data", e.data, "With --task: the task's data file or directory");
+  n.add(ev, "--eval-examples", e.eval_examples, "With --task: evaluation examples sampled",
+        &train_rule("--eval-examples"));
+  n.add(ev, "--seed", e.seed, "With --task: the seed that samples them (0 to 2^64 - 1)", nullptr);
+  n.add(ev, "--seq-len", e.seq_len,
+        "Window length in tokens (default: context, at most 512); with --task, the longest "
+        "sequence (default 128)",
         &kEvalSeqLen, false);
-  n.add(ev, "--batch", e.batch, "Windows per forward pass", &kEvalBatch);
+  n.add(ev, "--batch", e.batch, "Windows per forward pass (with --task: finetune's --batch, 16)",
+        &kEvalBatch);
   n.add(ev, "--max-windows", e.max_windows, "Evaluate at most this many windows (0: all)",
         &kMaxWindows);
   n.add(ev, "--threads", e.threads, "CPU threads (0: all cores)", &train_rule("--threads"));

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,14 @@ struct EvalArgs {
   DeviceArgs where;
   std::string model, text;
   int64_t seq_len = 0, batch = 8, max_windows = 0;  // seq_len 0: the model's context, at most 512
-  bool seq_len_given = false;
+  bool seq_len_given = false, batch_given = false;
   int threads = 0;
   bool json = false;
+  // --task instead of --text: the task's held-out metric, read as finetune reads it.
+  std::optional<zof::Task> task;
+  std::string data;
+  int64_t eval_examples = zof::TrainOptions{}.eval_examples;
+  uint64_t seed = 0;
 };
 
 struct FinetuneArgs {

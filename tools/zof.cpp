@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
       numbers.read(sub);
     }
     e.seq_len_given = ev->count("--seq-len") > 0;
+    e.batch_given = ev->count("--batch") > 0;
     r.steps_given = rp->count("--steps") > 0;
     g.max_new_given = gen->count("--max-new-tokens") > 0;
     if (parsed == gen) return run_generate(g);

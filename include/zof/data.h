@@ -206,6 +206,8 @@ class TrainData {
   virtual Metric evaluate(Forward& fwd) = 0;
   virtual int64_t max_rows() const = 0;  // most tokens in one micro-batch or eval forward
   virtual std::string describe() const = 0;
+  // What the run should be warned of (training prompts cut to fit --seq-len), or empty.
+  virtual std::string warning() const { return ""; }
 };
 std::unique_ptr<TrainData> make_train_data(const TrainOptions& opt, const Tokenizer& tok,
                                            int64_t context);

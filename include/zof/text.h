@@ -10,6 +10,7 @@
 
 #include "zof/backend.h"
 #include "zof/generate.h"
+#include "zof/options.h"
 #include "zof/model.h"
 #include "zof/number_rule.h"
 #include "zof/tokenizer.h"
@@ -45,6 +46,14 @@ nlohmann::json evaluate_text(const Model& model, const Tokenizer& tok, Backend& 
                              const std::string& text, const std::string& source, int64_t seq_len,
                              int64_t batch, int64_t max_windows,
                              const WeightPlacement& place = {});
+
+// A task's held-out metric (`zof eval --task`): opt's task, data, eval_examples, seed, seq_len,
+// batch and micro_batches read as finetune reads them, so the examples, their batches and the
+// metric are exactly those of a run's evaluation with the same options (its "before", or its
+// "after" on the saved model). Returns `zof eval --json`'s object: task, metric, value,
+// data (what was read), eval_s, examples_per_s, device.
+nlohmann::json evaluate_task(const Model& model, const Tokenizer& tok, Backend& backend,
+                             const TrainOptions& opt, const WeightPlacement& place = {});
 
 // Generation after prompt (empty: from BOS, else EOS). on_text receives the decoded text so far
 // (prompt included) each time it grows by whole characters. Returns `zof generate --json`'s

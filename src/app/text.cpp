@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "zof/data.h"
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/input_file.h"
@@ -142,6 +143,23 @@ json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
               {"tokenize_s", t_tok},
               {"eval_s", dt},
               {"tokens_per_s", r.tokens / std::max(dt, 1e-9)}};
+  j.update(p.describe(backend));
+  return j;
+}
+
+json evaluate_task(const Model& model, const Tokenizer& tok, Backend& backend,
+                   const TrainOptions& opt, const WeightPlacement& place) {
+  check_task_data(opt.task, opt.data);
+  std::unique_ptr<TrainData> data = make_train_data(opt, tok, model.config().max_position);
+  Placed p = place_forward(model, backend, data->max_rows(), place);
+  const double t0 = now_s();
+  const TrainData::Metric m = data->evaluate(*p.fwd);
+  const double dt = now_s() - t0;
+  json j{{"task", word(opt.task)},
+         {"metric", m.name},
+         {"value", m.value},
+         {"data", data->describe()},
+         {"eval_s", dt}};
   j.update(p.describe(backend));
   return j;
 }

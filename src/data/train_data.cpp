@@ -117,10 +117,9 @@ class ExampleTask : public TrainData {
       for (auto& t : train_) longest_ = std::max<int64_t>(longest_, (int64_t)t.ids.size());
     }
     if (cut > 0)
-      std::fprintf(stderr,
-                   "zof: warning: %lld of %zu training examples are longer than --seq-len %lld; "
-                   "their prompts were cut on the left\n",
-                   (long long)cut, data_.train.size(), (long long)max_len_);
+      warning_ = std::to_string(cut) + " of " + std::to_string(data_.train.size()) +
+                 " training examples are longer than --seq-len " + std::to_string(max_len_) +
+                 "; their prompts were cut on the left";
   }
   std::vector<LossBatch> batch(uint64_t step, int replica, int replicas) override {
     const int32_t pad = std::max(0, tok_.pad_id());
@@ -147,6 +146,7 @@ class ExampleTask : public TrainData {
     // With choices every example brings all its candidates (at most width_ of them).
     return std::max(micro_rows(opt_, longest_) * width_, 4 * max_len_);
   }
+  std::string warning() const override { return warning_; }
   std::string describe() const override {
     return word(opt_.task) + (" " + opt_.data) + ": " + std::to_string(data_.train.size()) + " of " +
            std::to_string(data_.train_available) + " training and " +
@@ -157,6 +157,7 @@ class ExampleTask : public TrainData {
  private:
   TrainOptions opt_;
   const Tokenizer& tok_;
+  std::string warning_;
   TaskKind kind_;
   bool classify_;
   TaskData data_;

@@ -245,11 +245,15 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   Model model = Model::load(opt.model, fingerprint_storage(dir.saved_fingerprint(), storage));
   ComputeProbe probe;
   if (opt.dtype == ComputeChoice::Auto) {
-    // The unit's answer (AMX, tensor cores), or the faster of fp32 and bf16 products measured
-    // at this model's shapes. bf16 only where every rank chose it: ranks compute alike.
+    // The unit's answer (AMX, tensor cores), or on the CPU the faster of fp32 and bf16 products
+    // measured at this model's shapes (not on a simulated device: its memory is the run's
+    // budget, not the probe's). bf16 only where every rank chose it: ranks compute alike.
     const int64_t rows = (opt.batch + opt.micro_batches - 1) / opt.micro_batches * opt.seq_len;
-    double bf16 = resolve_compute_dtype(ComputeChoice::Auto, *backend,
-                                        matmul_shapes(model, rows), &probe) == DType::BF16;
+    const bool probe_here = opt.device == DeviceChoice::Cpu && !opt.sim_device;
+    double bf16 = (probe_here ? resolve_compute_dtype(ComputeChoice::Auto, *backend,
+                                                      matmul_shapes(model, rows), &probe)
+                              : resolve_compute_dtype(ComputeChoice::Auto, *backend)) ==
+                  DType::BF16;
     comm->allreduce_sum_ordered(&bf16, 1);
     opt.dtype = bf16 == comm->size() ? ComputeChoice::Bf16 : ComputeChoice::Fp32;
   }
@@ -308,6 +312,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());
   if (!model_warning.empty()) sink.message(model_warning);
+  if (const std::string w = data->warning(); !w.empty()) sink.message("zof: warning: " + w);
 
   Evaluator eval(job, engine, model, *data, job.root ? &dir.metrics() : nullptr, &sink);
   StepLoop loop(opt, job, dir, engine, model, *estimator, *data, eval, sink, c);

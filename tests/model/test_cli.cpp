@@ -74,6 +74,36 @@ TEST(Cli, PerplexityOfStories260K) {
   EXPECT_GT(last_json(b.out)["ppl"].get<double>(), 10 * ja["ppl"].get<double>());
 }
 
+// eval --task scores what finetune's evaluation scores: the same examples, batches and metric.
+// A short SST-2 run's "before" is eval --task on the base model, its "after" eval --task on the
+// saved model, bit for bit; and only finetune warns of training prompts cut to fit.
+TEST(Cli, EvalTaskScoresWhatFinetuneScores) {
+  ZOF_REQUIRE_PATH(stories());
+  const std::string sst2 = zof::test::assets_dir() + "/data/sst2";
+  ZOF_REQUIRE_PATH(sst2);
+  const fs::path out = fs::temp_directory_path() / ("zof_eval_task_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  const std::string same = " --task sst2 --data " + sst2 + " --eval-examples 48 --seed 5 --dtype fp32";
+  auto ft = run_command(zof::test::zof_binary() + " finetune --model " + stories() + same +
+                        " --out " + out.string() + " --steps 3 --lr 1e-3 --eps 1e-3 --no-report");
+  ASSERT_EQ(ft.code, 0) << ft.err;
+  const json summary = last_json(ft.out);
+  // stories260K's 512-token vocabulary makes some SST-2 sentences longer than 128 tokens.
+  EXPECT_NE(ft.err.find("zof: warning: "), std::string::npos) << ft.err;
+  EXPECT_NE(ft.err.find("training examples are longer than --seq-len 128"), std::string::npos);
+  auto before = run_command(zof::test::zof_binary() + " eval --model " + stories() + same + " --json");
+  ASSERT_EQ(before.code, 0) << before.err;
+  EXPECT_EQ(before.err, "");  // no training split is warned of
+  const json b = last_json(before.out);
+  EXPECT_EQ(b["metric"], "accuracy");
+  EXPECT_EQ(b["task"], "sst2");
+  EXPECT_EQ(b["value"].get<double>(), summary["eval"]["before"].get<double>()) << summary;
+  auto after = run_command(zof::test::zof_binary() + " eval --model " + out.string() + same + " --json");
+  ASSERT_EQ(after.code, 0) << after.err;
+  EXPECT_EQ(last_json(after.out)["value"].get<double>(), summary["eval"]["after"].get<double>());
+  fs::remove_all(out);
+}
+
 TEST(Cli, EveryCommandHasHelp) {
   for (const char* cmd : {"", " generate", " eval", " finetune", " replay", " report"}) {
     auto r = run_command(zof::test::zof_binary() + cmd + " --help");
