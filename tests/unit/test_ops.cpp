@@ -1244,6 +1244,13 @@ TEST(Ops, CpuThreadCountIndependenceBf16Blocks) {
        [&](Backend& be) { return run_matmul_bf16(be, x, to_bf16(w), bias, M, N, K); });
   same("bf16 matmul M=1000, no bias",
        [&](Backend& be) { return run_matmul_bf16(be, x, to_bf16(w), {}, M, N, K); });
+  // A deep product (K past oneDNN's K blocking) and a wide one, as real models' MLPs are.
+  const int64_t M2 = 600, N2 = 200, K2 = 2304;
+  auto x2 = uniform(size_t(M2 * K2), -1, 1, 81), w2 = uniform(size_t(N2 * K2), -1, 1, 82);
+  same("bf16 matmul M=600 N=200 K=2304",
+       [&](Backend& be) { return run_matmul_bf16(be, x2, to_bf16(w2), {}, M2, N2, K2); });
+  same("bf16 matmul M=600 N=2304 K=200",
+       [&](Backend& be) { return run_matmul_bf16(be, x2, to_bf16(w2), {}, M2, K2, N2); });
   AttnShape s{3, 50, 50, 9, 3, 64, 0};
   auto q = uniform(size_t(s.B * s.Tq * s.H * s.D), -2, 2, 78);
   auto k = uniform(size_t(s.B * s.Tk * s.Hkv * s.D), -2, 2, 79);
