@@ -6,6 +6,7 @@
 // byte.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -296,6 +297,27 @@ TEST(GgufModel, FinetuneSavesGgufAndReplayRebuildsIt) {
                        " --out " + rep.string() + " --threads 1 --json");
   ASSERT_EQ(p.code, 0) << p.err;
   EXPECT_EQ(slurp(rep / "model.gguf"), slurp(run / "model.gguf"));
+  // The run has finished: --resume refuses, leaving model.gguf and summary.json as they were,
+  // and so does a new run's --out; both name model.gguf as the next run's --model.
+  const std::string gguf_bytes = slurp(run / "model.gguf"), summary = slurp(run / "summary.json");
+  const auto written = fs::last_write_time(run / "model.gguf");
+  const std::string next = "--model " + (run / "model.gguf").string() + " --out NEW_DIR";
+  auto again = run_command(zof + " finetune --resume " + run.string() + " --threads 1");
+  EXPECT_EQ(again.code, 1) << again.err;
+  EXPECT_EQ(again.err.rfind("zof: error: --resume " + run.string() + ": the run finished at step "
+                            "3 of its --steps 3 and wrote its model", 0), 0u) << again.err;
+  EXPECT_NE(again.err.find(next), std::string::npos) << again.err;
+  EXPECT_EQ(std::count(again.err.begin(), again.err.end(), '\n'), 1) << again.err;
+  EXPECT_EQ(slurp(run / "model.gguf"), gguf_bytes);
+  EXPECT_EQ(slurp(run / "summary.json"), summary);
+  EXPECT_EQ(fs::last_write_time(run / "model.gguf"), written);
+  auto over = run_command(zof + " finetune --model " + base.string() + " --out " + run.string() +
+                          flags + " --save-format gguf");
+  EXPECT_EQ(over.code, 1) << over.err;
+  EXPECT_NE(over.err.find("already holds a run, which has finished (nothing to --resume); choose "
+                          "another --out, or start a new run from its model with --model " +
+                          (run / "model.gguf").string() + "\n"), std::string::npos) << over.err;
+  EXPECT_EQ(slurp(run / "model.gguf"), gguf_bytes);
   // A GGUF base saved as safetensors: a Hugging Face directory, the tokenizer made from the GGUF.
   const fs::path run2 = d.path / "run2";
   auto s = run_command(zof + " finetune --model " + base.string() + " --out " + run2.string() + flags);
