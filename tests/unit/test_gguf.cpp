@@ -222,8 +222,13 @@ TEST(GgufReader, HostileFieldsAreRefusedByName) {
       {"string length",
        [](Doc& d) { d.kvs[0].value = Bytes().put<uint64_t>(uint64_t(1) << 62).b; }, "bytes long, more than"},
       {"array count",
-       [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(4).put<uint64_t>(uint64_t(1) << 61).b; },
+       [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(4).put<uint64_t>(uint64_t(1) << 20).b; },
        "cannot fit"},
+      // Values beyond 2^24 (each read into a ~100-byte Value) are refused by count, before
+      // anything is allocated: here in one array.
+      {"array too long",
+       [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(0).put<uint64_t>((uint64_t(1) << 24) + 1).b; },
+       "general.languages: an array of 16777217 values, more than the 16777216 zof reads"},
       {"array element type",
        [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(77).put<uint64_t>(0).b; },
        "array element type 77"},
