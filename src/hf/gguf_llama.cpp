@@ -474,9 +474,15 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
   auto u32 = [&](const char* k, uint64_t v) { md.emplace_back(k, Value::of_u32(uint32_t(v))); };
   md.emplace_back("general.architecture", Value::of_string("llama"));
   md.emplace_back("general.type", Value::of_string("model"));
-  fs::path named = fs::path(dir).lexically_normal();  // "models/x/": x
-  if (named.filename().empty()) named = named.parent_path();
-  md.emplace_back("general.name", Value::of_string(named.filename().string()));
+  // general.name from the model's own config ("_name_or_path": "HuggingFaceTB/SmolLM2-135M":
+  // SmolLM2-135M), never from where the directory lies: a replay from a copy of the base
+  // elsewhere writes the run's very bytes. None when the config names none (it is optional).
+  if (const auto it = c.raw.find("_name_or_path"); it != c.raw.end() && it->is_string()) {
+    std::string named = it->get<std::string>();
+    while (!named.empty() && named.back() == '/') named.pop_back();
+    named = named.substr(named.find_last_of('/') == std::string::npos ? 0 : named.find_last_of('/') + 1);
+    if (!named.empty()) md.emplace_back("general.name", Value::of_string(named));
+  }
   u32("general.file_type", file_type);
   u32("general.quantization_version", 2);  // GGML_QNT_VERSION, as llama.cpp's converter writes
   u32("llama.vocab_size", uint64_t(V));

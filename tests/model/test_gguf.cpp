@@ -337,4 +337,43 @@ TEST(GgufModel, FinetuneSavesGgufAndReplayRebuildsIt) {
   EXPECT_FALSE(fs::exists(run3));
 }
 
+// A GGUF run from a Hugging Face directory: replay from a copy of that directory elsewhere,
+// under another name, rebuilds the run's model.gguf byte for byte (its metadata come from the
+// model, not from where it lies); a copy without tokenizer.json, which GGUF needs, is refused
+// before anything is replayed or --out touched.
+TEST(GgufModel, ReplayOfAGgufRunFromACopiedBaseIsByteIdentical) {
+  const std::string text = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
+  ZOF_REQUIRE_PATH(text);
+  TempDir d;
+  const fs::path hf = tiny_llama(d.path / "hf", false);
+  const std::string zof = zof::test::zof_binary();
+  const fs::path run = d.path / "run";
+  auto r = run_command(zof + " finetune --model " + hf.string() + " --out " + run.string() +
+                       " --data " + text + " --steps 2 --batch 2 --seq-len 32 --eval-examples 2 "
+                       "--lr 1e-3 --threads 1 --no-report --save-format gguf");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const fs::path copy = d.path / "elsewhere" / "another-name";
+  fs::create_directories(copy.parent_path());
+  fs::copy(hf, copy, fs::copy_options::recursive);
+  const fs::path rep = d.path / "replayed";
+  auto p = run_command(zof + " replay --model " + copy.string() + " --log " + run.string() +
+                       " --out " + rep.string() + " --threads 1");
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_EQ(slurp(rep / "model.gguf"), slurp(run / "model.gguf"));
+  // Without tokenizer.json: refused before the replay, so an --out holding a lock file (zof's
+  // own leftover, which a replay takes and writes its pid into) is left as it was.
+  fs::remove(copy / "tokenizer.json");
+  const fs::path out = d.path / "out";
+  fs::create_directories(out);
+  std::ofstream(out / ".lock").flush();
+  auto x = run_command(zof + " replay --model " + copy.string() + " --log " + run.string() +
+                       " --out " + out.string() + " --threads 1");
+  EXPECT_EQ(x.code, 1);
+  EXPECT_EQ(x.err, "zof: error: " + (copy / "tokenizer.json").string() + ": not found; "
+                   "--save-format gguf needs the model's tokenizer.json to write the vocabulary "
+                   "llama.cpp reads\n");
+  EXPECT_EQ(fs::file_size(out / ".lock"), 0u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 1);
+}
+
 }  // namespace
