@@ -89,15 +89,37 @@ json llama_config(const File& f) {
            "and the models converted as it, e.g. SmolLM2): another architecture names and lays "
            "out its tensors and hyperparameters in GGUF its own way, which zof does not map. "
            "Give zof the model's Hugging Face directory instead");
-  const uint64_t hidden = f.whole("llama.embedding_length");
-  const uint64_t heads = f.whole("llama.attention.head_count");
-  const uint64_t kv_heads = f.whole_or("llama.attention.head_count_kv", heads);
+  // Each size within config.json's bounds (ModelConfig::from_json), refused here by its GGUF key:
+  // a "fix config.json" would name a file and field that a GGUF model does not have.
+  const auto size = [&](const std::string& key, const char* hf_key, uint64_t v) {
+    const uint64_t limit = uint64_t(config_size_limit(hf_key));
+    if (v == 0 || v > limit)
+      f.fail(key, "is " + std::to_string(v) + (v ? ", more than zof accepts (at most " +
+                                                       std::to_string(limit) + ")"
+                                                 : ", not a positive size") +
+                      "; the file is damaged or not a model zof can run: re-download it, or give "
+                      "zof the model's Hugging Face directory");
+    return v;
+  };
+  const auto real_size = [&](const char* key, double v) {
+    if (!(v > 0) || !std::isfinite(v))
+      f.fail(key, "is " + std::to_string(v) + ", not a positive number; the file is damaged: "
+                  "re-download it");
+    return v;
+  };
+  const uint64_t hidden = size("llama.embedding_length", "hidden_size",
+                               f.whole("llama.embedding_length"));
+  const uint64_t heads = size("llama.attention.head_count", "num_attention_heads",
+                              f.whole("llama.attention.head_count"));
+  const uint64_t kv_heads = size("llama.attention.head_count_kv", "num_key_value_heads",
+                                 f.whole_or("llama.attention.head_count_kv", heads));
   if (!heads || !hidden || hidden % heads || !kv_heads || heads % kv_heads)
     f.fail("llama.attention.head_count",
            std::to_string(heads) + " heads / " + std::to_string(kv_heads) +
                " KV heads do not divide the width " + std::to_string(hidden) +
                "; the file is damaged: re-download it");
-  const uint64_t head_dim = f.whole_or("llama.attention.key_length", hidden / heads);
+  const uint64_t head_dim = size("llama.attention.key_length", "head_dim",
+                                 f.whole_or("llama.attention.key_length", hidden / heads));
   if (head_dim != f.whole_or("llama.attention.value_length", head_dim))
     f.fail("llama.attention.value_length", "differs from llama.attention.key_length; zof reads "
                                            "models whose key and value heads are one size");
@@ -112,7 +134,9 @@ json llama_config(const File& f) {
     f.fail("llama.expert_count", "is " + std::to_string(f.whole("llama.expert_count")) +
                                      ": zof runs dense models, not mixtures of experts");
   const auto& tokens = f.array("tokenizer.ggml.tokens", ValueType::String);
-  const uint64_t vocab = f.whole_or("llama.vocab_size", tokens.size());
+  const uint64_t vocab =
+      size(f.find("llama.vocab_size") ? "llama.vocab_size" : "tokenizer.ggml.tokens", "vocab_size",
+           f.whole_or("llama.vocab_size", tokens.size()));
   if (vocab != tokens.size())
     f.fail("llama.vocab_size", "is " + std::to_string(vocab) + ", but tokenizer.ggml.tokens has " +
                                    std::to_string(tokens.size()) + "; the file is damaged");
@@ -122,14 +146,18 @@ json llama_config(const File& f) {
       {"model_type", "llama"},
       {"vocab_size", vocab},
       {"hidden_size", hidden},
-      {"intermediate_size", f.whole("llama.feed_forward_length")},
-      {"num_hidden_layers", f.whole("llama.block_count")},
+      {"intermediate_size", size("llama.feed_forward_length", "intermediate_size",
+                                 f.whole("llama.feed_forward_length"))},
+      {"num_hidden_layers", size("llama.block_count", "num_hidden_layers", f.whole("llama.block_count"))},
       {"num_attention_heads", heads},
       {"num_key_value_heads", kv_heads},
       {"head_dim", head_dim},
-      {"max_position_embeddings", f.whole("llama.context_length")},
-      {"rms_norm_eps", shortest_f32(f.real("llama.attention.layer_norm_rms_epsilon"))},
-      {"rope_theta", shortest_f32(f.real_or("llama.rope.freq_base", 10000.0))},
+      {"max_position_embeddings", size("llama.context_length", "max_position_embeddings",
+                                       f.whole("llama.context_length"))},
+      {"rms_norm_eps", shortest_f32(real_size("llama.attention.layer_norm_rms_epsilon",
+                                              f.real("llama.attention.layer_norm_rms_epsilon")))},
+      {"rope_theta", shortest_f32(real_size("llama.rope.freq_base",
+                                            f.real_or("llama.rope.freq_base", 10000.0)))},
       {"rope_scaling", nullptr},
       {"hidden_act", "silu"},
       {"attention_bias", false},

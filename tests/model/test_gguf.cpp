@@ -215,6 +215,52 @@ TEST(GgufModel, RefusesWhatLlamaCppCannotBeTold) {
   }
 }
 
+// A size out of range is refused by its GGUF key, with a fix for a GGUF file (config.json's field
+// names and "fix config.json" would send the user to a file the model does not have).
+TEST(GgufModel, SizesOutOfRangeNameTheirGgufKey) {
+  TempDir d;
+  const fs::path hf = tiny_llama(d.path / "hf", true);
+  const fs::path good = d.path / "good.gguf";
+  zof::Model::load(hf.string()).save_gguf(good.string(), DType::F32, hf.string());
+  const std::string bytes = slurp(good);
+  // The UINT32 value of `key`: its name, then type 4, then the 4 bytes replaced.
+  const auto with = [&](const std::string& key, uint32_t v) {
+    std::string b = bytes;
+    const std::string at = key + std::string("\x04\0\0\0", 4);
+    const size_t i = b.find(at);
+    EXPECT_NE(i, std::string::npos) << key;
+    std::memcpy(&b[i + at.size()], &v, 4);
+    const fs::path p = d.path / "bad.gguf";
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << b;
+    return p;
+  };
+  const struct {
+    const char* key;
+    uint32_t value;
+    const char* says;
+  } cases[] = {
+      {"llama.block_count", 20000, "llama.block_count: is 20000, more than zof accepts (at most 16384)"},
+      {"llama.block_count", 0, "llama.block_count: is 0, not a positive size"},
+      {"llama.context_length", 0, "llama.context_length: is 0, not a positive size"},
+      {"llama.feed_forward_length", 1u << 23, "llama.feed_forward_length: is 8388608, more than"},
+      {"llama.attention.key_length", 1u << 17, "llama.attention.key_length: is 131072, more than"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.key) + " = " + std::to_string(c.value));
+    const fs::path p = with(c.key, c.value);
+    try {
+      zof::Model::load(p.string());
+      ADD_FAILURE() << "accepted";
+    } catch (const zof::Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("GGUF " + p.string() + ", " + c.says, 0), 0u) << m;
+      EXPECT_NE(m.find("re-download it, or give zof the model's Hugging Face directory"),
+                std::string::npos) << m;
+      EXPECT_EQ(m.find("config.json"), std::string::npos) << m;
+    }
+  }
+}
+
 // ---- SmolLM2: the GGUF and its conversion are one model --------------------------------------
 
 std::string smollm2_dir() {
