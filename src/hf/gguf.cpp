@@ -167,6 +167,22 @@ int64_t TensorInfo::numel() const {
 
 std::vector<int64_t> TensorInfo::shape() const { return {dims.rbegin(), dims.rend()}; }
 
+std::string shown(const std::string& s, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += char(c);
+    }
+  }
+  return s.size() > max ? out + "..." : out;
+}
+
 struct File::Impl {
   std::string path;
   Mapping map;
@@ -178,7 +194,8 @@ struct File::Impl {
   std::map<std::string, size_t> by_name;
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw Error("GGUF " + path + (field.empty() ? "" : ", " + field) + ": " + what);
+    // The field may be a key or a tensor's name of the file: shown, never echoed at any length.
+    throw Error("GGUF " + path + (field.empty() ? "" : ", " + shown(field, 80)) + ": " + what);
   }
 };
 
@@ -410,7 +427,7 @@ void parse(File::Impl& f) {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].begin < spans[i - 1].end)
-      f.fail("tensor " + *spans[i].name, "its data overlap those of " + *spans[i - 1].name + "; " +
+      f.fail("tensor " + *spans[i].name, "its data overlap those of " + shown(*spans[i - 1].name, 80) + "; " +
                                              kRedownload);
 }
 

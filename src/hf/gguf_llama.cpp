@@ -85,7 +85,7 @@ json llama_config(const File& f) {
   const std::string arch = f.str("general.architecture");
   if (arch != "llama")
     f.fail("general.architecture",
-           "is '" + arch + "'; zof reads GGUF files of llama.cpp's llama architecture only (LLaMA "
+           "is '" + shown(arch) + "'; zof reads GGUF files of llama.cpp's llama architecture only (LLaMA "
            "and the models converted as it, e.g. SmolLM2): another architecture names and lays "
            "out its tensors and hyperparameters in GGUF its own way, which zof does not map. "
            "Give zof the model's Hugging Face directory instead");
@@ -128,7 +128,7 @@ json llama_config(const File& f) {
            "is " + std::to_string(f.whole("llama.rope.dimension_count")) + ", not the head size " +
                std::to_string(head_dim) + ": partial rotary is not read from GGUF; " + kConvert);
   if (f.find("llama.rope.scaling.type") && f.str("llama.rope.scaling.type") != "none")
-    f.fail("llama.rope.scaling.type", "is '" + f.str("llama.rope.scaling.type") +
+    f.fail("llama.rope.scaling.type", "is '" + shown(f.str("llama.rope.scaling.type")) +
                                           "'; RoPE scaling is not read from GGUF: " + kConvert);
   if (f.whole_or("llama.expert_count", 0) != 0)
     f.fail("llama.expert_count", "is " + std::to_string(f.whole("llama.expert_count")) +
@@ -182,13 +182,13 @@ TokenizerFiles llama_tokenizer(const File& f, const json& cfg) {
   const std::string model = f.str("tokenizer.ggml.model");
   if (model != "gpt2")
     f.fail("tokenizer.ggml.model",
-           "is '" + model + "'" + (model == "llama" ? " (SentencePiece)" : "") +
+           "is '" + shown(model) + "'" + (model == "llama" ? " (SentencePiece)" : "") +
                "; zof builds byte-level BPE tokenizers (\"gpt2\", as GPT-2, LLaMA 3, Qwen and "
                "SmolLM use) from GGUF, no other: give zof the model's Hugging Face directory");
   const std::string pre = f.str_or("tokenizer.ggml.pre", "gpt2");
   const json pre_tok = pre_tokenizer_of(pre);
   if (pre_tok.is_null())
-    f.fail("tokenizer.ggml.pre", "is '" + pre + "'; zof knows the pre-tokenizers gpt2 and smollm "
+    f.fail("tokenizer.ggml.pre", "is '" + shown(pre) + "'; zof knows the pre-tokenizers gpt2 and smollm "
                                  "(how llama.cpp splits text before BPE): give zof the model's "
                                  "Hugging Face directory");
   const auto& tokens = f.array("tokenizer.ggml.tokens", ValueType::String);
