@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <type_traits>
 #include <unordered_map>
 
 #include "hf/json_depth.h"
@@ -385,18 +386,39 @@ json read_tokenizer_json(const fs::path& p) {
   }
 }
 
+// Field `key` of JSON object o, at `where` ("pre_tokenizer.") in file `file`: def when absent or
+// null, else of def's type; another type (tokenizer.json is the user's file) is a zof::Error that
+// names the file and the field, never nlohmann's bare type_error.
+template <class T>
+T field_or(const json& o, const char* key, T def, const std::string& file, const std::string& where) {
+  const auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return def;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (it->is_boolean()) return it->get<bool>();
+  } else {
+    if (it->is_string()) return it->get<std::string>();
+  }
+  throw Error(file + ": " + where + key + " is " + shown(it->dump()) + ", not a " +
+              (std::is_same_v<T, bool> ? "boolean" : "string") +
+              "; the file is damaged: replace it with the model's own tokenizer.json (re-download it)");
+}
+
 // tokenizer.ggml.pre for a Hugging Face pre_tokenizer; empty: none llama.cpp names.
-std::string pre_name(const json& pre) {
-  const auto byte_level = [](const json& p) {
-    return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) &&
-           !p.value("add_prefix_space", false);
+std::string pre_name(const json& pre, const std::string& file) {
+  const auto byte_level = [&](const json& p, const std::string& where) {
+    return p.is_object() && field_or<std::string>(p, "type", "", file, where) == "ByteLevel" &&
+           field_or(p, "use_regex", true, file, where) &&
+           !field_or(p, "add_prefix_space", false, file, where);
   };
-  if (byte_level(pre)) return "gpt2";
-  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
-      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2) {
+  if (byte_level(pre, "pre_tokenizer.")) return "gpt2";
+  if (pre.is_object() && field_or<std::string>(pre, "type", "", file, "pre_tokenizer.") == "Sequence" &&
+      pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
+      pre["pretokenizers"].size() == 2) {
     const json& d = pre["pretokenizers"][0];
-    if (d.is_object() && d.value("type", "") == "Digits" && d.value("individual_digits", false) &&
-        byte_level(pre["pretokenizers"][1]))
+    const std::string w = "pre_tokenizer.pretokenizers[0].";
+    if (d.is_object() && field_or<std::string>(d, "type", "", file, w) == "Digits" &&
+        field_or(d, "individual_digits", false, file, w) &&
+        byte_level(pre["pretokenizers"][1], "pre_tokenizer.pretokenizers[1]."))
       return "smollm";
   }
   return "";
@@ -422,19 +444,23 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     refuse("model", "is missing");
   const json& m = j["model"];
-  if (m.value("type", "BPE") != "BPE") refuse("model.type", "is " + m["type"].dump());
+  if (field_or<std::string>(m, "type", "BPE", tf, "model.") != "BPE")
+    refuse("model.type", "is " + shown(m["type"].dump()));
   if (m.contains("byte_fallback") && m["byte_fallback"] == true)
     refuse("model.byte_fallback", "is true (a SentencePiece-style BPE)");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && !m[k].is_null() && m[k] != "") refuse(std::string("model.") + k, "is set");
   if (j.contains("normalizer") && !j["normalizer"].is_null()) refuse("normalizer", "is set");
-  const std::string pre = pre_name(j.value("pre_tokenizer", json()));
+  const std::string pre = pre_name(j.value("pre_tokenizer", json()), tf);
   if (pre.empty()) refuse("pre_tokenizer", "is not GPT-2's byte-level split (nor SmolLM's digits then it)");
   const json dec = j.value("decoder", json());
-  if (!dec.is_object() || dec.value("type", "") != "ByteLevel") refuse("decoder", "is not ByteLevel");
+  if (!dec.is_object() || field_or<std::string>(dec, "type", "", tf, "decoder.") != "ByteLevel")
+    refuse("decoder", "is not ByteLevel");
   const json post = j.value("post_processor", json());
-  if (!post.is_null() && (!post.is_object() || post.value("type", "") != "ByteLevel"))
-    refuse("post_processor", "adds tokens (" + post.value("type", std::string("?")) + ")");
+  if (!post.is_null() &&
+      (!post.is_object() || field_or<std::string>(post, "type", "", tf, "post_processor.") != "ByteLevel"))
+    refuse("post_processor",
+           "adds tokens (" + shown(field_or<std::string>(post, "type", "?", tf, "post_processor.")) + ")");
   if (!m.contains("vocab") || !m["vocab"].is_object()) refuse("model.vocab", "is missing");
   if (!m.contains("merges") || !m["merges"].is_array()) refuse("model.merges", "is missing");
 
@@ -444,7 +470,7 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
   std::unordered_map<std::string, int64_t> ids;
   auto place = [&](const std::string& t, const json& id, int32_t type, const std::string& field) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= V)
-      throw Error(tf + ": " + field + " has id " + id.dump() + ", outside the model's vocabulary "
+      throw Error(tf + ": " + field + " has id " + shown(id.dump()) + ", outside the model's vocabulary "
                   "of " + std::to_string(V) + " (config.json vocab_size); " + flag +
                   " writes one token per row of the embedding");
     const int64_t i = id.get<int64_t>();
@@ -453,13 +479,14 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
     ids[t] = i;
   };
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it)
-    place(it.key(), it.value(), kNormal, "model.vocab " + json(it.key()).dump());
+    place(it.key(), it.value(), kNormal, "model.vocab " + shown(json(it.key()).dump()));
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const json& a : j["added_tokens"]) {
       if (!a.is_object() || !a.contains("content") || !a["content"].is_string() || !a.contains("id"))
         refuse("added_tokens", "holds an entry without content and id");
       place(a["content"].get<std::string>(), a["id"],
-            a.value("special", false) ? kControl : kUserDefined, "added token " + a["content"].dump());
+            field_or(a, "special", false, tf, "added_tokens[].") ? kControl : kUserDefined,
+            "added token " + shown(a["content"].dump()));
     }
   for (int64_t i = 0; i < V; ++i)
     if (!types[size_t(i)]) {  // a row no token names: as convert_hf_to_gguf.py pads

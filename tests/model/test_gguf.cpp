@@ -261,6 +261,44 @@ TEST(GgufModel, SizesOutOfRangeNameTheirGgufKey) {
   }
 }
 
+// A tokenizer.json field of another type than the one --save-format gguf reads is refused as a
+// zof::Error naming the file and the field (not nlohmann's bare type_error).
+TEST(GgufModel, TokenizerJsonFieldsOfTheWrongTypeAreNamed) {
+  TempDir d;
+  const fs::path hf = tiny_llama(d.path / "hf", true);
+  const zof::Model m = zof::Model::load(hf.string());
+  const std::string original = slurp(hf / "tokenizer.json");
+  const struct {
+    const char* pointer;
+    json value;
+    const char* says;
+  } cases[] = {
+      {"/model/type", 5, "model.type is 5, not a string"},
+      {"/pre_tokenizer/type", json::array({1}), "pre_tokenizer.type is [1], not a string"},
+      {"/pre_tokenizer/use_regex", "yes", "pre_tokenizer.use_regex is \"yes\", not a boolean"},
+      {"/pre_tokenizer/add_prefix_space", 0, "pre_tokenizer.add_prefix_space is 0, not a boolean"},
+      {"/decoder/type", true, "decoder.type is true, not a string"},
+      {"/post_processor/type", 7, "post_processor.type is 7, not a string"},
+      {"/added_tokens/0/special", "true", "added_tokens[].special is \"true\", not a boolean"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.pointer);
+    json j = json::parse(original);
+    j[json::json_pointer(c.pointer)] = c.value;
+    std::ofstream(hf / "tokenizer.json", std::ios::trunc) << j.dump();
+    try {
+      m.check_gguf_save(hf.string());
+      ADD_FAILURE() << "accepted";
+    } catch (const zof::Error& e) {
+      EXPECT_EQ(std::string(e.what()), (hf / "tokenizer.json").string() + ": " + c.says +
+                                           "; the file is damaged: replace it with the model's "
+                                           "own tokenizer.json (re-download it)");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a zof::Error: " << e.what();
+    }
+  }
+}
+
 // ---- SmolLM2: the GGUF and its conversion are one model --------------------------------------
 
 std::string smollm2_dir() {
