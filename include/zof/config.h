@@ -71,10 +71,6 @@ struct ModelConfig {
   int64_t num_params() const;  // parameters the architecture defines (tied counted once)
 };
 
-// The largest value config.json's size field `key` ("hidden_size", "num_attention_heads", ...)
-// may hold: for the same bounds on a size read from elsewhere (GGUF), refused by that name.
-int64_t config_size_limit(const std::string& key);
-
 // RoPE's default table: theta^(-2i/dim) for i < dim/2, in double from the fp32 theta, rounded to
 // fp32 (the bits zof's kernels have always used; transformers forms it in fp32, within an ulp).
 std::vector<float> rope_default_inv_freq(float theta, int64_t dim);

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "hf/config_limits.h"
 #include "hf/json_depth.h"
 #include "zof/error.h"
 #include "zof/input_file.h"

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "hf/config_limits.h"
 #include "hf/json_depth.h"
 #include "hf/unicode.h"
 #include "zof/error.h"
