@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "hf/config_limits.h"
 #include "hf/json_depth.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
@@ -241,6 +242,8 @@ void parse_rope(const Fields& f, ModelConfig& c, bool partial_ok = false) {
 }
 
 }  // namespace
+
+int64_t config_size_limit(const std::string& key) { return size_limit(key); }
 
 std::vector<float> rope_default_inv_freq(float theta, int64_t dim) {
   std::vector<float> inv(size_t(dim > 0 ? dim / 2 : 0));

@@ -36,6 +36,10 @@ constexpr const char* kRedownload =
     "convert the model again";
 constexpr uint64_t kDefaultAlignment = 32;  // GGUF_DEFAULT_ALIGNMENT
 constexpr int kMaxArrayDepth = 4;           // arrays of arrays: gguf-py reads any depth
+// Values in one metadata array, and in all of a file's arrays together: 2^24, beyond any real
+// vocabulary or merges (256K tokens, a few 100K merges). Each value read takes a Value (~100
+// bytes) however few bytes it took in the file: unbounded, a file could demand 12-96x its size.
+constexpr uint64_t kMaxArrayValues = uint64_t(1) << 24;
 constexpr size_t kMaxName = 63;             // GGML_MAX_NAME 64, with its NUL
 constexpr uint32_t kMaxDims = 4;            // GGML_MAX_DIMS
 
@@ -163,6 +167,22 @@ int64_t TensorInfo::numel() const {
 
 std::vector<int64_t> TensorInfo::shape() const { return {dims.rbegin(), dims.rend()}; }
 
+std::string shown(const std::string& s, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += char(c);
+    }
+  }
+  return s.size() > max ? out + "..." : out;
+}
+
 struct File::Impl {
   std::string path;
   Mapping map;
@@ -174,7 +194,8 @@ struct File::Impl {
   std::map<std::string, size_t> by_name;
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw Error("GGUF " + path + (field.empty() ? "" : ", " + field) + ": " + what);
+    // The field may be a key or a tensor's name of the file: shown, never echoed at any length.
+    throw Error("GGUF " + path + (field.empty() ? "" : ", " + shown(field, 80)) + ": " + what);
   }
 };
 
@@ -184,6 +205,7 @@ namespace {
 struct Cursor {
   const File::Impl& f;
   uint64_t at = 0;
+  uint64_t array_values = 0;  // the values of the metadata arrays read so far
 
   uint64_t left() const { return f.map.size - at; }
   void need(uint64_t n, const std::string& field, const std::string& what) const {
@@ -242,12 +264,23 @@ struct Cursor {
                             kRedownload);
         v.elem = static_cast<ValueType>(et);
         const uint64_t n = scalar<uint64_t>(field, "the array's length");
+        if (n > kMaxArrayValues)
+          f.fail(field, "an array of " + std::to_string(n) + " values, more than the " +
+                            std::to_string(kMaxArrayValues) + " zof reads (beyond any real "
+                            "vocabulary or merges); " + kRedownload);
+        if (n > kMaxArrayValues - array_values)
+          f.fail(field, "an array of " + std::to_string(n) + " values brings the file's metadata "
+                            "arrays past the " + std::to_string(kMaxArrayValues) + " values zof "
+                            "reads in all (beyond any real vocabulary and merges); " + kRedownload);
+        array_values += n;
         // Each element takes bytes: a count beyond what is left is refused before allocating.
         if (n > left() / min_size(v.elem))
           f.fail(field, "an array of " + std::to_string(n) + " " + value_type_name(v.elem) +
                             " values cannot fit in the " + std::to_string(left()) +
                             " bytes left in the file; " + kRedownload);
-        v.items.reserve(size_t(n));
+        // No more room up front than the bytes left could back (a Value is larger than the
+        // bytes of most elements); the rest grows as elements are actually read.
+        v.items.reserve(size_t(std::min<uint64_t>(n, left() / sizeof(Value))));
         for (uint64_t k = 0; k < n; ++k)
           v.items.push_back(value(v.elem, field + "[" + std::to_string(k) + "]", depth + 1));
         break;
@@ -394,7 +427,7 @@ void parse(File::Impl& f) {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].begin < spans[i - 1].end)
-      f.fail("tensor " + *spans[i].name, "its data overlap those of " + *spans[i - 1].name + "; " +
+      f.fail("tensor " + *spans[i].name, "its data overlap those of " + shown(*spans[i - 1].name, 80) + "; " +
                                              kRedownload);
 }
 

@@ -19,6 +19,10 @@ enum class ValueType : uint32_t {
 };
 const char* value_type_name(ValueType t);  // "UINT32", as gguf-py names them
 
+// A string of the file as an error shows it: at most `max` bytes (then "..."), control bytes as
+// \xNN, so that a hostile value cannot make the one-line error long or break it into lines.
+std::string shown(const std::string& s, size_t max = 40);
+
 // One metadata value. Integers are held in u (unsigned types, bool) or i (signed types), floats
 // in f, strings in s; an array has its element type and its items (each of that type).
 struct Value {

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <type_traits>
 #include <unordered_map>
 
+#include "hf/config_limits.h"
 #include "hf/json_depth.h"
 #include "hf/unicode.h"
 #include "zof/error.h"
@@ -85,19 +87,41 @@ json llama_config(const File& f) {
   const std::string arch = f.str("general.architecture");
   if (arch != "llama")
     f.fail("general.architecture",
-           "is '" + arch + "'; zof reads GGUF files of llama.cpp's llama architecture only (LLaMA "
+           "is '" + shown(arch) + "'; zof reads GGUF files of llama.cpp's llama architecture only (LLaMA "
            "and the models converted as it, e.g. SmolLM2): another architecture names and lays "
            "out its tensors and hyperparameters in GGUF its own way, which zof does not map. "
            "Give zof the model's Hugging Face directory instead");
-  const uint64_t hidden = f.whole("llama.embedding_length");
-  const uint64_t heads = f.whole("llama.attention.head_count");
-  const uint64_t kv_heads = f.whole_or("llama.attention.head_count_kv", heads);
+  // Each size within config.json's bounds (ModelConfig::from_json), refused here by its GGUF key:
+  // a "fix config.json" would name a file and field that a GGUF model does not have.
+  const auto size = [&](const std::string& key, const char* hf_key, uint64_t v) {
+    const uint64_t limit = uint64_t(config_size_limit(hf_key));
+    if (v == 0 || v > limit)
+      f.fail(key, "is " + std::to_string(v) + (v ? ", more than zof accepts (at most " +
+                                                       std::to_string(limit) + ")"
+                                                 : ", not a positive size") +
+                      "; the file is damaged or not a model zof can run: re-download it, or give "
+                      "zof the model's Hugging Face directory");
+    return v;
+  };
+  const auto real_size = [&](const char* key, double v) {
+    if (!(v > 0) || !std::isfinite(v))
+      f.fail(key, "is " + std::to_string(v) + ", not a positive number; the file is damaged: "
+                  "re-download it");
+    return v;
+  };
+  const uint64_t hidden = size("llama.embedding_length", "hidden_size",
+                               f.whole("llama.embedding_length"));
+  const uint64_t heads = size("llama.attention.head_count", "num_attention_heads",
+                              f.whole("llama.attention.head_count"));
+  const uint64_t kv_heads = size("llama.attention.head_count_kv", "num_key_value_heads",
+                                 f.whole_or("llama.attention.head_count_kv", heads));
   if (!heads || !hidden || hidden % heads || !kv_heads || heads % kv_heads)
     f.fail("llama.attention.head_count",
            std::to_string(heads) + " heads / " + std::to_string(kv_heads) +
                " KV heads do not divide the width " + std::to_string(hidden) +
                "; the file is damaged: re-download it");
-  const uint64_t head_dim = f.whole_or("llama.attention.key_length", hidden / heads);
+  const uint64_t head_dim = size("llama.attention.key_length", "head_dim",
+                                 f.whole_or("llama.attention.key_length", hidden / heads));
   if (head_dim != f.whole_or("llama.attention.value_length", head_dim))
     f.fail("llama.attention.value_length", "differs from llama.attention.key_length; zof reads "
                                            "models whose key and value heads are one size");
@@ -106,13 +130,15 @@ json llama_config(const File& f) {
            "is " + std::to_string(f.whole("llama.rope.dimension_count")) + ", not the head size " +
                std::to_string(head_dim) + ": partial rotary is not read from GGUF; " + kConvert);
   if (f.find("llama.rope.scaling.type") && f.str("llama.rope.scaling.type") != "none")
-    f.fail("llama.rope.scaling.type", "is '" + f.str("llama.rope.scaling.type") +
+    f.fail("llama.rope.scaling.type", "is '" + shown(f.str("llama.rope.scaling.type")) +
                                           "'; RoPE scaling is not read from GGUF: " + kConvert);
   if (f.whole_or("llama.expert_count", 0) != 0)
     f.fail("llama.expert_count", "is " + std::to_string(f.whole("llama.expert_count")) +
                                      ": zof runs dense models, not mixtures of experts");
   const auto& tokens = f.array("tokenizer.ggml.tokens", ValueType::String);
-  const uint64_t vocab = f.whole_or("llama.vocab_size", tokens.size());
+  const uint64_t vocab =
+      size(f.find("llama.vocab_size") ? "llama.vocab_size" : "tokenizer.ggml.tokens", "vocab_size",
+           f.whole_or("llama.vocab_size", tokens.size()));
   if (vocab != tokens.size())
     f.fail("llama.vocab_size", "is " + std::to_string(vocab) + ", but tokenizer.ggml.tokens has " +
                                    std::to_string(tokens.size()) + "; the file is damaged");
@@ -122,14 +148,18 @@ json llama_config(const File& f) {
       {"model_type", "llama"},
       {"vocab_size", vocab},
       {"hidden_size", hidden},
-      {"intermediate_size", f.whole("llama.feed_forward_length")},
-      {"num_hidden_layers", f.whole("llama.block_count")},
+      {"intermediate_size", size("llama.feed_forward_length", "intermediate_size",
+                                 f.whole("llama.feed_forward_length"))},
+      {"num_hidden_layers", size("llama.block_count", "num_hidden_layers", f.whole("llama.block_count"))},
       {"num_attention_heads", heads},
       {"num_key_value_heads", kv_heads},
       {"head_dim", head_dim},
-      {"max_position_embeddings", f.whole("llama.context_length")},
-      {"rms_norm_eps", shortest_f32(f.real("llama.attention.layer_norm_rms_epsilon"))},
-      {"rope_theta", shortest_f32(f.real_or("llama.rope.freq_base", 10000.0))},
+      {"max_position_embeddings", size("llama.context_length", "max_position_embeddings",
+                                       f.whole("llama.context_length"))},
+      {"rms_norm_eps", shortest_f32(real_size("llama.attention.layer_norm_rms_epsilon",
+                                              f.real("llama.attention.layer_norm_rms_epsilon")))},
+      {"rope_theta", shortest_f32(real_size("llama.rope.freq_base",
+                                            f.real_or("llama.rope.freq_base", 10000.0)))},
       {"rope_scaling", nullptr},
       {"hidden_act", "silu"},
       {"attention_bias", false},
@@ -154,13 +184,13 @@ TokenizerFiles llama_tokenizer(const File& f, const json& cfg) {
   const std::string model = f.str("tokenizer.ggml.model");
   if (model != "gpt2")
     f.fail("tokenizer.ggml.model",
-           "is '" + model + "'" + (model == "llama" ? " (SentencePiece)" : "") +
+           "is '" + shown(model) + "'" + (model == "llama" ? " (SentencePiece)" : "") +
                "; zof builds byte-level BPE tokenizers (\"gpt2\", as GPT-2, LLaMA 3, Qwen and "
                "SmolLM use) from GGUF, no other: give zof the model's Hugging Face directory");
   const std::string pre = f.str_or("tokenizer.ggml.pre", "gpt2");
   const json pre_tok = pre_tokenizer_of(pre);
   if (pre_tok.is_null())
-    f.fail("tokenizer.ggml.pre", "is '" + pre + "'; zof knows the pre-tokenizers gpt2 and smollm "
+    f.fail("tokenizer.ggml.pre", "is '" + shown(pre) + "'; zof knows the pre-tokenizers gpt2 and smollm "
                                  "(how llama.cpp splits text before BPE): give zof the model's "
                                  "Hugging Face directory");
   const auto& tokens = f.array("tokenizer.ggml.tokens", ValueType::String);
@@ -357,18 +387,39 @@ json read_tokenizer_json(const fs::path& p) {
   }
 }
 
+// Field `key` of JSON object o, at `where` ("pre_tokenizer.") in file `file`: def when absent or
+// null, else of def's type; another type (tokenizer.json is the user's file) is a zof::Error that
+// names the file and the field, never nlohmann's bare type_error.
+template <class T>
+T field_or(const json& o, const char* key, T def, const std::string& file, const std::string& where) {
+  const auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return def;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (it->is_boolean()) return it->get<bool>();
+  } else {
+    if (it->is_string()) return it->get<std::string>();
+  }
+  throw Error(file + ": " + where + key + " is " + shown(it->dump()) + ", not a " +
+              (std::is_same_v<T, bool> ? "boolean" : "string") +
+              "; the file is damaged: replace it with the model's own tokenizer.json (re-download it)");
+}
+
 // tokenizer.ggml.pre for a Hugging Face pre_tokenizer; empty: none llama.cpp names.
-std::string pre_name(const json& pre) {
-  const auto byte_level = [](const json& p) {
-    return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) &&
-           !p.value("add_prefix_space", false);
+std::string pre_name(const json& pre, const std::string& file) {
+  const auto byte_level = [&](const json& p, const std::string& where) {
+    return p.is_object() && field_or<std::string>(p, "type", "", file, where) == "ByteLevel" &&
+           field_or(p, "use_regex", true, file, where) &&
+           !field_or(p, "add_prefix_space", false, file, where);
   };
-  if (byte_level(pre)) return "gpt2";
-  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
-      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2) {
+  if (byte_level(pre, "pre_tokenizer.")) return "gpt2";
+  if (pre.is_object() && field_or<std::string>(pre, "type", "", file, "pre_tokenizer.") == "Sequence" &&
+      pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
+      pre["pretokenizers"].size() == 2) {
     const json& d = pre["pretokenizers"][0];
-    if (d.is_object() && d.value("type", "") == "Digits" && d.value("individual_digits", false) &&
-        byte_level(pre["pretokenizers"][1]))
+    const std::string w = "pre_tokenizer.pretokenizers[0].";
+    if (d.is_object() && field_or<std::string>(d, "type", "", file, w) == "Digits" &&
+        field_or(d, "individual_digits", false, file, w) &&
+        byte_level(pre["pretokenizers"][1], "pre_tokenizer.pretokenizers[1]."))
       return "smollm";
   }
   return "";
@@ -394,19 +445,23 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     refuse("model", "is missing");
   const json& m = j["model"];
-  if (m.value("type", "BPE") != "BPE") refuse("model.type", "is " + m["type"].dump());
+  if (field_or<std::string>(m, "type", "BPE", tf, "model.") != "BPE")
+    refuse("model.type", "is " + shown(m["type"].dump()));
   if (m.contains("byte_fallback") && m["byte_fallback"] == true)
     refuse("model.byte_fallback", "is true (a SentencePiece-style BPE)");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && !m[k].is_null() && m[k] != "") refuse(std::string("model.") + k, "is set");
   if (j.contains("normalizer") && !j["normalizer"].is_null()) refuse("normalizer", "is set");
-  const std::string pre = pre_name(j.value("pre_tokenizer", json()));
+  const std::string pre = pre_name(j.value("pre_tokenizer", json()), tf);
   if (pre.empty()) refuse("pre_tokenizer", "is not GPT-2's byte-level split (nor SmolLM's digits then it)");
   const json dec = j.value("decoder", json());
-  if (!dec.is_object() || dec.value("type", "") != "ByteLevel") refuse("decoder", "is not ByteLevel");
+  if (!dec.is_object() || field_or<std::string>(dec, "type", "", tf, "decoder.") != "ByteLevel")
+    refuse("decoder", "is not ByteLevel");
   const json post = j.value("post_processor", json());
-  if (!post.is_null() && (!post.is_object() || post.value("type", "") != "ByteLevel"))
-    refuse("post_processor", "adds tokens (" + post.value("type", std::string("?")) + ")");
+  if (!post.is_null() &&
+      (!post.is_object() || field_or<std::string>(post, "type", "", tf, "post_processor.") != "ByteLevel"))
+    refuse("post_processor",
+           "adds tokens (" + shown(field_or<std::string>(post, "type", "?", tf, "post_processor.")) + ")");
   if (!m.contains("vocab") || !m["vocab"].is_object()) refuse("model.vocab", "is missing");
   if (!m.contains("merges") || !m["merges"].is_array()) refuse("model.merges", "is missing");
 
@@ -416,7 +471,7 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
   std::unordered_map<std::string, int64_t> ids;
   auto place = [&](const std::string& t, const json& id, int32_t type, const std::string& field) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= V)
-      throw Error(tf + ": " + field + " has id " + id.dump() + ", outside the model's vocabulary "
+      throw Error(tf + ": " + field + " has id " + shown(id.dump()) + ", outside the model's vocabulary "
                   "of " + std::to_string(V) + " (config.json vocab_size); " + flag +
                   " writes one token per row of the embedding");
     const int64_t i = id.get<int64_t>();
@@ -425,13 +480,14 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
     ids[t] = i;
   };
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it)
-    place(it.key(), it.value(), kNormal, "model.vocab " + json(it.key()).dump());
+    place(it.key(), it.value(), kNormal, "model.vocab " + shown(json(it.key()).dump()));
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const json& a : j["added_tokens"]) {
       if (!a.is_object() || !a.contains("content") || !a["content"].is_string() || !a.contains("id"))
         refuse("added_tokens", "holds an entry without content and id");
       place(a["content"].get<std::string>(), a["id"],
-            a.value("special", false) ? kControl : kUserDefined, "added token " + a["content"].dump());
+            field_or(a, "special", false, tf, "added_tokens[].") ? kControl : kUserDefined,
+            "added token " + shown(a["content"].dump()));
     }
   for (int64_t i = 0; i < V; ++i)
     if (!types[size_t(i)]) {  // a row no token names: as convert_hf_to_gguf.py pads
@@ -474,9 +530,15 @@ Metadata metadata_from_hf(const ModelConfig& c, const std::string& dir, uint32_t
   auto u32 = [&](const char* k, uint64_t v) { md.emplace_back(k, Value::of_u32(uint32_t(v))); };
   md.emplace_back("general.architecture", Value::of_string("llama"));
   md.emplace_back("general.type", Value::of_string("model"));
-  fs::path named = fs::path(dir).lexically_normal();  // "models/x/": x
-  if (named.filename().empty()) named = named.parent_path();
-  md.emplace_back("general.name", Value::of_string(named.filename().string()));
+  // general.name from the model's own config ("_name_or_path": "HuggingFaceTB/SmolLM2-135M":
+  // SmolLM2-135M), never from where the directory lies: a replay from a copy of the base
+  // elsewhere writes the run's very bytes. None when the config names none (it is optional).
+  if (const auto it = c.raw.find("_name_or_path"); it != c.raw.end() && it->is_string()) {
+    std::string named = it->get<std::string>();
+    while (!named.empty() && named.back() == '/') named.pop_back();
+    named = named.substr(named.find_last_of('/') == std::string::npos ? 0 : named.find_last_of('/') + 1);
+    if (!named.empty()) md.emplace_back("general.name", Value::of_string(named));
+  }
   u32("general.file_type", file_type);
   u32("general.quantization_version", 2);  // GGML_QNT_VERSION, as llama.cpp's converter writes
   u32("llama.vocab_size", uint64_t(V));

@@ -413,6 +413,9 @@ json replay(const std::string& base_model, const std::string& run_dir, const std
                   " (run.json base_fingerprint); give the model the run started from (" +
                   o.model + ")");
   }
+  // What the run checked before it trained (a base that GGUF can describe: its architecture,
+  // its tokenizer.json): refused here, before the steps are replayed and --out is touched.
+  if (o.save_format == SaveFormat::Gguf) model.check_gguf_save(base_model);
   model.set_storage_dtype(storage);
   const ZOStepOptions zo = zo_step_options(o);
   // The engine holds what an update needs besides (step, g): Sparse MeZO's thresholds (from the

@@ -96,19 +96,25 @@ std::string slurp(const fs::path& p) {
 
 namespace {
 
-// A run that ended and wrote its model: model.safetensors and a summary.json of a run that
-// was not interrupted (an interrupted run writes a summary too, and no model).
-bool run_finished(const fs::path& run) {
+// A run that ended and wrote its model: model.safetensors (--save-format safetensors) or
+// model.gguf (--save-format gguf) and a summary.json of a run that was not interrupted (an
+// interrupted run writes a summary too, and no model). Returns what a new run gives as --model
+// to start from that model (the directory, or its model.gguf); empty when the run has not
+// finished.
+fs::path finished_model(const fs::path& run) {
   std::error_code ec;
-  if (!fs::is_regular_file(run / "model.safetensors", ec) ||
-      !fs::is_regular_file(run / "summary.json", ec))
-    return false;
+  fs::path model;
+  if (fs::is_regular_file(run / "model.safetensors", ec))
+    model = run;
+  else if (fs::is_regular_file(run / "model.gguf", ec))
+    model = run / "model.gguf";
+  if (model.empty() || !fs::is_regular_file(run / "summary.json", ec)) return {};
   try {
     const json j = json::parse(slurp(run / "summary.json"));
-    return j.is_object() && j.contains("steps") && !j.value("interrupted", false);
+    if (j.is_object() && j.contains("steps") && !j.value("interrupted", false)) return model;
   } catch (const json::exception&) {
-    return false;
   }
+  return {};
 }
 
 }  // namespace
@@ -212,7 +218,8 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
                                       "; " + kDamaged);
   // The final checkpoint is written before the model and summary.json: a run stopped between
   // them resumes to write them; one with its summary has finished.
-  finished_ = state_.step == opt.steps && run_finished(run_);
+  if (state_.step == opt.steps) finished_model_ = finished_model(run_);
+  finished_ = !finished_model_.empty();
   steps_ = opt.steps;
 }
 
@@ -227,7 +234,7 @@ void RunDir::check_unfinished() const {
             "--resume " + run_.string() + ": the run finished at step " + std::to_string(steps_) +
                 " of its --steps " + std::to_string(steps_) + " and wrote its model: there is "
                 "nothing to resume; to train further, start a new run from its model with "
-                "zof finetune --model " + run_.string() + " --out NEW_DIR");
+                "zof finetune --model " + finished_model_.string() + " --out NEW_DIR");
 }
 
 void RunDir::check_out(const TrainOptions& opt) const {
@@ -238,10 +245,11 @@ void RunDir::check_out(const TrainOptions& opt) const {
   }
   ZOF_CHECK(!run_.empty(), "--out is required: the run directory to write");
   std::error_code ec;
-  ZOF_CHECK(!fs::exists(run_ / "run.json", ec) || !run_finished(run_),
+  const fs::path done = fs::exists(run_ / "run.json", ec) ? finished_model(run_) : fs::path();
+  ZOF_CHECK(done.empty(),
             "--out " + run_.string() + " already holds a run, which has finished (nothing to "
             "--resume); choose another --out, or start a new run from its model with --model " +
-                run_.string());
+                done.string());
   ZOF_CHECK(!fs::exists(run_ / "run.json", ec),
             "--out " + run_.string() + " already holds a run; continue it with --resume " +
                 run_.string() + " or choose another --out");

@@ -235,6 +235,7 @@ class RunDir {
   bool started_ = false;  // run.json written: the directory holds a run from here on
   std::string data_fingerprint_;  // of a new run's data, for run.json
   bool finished_ = false;  // a resumed run that has nothing left to do (check_unfinished)
+  fs::path finished_model_;  // then: its model, as a new run's --model
   std::string run_seal_;  // run_json_seal of run.json, for each checkpoint's state.json
   float lr_ = 0, weight_decay_ = 0;  // the run's, for the message about non-finite weights
   int64_t steps_ = 0;                // the run's --steps: its last checkpoint

@@ -98,6 +98,15 @@ std::vector<Case> output_cases() {
       {"OutFinetuneIntoAFinishedRun", [](Sandbox& s) { s.run("done"); },
        "finetune {F} --out {S}/done", 1,
        R"(^--out .*/done already holds a run, which has finished \(nothing to --resume\); choose another --out, or start a new run from its model with --model .*/done$)"},
+      // A finished --save-format gguf run wrote model.gguf, not model.safetensors: finished
+      // too, and a new run starts from that file.
+      {"OutFinetuneIntoAFinishedGgufRun",
+       [](Sandbox& s) {
+         const fs::path r = s.run("done");
+         fs::rename(r / "model.safetensors", r / "model.gguf");
+       },
+       "finetune {F} --out {S}/done", 1,
+       R"(^--out .*/done already holds a run, which has finished \(nothing to --resume\); choose another --out, or start a new run from its model with --model .*/done/model\.gguf$)"},
       {"OutFinetuneIntoALiveRunThatHasNotStarted",
        [](Sandbox& s) {
          fs::create_directories(s.root() / "starting");

@@ -6,6 +6,7 @@
 // byte.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -214,6 +215,90 @@ TEST(GgufModel, RefusesWhatLlamaCppCannotBeTold) {
   }
 }
 
+// A size out of range is refused by its GGUF key, with a fix for a GGUF file (config.json's field
+// names and "fix config.json" would send the user to a file the model does not have).
+TEST(GgufModel, SizesOutOfRangeNameTheirGgufKey) {
+  TempDir d;
+  const fs::path hf = tiny_llama(d.path / "hf", true);
+  const fs::path good = d.path / "good.gguf";
+  zof::Model::load(hf.string()).save_gguf(good.string(), DType::F32, hf.string());
+  const std::string bytes = slurp(good);
+  // The UINT32 value of `key`: its name, then type 4, then the 4 bytes replaced.
+  const auto with = [&](const std::string& key, uint32_t v) {
+    std::string b = bytes;
+    const std::string at = key + std::string("\x04\0\0\0", 4);
+    const size_t i = b.find(at);
+    EXPECT_NE(i, std::string::npos) << key;
+    std::memcpy(&b[i + at.size()], &v, 4);
+    const fs::path p = d.path / "bad.gguf";
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << b;
+    return p;
+  };
+  const struct {
+    const char* key;
+    uint32_t value;
+    const char* says;
+  } cases[] = {
+      {"llama.block_count", 20000, "llama.block_count: is 20000, more than zof accepts (at most 16384)"},
+      {"llama.block_count", 0, "llama.block_count: is 0, not a positive size"},
+      {"llama.context_length", 0, "llama.context_length: is 0, not a positive size"},
+      {"llama.feed_forward_length", 1u << 23, "llama.feed_forward_length: is 8388608, more than"},
+      {"llama.attention.key_length", 1u << 17, "llama.attention.key_length: is 131072, more than"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.key) + " = " + std::to_string(c.value));
+    const fs::path p = with(c.key, c.value);
+    try {
+      zof::Model::load(p.string());
+      ADD_FAILURE() << "accepted";
+    } catch (const zof::Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("GGUF " + p.string() + ", " + c.says, 0), 0u) << m;
+      EXPECT_NE(m.find("re-download it, or give zof the model's Hugging Face directory"),
+                std::string::npos) << m;
+      EXPECT_EQ(m.find("config.json"), std::string::npos) << m;
+    }
+  }
+}
+
+// A tokenizer.json field of another type than the one --save-format gguf reads is refused as a
+// zof::Error naming the file and the field (not nlohmann's bare type_error).
+TEST(GgufModel, TokenizerJsonFieldsOfTheWrongTypeAreNamed) {
+  TempDir d;
+  const fs::path hf = tiny_llama(d.path / "hf", true);
+  const zof::Model m = zof::Model::load(hf.string());
+  const std::string original = slurp(hf / "tokenizer.json");
+  const struct {
+    const char* pointer;
+    json value;
+    const char* says;
+  } cases[] = {
+      {"/model/type", 5, "model.type is 5, not a string"},
+      {"/pre_tokenizer/type", json::array({1}), "pre_tokenizer.type is [1], not a string"},
+      {"/pre_tokenizer/use_regex", "yes", "pre_tokenizer.use_regex is \"yes\", not a boolean"},
+      {"/pre_tokenizer/add_prefix_space", 0, "pre_tokenizer.add_prefix_space is 0, not a boolean"},
+      {"/decoder/type", true, "decoder.type is true, not a string"},
+      {"/post_processor/type", 7, "post_processor.type is 7, not a string"},
+      {"/added_tokens/0/special", "true", "added_tokens[].special is \"true\", not a boolean"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.pointer);
+    json j = json::parse(original);
+    j[json::json_pointer(c.pointer)] = c.value;
+    std::ofstream(hf / "tokenizer.json", std::ios::trunc) << j.dump();
+    try {
+      m.check_gguf_save(hf.string());
+      ADD_FAILURE() << "accepted";
+    } catch (const zof::Error& e) {
+      EXPECT_EQ(std::string(e.what()), (hf / "tokenizer.json").string() + ": " + c.says +
+                                           "; the file is damaged: replace it with the model's "
+                                           "own tokenizer.json (re-download it)");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a zof::Error: " << e.what();
+    }
+  }
+}
+
 // ---- SmolLM2: the GGUF and its conversion are one model --------------------------------------
 
 std::string smollm2_dir() {
@@ -296,6 +381,27 @@ TEST(GgufModel, FinetuneSavesGgufAndReplayRebuildsIt) {
                        " --out " + rep.string() + " --threads 1 --json");
   ASSERT_EQ(p.code, 0) << p.err;
   EXPECT_EQ(slurp(rep / "model.gguf"), slurp(run / "model.gguf"));
+  // The run has finished: --resume refuses, leaving model.gguf and summary.json as they were,
+  // and so does a new run's --out; both name model.gguf as the next run's --model.
+  const std::string gguf_bytes = slurp(run / "model.gguf"), summary = slurp(run / "summary.json");
+  const auto written = fs::last_write_time(run / "model.gguf");
+  const std::string next = "--model " + (run / "model.gguf").string() + " --out NEW_DIR";
+  auto again = run_command(zof + " finetune --resume " + run.string() + " --threads 1");
+  EXPECT_EQ(again.code, 1) << again.err;
+  EXPECT_EQ(again.err.rfind("zof: error: --resume " + run.string() + ": the run finished at step "
+                            "3 of its --steps 3 and wrote its model", 0), 0u) << again.err;
+  EXPECT_NE(again.err.find(next), std::string::npos) << again.err;
+  EXPECT_EQ(std::count(again.err.begin(), again.err.end(), '\n'), 1) << again.err;
+  EXPECT_EQ(slurp(run / "model.gguf"), gguf_bytes);
+  EXPECT_EQ(slurp(run / "summary.json"), summary);
+  EXPECT_EQ(fs::last_write_time(run / "model.gguf"), written);
+  auto over = run_command(zof + " finetune --model " + base.string() + " --out " + run.string() +
+                          flags + " --save-format gguf");
+  EXPECT_EQ(over.code, 1) << over.err;
+  EXPECT_NE(over.err.find("already holds a run, which has finished (nothing to --resume); choose "
+                          "another --out, or start a new run from its model with --model " +
+                          (run / "model.gguf").string() + "\n"), std::string::npos) << over.err;
+  EXPECT_EQ(slurp(run / "model.gguf"), gguf_bytes);
   // A GGUF base saved as safetensors: a Hugging Face directory, the tokenizer made from the GGUF.
   const fs::path run2 = d.path / "run2";
   auto s = run_command(zof + " finetune --model " + base.string() + " --out " + run2.string() + flags);
@@ -313,6 +419,45 @@ TEST(GgufModel, FinetuneSavesGgufAndReplayRebuildsIt) {
   EXPECT_EQ(x.code, 1);
   EXPECT_NE(x.err.find("--save-format gguf"), std::string::npos) << x.err;
   EXPECT_FALSE(fs::exists(run3));
+}
+
+// A GGUF run from a Hugging Face directory: replay from a copy of that directory elsewhere,
+// under another name, rebuilds the run's model.gguf byte for byte (its metadata come from the
+// model, not from where it lies); a copy without tokenizer.json, which GGUF needs, is refused
+// before anything is replayed or --out touched.
+TEST(GgufModel, ReplayOfAGgufRunFromACopiedBaseIsByteIdentical) {
+  const std::string text = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
+  ZOF_REQUIRE_PATH(text);
+  TempDir d;
+  const fs::path hf = tiny_llama(d.path / "hf", false);
+  const std::string zof = zof::test::zof_binary();
+  const fs::path run = d.path / "run";
+  auto r = run_command(zof + " finetune --model " + hf.string() + " --out " + run.string() +
+                       " --data " + text + " --steps 2 --batch 2 --seq-len 32 --eval-examples 2 "
+                       "--lr 1e-3 --threads 1 --no-report --save-format gguf");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const fs::path copy = d.path / "elsewhere" / "another-name";
+  fs::create_directories(copy.parent_path());
+  fs::copy(hf, copy, fs::copy_options::recursive);
+  const fs::path rep = d.path / "replayed";
+  auto p = run_command(zof + " replay --model " + copy.string() + " --log " + run.string() +
+                       " --out " + rep.string() + " --threads 1");
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_EQ(slurp(rep / "model.gguf"), slurp(run / "model.gguf"));
+  // Without tokenizer.json: refused before the replay, so an --out holding a lock file (zof's
+  // own leftover, which a replay takes and writes its pid into) is left as it was.
+  fs::remove(copy / "tokenizer.json");
+  const fs::path out = d.path / "out";
+  fs::create_directories(out);
+  std::ofstream(out / ".lock").flush();
+  auto x = run_command(zof + " replay --model " + copy.string() + " --log " + run.string() +
+                       " --out " + out.string() + " --threads 1");
+  EXPECT_EQ(x.code, 1);
+  EXPECT_EQ(x.err, "zof: error: " + (copy / "tokenizer.json").string() + ": not found; "
+                   "--save-format gguf needs the model's tokenizer.json to write the vocabulary "
+                   "llama.cpp reads\n");
+  EXPECT_EQ(fs::file_size(out / ".lock"), 0u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 1);
 }
 
 }  // namespace

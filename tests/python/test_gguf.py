@@ -8,6 +8,7 @@
 # gguf package's writer.
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -248,7 +249,9 @@ def test_finetune_writes_the_runs_weights_as_gguf(tmp_path):
     assert {t.tensor_type for t in out2.tensors} == {Q.F16, Q.F32}
 
 
-SMOLLM2_DIR = REPO / "build" / "models" / "SmolLM2-135M-Instruct"
+# Where test_smollm2.py and the C++ tests find it too: ZOF_SMOLLM2_DIR, else the build's copy.
+SMOLLM2_DIR = pathlib.Path(os.environ.get("ZOF_SMOLLM2_DIR",
+                                          REPO / "build" / "models" / "SmolLM2-135M-Instruct"))
 
 
 def smollm2_gguf():

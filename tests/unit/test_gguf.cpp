@@ -18,6 +18,7 @@
 
 #include "common.h"
 #include "hf/gguf.h"
+#include "hf/gguf_llama.h"
 #include "zof/dtype.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
@@ -222,8 +223,13 @@ TEST(GgufReader, HostileFieldsAreRefusedByName) {
       {"string length",
        [](Doc& d) { d.kvs[0].value = Bytes().put<uint64_t>(uint64_t(1) << 62).b; }, "bytes long, more than"},
       {"array count",
-       [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(4).put<uint64_t>(uint64_t(1) << 61).b; },
+       [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(4).put<uint64_t>(uint64_t(1) << 20).b; },
        "cannot fit"},
+      // Values beyond 2^24 (each read into a ~100-byte Value) are refused by count, before
+      // anything is allocated: here in one array.
+      {"array too long",
+       [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(0).put<uint64_t>((uint64_t(1) << 24) + 1).b; },
+       "general.languages: an array of 16777217 values, more than the 16777216 zof reads"},
       {"array element type",
        [](Doc& d) { d.kvs[2].value = Bytes().put<uint32_t>(77).put<uint64_t>(0).b; },
        "array element type 77"},
@@ -235,6 +241,10 @@ TEST(GgufReader, HostileFieldsAreRefusedByName) {
          d.kvs[2].value = v.b;
        },
        "nest deeper"},
+      // A key of the file is shown short and on one line, however long and whatever it holds.
+      {"long key twice",
+       [](Doc& d) { d.kvs[0].key = d.kvs[1].key = std::string(300, 'k') + "\nzof: error: x"; },
+       "kkkk...: the key appears twice"},
       {"bool", [](Doc& d) { d.kvs[1] = {"x.flag", 7, std::string(1, '\2')}; }, "BOOL holds 2"},
       {"alignment type", [](Doc& d) { d.kvs[3] = {"general.alignment", 10, Bytes().put<uint64_t>(32).b}; },
        "general.alignment: is UINT64"},
@@ -275,8 +285,43 @@ TEST(GgufReader, HostileFieldsAreRefusedByName) {
       EXPECT_NE(m.find(c.says), std::string::npos) << m;
       EXPECT_EQ(m.rfind("GGUF " + p.string(), 0), 0u) << m;  // names the file first
       EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      EXPECT_LT(m.size(), 600u) << m;
     }
   }
+}
+
+// Strings of the file that an error quotes (the architecture, the tokenizer's model and
+// pre-tokenizer) are cut to 40 bytes, their control bytes escaped: one short line.
+TEST(GgufReader, QuotedStringsAreShownShortOnOneLine) {
+  const std::string hostile = std::string(40, 'x') + std::string(5000, 'y') + "\nzof: error: z";
+  const std::pair<const char*, const char*> cases[] = {
+      {"general.architecture", "general.architecture: is 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"},
+      {"tokenizer.ggml.model", "tokenizer.ggml.model: is 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"},
+      {"tokenizer.ggml.pre", "tokenizer.ggml.pre: is 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"},
+  };
+  TempDir dir;
+  for (const auto& [key, says] : cases) {
+    SCOPED_TRACE(key);
+    Doc d;
+    if (std::string(key) == "tokenizer.ggml.pre")
+      d.kvs.push_back({"tokenizer.ggml.model", 8, Bytes().str("gpt2").b});
+    if (std::string(key) == "general.architecture") d.kvs[0].value = Bytes().str(hostile).b;
+    else d.kvs.push_back({key, 8, Bytes().str(hostile).b});
+    const fs::path p = dir.path / "strings.gguf";
+    write_file(p, d.bytes());
+    const gg::File f = gg::File::open(p.string());
+    try {
+      if (std::string(key) == "general.architecture") gg::llama_config(f);
+      else gg::llama_tokenizer(f, nlohmann::json::object());
+      ADD_FAILURE() << "accepted";
+    } catch (const zof::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(says), std::string::npos) << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      EXPECT_LT(m.size(), 700u) << m;
+    }
+  }
+  EXPECT_EQ(gg::shown("a\nb\x7f"), "a\\x0ab\\x7f");
 }
 
 // ---- the writer -------------------------------------------------------------------------------
