@@ -9,12 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "zof/backend.h"
+#include "zof/dist.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
 #include "zof/model.h"
 #include "zof/report.h"
 #include "zof/runtime.h"
 #include "zof/streaming.h"
+#include "zof/tensor_parallel.h"
 #include "zof/text.h"
 #include "zof/tokenizer.h"
 #include "zof/trainer.h"
@@ -37,6 +39,9 @@ const NumberRule& kTopP = text_rule("--top-p");
 const NumberRule& kEvalSeqLen = text_rule("--seq-len");
 const NumberRule& kEvalBatch = text_rule("--batch");
 const NumberRule& kMaxWindows = text_rule("--max-windows");
+const NumberRule& kTensorParallel = text_rule("--tensor-parallel");
+// A rank of a tensor-parallel eval that waits on its peers longer than this stops the job.
+constexpr double kEvalTimeoutS = 300;
 
 const char* const kDtypeHelp =
     "Matrix products in bf16 (weights rounded to bf16, fp32 accumulation) or fp32; auto: bf16 "
@@ -92,6 +97,7 @@ void validate_eval(const EvalArgs& a) {
   if (a.seq_len_given) zof::check_whole("--seq-len", a.seq_len, kEvalSeqLen);
   zof::check_whole("--batch", a.batch, kEvalBatch);
   zof::check_whole("--max-windows", a.max_windows, kMaxWindows);
+  zof::check_whole("--tensor-parallel", a.tensor_parallel, kTensorParallel);
   zof::check_whole("--threads", a.threads, train_rule("--threads"));
 }
 
@@ -148,8 +154,28 @@ int run_eval(const EvalArgs& a) {
   zof::WeightPlacement place;
   auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
   const std::string text = zof::read_eval_text(a.text);
-  json j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
-                              a.max_windows, place);
+  json j;
+  std::unique_ptr<zof::dist::Communicator> world;
+  if (a.tensor_parallel > 1) {
+    const int T = (int)a.tensor_parallel;
+    ZOF_CHECK(!place.stream && place.compute == zof::DType::F32,
+              "--tensor-parallel runs fp32 on the CPU for now: drop --device cuda, --sim-device "
+              "and --dtype bf16");
+    zof::tp::check(model.config(), T);  // the model's refusal before the ranks' count
+    int ranks = 1;
+    zof::dist::launched_by_mpi(&ranks);
+    ZOF_CHECK(ranks == T, "--tensor-parallel " + std::to_string(T) + " splits the model over " +
+                              std::to_string(T) + " ranks, and this job has " +
+                              std::to_string(ranks) + "; start it with mpirun -np " +
+                              std::to_string(T));
+    world = zof::dist::connect_world(kEvalTimeoutS);
+    j = zof::evaluate_text_tensor_parallel(model, tok, *backend, text, "--text " + a.text,
+                                           a.seq_len, a.batch, a.max_windows, *world, T);
+    if (world->rank() != 0) return 0;  // rank 0 prints
+  } else {
+    j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
+                           a.max_windows, place);
+  }
   if (a.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -188,6 +214,9 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& e, NumberFlags& n) {
   n.add(ev, "--max-windows", e.max_windows, "Evaluate at most this many windows (0: all)",
         &kMaxWindows);
   n.add(ev, "--threads", e.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
+  n.add(ev, "--tensor-parallel", e.tensor_parallel,
+        "Under mpirun -np T: split the model over T ranks (heads, FFN width, vocabulary; "
+        "LLaMA family, fp32 CPU)", &kTensorParallel);
   ev->add_flag("--json", e.json, "Print one JSON object as the last line");
   add_device_flags(ev, e.where);
   return ev;

@@ -107,6 +107,8 @@ class TensorForward {
   void logits(const Batch& batch, std::vector<float>& out);
   // nll (B*T) of targets (< 0: not scored, 0) by the parallel cross-entropy.
   void nll(const Batch& batch, const int32_t* targets, float* nll);
+  // Next-token NLL of the batch's own tokens (as Forward::next_token_nll).
+  void next_token_nll(const Batch& batch, std::vector<float>& nll);
   // Bytes this rank has handed the group (each all_gather counts its `bytes` times T - 1: what
   // it sends to every other rank).
   uint64_t bytes_exchanged() const { return bytes_; }

@@ -462,4 +462,13 @@ void TensorForward::nll(const Batch& b, const int32_t* targets, float* nll) {
   be_.synchronize(nullptr);
 }
 
+void TensorForward::next_token_nll(const Batch& b, std::vector<float>& out) {
+  std::vector<int32_t> targets((size_t)(b.B * b.T), -1);
+  for (int64_t r = 0; r < b.B; ++r)
+    for (int64_t t = 0; t + 1 < b.lengths[(size_t)r]; ++t)
+      targets[(size_t)(r * b.T + t)] = b.ids[(size_t)(r * b.T + t + 1)];
+  out.resize((size_t)(b.B * b.T));
+  nll(b, targets.data(), out.data());
+}
+
 }  // namespace zof::tp
