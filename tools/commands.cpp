@@ -151,6 +151,12 @@ int run_generate(const GenerateArgs& a) {
 int run_eval(const EvalArgs& a) {
   validate_eval(a);
   zof::check_input_file("--text", a.text, "--text takes one plain-text file");  // before loading
+  // A model tensor parallel cannot split is refused from its config, before the weights load.
+  if (a.tensor_parallel > 1 && std::filesystem::is_directory(a.model)) {
+    zof::check_model_dir("--model", a.model);
+    zof::tp::check(zof::ModelConfig::load((std::filesystem::path(a.model) / "config.json").string()),
+                   (int)a.tensor_parallel);
+  }
   zof::WeightPlacement place;
   auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
   const std::string text = zof::read_eval_text(a.text);
