@@ -106,7 +106,7 @@ Plan plan(const ModelConfig& c, int rank, int T) {
   p.local.vocab_size = p.vocab_end - p.vocab_begin;
 
   // Every parameter by its name (the LLaMA family's layout, model.cpp).
-  const Model layout = Model::random(c, 0);  // names and shapes only
+  const Model layout = Model::zeros(c, false);  // names and shapes only
   for (const Param& q : layout.params()) {
     ParamSplit s;
     s.rows = q.shape[0];
@@ -162,7 +162,7 @@ Model slice(const Model& full, const Plan& p) {
   ZOF_CHECK(full.storage_dtype() == DType::F32,
             t_flag(p.size) + ": the weights are held in bf16 (--master bf16); tensor parallel "
                              "holds them in fp32 for now; use --master fp32");
-  Model m = Model::random(p.local, 0);
+  Model m = Model::zeros(p.local);
   ZOF_ASSERT(m.params().size() == full.params().size() && p.params.size() == m.params().size());
   for (size_t i = 0; i < m.params().size(); ++i) {
     Param& l = m.params()[i];
@@ -175,7 +175,7 @@ Model slice(const Model& full, const Plan& p) {
 
 void place(const Plan& p, const float* local_storage, Model& full) {
   ZOF_ASSERT(full.storage_dtype() == DType::F32);
-  const Model layout = Model::random(p.local, 0);  // where each parameter sits in the slice
+  const Model layout = Model::zeros(p.local, false);  // where each parameter sits in the slice
   for (size_t i = 0; i < full.params().size(); ++i)
     copy_slice(p.params[i], full.params()[i].data,
                const_cast<float*>(local_storage + layout.params()[i].offset), false);
@@ -360,6 +360,10 @@ void TensorForward::hidden(const Batch& b) {
                                    std::to_string(max_rows_));
   ZOF_CHECK(b.T <= c.max_position, "a sequence of " + std::to_string(b.T) +
                                        " tokens is beyond the model's context");
+  for (int64_t i = 0; i < rows; ++i)  // a rank holds only its ids' rows: check against all
+    ZOF_CHECK(b.ids[(size_t)i] >= 0 && b.ids[(size_t)i] < plan_.vocab,
+              "token id " + std::to_string(b.ids[(size_t)i]) +
+                  " is outside the model's vocabulary of " + std::to_string(plan_.vocab));
   std::vector<int32_t> pos((size_t)rows);
   std::vector<uint8_t> mask((size_t)rows);
   for (int64_t i = 0; i < b.B; ++i)
