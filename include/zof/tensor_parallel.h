@@ -78,6 +78,12 @@ Model slice(const Model& full, const Plan& p);
 // full model from every rank's slice storage (local_storage: Model::storage() of slice(...)).
 void place(const Plan& p, const float* local_storage, Model& full);
 
+// Every rank's slice gathered into full (a model of the full config with fp32 storage, e.g.
+// Model::zeros(config)) on every rank of g: what rank 0 saves as the ordinary Hugging Face
+// directory. Every rank calls it; the bytes are the slices' own, so full equals the single
+// process's model wherever the slices equal its elements.
+void gather(const Plan& p, Group& g, const Model& local, Model& full);
+
 // z of parameter pi's local elements (out: local numel), each z_element(key, pi, its global
 // element): the single process's z of the same elements, bit for bit.
 void slice_z(const Plan& p, const Model& local, const ZKey& key, int pi, float* out);

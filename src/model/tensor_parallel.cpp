@@ -181,6 +181,21 @@ void place(const Plan& p, const float* local_storage, Model& full) {
                const_cast<float*>(local_storage + layout.params()[i].offset), false);
 }
 
+void gather(const Plan& p, Group& g, const Model& local, Model& full) {
+  ZOF_ASSERT(g.size() == p.size && g.rank() == p.rank && full.storage_dtype() == DType::F32);
+  const int T = p.size;
+  // Slices differ in size (uneven FFN and vocabulary ranges): each is sent padded to the largest.
+  std::vector<int64_t> sizes((size_t)T);
+  const int64_t mine = local.storage_size();
+  g.all_gather(&mine, sizeof(int64_t), sizes.data());
+  const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<float> padded((size_t)widest, 0.f), all((size_t)(widest * T));
+  std::memcpy(padded.data(), local.storage(), (size_t)mine * sizeof(float));
+  g.all_gather(padded.data(), padded.size() * sizeof(float), all.data());
+  for (int t = 0; t < T; ++t)
+    place(plan(full.config(), t, T), all.data() + (size_t)t * (size_t)widest, full);
+}
+
 void slice_z(const Plan& p, const Model& local, const ZKey& key, int pi, float* out) {
   const int64_t n = local.params()[(size_t)pi].numel;
   for (int64_t j = 0; j < n; ++j) out[j] = z_element(key, (uint32_t)pi, (uint64_t)p.global_element(pi, j));

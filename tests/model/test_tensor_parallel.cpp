@@ -8,9 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "common.h"
 #include "util/philox.h"
@@ -196,6 +201,33 @@ TEST_P(TensorParallel, PerturbedSlicesAreTheSingleProcessPerturbedModel) {
       for (int64_t j = 0; j < (int64_t)z.size(); j += 7)
         ASSERT_EQ(z[(size_t)j], zof::z_element(key, (uint32_t)pi, (uint64_t)p.global_element(pi, j)));
     }
+  }
+  // The perturbed slices gathered are the single process's perturbed model, and saved they are
+  // its Hugging Face file byte for byte.
+  for (int T : {2, 4}) {
+    std::vector<zof::Model> gathered;
+    for (int r = 0; r < T; ++r) gathered.push_back(zof::Model::zeros(full.config()));
+    run_ranks(T, [&](int r, zof::tp::Group& g) {
+      const zof::tp::Plan p = zof::tp::plan(full.config(), r, T);
+      zof::Model mine = zof::tp::slice(full, p);
+      zof::tp::perturb(p, mine, key, eps);
+      zof::tp::gather(p, g, mine, gathered[(size_t)r]);
+    });
+    for (int r = 0; r < T; ++r)
+      EXPECT_EQ(0, std::memcmp(gathered[(size_t)r].storage(), plus.storage(),
+                               plus.storage_size() * sizeof(float)))
+          << "T=" << T << " rank " << r;
+    const auto tmp = std::filesystem::temp_directory_path() /
+                     ("zof_tp_save_" + std::to_string(::getpid()) + "_" + GetParam());
+    gathered[0].save((tmp / "tp").string(), zof::DType::F32);
+    plus.save((tmp / "one").string(), zof::DType::F32);
+    auto bytes = [](const std::filesystem::path& f) {
+      std::ifstream in(f, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    EXPECT_TRUE(bytes(tmp / "tp" / "model.safetensors") == bytes(tmp / "one" / "model.safetensors"))
+        << "T=" << T;
+    std::filesystem::remove_all(tmp);
   }
   // The perturbed TP forward is the perturbed single process's, within fp32.
   const zof::Batch b = batch_of(full.config().vocab_size);
