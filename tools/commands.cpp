@@ -9,12 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "zof/backend.h"
+#include "zof/dist.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
 #include "zof/model.h"
 #include "zof/report.h"
 #include "zof/runtime.h"
 #include "zof/streaming.h"
+#include "zof/tensor_parallel.h"
 #include "zof/text.h"
 #include "zof/tokenizer.h"
 #include "zof/trainer.h"
@@ -37,6 +39,9 @@ const NumberRule& kTopP = text_rule("--top-p");
 const NumberRule& kEvalSeqLen = text_rule("--seq-len");
 const NumberRule& kEvalBatch = text_rule("--batch");
 const NumberRule& kMaxWindows = text_rule("--max-windows");
+const NumberRule& kTensorParallel = text_rule("--tensor-parallel");
+// A rank of a tensor-parallel eval that waits on its peers longer than this stops the job.
+constexpr double kEvalTimeoutS = 300;
 
 const char* const kDtypeHelp =
     "Matrix products in bf16 (weights rounded to bf16, fp32 accumulation) or fp32; auto: bf16 "
@@ -92,6 +97,7 @@ void validate_eval(const EvalArgs& a) {
   if (a.seq_len_given) zof::check_whole("--seq-len", a.seq_len, kEvalSeqLen);
   zof::check_whole("--batch", a.batch, kEvalBatch);
   zof::check_whole("--max-windows", a.max_windows, kMaxWindows);
+  zof::check_whole("--tensor-parallel", a.tensor_parallel, kTensorParallel);
   zof::check_whole("--threads", a.threads, train_rule("--threads"));
 }
 
@@ -150,6 +156,8 @@ int run_eval_task(const EvalArgs& a) {
                                 "--eval-examples says how many examples are scored");
   ZOF_CHECK(!a.data.empty(), "zof eval --task " + std::string(zof::word(*a.task)) +
                                  " needs --data PATH, the task's data file or directory");
+  ZOF_CHECK(a.tensor_parallel == 1, "--tensor-parallel splits eval --text's model for now; "
+                                    "eval --task runs in one process: drop --tensor-parallel");
   zof::TrainOptions t;
   t.model = a.model;
   t.task = *a.task;
@@ -181,11 +189,37 @@ int run_eval(const EvalArgs& a) {
                              "--data PATH (a task's held-out metric)");
   ZOF_CHECK(a.data.empty(), "--data goes with --task; --text names eval's text file");
   zof::check_input_file("--text", a.text, "--text takes one plain-text file");  // before loading
+  // A model tensor parallel cannot split is refused from its config, before the weights load.
+  if (a.tensor_parallel > 1 && std::filesystem::is_directory(a.model)) {
+    zof::check_model_dir("--model", a.model);
+    zof::tp::check(zof::ModelConfig::load((std::filesystem::path(a.model) / "config.json").string()),
+                   (int)a.tensor_parallel);
+  }
   zof::WeightPlacement place;
   auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
   const std::string text = zof::read_eval_text(a.text);
-  json j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
-                              a.max_windows, place);
+  json j;
+  std::unique_ptr<zof::dist::Communicator> world;
+  if (a.tensor_parallel > 1) {
+    const int T = (int)a.tensor_parallel;
+    ZOF_CHECK(!place.stream && place.compute == zof::DType::F32,
+              "--tensor-parallel runs fp32 on the CPU for now: drop --device cuda, --sim-device "
+              "and --dtype bf16");
+    zof::tp::check(model.config(), T);  // the model's refusal before the ranks' count
+    int ranks = 1;
+    zof::dist::launched_by_mpi(&ranks);
+    ZOF_CHECK(ranks == T, "--tensor-parallel " + std::to_string(T) + " splits the model over " +
+                              std::to_string(T) + " ranks, and this job has " +
+                              std::to_string(ranks) + "; start it with mpirun -np " +
+                              std::to_string(T));
+    world = zof::dist::connect_world(kEvalTimeoutS);
+    j = zof::evaluate_text_tensor_parallel(model, tok, *backend, text, "--text " + a.text,
+                                           a.seq_len, a.batch, a.max_windows, *world, T);
+    if (world->rank() != 0) return 0;  // rank 0 prints
+  } else {
+    j = zof::evaluate_text(model, tok, *backend, text, "--text " + a.text, a.seq_len, a.batch,
+                           a.max_windows, place);
+  }
   if (a.json) {
     std::cout << j.dump() << "\n";
   } else {
@@ -241,6 +275,9 @@ CLI::App* add_eval(CLI::App& app, EvalArgs& e, NumberFlags& n) {
   n.add(ev, "--max-windows", e.max_windows, "Evaluate at most this many windows (0: all)",
         &kMaxWindows);
   n.add(ev, "--threads", e.threads, "CPU threads (0: all cores)", &train_rule("--threads"));
+  n.add(ev, "--tensor-parallel", e.tensor_parallel,
+        "Under mpirun -np T: split the model over T ranks (heads, FFN width, vocabulary; "
+        "LLaMA family, fp32 CPU)", &kTensorParallel);
   ev->add_flag("--json", e.json, "Print one JSON object as the last line");
   add_device_flags(ev, e.where);
   return ev;

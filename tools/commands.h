@@ -38,6 +38,7 @@ struct EvalArgs {
   std::string model, text;
   int64_t seq_len = 0, batch = 8, max_windows = 0;  // seq_len 0: the model's context, at most 512
   bool seq_len_given = false, batch_given = false;
+  int64_t tensor_parallel = 1;  // > 1: under mpirun, the model split over that many ranks
   int threads = 0;
   bool json = false;
   // --task instead of --text: the task's held-out metric, read as finetune reads it.

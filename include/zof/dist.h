@@ -135,6 +135,29 @@ struct Layout {
   static Layout make(int ranks, int stages);
 };
 
+// The 3-D grid: ranks = replicas x stages x tensor, the tensor group innermost (consecutive
+// ranks: the same node, the closest links), then the stages of one pipeline, then the replicas.
+// Rank r is tensor rank r % tensor of stage (r / tensor) % stages of replica
+// r / (tensor * stages). With tensor = 1 it is Layout's.
+struct Grid {
+  int ranks = 1, stages = 1, tensor = 1, replicas = 1;
+  int tensor_rank(int rank) const { return rank % tensor; }
+  int stage(int rank) const { return rank / tensor % stages; }
+  int replica(int rank) const { return rank / (tensor * stages); }
+  // The world ranks of rank's tensor group, tensor rank 0 first.
+  std::vector<int> tensor_group(int rank) const;
+  // zof::Error unless ranks is a positive multiple of stages x tensor: one line naming
+  // --pipeline-stages and --tensor-parallel, the rank count and the fix.
+  static Grid make(int ranks, int stages, int tensor);
+};
+
+// out (ranks.size() * bytes) <- the `bytes` of every member of `ranks` (world ranks, this one
+// among them, the same list in the same order on every member), the first member's first.
+// Over send/recv: the members send to the first, which sends the whole back to each, so the
+// bytes are the same on every member whatever the timing. bytes_sent counts them.
+void group_all_gather(Communicator& c, const std::vector<int>& ranks, const void* in,
+                      size_t bytes, void* out);
+
 // Contiguous ranges of the ZO walk's blocks (0 = embedding, 1..L = layers, L+1 = head) for each
 // of `stages` stages: the layers split as evenly as counts allow (stage s gets layers
 // [s*L/S, (s+1)*L/S)), the embedding with stage 0 and the head with the last stage. Each pair is

@@ -155,6 +155,10 @@ class Model {
   // A model of this config with random weights (normal, std 0.02; norms 1, biases 0): for
   // benchmarks and tests. In bf16 storage: the fp32 values rounded to nearest even.
   static Model random(const ModelConfig& cfg, uint64_t seed, DType storage = DType::F32);
+  // A model of this config with fp32 storage of zeros (with_storage), or its layout only (names,
+  // shapes and offsets, no storage): what a tensor-parallel rank fills with its slice, and the
+  // plan that says where each parameter sits, without drawing weights it throws away.
+  static Model zeros(const ModelConfig& cfg, bool with_storage = true);
 
   Model() = default;
   Model(Model&&) noexcept = default;

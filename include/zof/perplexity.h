@@ -2,6 +2,7 @@
 // cut into non-overlapping windows, each starting with BOS.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "zof/forward.h"
@@ -23,5 +24,12 @@ PerplexityResult perplexity(Forward& fwd, const std::vector<int32_t>& tokens, in
 // starts with BOS as the model saw it in training.
 PerplexityResult perplexity(Forward& fwd, const std::vector<std::vector<int32_t>>& documents,
                             int32_t bos, int64_t seq_len, int64_t batch, int64_t max_windows = 0);
+
+// The same with the batch's next-token NLL from any walk (a tensor-parallel forward's):
+// next_token_nll(batch, nll) fills nll (B*T) as Forward::next_token_nll does.
+using NextTokenNll = std::function<void(const Batch&, std::vector<float>&)>;
+PerplexityResult perplexity(const NextTokenNll& next_token_nll,
+                            const std::vector<std::vector<int32_t>>& documents, int32_t bos,
+                            int64_t seq_len, int64_t batch, int64_t max_windows = 0);
 
 }  // namespace zof

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zof/backend.h"
+#include "zof/dist.h"
 #include "zof/generate.h"
 #include "zof/options.h"
 #include "zof/model.h"
@@ -54,6 +55,17 @@ nlohmann::json evaluate_text(const Model& model, const Tokenizer& tok, Backend& 
 // data (what was read), eval_s, examples_per_s, device.
 nlohmann::json evaluate_task(const Model& model, const Tokenizer& tok, Backend& backend,
                              const TrainOptions& opt, const WeightPlacement& place = {});
+
+// evaluate_text on T ranks of one tensor group (zof/tensor_parallel.h): every rank of world
+// calls it with the same arguments and the whole model, holds its slice, and gets the same
+// object (plus tensor_parallel, exchanged_bytes_per_rank: what this rank handed the group, and
+// sent_bytes: what it sent through world). zof::Error for a model tensor parallel refuses, or
+// unless world has exactly T ranks. fp32, host backends.
+nlohmann::json evaluate_text_tensor_parallel(const Model& model, const Tokenizer& tok,
+                                             Backend& backend, const std::string& text,
+                                             const std::string& source, int64_t seq_len,
+                                             int64_t batch, int64_t max_windows,
+                                             dist::Communicator& world, int tensor);
 
 // Generation after prompt (empty: from BOS, else EOS). on_text receives the decoded text so far
 // (prompt included) each time it grows by whole characters. Returns `zof generate --json`'s

@@ -12,6 +12,7 @@
 #include "zof/perplexity.h"
 #include "zof/runtime.h"
 #include "zof/streaming.h"
+#include "zof/tensor_parallel.h"
 
 using json = nlohmann::json;
 
@@ -85,6 +86,7 @@ const struct {
     {"--seq-len", {.whole = true, .lo = 2, .hi = double(int64_t(1) << 20)}},
     {"--batch", {.whole = true, .lo = 1, .hi = 4096}},
     {"--max-windows", {.whole = true, .lo = 0, .note = "0: all"}},
+    {"--tensor-parallel", {.whole = true, .lo = 1, .hi = 4096}},
 };
 
 }  // namespace
@@ -102,13 +104,12 @@ std::string read_eval_text(const std::string& path) {
   return read_input_file("--text " + path, path, want, uint64_t(1) << 40);
 }
 
-json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
-                   const std::string& text, const std::string& source, int64_t seq_len_arg,
-                   int64_t batch, int64_t max_windows, const WeightPlacement& place) {
+namespace {
+// The documents of text, "<|endoftext|>" separating them (TinyStories, GPT-2 style corpora):
+// each encoded alone and scored from its own BOS, as the model saw documents in training.
+std::vector<std::vector<int32_t>> documents_of(const Tokenizer& tok, const std::string& text,
+                                               const std::string& source) {
   ZOF_CHECK(!text.empty(), source + " is empty");
-  const double t0 = now_s();
-  // "<|endoftext|>" separates documents (TinyStories, GPT-2 style corpora): each is encoded
-  // alone and scored from its own BOS, as the model saw documents in training.
   std::vector<std::vector<int32_t>> docs;
   const std::string sep = "<|endoftext|>";
   for (size_t pos = 0; pos <= text.size();) {
@@ -122,7 +123,11 @@ json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
     pos = end + sep.size();
   }
   ZOF_CHECK(!docs.empty(), source + " holds no text");
-  const double t_tok = now_s() - t0;
+  return docs;
+}
+
+// eval's window length (seq_len_arg 0: the context, at most 512), its numbers checked.
+int64_t eval_seq_len(const Model& model, int64_t seq_len_arg, int64_t batch, int64_t max_windows) {
   const int64_t ctx = model.config().max_position;
   const int64_t seq_len = seq_len_arg > 0 ? seq_len_arg : std::min<int64_t>(ctx, 512);
   ZOF_CHECK(seq_len >= 2, "--seq-len must be at least 2");
@@ -131,6 +136,34 @@ json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                                 " tokens; use --seq-len " + std::to_string(ctx) + " or less");
   ZOF_CHECK(batch >= 1, "--batch must be at least 1");
   ZOF_CHECK(max_windows >= 0, "--max-windows must be 0 (all) or more");
+  return seq_len;
+}
+
+// The tensor group over the world's ranks (zof/dist.h's group_all_gather), counted.
+class WorldGroup final : public tp::Group {
+ public:
+  WorldGroup(dist::Communicator& c, std::vector<int> ranks, int me)
+      : c_(c), ranks_(std::move(ranks)), me_(me) {}
+  int rank() const override { return me_; }
+  int size() const override { return (int)ranks_.size(); }
+  void all_gather(const void* in, size_t bytes, void* out) override {
+    dist::group_all_gather(c_, ranks_, in, bytes, out);
+  }
+
+ private:
+  dist::Communicator& c_;
+  std::vector<int> ranks_;
+  int me_;
+};
+}  // namespace
+
+json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
+                   const std::string& text, const std::string& source, int64_t seq_len_arg,
+                   int64_t batch, int64_t max_windows, const WeightPlacement& place) {
+  const double t0 = now_s();
+  const std::vector<std::vector<int32_t>> docs = documents_of(tok, text, source);
+  const double t_tok = now_s() - t0;
+  const int64_t seq_len = eval_seq_len(model, seq_len_arg, batch, max_windows);
   Placed p = place_forward(model, backend, seq_len * batch, place);
   const double t1 = now_s();
   auto r = perplexity(*p.fwd, docs, tok.bos_id(), seq_len, batch, max_windows);
@@ -162,6 +195,44 @@ json evaluate_task(const Model& model, const Tokenizer& tok, Backend& backend,
          {"eval_s", dt}};
   j.update(p.describe(backend));
   return j;
+}
+
+json evaluate_text_tensor_parallel(const Model& model, const Tokenizer& tok, Backend& backend,
+                                   const std::string& text, const std::string& source,
+                                   int64_t seq_len_arg, int64_t batch, int64_t max_windows,
+                                   dist::Communicator& world, int tensor) {
+  tp::check(model.config(), tensor);
+  const dist::Grid grid = dist::Grid::make(world.size(), 1, tensor);
+  ZOF_CHECK(grid.replicas == 1,
+            "--tensor-parallel " + std::to_string(tensor) + " with " +
+                std::to_string(world.size()) + " ranks: zof eval runs one tensor group; start "
+                "mpirun -np " + std::to_string(tensor));
+  const int me = grid.tensor_rank(world.rank());
+  const double t0 = now_s();
+  const std::vector<std::vector<int32_t>> docs = documents_of(tok, text, source);
+  const double t_tok = now_s() - t0;
+  const int64_t seq_len = eval_seq_len(model, seq_len_arg, batch, max_windows);
+  const tp::Plan plan = tp::plan(model.config(), me, tensor);
+  const Model local = tp::slice(model, plan);
+  WorldGroup g(world, grid.tensor_group(world.rank()), me);
+  tp::TensorForward fwd(local, plan, backend, g, seq_len * batch);
+  const uint64_t sent0 = world.bytes_sent();
+  const double t1 = now_s();
+  auto r = perplexity([&fwd](const Batch& b, std::vector<float>& nll) { fwd.next_token_nll(b, nll); },
+                      docs, tok.bos_id(), seq_len, batch, max_windows);
+  const double dt = now_s() - t1;
+  return json{{"nll", r.nll},
+              {"ppl", r.ppl},
+              {"tokens", r.tokens},
+              {"windows", r.windows},
+              {"seq_len", seq_len},
+              {"tokenize_s", t_tok},
+              {"eval_s", dt},
+              {"tokens_per_s", r.tokens / std::max(dt, 1e-9)},
+              {"device", backend.name()},
+              {"tensor_parallel", tensor},
+              {"exchanged_bytes_per_rank", fwd.bytes_exchanged()},
+              {"sent_bytes", world.bytes_sent() - sent0}};
 }
 
 json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,

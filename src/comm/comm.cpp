@@ -155,4 +155,50 @@ std::vector<std::pair<int, int>> stage_blocks(int num_layers, int stages) {
   return out;
 }
 
+std::vector<int> Grid::tensor_group(int rank) const {
+  std::vector<int> out;
+  const int first = rank - tensor_rank(rank);
+  for (int t = 0; t < tensor; ++t) out.push_back(first + t);
+  return out;
+}
+
+Grid Grid::make(int ranks, int stages, int tensor) {
+  ZOF_CHECK(stages >= 1, "--pipeline-stages must be at least 1");
+  ZOF_CHECK(tensor >= 1, "--tensor-parallel must be at least 1");
+  const int64_t cell = (int64_t)stages * tensor;
+  ZOF_CHECK(ranks >= 1 && ranks % cell == 0,
+            "--pipeline-stages " + std::to_string(stages) + " x --tensor-parallel " +
+                std::to_string(tensor) + " = " + std::to_string(cell) + " does not divide the " +
+                std::to_string(ranks) + " ranks of the job; ranks = replicas x stages x tensor, "
+                "so start a multiple of " + std::to_string(cell) + " ranks (mpirun -np)");
+  return Grid{ranks, stages, tensor, ranks / (int)cell};
+}
+
+void group_all_gather(Communicator& c, const std::vector<int>& ranks, const void* in,
+                      size_t bytes, void* out) {
+  // A tag no pipeline stream uses (those count from 0).
+  constexpr int kTag = 0x7A29;
+  const int n = (int)ranks.size();
+  int me = -1;
+  for (int i = 0; i < n; ++i)
+    if (ranks[(size_t)i] == c.rank()) me = i;
+  ZOF_ASSERT(me >= 0);
+  std::memcpy((char*)out + (size_t)me * bytes, in, bytes);
+  if (n == 1) return;
+  // send/recv carry floats: each piece is staged in whole floats.
+  const int64_t words = (int64_t)((bytes + sizeof(float) - 1) / sizeof(float));
+  std::vector<float> stage((size_t)(words * n));
+  if (me == 0) {
+    std::memcpy(stage.data(), in, bytes);
+    for (int i = 1; i < n; ++i) c.recv(stage.data() + (size_t)(i * words), words, ranks[(size_t)i], kTag);
+    for (int i = 1; i < n; ++i) c.send(stage.data(), words * n, ranks[(size_t)i], kTag);
+  } else {
+    std::memcpy(stage.data(), in, bytes);
+    c.send(stage.data(), words, ranks[0], kTag);
+    c.recv(stage.data(), words * n, ranks[0], kTag);
+  }
+  for (int i = 0; i < n; ++i)
+    std::memcpy((char*)out + (size_t)i * bytes, stage.data() + (size_t)(i * words), bytes);
+}
+
 }  // namespace zof::dist

@@ -729,6 +729,14 @@ DType Model::read_weights(const std::string& dir) {
   return any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
 }
 
+Model Model::zeros(const ModelConfig& cfg, bool with_storage) {
+  Model m;
+  m.cfg_ = cfg;
+  m.source_ = "zeros";
+  m.build_layout(with_storage);
+  return m;
+}
+
 Model Model::random(const ModelConfig& cfg, uint64_t seed, DType storage) {
   ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
             std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));

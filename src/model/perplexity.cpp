@@ -16,6 +16,13 @@ PerplexityResult perplexity(Forward& fwd, const std::vector<int32_t>& tokens, in
 
 PerplexityResult perplexity(Forward& fwd, const std::vector<std::vector<int32_t>>& documents,
                             int32_t bos, int64_t seq_len, int64_t batch, int64_t max_windows) {
+  return perplexity([&fwd](const Batch& b, std::vector<float>& nll) { fwd.next_token_nll(b, nll); },
+                    documents, bos, seq_len, batch, max_windows);
+}
+
+PerplexityResult perplexity(const NextTokenNll& next_token_nll,
+                            const std::vector<std::vector<int32_t>>& documents, int32_t bos,
+                            int64_t seq_len, int64_t batch, int64_t max_windows) {
   const int64_t prefix = bos >= 0 ? 1 : 0;
   ZOF_CHECK(seq_len >= 2, "--seq-len must be at least 2");
   const int64_t body = seq_len - prefix;
@@ -39,7 +46,7 @@ PerplexityResult perplexity(Forward& fwd, const std::vector<std::vector<int32_t>
     const size_t w1 = std::min(windows.size(), w0 + batch);
     std::vector<std::vector<int32_t>> part(windows.begin() + w0, windows.begin() + w1);
     Batch b = Batch::from_sequences(part);
-    fwd.next_token_nll(b, nll);
+    next_token_nll(b, nll);
     for (int64_t i = 0; i < b.B; ++i)
       for (int64_t t = 0; t + 1 < b.lengths[i]; ++t) {
         sum += nll[i * b.T + t];

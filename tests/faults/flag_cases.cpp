@@ -42,6 +42,8 @@ std::vector<Case> flag_cases() {
        1, R"(^--max-windows counts --text's windows; with --task, --eval-examples says)"},
       {"FlagEvalTaskDataMissing", {}, "eval --model {M} --task rte --data {S}/no-such-dir", 1,
        R"(--data .*no-such-dir)"},
+      {"FlagEvalTaskTensorParallel", {}, "eval --model {M} --task sst2 --data {A}/data/sst2 --tensor-parallel 2",
+       1, R"(^--tensor-parallel splits eval --text's model for now; eval --task runs in one process)"},
       {"FlagEvalTaskEvalExamplesZero", {}, "eval --model {M} --task sst2 --data {A}/data/sst2 --eval-examples 0",
        1, R"(^--eval-examples must be a whole number of at least 1, not 0$)"},
       {"FlagExtraPositional", {}, "generate --model {M} stray --max-new-tokens 2", 1,
@@ -54,6 +56,23 @@ std::vector<Case> flag_cases() {
        R"(^--steps must be a whole number from 1 to 4294967295, not 'abc'$)"},
       {"FlagFractionForWholeNumber", {}, kRun + " --batch 1.5", 1,
        R"(^--batch must be a whole number from 1 to 1048576, not 1\.5$)"},
+
+      // ---- --tensor-parallel: refused before any rank connects -----------------------------
+      {"FlagTensorParallelNotDividingHeads", {}, "eval --model {M} --text {T} --tensor-parallel 3",
+       1, R"(^--tensor-parallel 3 does not divide num_attention_heads 8 \(config\.json\); use a T that divides it$)"},
+      {"FlagTensorParallelWithoutItsRanks", {}, "eval --model {M} --text {T} --tensor-parallel 2",
+       1, R"(^--tensor-parallel 2 splits the model over 2 ranks, and this job has 1; start it with mpirun -np 2$)"},
+      {"FlagTensorParallelOnADevice", {},
+       "eval --model {M} --text {T} --tensor-parallel 2 --sim-device", 1,
+       R"(^--tensor-parallel runs fp32 on the CPU for now: drop --device cuda, --sim-device and --dtype bf16$)"},
+      {"FlagTensorParallelFamily",
+       [](Sandbox& s) {
+         s.edit_json(s.model() / "config.json", [](nlohmann::json& j) { j["attention_bias"] = true; });
+       },
+       "eval --model {M} --text {T} --tensor-parallel 2", 1,
+       R"(^--tensor-parallel 2: the model has biases on o_proj or down_proj)"},
+      {"FlagTensorParallelZero", {}, "eval --model {M} --text {T} --tensor-parallel 0", 1,
+       R"(^--tensor-parallel must be a whole number from 1 to 4096, not 0$)"},
 
       // ---- --dtype -------------------------------------------------------------------------
       {"FlagDtypeUnknown", {}, kRun + " --dtype fp16 --json", 1,
