@@ -157,6 +157,22 @@ class WorldGroup final : public tp::Group {
 };
 }  // namespace
 
+namespace {
+
+// `zof eval --json`'s perplexity fields, for one process or a tensor group.
+json perplexity_json(const PerplexityResult& r, int64_t seq_len, double tokenize_s, double eval_s) {
+  return json{{"nll", r.nll},
+              {"ppl", r.ppl},
+              {"tokens", r.tokens},
+              {"windows", r.windows},
+              {"seq_len", seq_len},
+              {"tokenize_s", tokenize_s},
+              {"eval_s", eval_s},
+              {"tokens_per_s", r.tokens / std::max(eval_s, 1e-9)}};
+}
+
+}  // namespace
+
 json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
                    const std::string& text, const std::string& source, int64_t seq_len_arg,
                    int64_t batch, int64_t max_windows, const WeightPlacement& place) {
@@ -168,14 +184,7 @@ json evaluate_text(const Model& model, const Tokenizer& tok, Backend& backend,
   const double t1 = now_s();
   auto r = perplexity(*p.fwd, docs, tok.bos_id(), seq_len, batch, max_windows);
   const double dt = now_s() - t1;
-  json j{{"nll", r.nll},
-              {"ppl", r.ppl},
-              {"tokens", r.tokens},
-              {"windows", r.windows},
-              {"seq_len", seq_len},
-              {"tokenize_s", t_tok},
-              {"eval_s", dt},
-              {"tokens_per_s", r.tokens / std::max(dt, 1e-9)}};
+  json j = perplexity_json(r, seq_len, t_tok, dt);
   j.update(p.describe(backend));
   return j;
 }
@@ -221,18 +230,12 @@ json evaluate_text_tensor_parallel(const Model& model, const Tokenizer& tok, Bac
   auto r = perplexity([&fwd](const Batch& b, std::vector<float>& nll) { fwd.next_token_nll(b, nll); },
                       docs, tok.bos_id(), seq_len, batch, max_windows);
   const double dt = now_s() - t1;
-  return json{{"nll", r.nll},
-              {"ppl", r.ppl},
-              {"tokens", r.tokens},
-              {"windows", r.windows},
-              {"seq_len", seq_len},
-              {"tokenize_s", t_tok},
-              {"eval_s", dt},
-              {"tokens_per_s", r.tokens / std::max(dt, 1e-9)},
-              {"device", backend.name()},
-              {"tensor_parallel", tensor},
-              {"exchanged_bytes_per_rank", fwd.bytes_exchanged()},
-              {"sent_bytes", world.bytes_sent() - sent0}};
+  json j = perplexity_json(r, seq_len, t_tok, dt);
+  j.update(json{{"device", backend.name()},
+                {"tensor_parallel", tensor},
+                {"exchanged_bytes_per_rank", fwd.bytes_exchanged()},
+                {"sent_bytes", world.bytes_sent() - sent0}});
+  return j;
 }
 
 json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,

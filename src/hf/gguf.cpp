@@ -20,6 +20,7 @@
 #include <set>
 
 #include "zof/dtype.h"
+#include "util/files.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
 
@@ -614,29 +615,6 @@ void put_value(std::string& b, const Value& v, ValueType type, const std::string
   }
 }
 
-void write_all(int fd, const void* p, size_t n, const std::string& tmp) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw Error("cannot write " + tmp + ": " + errno_str(errno) + "; check free disk space and quotas");
-    }
-    c += w;
-    n -= size_t(w);
-  }
-}
-
-// Removes the temporary file unless the write got as far as the rename.
-struct TempFile {
-  std::string path;
-  int fd = -1;
-  bool keep = false;
-  ~TempFile() {
-    if (fd >= 0) ::close(fd);
-    if (!keep) ::unlink(path.c_str());
-  }
-};
 
 }  // namespace
 
@@ -691,16 +669,9 @@ void write(const std::string& path, const Metadata& metadata,
   }
   head.append((alignment - head.size() % alignment) % alignment, '\0');
 
-  TempFile tmp;
-  tmp.path = path + ".tmp." + std::to_string(::getpid());
-  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (tmp.fd < 0) {
-    const int e = errno;
-    tmp.keep = true;  // nothing was created
-    throw Error("cannot create " + tmp.path + ": " + errno_str(e) +
-                "; check that the directory exists and is writable");
-  }
-  write_all(tmp.fd, head.data(), head.size(), tmp.path);
+  AtomicFile tmp(path);
+
+  tmp.write(head.data(), head.size());
   std::vector<float> wide;
   std::vector<uint16_t> half;
   const std::string zeros(size_t(alignment), '\0');
@@ -715,38 +686,21 @@ void write(const std::string& path, const Metadata& metadata,
       wide.resize(size_t(m * row));
       t.rows(r, m, wide.data());
       if (t.type == TensorType::F32) {
-        write_all(tmp.fd, wide.data(), wide.size() * 4, tmp.path);
+        tmp.write(wide.data(), wide.size() * 4);
         continue;
       }
       half.resize(wide.size());
       const bool bf = t.type == TensorType::BF16;
       for (size_t i = 0; i < wide.size(); ++i)
         half[i] = bf ? f32_to_bf16(wide[i]) : f32_to_f16(wide[i]);
-      write_all(tmp.fd, half.data(), half.size() * 2, tmp.path);
+      tmp.write(half.data(), half.size() * 2);
     }
     const uint64_t padded = (sizes[k] + alignment - 1) / alignment * alignment;
     // Every tensor padded, the last too: ggml's readers size the data section so.
     if (padded > sizes[k])
-      write_all(tmp.fd, zeros.data(), size_t(padded - sizes[k]), tmp.path);
+      tmp.write(zeros.data(), size_t(padded - sizes[k]));
   }
-  if (::fsync(tmp.fd) != 0) throw Error("cannot fsync " + tmp.path + ": " + errno_str(errno));
-  const int rc = ::close(tmp.fd);
-  tmp.fd = -1;
-  if (rc != 0) throw Error("cannot close " + tmp.path + ": " + errno_str(errno));
-  if (::rename(tmp.path.c_str(), path.c_str()) != 0)
-    throw Error("cannot rename " + tmp.path + " to " + path + ": " + errno_str(errno));
-  tmp.keep = true;
-  // The rename is durable only once the directory entry is on disk.
-  std::string dir = fs::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    const int r = ::fsync(dfd);
-    const int e = errno;
-    ::close(dfd);
-    if (r != 0 && e != EINVAL)
-      throw Error("wrote " + path + " but cannot fsync its directory " + dir + ": " + errno_str(e));
-  }
+  tmp.commit();
 }
 
 }  // namespace zof::gguf

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hf/json_depth.h"
+#include "util/files.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
 
@@ -477,29 +478,6 @@ void to_f32(const TensorInfo& t, float* out) {
 
 namespace {
 
-void write_all(int fd, const void* p, size_t n, const std::string& tmp) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw Error("cannot write " + tmp + ": " + errno_str(errno) + "; check free disk space and quotas");
-    }
-    c += w;
-    n -= size_t(w);
-  }
-}
-
-// Removes the temporary file unless the write got as far as the rename.
-struct TempFile {
-  std::string path;
-  int fd = -1;
-  bool keep = false;
-  ~TempFile() {
-    if (fd >= 0) ::close(fd);
-    if (!keep) ::unlink(path.c_str());
-  }
-};
 
 }  // namespace
 
@@ -533,16 +511,9 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(hs.size()) >> (8 * i));
 
-  TempFile tmp;
-  tmp.path = path + ".tmp." + std::to_string(::getpid());
-  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (tmp.fd < 0) {
-    int e = errno;
-    tmp.keep = true;  // nothing was created
-    throw Error("cannot create " + tmp.path + ": " + errno_str(e) + "; check that the directory exists and is writable");
-  }
-  write_all(tmp.fd, len, 8, tmp.path);
-  write_all(tmp.fd, hs.data(), hs.size(), tmp.path);
+  AtomicFile tmp(path);
+  tmp.write(len, 8);
+  tmp.write(hs.data(), hs.size());
   std::vector<uint16_t> buf;
   constexpr size_t kChunk = size_t(1) << 20;  // elements converted per write
   for (const auto& t : tensors) {
@@ -550,7 +521,7 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
     for (int64_t d : t.shape) numel *= size_t(d);
     if (t.bf16) {
       if (t.dtype == DType::BF16) {
-        write_all(tmp.fd, t.bf16, numel * 2, tmp.path);
+        tmp.write(t.bf16, numel * 2);
         continue;
       }
       std::vector<float> wide(std::min(numel, kChunk));
@@ -559,16 +530,16 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
         const size_t m = std::min(kChunk, numel - at);
         for (size_t i = 0; i < m; ++i) wide[i] = bf16_to_f32(t.bf16[at + i]);
         if (t.dtype == DType::F32) {
-          write_all(tmp.fd, wide.data(), m * 4, tmp.path);
+          tmp.write(wide.data(), m * 4);
           continue;
         }
         for (size_t i = 0; i < m; ++i) buf[i] = f32_to_f16(wide[i]);
-        write_all(tmp.fd, buf.data(), m * 2, tmp.path);
+        tmp.write(buf.data(), m * 2);
       }
       continue;
     }
     if (t.dtype == DType::F32) {
-      write_all(tmp.fd, t.data, numel * 4, tmp.path);
+      tmp.write(t.data, numel * 4);
       continue;
     }
     buf.resize(std::min(numel, kChunk));
@@ -579,26 +550,10 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
         for (size_t i = 0; i < m; ++i) buf[i] = f32_to_f16(src[i]);
       else
         for (size_t i = 0; i < m; ++i) buf[i] = f32_to_bf16(src[i]);
-      write_all(tmp.fd, buf.data(), m * 2, tmp.path);
+      tmp.write(buf.data(), m * 2);
     }
   }
-  if (::fsync(tmp.fd) != 0) throw Error("cannot fsync " + tmp.path + ": " + errno_str(errno));
-  int rc = ::close(tmp.fd);
-  tmp.fd = -1;
-  if (rc != 0) throw Error("cannot close " + tmp.path + ": " + errno_str(errno));
-  if (::rename(tmp.path.c_str(), path.c_str()) != 0)
-    throw Error("cannot rename " + tmp.path + " to " + path + ": " + errno_str(errno));
-  tmp.keep = true;
-  // The rename is durable only once the directory entry is on disk.
-  std::string dir = fs::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    int r = ::fsync(dfd);
-    int e = errno;
-    ::close(dfd);
-    if (r != 0 && e != EINVAL) throw Error("wrote " + path + " but cannot fsync its directory " + dir + ": " + errno_str(e));
-  }
+  tmp.commit();
 }
 
 void release_pages(const TensorInfo& t) {

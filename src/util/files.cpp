@@ -22,6 +22,59 @@ void fsync_path(const fs::path& p) {
   }
 }
 
+AtomicFile::AtomicFile(const std::string& path)
+    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    keep_ = true;  // nothing was created
+    throw Error("cannot create " + tmp_ + ": " + std::strerror(errno) +
+                "; check that the directory exists and is writable");
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!keep_) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, c, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw Error("cannot write " + tmp_ + ": " + std::strerror(errno) +
+                  "; check free disk space and quotas");
+    }
+    c += w;
+    n -= size_t(w);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) throw Error("cannot fsync " + tmp_ + ": " + std::strerror(errno));
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) throw Error("cannot close " + tmp_ + ": " + std::strerror(errno));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    throw Error("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
+  keep_ = true;
+  // The rename is durable only once the directory entry is on disk.
+  const fs::path parent = fs::path(path_).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    const int r = ::fsync(dfd);
+    const int e = errno;
+    ::close(dfd);
+    if (r != 0 && e != EINVAL) {
+      std::string what = "wrote " + path_;
+      what += " but cannot fsync its directory " + dir + ": " + std::strerror(e);
+      throw Error(what);
+    }
+  }
+}
+
 void write_file_atomic(const fs::path& path, const std::string& text) {
   const std::string tmp = path.string() + ".tmp." + std::to_string(getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -12,6 +12,25 @@ namespace zof {
 // Writes text to path atomically: temporary file (PATH.tmp.PID), fsync, rename, fsync of the
 // directory. zof::Error naming the file on failure (the temporary removed).
 void write_file_atomic(const std::filesystem::path& path, const std::string& text);
+// A large file written the same way, in pieces: created as PATH.tmp.PID (zof::Error "cannot
+// create ..." naming it), written with write() (EINTR retried), and put in place by commit()
+// (fsync, close, rename over PATH, fsync of the directory). Destroyed without commit(), the
+// temporary is removed and PATH is untouched. The safetensors and GGUF writers.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+  void write(const void* p, size_t n);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool keep_ = false;
+};
+
 // fsync of a file or directory (a directory: the names in it), best effort.
 void fsync_path(const std::filesystem::path& p);
 
