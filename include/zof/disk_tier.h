@@ -82,6 +82,8 @@ class DiskTier {
   bool on_disk(int block) const { return plan_.on_disk[block]; }
   // Whether the block's pages hold its bytes now (resident, or a disk block in the ring).
   bool present(int block) const;
+  // A disk block in the ring: being read, present or being written (its pages in use).
+  bool in_ring(int block) const;
   const DiskTierPlan& plan() const { return plan_; }
   bool direct() const;
   std::string describe() const;  // one line: what is on disk, the ring, the store, the I/O

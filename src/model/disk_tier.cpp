@@ -162,6 +162,10 @@ bool DiskTier::present(int block) const {
          state_[block] == State::Writing;
 }
 
+bool DiskTier::in_ring(int block) const {
+  return plan_.on_disk[block] && state_[block] != State::OnDisk;
+}
+
 bool DiskTier::direct() const { return file_ && file_->direct(); }
 
 const fs::path& DiskTier::store_path() const {

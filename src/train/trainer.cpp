@@ -150,6 +150,21 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   // The model is saved in --save-dtype: the evaluation scores those weights (the final
   // checkpoint above keeps the exact master).
   const DType saved = save_dtype(r.opt, r.model);
+  // The disk tier's traffic over the steps (rounding the weights ends the tier).
+  json disk_summary;
+  if (const DiskTier* t = r.engine.disk_tier()) {
+    const DiskTierStats& s = t->stats();
+    disk_summary = {{"blocks_on_disk", (int)std::count(t->plan().on_disk.begin(),
+                                                              t->plan().on_disk.end(), true)},
+                            {"ring", t->plan().ring},
+                            {"o_direct", t->direct()},
+                            {"reads", s.reads},
+                            {"writes", s.writes},
+                            {"bytes_read", s.bytes_read},
+                            {"bytes_written", s.bytes_written},
+                            {"stalls", s.stalls},
+                            {"stall_s", s.stall_s}};
+  }
   r.engine.round_weights(saved);
   const json after = r.eval.evaluate(end.step, "after");
   if (!r.job.root) return json{{"rank", r.job.rank}};
@@ -186,19 +201,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"round_every", r.opt.round_every},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
-  if (const DiskTier* t = r.engine.disk_tier()) {
-    const DiskTierStats& s = t->stats();
-    summary["disk_tier"] = {{"blocks_on_disk", (int)std::count(t->plan().on_disk.begin(),
-                                                              t->plan().on_disk.end(), true)},
-                            {"ring", t->plan().ring},
-                            {"o_direct", t->direct()},
-                            {"reads", s.reads},
-                            {"writes", s.writes},
-                            {"bytes_read", s.bytes_read},
-                            {"bytes_written", s.bytes_written},
-                            {"stalls", s.stalls},
-                            {"stall_s", s.stall_s}};
-  }
+  if (!disk_summary.is_null()) summary["disk_tier"] = disk_summary;
   return summary;
 }
 
@@ -388,7 +391,14 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   sink.finish();
   Run run{opt, dir, job, *backend, model, engine, eval, loop, sink, c};
   json summary = finish(run, end, start);
-  if (engine.disk_tier()) {  // the model is saved: the store goes, and the run's offload/
+  if (host_mem > 0 && summary.contains("steps")) {  // what the budget is against
+    json& t = summary["disk_tier"];
+    if (!t.is_object()) t = json{{"blocks_on_disk", 0}};
+    t["host_mem"] = host_mem;
+    t["least_bytes"] = engine.disk_tier_minimum();
+    t["all_bytes"] = DiskTier::all_bytes(model, 1 + engine.state_planes());
+  }
+  if (host_mem > 0) {  // the model is saved: the store goes, and the run's offload/
     engine.disable_disk_tier();
     std::error_code ec;
     if (opt.offload_dir.empty()) fs::remove(offload, ec);  // only when empty

@@ -65,6 +65,14 @@ uint64_t free_space(const fs::path& dir) {
 
 BlockFile::BlockFile(const fs::path& path, uint64_t bytes, bool try_direct)
     : path_(path), size_((bytes + kIoAlign - 1) / kIoAlign * kIoAlign) {
+  // A store larger than the free space is refused before anything is allocated (fallocate
+  // would fill the file system first, under every other process on it).
+  const uint64_t room = free_space(path.parent_path().empty() ? fs::path(".") : path.parent_path());
+  ZOF_CHECK(size_ <= room,
+            "no space for " + path.string() + ": the blocks beyond --host-mem need " +
+                std::to_string(size_) + " bytes on its file system, which has " +
+                std::to_string(room) + " free; free space, choose another --offload-dir or "
+                "raise --host-mem");
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   ZOF_CHECK(fd_ >= 0, "cannot create " + path.string() + ": " + errno_text(errno) +
                           "; choose a writable --offload-dir");
