@@ -47,7 +47,9 @@ struct DiskTierStats {
 // Which blocks a --host-mem budget keeps in RAM and how many of the rest it holds at once.
 struct DiskTierPlan {
   std::vector<bool> on_disk;  // per block
-  int ring = 0;               // disk blocks present at once (read ahead or writing): >= 2
+  // Bytes of disk blocks present at once (read ahead, held or being written): the budget less
+  // the resident blocks, at least two of the largest disk block (ring of them).
+  int ring = 0;
   uint64_t resident_bytes = 0, ring_bytes = 0, store_bytes = 0;
   bool all_resident() const;
 };
@@ -116,7 +118,7 @@ class DiskTier {
   void reap();            // finished writes -> on disk; a failed one throws
   void wait_for(int block);
   void prefetch();
-  int in_ring() const;
+  uint64_t in_ring() const;  // bytes of the disk blocks in the ring
 
   Model& model_;
   std::vector<char*> planes_;
@@ -129,6 +131,7 @@ class DiskTier {
   std::vector<std::shared_ptr<IoTicket>> ticket_;
   std::vector<bool> changed_;
   std::vector<int> holds_;
+  std::vector<uint64_t> bytes_;  // per block, every plane
   std::vector<int> order_;
   size_t pos_ = 0;
   bool materialized_ = false;  // every block present since materialize()

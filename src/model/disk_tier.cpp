@@ -94,10 +94,12 @@ DiskTierPlan DiskTier::plan(const Model& m, int planes, uint64_t budget,
       p.store_bytes += block_bytes(m, b, planes) + (uint64_t)planes * 2 * kIoAlign;
     }
   if (disk_blocks == 0) return p;  // the reserved ring held the rest
-  p.ring = (int)std::min<uint64_t>(disk_blocks, (budget - p.resident_bytes) / largest);
+  // The ring is bytes: what the budget leaves, at least two of the largest disk block, and as
+  // many smaller ones as fit (a deeper read-ahead where the blocks are smaller than the largest).
+  p.ring_bytes = budget - p.resident_bytes;
+  p.ring = (int)std::min<uint64_t>(disk_blocks, p.ring_bytes / largest);
   ZOF_ASSERT(p.ring >= 2 || disk_blocks < 2);
   p.ring = std::max(p.ring, 1);
-  p.ring_bytes = (uint64_t)p.ring * largest;
   return p;
 }
 
@@ -130,6 +132,7 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
   ticket_.resize(n);
   changed_.assign(n, false);
   holds_.assign(n, 0);
+  for (int b = 0; b < n; ++b) bytes_.push_back(block_bytes(model, b, (int)planes_.size()));
   if (plan.all_resident()) return;
   file_ = std::make_unique<BlockFile>(
       dir / ("zof-blocks-" + std::to_string((long)::getpid()) + ".bin"), cursor, try_direct);
@@ -180,8 +183,8 @@ std::string DiskTier::describe() const {
   return std::to_string(disk) + " of " + std::to_string(n) + " blocks on disk (" +
          format_bytes(plan_.store_bytes) + " in " + file_->path().string() + "), " +
          format_bytes(plan_.resident_bytes) + " resident, a ring of " +
-         std::to_string(plan_.ring) + " blocks (" + format_bytes(plan_.ring_bytes) +
-         "); I/O: pread/pwrite on " + std::to_string(pool_->threads()) + " threads, " +
+         format_bytes(plan_.ring_bytes) + " (" + std::to_string(plan_.ring) +
+         " of the largest disk block); I/O: pread/pwrite on " + std::to_string(pool_->threads()) + " threads, " +
          (file_->direct() ? std::string("O_DIRECT") : "buffered: " + file_->note());
 }
 
@@ -262,24 +265,25 @@ void DiskTier::reap() {
     }
 }
 
-int DiskTier::in_ring() const {
-  int c = 0;
+uint64_t DiskTier::in_ring() const {
+  uint64_t bytes = 0;
   for (int b = 0; b < (int)state_.size(); ++b)
-    if (plan_.on_disk[b] && state_[b] != State::OnDisk) ++c;
-  return c;
+    if (plan_.on_disk[b] && state_[b] != State::OnDisk) bytes += bytes_[b];
+  return bytes;
 }
 
 void DiskTier::prefetch() {
   if (order_.empty()) return;
   reap();
-  int count = in_ring();
+  uint64_t bytes = in_ring();
   const size_t n = order_.size();
-  for (size_t p = pos_; p < pos_ + n && count < plan_.ring; ++p) {
+  // In walk order, while the ring's bytes hold them: the next block needed is always read first.
+  for (size_t p = pos_; p < pos_ + n; ++p) {
     const int b = order_[p % n];
-    if (plan_.on_disk[b] && state_[b] == State::OnDisk) {
-      read_block(b);
-      ++count;
-    }
+    if (!plan_.on_disk[b] || state_[b] != State::OnDisk) continue;
+    if (bytes + bytes_[b] > plan_.ring_bytes) break;
+    read_block(b);
+    bytes += bytes_[b];
   }
 }
 
@@ -321,7 +325,7 @@ void DiskTier::acquire(int b, bool overwrite) {
   }
   if (state_[b] == State::OnDisk) {
     // Room in the ring first: the oldest writes finish.
-    for (int w = 0; w < (int)state_.size() && in_ring() >= plan_.ring; ++w)
+    for (int w = 0; w < (int)state_.size() && in_ring() + bytes_[b] > plan_.ring_bytes; ++w)
       if (state_[w] == State::Writing) {
         ticket_[w]->wait();
         evict(w);

@@ -345,6 +345,10 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   dir.check_unfinished();  // a finished run: refused once everything else has been checked
   // The disk tier's budget and directory, before --out exists.
   const uint64_t host_mem = host_memory_budget(opt);
+  // Ranks would share the run's offload/ (and clear each other's stores): one process for now.
+  ZOF_CHECK(host_mem == 0 || comm->size() == 1,
+            "--host-mem (the disk tier) runs in one process for now, not " +
+                std::to_string(comm->size()) + " ranks; drop --host-mem or run without mpirun");
   const fs::path offload = offload_path(opt, dir.path());
   if (host_mem > 0) check_offload_dir(opt, offload, engine.disk_tier_plan(host_mem));
   // From here a signal stops the run at a step boundary: never between creating --out and
