@@ -84,6 +84,10 @@ struct TrainOptions {
   // device (host memory with that budget, sim_device.h), the streaming schedule without a GPU.
   std::string gpu_mem;
   bool sim_device = false;
+  // The disk tier (disk_tier.h), layout too: --host-mem, the host memory budget for the master
+  // weights and the optimizer state (empty: no budget, everything in RAM); the blocks beyond it
+  // live in --offload-dir (empty: offload/ in the run directory).
+  std::string host_mem, offload_dir;
   // Where the steps run: cpu (the host backend, weights in the model's storage) or cuda (the
   // CUDA backend; the weights stream from host memory within --gpu-mem, resident if they fit).
   DeviceChoice device = DeviceChoice::Cpu;

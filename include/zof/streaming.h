@@ -56,6 +56,8 @@ struct StreamingStats {
   uint64_t bytes_uploaded = 0, bytes_written_back = 0;
 };
 
+class DiskTier;
+
 class BlockStreamer {
  public:
   // Device bytes of plane k of a block of `span` elements: the weights (plane 0) in the
@@ -116,6 +118,12 @@ class BlockStreamer {
   void reload_from_host();
 
   const StreamingStats& stats() const { return stats_; }
+
+  // The host masters under a disk tier (disk_tier.h): every upload acquires the block's host
+  // planes from it first and every write-back acquires them to be overwritten; the host waits
+  // for the copy, then gives them back (a write-back's as changed, for the tier to write).
+  // Those waits cost the copies their overlap with compute while a tier is set. null: none.
+  void set_disk_tier(DiskTier* tier) { tier_ = tier; }
 
  private:
   struct Slot {
@@ -183,6 +191,7 @@ class BlockStreamer {
   std::vector<int> order_;
   size_t pos_ = 0;  // order_ positions before pos_ are done (acquired)
   StreamingStats stats_;
+  DiskTier* tier_ = nullptr;
 };
 
 }  // namespace zof

@@ -55,6 +55,9 @@ void validate_options(const TrainOptions& opt, bool new_run = true);
 
 // The device memory budget of --gpu-mem in bytes (0: none given; the device's free memory).
 uint64_t device_memory_budget(const TrainOptions& opt);
+// --host-mem / --offload-dir: the host budget in bytes (0: none given), the flags' combinations
+// checked (the directory itself is checked by the trainer once the model is known).
+uint64_t host_memory_budget(const TrainOptions& opt);
 
 // The engine's options from the run's (which passed validate_options).
 ZOStepOptions zo_step_options(const TrainOptions& opt);

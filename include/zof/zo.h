@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zof/backend.h"
+#include "zof/disk_tier.h"
 #include "zof/forward.h"
 #include "zof/loss.h"
 #include "zof/model.h"
@@ -183,6 +185,22 @@ class ZOEngine {
   void round_weights(DType dtype);
   // The least gpu_mem that enable_streaming() accepts.
   size_t streaming_minimum() const;
+
+  // The disk tier (disk_tier.h): the host masters of the blocks that do not fit host_mem bytes
+  // (their weights, and a stateful optimizer's state with them) live in a file under dir and
+  // pass through host memory as the walks reach them; the block holding a tied LM head stays
+  // resident (the walk reads it twice). Below disk_tier_minimum() it throws a zof::Error naming
+  // --host-mem; at or above every block's bytes it does nothing. The host masters are whole
+  // again after flush() and sync_to_host() (evaluation, checkpoints, the end) until the next
+  // walk. After enable_streaming() (the tiers compose) and before the first walk; not with
+  // pipeline stages.
+  void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads = 2);
+  DiskTier* disk_tier();
+  // Every block back in host memory, the store removed.
+  void disable_disk_tier();
+  uint64_t disk_tier_minimum() const;
+  // What host_mem keeps in RAM (DiskTier::plan), for a check before anything is created.
+  DiskTierPlan disk_tier_plan(uint64_t host_mem) const;
   // The device bytes streaming keeps apart from the blocks: the engine's buffers, and a bf16
   // evaluation's scratch for the streamed blocks' copies.
   size_t streaming_buffers() const;

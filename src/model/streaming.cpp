@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "zof/disk_tier.h"
 #include "zof/error.h"
 
 namespace zof {
@@ -301,19 +302,29 @@ void BlockStreamer::upload_resident(int block) {
 }
 
 void BlockStreamer::upload(int block) {
+  if (tier_) tier_->acquire(block);
   for (int k = 0; k < num_planes(); ++k) {
     be_.copy_to_device(device_plane(block, k), host(block, k), span_bytes(block, k), up_);
     stats_.bytes_uploaded += span_bytes(block, k);
   }
   ++stats_.uploads;
+  if (tier_) {
+    be_.synchronize(up_);
+    tier_->release(block, false);
+  }
 }
 
 void BlockStreamer::write_back(int block) {
+  if (tier_) tier_->acquire(block, /*overwrite=*/true);
   for (int k = 0; k < num_planes(); ++k) {
     be_.copy_to_host(host(block, k), device_plane(block, k), span_bytes(block, k), down_);
     stats_.bytes_written_back += span_bytes(block, k);
   }
   ++stats_.writebacks;
+  if (tier_) {
+    be_.synchronize(down_);
+    tier_->release(block, true);
+  }
 }
 
 void BlockStreamer::prefetch() {

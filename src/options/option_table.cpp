@@ -159,6 +159,15 @@ const std::vector<OptionSpec>& options_table() {
        "cpu, or cuda: the steps on the GPU, the weights streamed from host memory within "
        "--gpu-mem (all resident if they fit)",
        {"cpu", "cuda"}, false},
+      {"host_mem", &O::host_mem,
+       "Host memory budget for the master weights and optimizer state, e.g. 8GiB or bytes "
+       "(default: no budget, all in RAM): blocks that fit stay in RAM, the rest live in "
+       "--offload-dir and are read ahead and written back each step",
+       {}, false},
+      {"offload_dir", &O::offload_dir,
+       "With --host-mem: the directory (on a local file system) for the blocks beyond it "
+       "(default: offload/ in the run directory)",
+       {}, false},
       {"sim_device", &O::sim_device,
        "Run on the simulated device (host memory with the --gpu-mem budget, threads as copy "
        "streams): the streaming schedule without a GPU",

@@ -47,6 +47,7 @@ void validate_options(const TrainOptions& o, bool new_run) {
             "--estimator jvp takes Gaussian, dense directions: drop --z, --one-sided and "
             "--sparsity, or use --estimator spsa");
   (void)device_memory_budget(o);
+  (void)host_memory_budget(o);
   check_whole("--steps", o.steps, rule_of("--steps"));
   check_whole("--batch", o.batch, rule_of("--batch"));
   check_whole("--micro-batches", o.micro_batches, rule_of("--micro-batches"));
@@ -136,6 +137,21 @@ uint64_t device_memory_budget(const TrainOptions& o) {
   ZOF_CHECK(o.pipeline_stages == 1,
             "--gpu-mem / --sim-device / --device cuda (parameter streaming) do not combine with "
             "--pipeline-stages > 1; use --pipeline-stages 1 (data parallel only)");
+  return bytes;
+}
+
+uint64_t host_memory_budget(const TrainOptions& o) {
+  ZOF_CHECK(o.offload_dir.empty() || !o.host_mem.empty(),
+            "--offload-dir holds the blocks that do not fit --host-mem: add --host-mem SIZE, or "
+            "drop --offload-dir");
+  if (o.host_mem.empty()) return 0;
+  const uint64_t bytes = parse_memory_size(o.host_mem, "--host-mem");
+  ZOF_CHECK(o.estimator == EstimatorChoice::Spsa,
+            "--host-mem (the disk tier) runs the SPSA walk only; use --estimator spsa, or drop "
+            "--host-mem");
+  ZOF_CHECK(o.pipeline_stages == 1,
+            "--host-mem (the disk tier) does not combine with --pipeline-stages > 1; use "
+            "--pipeline-stages 1");
   return bytes;
 }
 

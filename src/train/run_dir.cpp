@@ -201,6 +201,8 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
   s.pipeline_stages = opt.pipeline_stages;
   s.gpu_mem = opt.gpu_mem;
   s.sim_device = opt.sim_device;
+  s.host_mem = opt.host_mem;
+  s.offload_dir = opt.offload_dir;
   s.device = opt.device;
   s.dist_timeout = opt.dist_timeout;
   s.resume = opt.resume;

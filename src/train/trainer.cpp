@@ -3,8 +3,11 @@
 // task's data, the engine and the estimator, the checkpoint to continue from, then the step loop
 // and the run's summary. Each part lives in its own file of src/train/.
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <optional>
 
@@ -14,7 +17,9 @@
 #include "train/resume_rule.h"
 #include "train/run_dir.h"
 #include "train/step_loop.h"
+#include "util/block_io.h"
 #include "zof/backend.h"
+#include "zof/disk_tier.h"
 #include "zof/error.h"
 #include "zof/model.h"
 #include "zof/report.h"
@@ -23,6 +28,7 @@
 #include "zof/tokenizer.h"
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 namespace zof {
 namespace {
@@ -144,6 +150,21 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   // The model is saved in --save-dtype: the evaluation scores those weights (the final
   // checkpoint above keeps the exact master).
   const DType saved = save_dtype(r.opt, r.model);
+  // The disk tier's traffic over the steps (rounding the weights ends the tier).
+  json disk_summary;
+  if (const DiskTier* t = r.engine.disk_tier()) {
+    const DiskTierStats& s = t->stats();
+    disk_summary = {{"blocks_on_disk", (int)std::count(t->plan().on_disk.begin(),
+                                                              t->plan().on_disk.end(), true)},
+                            {"ring", t->plan().ring},
+                            {"o_direct", t->direct()},
+                            {"reads", s.reads},
+                            {"writes", s.writes},
+                            {"bytes_read", s.bytes_read},
+                            {"bytes_written", s.bytes_written},
+                            {"stalls", s.stalls},
+                            {"stall_s", s.stall_s}};
+  }
   r.engine.round_weights(saved);
   const json after = r.eval.evaluate(end.step, "after");
   if (!r.job.root) return json{{"rank", r.job.rank}};
@@ -180,6 +201,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                {"round_every", r.opt.round_every},
                {"out", run}};
   if (r.engine.streamer()) summary["streaming"] = streaming_summary(r.engine, r.model, r.backend);
+  if (!disk_summary.is_null()) summary["disk_tier"] = disk_summary;
   return summary;
 }
 
@@ -207,6 +229,42 @@ void write_run_report(const TrainOptions& opt, const RunDir& dir, const json& su
 }
 
 }  // namespace
+
+// --offload-dir, or offload/ in the run directory.
+static fs::path offload_path(const TrainOptions& opt, const fs::path& run) {
+  return opt.offload_dir.empty() ? run / "offload" : fs::path(opt.offload_dir);
+}
+
+// The directory for the disk tier's store: there, a directory, writable, with room for the
+// blocks beyond --host-mem. offload/ in the run directory is checked where it will be made.
+static void check_offload_dir(const TrainOptions& opt, const fs::path& dir,
+                              const DiskTierPlan& plan) {
+  if (plan.all_resident()) return;
+  const std::string flag = opt.offload_dir.empty() ? "the run directory's offload/"
+                                                   : "--offload-dir " + dir.string();
+  fs::path on = dir;
+  if (opt.offload_dir.empty()) {  // its nearest existing parent's file system
+    std::error_code ec;
+    while (!on.empty() && !fs::exists(on, ec)) on = on.parent_path();
+    if (on.empty()) on = ".";
+  } else {
+    std::error_code ec;
+    ZOF_CHECK(fs::exists(dir, ec),
+              "--offload-dir " + dir.string() + " does not exist: create it (on a local file "
+              "system with " + std::to_string(plan.store_bytes) + " bytes free), or drop "
+              "--offload-dir to use the run directory");
+    ZOF_CHECK(fs::is_directory(dir, ec), "--offload-dir " + dir.string() +
+                                             " is not a directory: give a directory");
+    ZOF_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0,
+              "--offload-dir " + dir.string() + " is not writable: give a directory this user "
+              "can write");
+  }
+  const uint64_t free = free_space(on);
+  ZOF_CHECK(free >= plan.store_bytes,
+            flag + " has " + std::to_string(free) + " bytes free, and the blocks beyond --host-mem "
+            "need " + std::to_string(plan.store_bytes) + " (" + format_bytes(plan.store_bytes) +
+            "): free space, choose another --offload-dir, or raise --host-mem");
+}
 
 json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given) {
   // A new run's options as given. A resumed run's are its run.json's: what its caller set may
@@ -289,12 +347,29 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   if (c.window_from >= 0)
     reopen_window((dir.path() / "zo_log.jsonl").string(), engine, opt, c.window_from, c.step);
   dir.check_unfinished();  // a finished run: refused once everything else has been checked
+  // The disk tier's budget and directory, before --out exists.
+  const uint64_t host_mem = host_memory_budget(opt);
+  // Ranks would share the run's offload/ (and clear each other's stores): one process for now.
+  ZOF_CHECK(host_mem == 0 || comm->size() == 1,
+            "--host-mem (the disk tier) runs in one process for now, not " +
+                std::to_string(comm->size()) + " ranks; drop --host-mem or run without mpirun");
+  const fs::path offload = offload_path(opt, dir.path());
+  if (host_mem > 0) check_offload_dir(opt, offload, engine.disk_tier_plan(host_mem));
   // From here a signal stops the run at a step boundary: never between creating --out and
   // writing run.json (which would leave a directory that is no run).
   std::optional<StopSignals> signals(std::in_place);
   dir.create(job.root);  // a new run's --out (removed again if the run fails before it starts)
   comm->barrier();  // every rank has checked the run directory before rank 0 writes into it
   if (job.root) dir.start(opt, model_id, fingerprint, compute, c);
+  if (host_mem > 0 && !engine.disk_tier_plan(host_mem).all_resident()) {
+    if (opt.offload_dir.empty()) {
+      // The run's own: a store left by a run killed before (the tier writes every block anew).
+      fs::create_directories(offload);
+      for (const auto& e : fs::directory_iterator(offload))
+        if (e.path().filename().string().rfind("zof-blocks-", 0) == 0) fs::remove(e.path());
+    }
+    engine.enable_disk_tier(host_mem, offload.string());
+  }
 
   QuietSink quiet;
   std::unique_ptr<TrainSink> terminal = job.root && !user_sink ? make_terminal_sink() : nullptr;
@@ -311,6 +386,10 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
                (dir.resuming() ? ", resuming at step " + std::to_string(start) : ""));
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());
+  if (host_mem > 0)
+    sink.message("disk tier: " + (engine.disk_tier() ? engine.disk_tier()->describe()
+                                                     : "--host-mem " + format_bytes(host_mem) +
+                                                           " holds every block in host memory"));
   if (!model_warning.empty()) sink.message(model_warning);
   if (const std::string w = data->warning(); !w.empty()) sink.message("zof: warning: " + w);
 
@@ -321,6 +400,18 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   sink.finish();
   Run run{opt, dir, job, *backend, model, engine, eval, loop, sink, c};
   json summary = finish(run, end, start);
+  if (host_mem > 0 && summary.contains("steps")) {  // what the budget is against
+    json& t = summary["disk_tier"];
+    if (!t.is_object()) t = json{{"blocks_on_disk", 0}};
+    t["host_mem"] = host_mem;
+    t["least_bytes"] = engine.disk_tier_minimum();
+    t["all_bytes"] = DiskTier::all_bytes(model, 1 + engine.state_planes());
+  }
+  if (host_mem > 0) {  // the model is saved: the store goes, and the run's offload/
+    engine.disable_disk_tier();
+    std::error_code ec;
+    if (opt.offload_dir.empty()) fs::remove(offload, ec);  // only when empty
+  }
   if (job.root) {
     // The step log as the run ended (replay checks it against these when the run's
     // checkpoints are gone).

@@ -46,6 +46,21 @@ Forward& ZOEngine::forward() { return impl_->fwd_; }
 const ZOStepOptions& ZOEngine::options() const { return impl_->opt_; }
 void ZOEngine::enable_streaming(size_t gpu_mem) { impl_->enable_streaming(gpu_mem); }
 BlockStreamer* ZOEngine::streamer() { return impl_->stream_.get(); }
+void ZOEngine::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads) {
+  impl_->enable_disk_tier(host_mem, dir, io_threads);
+}
+DiskTier* ZOEngine::disk_tier() { return impl_->disk_.get(); }
+void ZOEngine::disable_disk_tier() {
+  if (impl_->stream_) impl_->stream_->sync_to_host();
+  impl_->drop_disk_tier();
+}
+uint64_t ZOEngine::disk_tier_minimum() const {
+  return DiskTier::min_bytes(impl_->model_, 1 + impl_->state_planes(), impl_->disk_keep());
+}
+DiskTierPlan ZOEngine::disk_tier_plan(uint64_t host_mem) const {
+  impl_->check_disk_budget(host_mem);
+  return DiskTier::plan(impl_->model_, 1 + impl_->state_planes(), host_mem, impl_->disk_keep());
+}
 size_t ZOEngine::buffer_bytes() const { return impl_->buffer_bytes_; }
 void ZOEngine::add_buffer_bytes(size_t bytes) { impl_->buffer_bytes_ += bytes; }
 void ZOEngine::round_weights(DType dtype) { impl_->round_weights(dtype); }
@@ -172,6 +187,12 @@ ZOEngine::Impl::~Impl() {
       stream_->sync_to_host();  // the weights the walks applied, as without streaming
     } catch (...) {
     }
+  }
+  try {
+    drop_disk_tier();  // the Model's storage whole again
+  } catch (...) {
+  }
+  if (stream_) {
     fwd_.set_weights(nullptr);
     stream_.reset();
   }
@@ -222,11 +243,13 @@ Theta ZOEngine::Impl::theta(int pi) const {
 }
 
 void ZOEngine::Impl::acquire(int block) {
+  if (disk_ && !stream_) disk_->acquire(block);
   if (stream_) stream_->acquire(block);
 }
 
 void ZOEngine::Impl::release(int block, bool dirty) {
   if (stream_) stream_->release(block, dirty);
+  if (disk_ && !stream_) disk_->release(block, dirty);
 }
 
 std::vector<int> ZOEngine::Impl::walk_order(size_t micro_batches) const {
@@ -292,10 +315,63 @@ void ZOEngine::Impl::enable_streaming(size_t gpu_mem) {
   }
   stream_ = std::make_unique<BlockStreamer>(model_, be_, blocks, state_host_);
   fwd_.set_weights(stream_.get());  // evaluation reads the device copies too
+  ZOF_ASSERT(!disk_);  // the disk tier is enabled after streaming, which it then sits under
 }
 
 void ZOEngine::Impl::sync_to_host() {
   if (stream_) stream_->sync_to_host();
+  if (disk_) disk_->materialize();
+}
+
+std::vector<int> ZOEngine::Impl::disk_keep() const {
+  // A tied LM head is the embedding block's table: the walk reads it first and last.
+  const int last = (int)model_.blocks().size() - 1;
+  return lm_block_ != last ? std::vector<int>{lm_block_} : std::vector<int>{};
+}
+
+void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads) {
+  ZOF_CHECK(first_block_ == 0 && last_block_ < 0,
+            "--host-mem (the disk tier) does not combine with pipeline stages; use "
+            "--pipeline-stages 1");
+  ZOF_ASSERT(!disk_);
+  check_disk_budget(host_mem);
+  const int planes = 1 + state_planes();
+  const DiskTierPlan plan = DiskTier::plan(model_, planes, host_mem, disk_keep());
+  if (plan.all_resident()) return;
+  std::vector<float*> extra;
+  if (stream_) {
+    extra = state_host_;
+  } else if (state_planes() > 0) {
+    if (!m_) alloc_device_state();  // the host backend's "device" memory: the state's master
+    extra.push_back(m_);
+    if (v_) extra.push_back(v_);
+  }
+  if (stream_) stream_->sync_to_host();  // no copy in flight while the blocks move out
+  disk_ = std::make_unique<DiskTier>(model_, extra, plan, dir, io_threads);
+  if (stream_) stream_->set_disk_tier(disk_.get());
+}
+
+void ZOEngine::Impl::check_disk_budget(uint64_t host_mem) const {
+  const int planes = 1 + state_planes();
+  const uint64_t need = DiskTier::min_bytes(model_, planes, disk_keep());
+  const std::string what = planes == 1   ? "its weights"
+                           : planes == 2 ? "its weights and momentum"
+                                         : "its weights and Adam's m and v";
+  ZOF_CHECK(host_mem >= need,
+            "--host-mem " + format_bytes(host_mem) + " is below this run's least of " +
+                std::to_string(need) + " bytes (" + format_bytes(need) + "): " +
+                (disk_keep().empty() ? std::string("")
+                                     : "the block of the tied LM head, which stays resident, "
+                                       "and ") +
+                "two blocks in flight from disk (the largest block, " + what + "); raise "
+                "--host-mem" + (planes > 1 ? ", or use --optimizer sgd (no optimizer state)" : ""));
+}
+
+void ZOEngine::Impl::drop_disk_tier() {
+  if (!disk_) return;
+  disk_->materialize();
+  if (stream_) stream_->set_disk_tier(nullptr);
+  disk_.reset();
 }
 
 double ZOEngine::Impl::loss(const std::vector<LossBatch>& micro) {

@@ -31,6 +31,7 @@ struct ZOEngine::Impl {
   void sync_to_host();
   double loss(const std::vector<LossBatch>& micro);
   void enable_streaming(size_t gpu_mem);
+  void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads);
   void round_weights(DType dtype);
   size_t streaming_minimum() const;
   size_t streaming_buffers() const;
@@ -139,6 +140,12 @@ struct ZOEngine::Impl {
   size_t buffer_bytes_ = 0;
   int lm_block_ = -1;                     // the block holding the LM head matrix
   std::unique_ptr<BlockStreamer> stream_;  // null: the walk works on the model's storage
+  // The host masters' disk tier (null: all in host memory). Without streaming the walk's
+  // acquire/release reach it; with streaming the streamer's uploads and write-backs do.
+  std::unique_ptr<DiskTier> disk_;
+  std::vector<int> disk_keep() const;  // blocks the disk tier keeps resident
+  void drop_disk_tier();               // materialized, then gone
+  void check_disk_budget(uint64_t host_mem) const;  // --host-mem's least, refused below it
 };
 
 }  // namespace zof

@@ -75,6 +75,10 @@ void ZOEngine::Impl::write_state(const std::vector<float>& m, const std::vector<
   ZOF_ASSERT((int64_t)m.size() == (planes >= 1 ? n : 0) &&
              (int64_t)v.size() == (planes >= 2 ? n : 0));
   if (planes == 0) return;
+  if (disk_) {  // the state whole in host memory, and written to disk as the next walk begins
+    if (stream_) stream_->sync_to_host();
+    disk_->materialize(/*changed=*/true);
+  }
   if (stream_) {
     // Prefetches may be reading the host masters and resident blocks hold the current state:
     // both settle first; then every device copy is dropped and uploaded again from the new state.

@@ -62,6 +62,7 @@ void ZOEngine::Impl::flush(bool to_host) {
   hold_ = false;  // a flush closes a rounding window (even after a walk cut short)
   if (!pending_.empty()) {
     const auto& blocks = model_.blocks();
+    if (disk_) disk_->begin_walk(walk_order(0));
     if (stream_) stream_->begin_walk(walk_order(0));
     for (int b = 0; b < (int)blocks.size(); ++b)
       if (owns_block(b)) {
@@ -73,11 +74,13 @@ void ZOEngine::Impl::flush(bool to_host) {
   pending_ = PendingUpdate{};
   fwd_.weights_changed();
   if (stream_ && to_host) stream_->sync_to_host();
+  if (disk_ && to_host) disk_->materialize();  // the host masters whole until the next walk
 }
 
 void ZOEngine::Impl::round_weights(DType dtype) {
   if (dtype == DType::F32) return;
   flush();  // the host master is current
+  drop_disk_tier();  // the storage is replaced: the run's walks are over
   model_.round_to(dtype);
   if (stream_) stream_->reload_from_host();
   fwd_.weights_changed();

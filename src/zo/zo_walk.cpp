@@ -358,6 +358,7 @@ QueryLosses ZOEngine::Impl::perturbed_losses(uint32_t step, const std::vector<Lo
   // reads the master, through the window's updates; the walk of the window's last step + 1
   // applies and rounds them all.
   hold_ = opt_.round_every > 1 && !pending_.empty() && step % (uint32_t)opt_.round_every != 0;
+  if (disk_) disk_->begin_walk(walk_order(micro.size()));  // first: the streamer reads through it
   if (stream_) stream_->begin_walk(walk_order(micro.size()));
   std::vector<int32_t> uniq, local;
   for (size_t mb = 0; mb < micro.size(); ++mb) {

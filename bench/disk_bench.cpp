@@ -1,0 +1,161 @@
+// The disk tier's benchmark (issue 28): the disk's own sequential O_DIRECT write and read
+// bandwidth through the tier's I/O layer (src/util/block_io.h), then ZO steps of a random model
+// all in host memory against steps with the blocks beyond --host-mem on disk (the least budget
+// and half the model), in one run so the ratios hold on a noisy machine. Prints a table.
+//   build/disk_bench [--dir DIR] [--model-config llama-125m] [--steps 3] [--threads 2]
+//                    [--io-mib 512] [--io-threads 2]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "bench_common.h"
+#include "util/block_io.h"
+#include "zof/disk_tier.h"
+#include "zof/error.h"
+#include "zof/runtime.h"
+#include "zof/streaming.h"
+#include "zof/zo.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Args {
+  std::string dir = fs::temp_directory_path().string();
+  std::string model_config = "llama-125m";
+  int steps = 3, threads = 2, io_threads = 2;
+  uint64_t io_mib = 512;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Sequential O_DIRECT transfers of io_mib in 4 MiB requests on the I/O pool, as the tier issues
+// them; the file is written first, then read back.
+void disk_bandwidth(const Args& a) {
+  const uint64_t chunk = uint64_t(4) << 20, bytes = a.io_mib << 20;
+  const fs::path p = fs::path(a.dir) / ("zof-disk-bench-" + std::to_string(::getpid()) + ".bin");
+  zof::BlockFile f(p, bytes);
+  zof::IoPool pool(a.io_threads);
+  std::vector<std::unique_ptr<zof::AlignedBuffer>> bufs;
+  for (int i = 0; i < a.io_threads; ++i) {
+    bufs.push_back(std::make_unique<zof::AlignedBuffer>(chunk));
+    std::memset(bufs.back()->data, 0x5a + i, chunk);
+  }
+  auto run = [&](bool write) {
+    std::vector<std::function<void()>> jobs;
+    for (uint64_t off = 0; off < bytes; off += chunk) {
+      char* b = bufs[(off / chunk) % bufs.size()]->data;
+      jobs.push_back([&f, b, off, chunk, write] {
+        if (write)
+          f.write(b, chunk, off);
+        else
+          f.read(b, chunk, off);
+      });
+    }
+    const double t0 = now_s();
+    pool.submit(std::move(jobs))->wait();
+    if (write) ::sync();  // buffered fallback: what reached the disk
+    return bytes / (now_s() - t0) / 1e9;
+  };
+  const double w = run(true), r = run(false);
+  std::printf("disk %s: %s, %llu MiB in 4 MiB requests on %d threads\n", a.dir.c_str(),
+              f.direct() ? "O_DIRECT" : ("buffered (" + f.note() + ")").c_str(),
+              (unsigned long long)a.io_mib, a.io_threads);
+  std::printf("  sequential write %.2f GB/s, read %.2f GB/s\n\n", w, r);
+  f.remove();
+}
+
+struct Row {
+  std::string name;
+  uint64_t budget = 0;
+  int on_disk = 0, ring = 0;
+  double step_s = 0, read_gb = 0, write_gb = 0, stall_s = 0;
+};
+
+Row steps(const Args& a, const zof::ModelConfig& cfg, const std::string& name, uint64_t budget) {
+  zof::Model model = zof::Model::random(cfg, 1);
+  std::mt19937_64 rng(2);
+  std::vector<std::vector<int32_t>> seqs(1, std::vector<int32_t>(32));
+  for (auto& t : seqs[0]) t = (int32_t)(rng() % (uint64_t)cfg.vocab_size);
+  const std::vector<zof::LossBatch> micro{zof::LossBatch::next_token(zof::Batch::from_sequences(seqs))};
+  zof::BackendOptions bo;
+  bo.threads = a.threads;
+  std::unique_ptr<zof::Backend> be = zof::make_backend(bo);
+  zof::ZOEngine eng(model, *be, 32, zof::ZOStepOptions{});
+  Row r;
+  r.name = name;
+  if (budget == 1) budget = eng.disk_tier_minimum();
+  r.budget = budget;
+  if (budget > 0) eng.enable_disk_tier(budget, a.dir, a.io_threads);
+  if (const zof::DiskTier* t = eng.disk_tier()) {
+    r.on_disk = (int)std::count(t->plan().on_disk.begin(), t->plan().on_disk.end(), true);
+    r.ring = t->plan().ring;
+  }
+  uint32_t step = 0;
+  auto one = [&] {
+    const auto ql = eng.perturbed_losses(step, micro);
+    eng.schedule_update(step, 1e-5f, eng.projected_gradients(ql));
+    ++step;
+  };
+  one();
+  one();  // warm: the second walk applies an update, as every later one does
+  const zof::DiskTierStats s0 = eng.disk_tier() ? eng.disk_tier()->stats() : zof::DiskTierStats{};
+  const double t0 = now_s();
+  for (int i = 0; i < a.steps; ++i) one();
+  r.step_s = (now_s() - t0) / a.steps;
+  if (eng.disk_tier()) {
+    const zof::DiskTierStats& s = eng.disk_tier()->stats();
+    r.read_gb = (s.bytes_read - s0.bytes_read) / 1e9 / a.steps;
+    r.write_gb = (s.bytes_written - s0.bytes_written) / 1e9 / a.steps;
+    r.stall_s = (s.stall_s - s0.stall_s) / a.steps;
+    std::printf("  %s: %s\n", name.c_str(), eng.disk_tier()->describe().c_str());
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args a;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string k = argv[i], v = argv[i + 1];
+      if (k == "--dir") a.dir = v;
+      else if (k == "--model-config") a.model_config = v;
+      else if (k == "--steps") a.steps = std::stoi(v);
+      else if (k == "--threads") a.threads = std::stoi(v);
+      else if (k == "--io-threads") a.io_threads = std::stoi(v);
+      else if (k == "--io-mib") a.io_mib = std::stoull(v);
+      else throw zof::Error("unknown flag " + k);
+    }
+    disk_bandwidth(a);
+    const zof::ModelConfig cfg = zof_bench::config_named(a.model_config);
+    const zof::Model probe = zof::Model::random(cfg, 1);
+    const uint64_t all = zof::DiskTier::all_bytes(probe);
+    std::printf("ZO-SGD steps of %s (%lld parameters, %.0f MB fp32 master), batch 1 x 32 tokens, "
+                "%d threads, mean of %d steps\n",
+                a.model_config.c_str(), (long long)probe.num_params(), all / 1e6, a.threads,
+                a.steps);
+    std::vector<Row> rows;
+    rows.push_back(steps(a, cfg, "all in RAM", 0));
+    rows.push_back(steps(a, cfg, "half on disk", all / 2));
+    rows.push_back(steps(a, cfg, "least budget", 1));
+    std::printf("\n| host memory | budget | blocks on disk | ring | s/step | x RAM | GB read/step | "
+                "GB written/step | read stall s/step |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %s | %d | %d | %.3f | %.2f | %.3f | %.3f | %.3f |\n", r.name.c_str(),
+                  r.budget ? zof::format_bytes(r.budget).c_str() : "-", r.on_disk, r.ring,
+                  r.step_s, r.step_s / rows[0].step_s, r.read_gb, r.write_gb, r.stall_s);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "disk_bench: error: %s\n", e.what());
+    return 1;
+  }
+}

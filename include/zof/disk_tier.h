@@ -1,0 +1,141 @@
+// The disk tier: the host masters of the blocks that do not fit --host-mem live in a file under
+// --offload-dir, and pass through host memory as the ZO walk reaches them. It sits under the
+// walk's acquire/release as BlockStreamer (streaming.h) sits under them for the device, and
+// never changes a bit: a block's bytes go to disk and come back as they were.
+//
+// A block keeps its place in the Model's storage (and in the optimizer-state planes laid out as
+// the storage): what the tier does is take its memory away. A block homed on disk is written
+// to its slot of the store, then the whole pages inside its span are given back to the system
+// (madvise MADV_DONTNEED); reading it back fills them again. Every pointer into the storage
+// stays valid, so every walk runs unchanged; between walks the tier holds the disk blocks'
+// pages only for the ring (blocks read ahead, or being written behind).
+//
+// I/O without copies: a block's slot in the file starts at the same offset modulo 4096 as its
+// span in memory, so the whole pages of the span go to and from the file directly (O_DIRECT
+// where the file system takes it); only the first and last partial pages pass through a page of
+// their own on a read (a partial page is shared with the neighbouring block, which stays
+// resident in it). A plain pread/pwrite pool of threads runs the transfers.
+//
+// Order of a block's life, all decided on the walk's thread:
+//   on disk -> reading (read ahead, up to the ring's size, in the coming walk order) -> present
+//   (acquired by the walk) -> released: changed -> writing -> on disk (pages given back when the
+//   write is done); unchanged -> on disk at once (the store holds it).
+// A block is never read while its write is in flight: acquire() waits for the write first.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zof/model.h"
+
+namespace zof {
+
+class BlockFile;
+class IoPool;
+class IoTicket;
+
+struct DiskTierStats {
+  int64_t reads = 0, writes = 0;  // blocks read from and written to the store
+  uint64_t bytes_read = 0, bytes_written = 0;
+  int64_t stalls = 0;     // acquire() that waited for a read not yet done
+  double stall_s = 0;     // seconds acquire() waited
+};
+
+// Which blocks a --host-mem budget keeps in RAM and how many of the rest it holds at once.
+struct DiskTierPlan {
+  std::vector<bool> on_disk;  // per block
+  // Bytes of disk blocks present at once (read ahead, held or being written): the budget less
+  // the resident blocks, at least two of the largest disk block (ring of them).
+  int ring = 0;
+  uint64_t resident_bytes = 0, ring_bytes = 0, store_bytes = 0;
+  bool all_resident() const;
+};
+
+class DiskTier {
+ public:
+  // Host bytes of block b with `planes` planes: its weights in the storage's type and fp32 for
+  // each further plane.
+  static uint64_t block_bytes(const Model& m, int b, int planes = 1);
+  static uint64_t all_bytes(const Model& m, int planes = 1);
+  // The least budget: the `keep` blocks (read twice a walk, so never on disk) and two slots of
+  // the largest other block.
+  static uint64_t min_bytes(const Model& m, int planes, const std::vector<int>& keep);
+  // The blocks kept resident: `keep`, then the others from block 0 while the budget, less a
+  // ring of two slots of the largest block left out, holds them; the ring as large as the rest
+  // of the budget allows. budget >= min_bytes.
+  static DiskTierPlan plan(const Model& m, int planes, uint64_t budget,
+                           const std::vector<int>& keep);
+
+  // Moves the plan's disk blocks out: creates DIR/zof-blocks-<pid>.bin (space reserved:
+  // a full file system is refused here), whose slots are written as the first walk releases
+  // each block. extra_planes: host arrays of Model::storage_size() floats laid out as the
+  // storage (the optimizer state), moved with their blocks. The storage and the planes must
+  // not move while the tier lives. threads: the I/O pool's.
+  DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
+           const std::filesystem::path& dir, int threads = 2, bool try_direct = true);
+  // Waits for the transfers, removes the store. Does not bring blocks back: materialize() first.
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  bool on_disk(int block) const { return plan_.on_disk[block]; }
+  // Whether the block's pages hold its bytes now (resident, or a disk block in the ring).
+  bool present(int block) const;
+  // A disk block in the ring: being read, present or being written (its pages in use).
+  bool in_ring(int block) const;
+  const DiskTierPlan& plan() const { return plan_; }
+  bool direct() const;
+  std::string describe() const;  // one line: what is on disk, the ring, the store, the I/O
+  const std::filesystem::path& store_path() const;
+
+  // The order in which the coming walk acquires blocks (repeats allowed; taken to repeat after
+  // its end): what is read ahead.
+  void begin_walk(std::vector<int> order);
+  // The block's planes are in host memory and current until release. overwrite: the caller
+  // writes every byte of them before reading any (a device's write-back): nothing is read.
+  void acquire(int block, bool overwrite = false);
+  // Done with the block; changed: its planes were written (they go to disk behind the walk).
+  void release(int block, bool changed);
+  // Every block in host memory and current; changed: the caller will write the host masters.
+  // Until the next begin_walk() the host may read (and, with changed, write) them all; that
+  // begin_walk() writes them back (with changed) and gives the disk blocks' pages back.
+  void materialize(bool changed = false);
+
+  const DiskTierStats& stats() const { return stats_; }
+
+ private:
+  enum class State { OnDisk, Reading, Present, Writing };
+  struct Span {  // plane k of a block: its bytes in memory and its slot in the store
+    char* addr = nullptr;
+    uint64_t bytes = 0, file_off = 0;
+  };
+  void read_block(int block);
+  void write_block(int block);
+  void evict(int block);  // its whole pages given back
+  void reap();            // finished writes -> on disk; a failed one throws
+  void wait_for(int block);
+  void prefetch();
+  uint64_t in_ring() const;  // bytes of the disk blocks in the ring
+
+  Model& model_;
+  std::vector<char*> planes_;
+  DiskTierPlan plan_;
+  const void* storage_ = nullptr;  // the storage's start when planned: it must not move
+  std::vector<std::vector<Span>> spans_;  // per block, per plane (disk blocks only)
+  std::unique_ptr<BlockFile> file_;
+  std::unique_ptr<IoPool> pool_;
+  std::vector<State> state_;
+  std::vector<std::shared_ptr<IoTicket>> ticket_;
+  std::vector<bool> changed_;
+  std::vector<int> holds_;
+  std::vector<uint64_t> bytes_;  // per block, every plane
+  std::vector<int> order_;
+  size_t pos_ = 0;
+  bool materialized_ = false;  // every block present since materialize()
+  DiskTierStats stats_;
+};
+
+}  // namespace zof

@@ -1,0 +1,392 @@
+// The disk tier (zof/disk_tier.h): the plan of what a --host-mem budget keeps in RAM, the store
+// file's slots, and the life of a disk block (read ahead, present, written behind, its pages
+// given back).
+#include "zof/disk_tier.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "util/block_io.h"
+#include "zof/error.h"
+#include "zof/streaming.h"
+
+namespace zof {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Transfers of a plane are cut into pieces of this size so that the pool's threads share a block.
+constexpr uint64_t kChunk = uint64_t(4) << 20;
+
+uintptr_t page_down(uintptr_t a) { return a / kIoAlign * kIoAlign; }
+uintptr_t page_up(uintptr_t a) { return (a + kIoAlign - 1) / kIoAlign * kIoAlign; }
+
+size_t elem_bytes(const Model& m, int k) {
+  return k == 0 ? dtype_size(m.storage_dtype()) : sizeof(float);
+}
+
+}  // namespace
+
+bool DiskTierPlan::all_resident() const {
+  return std::none_of(on_disk.begin(), on_disk.end(), [](bool d) { return d; });
+}
+
+uint64_t DiskTier::block_bytes(const Model& m, int b, int planes) {
+  const uint64_t span = (uint64_t)m.blocks()[b].span;
+  uint64_t bytes = 0;
+  for (int k = 0; k < planes; ++k) bytes += span * elem_bytes(m, k);
+  return bytes;
+}
+
+uint64_t DiskTier::all_bytes(const Model& m, int planes) {
+  uint64_t s = 0;
+  for (int b = 0; b < (int)m.blocks().size(); ++b) s += block_bytes(m, b, planes);
+  return s;
+}
+
+uint64_t DiskTier::min_bytes(const Model& m, int planes, const std::vector<int>& keep) {
+  uint64_t kept = 0, largest = 0;
+  for (int b = 0; b < (int)m.blocks().size(); ++b) {
+    if (std::find(keep.begin(), keep.end(), b) != keep.end())
+      kept += block_bytes(m, b, planes);
+    else
+      largest = std::max(largest, block_bytes(m, b, planes));
+  }
+  return kept + 2 * largest;
+}
+
+DiskTierPlan DiskTier::plan(const Model& m, int planes, uint64_t budget,
+                            const std::vector<int>& keep) {
+  const int n = (int)m.blocks().size();
+  DiskTierPlan p;
+  p.on_disk.assign(n, false);
+  if (budget >= all_bytes(m, planes)) {
+    p.resident_bytes = all_bytes(m, planes);
+    return p;
+  }
+  const uint64_t least = min_bytes(m, planes, keep);
+  ZOF_ASSERT(budget >= least);
+  uint64_t kept = 0;
+  for (int b : keep) kept += block_bytes(m, b, planes);
+  uint64_t avail = budget - least;  // beyond the kept blocks and a ring of two largest slots
+  p.resident_bytes = kept;
+  for (int b = 0; b < n; ++b) {
+    if (std::find(keep.begin(), keep.end(), b) != keep.end()) continue;
+    const uint64_t bytes = block_bytes(m, b, planes);
+    if (bytes <= avail) {
+      avail -= bytes;
+      p.resident_bytes += bytes;
+    } else {
+      p.on_disk[b] = true;
+    }
+  }
+  uint64_t largest = 0;
+  int disk_blocks = 0;
+  for (int b = 0; b < n; ++b)
+    if (p.on_disk[b]) {
+      largest = std::max(largest, block_bytes(m, b, planes));
+      ++disk_blocks;
+      // Its slots: the pages its planes touch (at most one more page at each end).
+      p.store_bytes += block_bytes(m, b, planes) + (uint64_t)planes * 2 * kIoAlign;
+    }
+  if (disk_blocks == 0) return p;  // the reserved ring held the rest
+  // The ring is bytes: what the budget leaves, at least two of the largest disk block, and as
+  // many smaller ones as fit (a deeper read-ahead where the blocks are smaller than the largest).
+  p.ring_bytes = budget - p.resident_bytes;
+  p.ring = (int)std::min<uint64_t>(disk_blocks, p.ring_bytes / largest);
+  ZOF_ASSERT(p.ring >= 2 || disk_blocks < 2);
+  p.ring = std::max(p.ring, 1);
+  return p;
+}
+
+DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
+                   const fs::path& dir, int threads, bool try_direct)
+    : model_(model), plan_(plan), storage_(model.storage_ptr()) {
+  const int n = (int)model.blocks().size();
+  ZOF_ASSERT((int)plan.on_disk.size() == n);
+  planes_.push_back(static_cast<char*>(model.storage_ptr()));
+  for (float* p : extra_planes) planes_.push_back(reinterpret_cast<char*>(p));
+  // Each plane's slot holds the pages its span touches, so that its whole pages move straight
+  // between memory and the file.
+  spans_.resize(n);
+  uint64_t cursor = 0;
+  for (int b = 0; b < n; ++b) {
+    if (!plan.on_disk[b]) continue;
+    const Block& blk = model.blocks()[b];
+    for (int k = 0; k < (int)planes_.size(); ++k) {
+      Span s;
+      s.addr = planes_[k] + blk.offset * (int64_t)elem_bytes(model, k);
+      s.bytes = (uint64_t)blk.span * elem_bytes(model, k);
+      s.file_off = cursor;
+      const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr);
+      cursor += page_up(a + s.bytes) - page_down(a);
+      spans_[b].push_back(s);
+    }
+  }
+  plan_.store_bytes = cursor;
+  state_.assign(n, State::Present);
+  ticket_.resize(n);
+  changed_.assign(n, false);
+  holds_.assign(n, 0);
+  for (int b = 0; b < n; ++b) bytes_.push_back(block_bytes(model, b, (int)planes_.size()));
+  if (plan.all_resident()) return;
+  file_ = std::make_unique<BlockFile>(
+      dir / ("zof-blocks-" + std::to_string((long)::getpid()) + ".bin"), cursor, try_direct);
+  pool_ = std::make_unique<IoPool>(threads);
+  // Every disk block to its slot now: from here the tier holds only the ring.
+  try {
+    for (int b = 0; b < n; ++b)
+      if (plan.on_disk[b]) write_block(b);
+    for (int b = 0; b < n; ++b)
+      if (plan.on_disk[b]) {
+        ticket_[b]->wait();
+        evict(b);
+        state_[b] = State::OnDisk;
+      }
+  } catch (...) {
+    pool_.reset();  // the transfers end before the file goes
+    file_->remove();
+    throw;
+  }
+  stats_ = DiskTierStats{};  // the moving out is not a walk's traffic
+}
+
+DiskTier::~DiskTier() {
+  pool_.reset();  // runs what is queued, then joins
+  if (file_) file_->remove();
+}
+
+bool DiskTier::present(int block) const {
+  return !plan_.on_disk[block] || state_[block] == State::Present ||
+         state_[block] == State::Writing;
+}
+
+bool DiskTier::in_ring(int block) const {
+  return plan_.on_disk[block] && state_[block] != State::OnDisk;
+}
+
+bool DiskTier::direct() const { return file_ && file_->direct(); }
+
+const fs::path& DiskTier::store_path() const {
+  static const fs::path none;
+  return file_ ? file_->path() : none;
+}
+
+std::string DiskTier::describe() const {
+  const int n = (int)plan_.on_disk.size();
+  const int disk = (int)std::count(plan_.on_disk.begin(), plan_.on_disk.end(), true);
+  if (disk == 0) return "every block in host memory (" + format_bytes(plan_.resident_bytes) + ")";
+  return std::to_string(disk) + " of " + std::to_string(n) + " blocks on disk (" +
+         format_bytes(plan_.store_bytes) + " in " + file_->path().string() + "), " +
+         format_bytes(plan_.resident_bytes) + " resident, a ring of " +
+         format_bytes(plan_.ring_bytes) + " (" + std::to_string(plan_.ring) +
+         " of the largest disk block); I/O: pread/pwrite on " + std::to_string(pool_->threads()) + " threads, " +
+         (file_->direct() ? std::string("O_DIRECT") : "buffered: " + file_->note());
+}
+
+void DiskTier::write_block(int b) {
+  std::vector<std::function<void()>> jobs;
+  uint64_t bytes = 0;
+  for (const Span& s : spans_[b]) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr);
+    const char* lo = reinterpret_cast<const char*>(page_down(a));
+    const uint64_t len = page_up(a + s.bytes) - page_down(a);
+    for (uint64_t c = 0; c < len; c += kChunk) {
+      const uint64_t m = std::min(kChunk, len - c);
+      jobs.push_back([f = file_.get(), p = lo + c, m, off = s.file_off + c] { f->write(p, m, off); });
+    }
+    bytes += len;
+  }
+  ticket_[b] = pool_->submit(std::move(jobs));
+  state_[b] = State::Writing;
+  changed_[b] = false;
+  ++stats_.writes;
+  stats_.bytes_written += bytes;
+}
+
+void DiskTier::read_block(int b) {
+  std::vector<std::function<void()>> jobs;
+  uint64_t bytes = 0;
+  BlockFile* f = file_.get();
+  for (const Span& s : spans_[b]) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr), end = a + s.bytes;
+    const uintptr_t lo = page_down(a), full0 = page_up(a), full1 = page_down(end);
+    // A partial page: read whole into a page of its own, then only the span's bytes copied
+    // (the rest of the page belongs to the neighbouring block).
+    auto partial = [&](uintptr_t from, uintptr_t to) {
+      const uintptr_t page = page_down(from);
+      jobs.push_back([f, page, from, to, off = s.file_off + (page - lo)] {
+        AlignedBuffer buf(kIoAlign);
+        f->read(buf.data, kIoAlign, off);
+        std::memcpy(reinterpret_cast<char*>(from), buf.data + (from - page), to - from);
+      });
+      bytes += kIoAlign;
+    };
+    if (full0 > full1) {  // within one page
+      partial(a, end);
+      continue;
+    }
+    if (a < full0) partial(a, full0);
+    for (uintptr_t c = full0; c < full1; c += kChunk) {
+      const uint64_t m = std::min<uint64_t>(kChunk, full1 - c);
+      jobs.push_back([f, p = reinterpret_cast<char*>(c), m, off = s.file_off + (c - lo)] {
+        f->read(p, m, off);
+      });
+      bytes += m;
+    }
+    if (full1 < end) partial(full1, end);
+  }
+  ticket_[b] = pool_->submit(std::move(jobs));
+  state_[b] = State::Reading;
+  ++stats_.reads;
+  stats_.bytes_read += bytes;
+}
+
+void DiskTier::evict(int b) {
+  for (const Span& s : spans_[b]) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr);
+    const uintptr_t full0 = page_up(a), full1 = page_down(a + s.bytes);
+    if (full0 < full1)
+      ZOF_CHECK(::madvise(reinterpret_cast<void*>(full0), full1 - full0, MADV_DONTNEED) == 0,
+                std::string("madvise(MADV_DONTNEED) refused: ") + std::strerror(errno));
+  }
+}
+
+void DiskTier::reap() {
+  for (int b = 0; b < (int)state_.size(); ++b)
+    if (state_[b] == State::Writing && ticket_[b]->done()) {
+      ticket_[b]->wait();  // throws a failed write's error
+      evict(b);
+      state_[b] = State::OnDisk;
+    }
+}
+
+uint64_t DiskTier::in_ring() const {
+  uint64_t bytes = 0;
+  for (int b = 0; b < (int)state_.size(); ++b)
+    if (plan_.on_disk[b] && state_[b] != State::OnDisk) bytes += bytes_[b];
+  return bytes;
+}
+
+void DiskTier::prefetch() {
+  if (order_.empty()) return;
+  reap();
+  uint64_t bytes = in_ring();
+  const size_t n = order_.size();
+  // In walk order, while the ring's bytes hold them: the next block needed is always read first.
+  for (size_t p = pos_; p < pos_ + n; ++p) {
+    const int b = order_[p % n];
+    if (!plan_.on_disk[b] || state_[b] != State::OnDisk) continue;
+    if (bytes + bytes_[b] > plan_.ring_bytes) break;
+    read_block(b);
+    bytes += bytes_[b];
+  }
+}
+
+void DiskTier::begin_walk(std::vector<int> order) {
+  ZOF_ASSERT(model_.storage_ptr() == storage_);  // the storage did not move under the tier
+  order_ = std::move(order);
+  pos_ = 0;
+  if (!file_) return;
+  if (materialized_) {  // back to the ring: what the host changed goes to disk first
+    for (int b = 0; b < (int)state_.size(); ++b)
+      if (plan_.on_disk[b] && state_[b] == State::Present && holds_[b] == 0 && changed_[b])
+        write_block(b);
+    for (int b = 0; b < (int)state_.size(); ++b) {
+      if (!plan_.on_disk[b] || holds_[b] > 0) continue;
+      if (state_[b] == State::Writing) ticket_[b]->wait();
+      if (state_[b] == State::Writing || state_[b] == State::Present) {
+        evict(b);
+        state_[b] = State::OnDisk;
+      }
+    }
+    materialized_ = false;
+  }
+  prefetch();
+}
+
+void DiskTier::acquire(int b, bool overwrite) {
+  if (!plan_.on_disk[b]) return;
+  // Its place in the walk order (a block acquired out of order is allowed).
+  const size_t n = order_.size();
+  for (size_t p = pos_; p < pos_ + n; ++p)
+    if (order_[p % n] == b) {
+      pos_ = p + 1;
+      break;
+    }
+  reap();
+  if (state_[b] == State::Writing) {  // released and wanted again: its pages still hold it
+    ticket_[b]->wait();
+    state_[b] = State::Present;
+  }
+  if (state_[b] == State::OnDisk) {
+    // Room in the ring first: the oldest writes finish.
+    for (int w = 0; w < (int)state_.size() && in_ring() + bytes_[b] > plan_.ring_bytes; ++w)
+      if (state_[w] == State::Writing) {
+        ticket_[w]->wait();
+        evict(w);
+        state_[w] = State::OnDisk;
+      }
+    if (overwrite)
+      state_[b] = State::Present;  // every byte is about to be written: nothing to read
+    else
+      read_block(b);
+  }
+  if (state_[b] == State::Reading) {
+    if (!ticket_[b]->done()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ticket_[b]->wait();
+      ++stats_.stalls;
+      stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    ticket_[b]->wait();  // a failed read's error
+    state_[b] = State::Present;
+  }
+  ++holds_[b];
+  prefetch();
+}
+
+void DiskTier::release(int b, bool changed) {
+  if (!plan_.on_disk[b]) return;
+  ZOF_ASSERT(holds_[b] > 0 && state_[b] == State::Present);
+  changed_[b] = changed_[b] || changed;
+  // Materialized (an evaluation streaming through a device between walks): the block stays,
+  // and the next begin_walk() writes it if it changed.
+  if (--holds_[b] > 0 || materialized_) return;
+  if (changed_[b]) {
+    write_block(b);
+  } else {
+    evict(b);  // the store holds it as it is
+    state_[b] = State::OnDisk;
+  }
+  prefetch();
+}
+
+void DiskTier::materialize(bool changed) {
+  if (!file_) return;
+  for (int b = 0; b < (int)state_.size(); ++b) {
+    if (!plan_.on_disk[b]) continue;
+    if (state_[b] == State::Writing) {
+      ticket_[b]->wait();
+      state_[b] = State::Present;
+    }
+    if (state_[b] == State::OnDisk) read_block(b);
+  }
+  for (int b = 0; b < (int)state_.size(); ++b) {
+    if (!plan_.on_disk[b]) continue;
+    if (state_[b] == State::Reading) {
+      ticket_[b]->wait();
+      state_[b] = State::Present;
+    }
+    if (changed) changed_[b] = true;
+  }
+  materialized_ = true;
+  order_.clear();
+  pos_ = 0;
+}
+
+}  // namespace zof

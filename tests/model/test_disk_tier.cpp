@@ -1,0 +1,365 @@
+// The disk tier (zof/disk_tier.h) under the ZO walk: on the golden models, steps with the host
+// masters' blocks beyond a --host-mem budget on disk give the plain run's losses, weights and
+// optimizer state bit for bit, at the least budget and at half the model, on the host and
+// streamed through the simulated device; each step reads a disk block once and writes it at
+// most once; between walks a disk block holds no memory; and the CLI writes the same
+// model.safetensors and step log at every budget, through a kill and a resume.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "golden_batch.h"
+#include "zof/disk_tier.h"
+#include "zof/error.h"
+#include "zof/model.h"
+#include "cpu/sim_device.h"
+#include "zof/streaming.h"
+#include "zof/zo.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+using Opt = zof::ZOStepOptions::Optimizer;
+
+std::string model_dir(const std::string& name) {
+  if (name == "stories260K") return zof::test::assets_dir() + "/models/stories260K";
+  return zof::test::source_dir() + "/tests/golden/" + name;
+}
+
+// Two micro-batches of made-up ids below every golden model's vocabulary.
+std::vector<zof::LossBatch> micro_batches() {
+  std::vector<std::vector<int32_t>> seqs;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<int32_t> s;
+    for (int t = 0; t < 12 - 3 * r; ++t) s.push_back(1 + (37 * t + 101 * r) % 90);
+    seqs.push_back(s);
+  }
+  std::vector<zof::LossBatch> mb;
+  mb.push_back(zof::LossBatch::next_token(zof::Batch::from_sequences({seqs[0]})));
+  mb.push_back(
+      zof::LossBatch::next_token(zof::Batch::from_sequences({seqs.begin() + 1, seqs.end()})));
+  return mb;
+}
+
+int64_t max_rows(const std::vector<zof::LossBatch>& mb) {
+  int64_t r = 0;
+  for (auto& b : mb) r = std::max(r, b.batch.B * b.batch.T);
+  return r;
+}
+
+struct Case {
+  std::string model;
+  Opt optimizer = Opt::SGD;
+  zof::DType master = zof::DType::F32;
+  zof::DType held = zof::DType::F32;  // the model's storage (a bf16 master in 2 bytes)
+  int round_every = 1;
+  int queries = 1;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  const Case& c = i.param;
+  std::string n = c.model + (c.optimizer == Opt::SGD ? "_sgd" : c.optimizer == Opt::Adam ? "_adam"
+                                                                                        : "_momentum");
+  if (c.master == zof::DType::BF16) n += c.held == zof::DType::BF16 ? "_bf16held" : "_bf16";
+  if (c.round_every > 1) n += "_round" + std::to_string(c.round_every);
+  if (c.queries > 1) n += "_q" + std::to_string(c.queries);
+  return n;
+}
+
+zof::ZOStepOptions options(const Case& c) {
+  zof::ZOStepOptions o;
+  o.optimizer = c.optimizer;
+  o.master = c.master;
+  o.round_every = c.round_every;
+  o.queries = c.queries;
+  return o;
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  std::vector<float> weights, m, v;
+  zof::DiskTierStats stats;
+  int on_disk = 0, ring = 0;
+  int64_t uploads = 0;  // the device's, when streaming
+  uint64_t least = 0, all = 0;
+  bool evicted_between_walks = true;  // every disk block's whole pages out after each walk
+};
+
+// The whole pages inside [p, p + n) that are resident (mincore).
+size_t resident_pages(const void* p, size_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = (a + 4095) / 4096 * 4096, hi = (a + n) / 4096 * 4096;
+  if (hi <= lo) return 0;
+  std::vector<unsigned char> v((hi - lo) / 4096);
+  EXPECT_EQ(::mincore(reinterpret_cast<void*>(lo), hi - lo, v.data()), 0);
+  size_t r = 0;
+  for (unsigned char c : v) r += c & 1;
+  return r;
+}
+
+// 4 steps; host_mem 0: no disk tier (the plain run); gpu_mem 0: the host backend.
+Outcome run(const Case& c, uint64_t host_mem, size_t gpu_mem, const fs::path& dir) {
+  zof::Model m = zof::Model::load(model_dir(c.model), c.held);
+  const auto mb = micro_batches();
+  std::unique_ptr<zof::Backend> be;
+  if (gpu_mem > 0) {
+    zof::SimDeviceOptions so;
+    so.budget = gpu_mem;
+    be = zof::make_sim_device(zof::test::cpu_backend(0), so);
+  } else {
+    be = zof::test::cpu_backend(0);
+  }
+  Outcome r;
+  zof::ZOEngine eng(m, *be, max_rows(mb), options(c));
+  r.least = eng.disk_tier_minimum();
+  r.all = zof::DiskTier::all_bytes(m, 1 + eng.state_planes());
+  if (gpu_mem > 0) eng.enable_streaming(gpu_mem);
+  if (host_mem > 0) eng.enable_disk_tier(host_mem, dir.string());
+  const zof::DiskTier* t = eng.disk_tier();
+  if (t) {
+    r.on_disk = (int)std::count(t->plan().on_disk.begin(), t->plan().on_disk.end(), true);
+    r.ring = t->plan().ring;
+  }
+  for (int step = 0; step < 4; ++step) {
+    const auto ql = eng.perturbed_losses((uint32_t)step, mb);
+    for (size_t j = 0; j < ql.sum_plus.size(); ++j) {
+      r.losses.push_back(ql.sum_plus[j]);
+      r.losses.push_back(ql.sum_minus[j]);
+    }
+    eng.schedule_update((uint32_t)step, 1e-3f, eng.projected_gradients(ql));
+    if (t) {
+      // Between walks the disk blocks' pages are given back, but for the ring's read-ahead of
+      // the next walk (at most ring blocks).
+      uint64_t present = 0;
+      for (int b = 0; b < (int)m.blocks().size(); ++b) {
+        if (!t->on_disk(b)) continue;
+        if (t->in_ring(b)) {
+          present += zof::DiskTier::block_bytes(m, b, 1 + eng.state_planes());
+          continue;
+        }
+        const zof::Block& blk = m.blocks()[b];
+        const size_t eb = zof::dtype_size(m.storage_dtype());
+        if (resident_pages(static_cast<char*>(m.storage_ptr()) + blk.offset * eb,
+                           blk.span * eb) != 0)
+          r.evicted_between_walks = false;
+      }
+      EXPECT_LE(present, t->plan().ring_bytes);
+    }
+  }
+  if (t) r.stats = t->stats();  // the steps' traffic, before the flush
+  if (eng.streamer()) r.uploads = eng.streamer()->stats().uploads;
+  r.losses.push_back(eng.loss(mb));
+  r.weights = zof::test::storage_values(m);
+  eng.read_state(r.m, r.v);
+  return r;
+}
+
+// The least --gpu-mem of the case (every block streamed through two slots).
+size_t least_gpu(const Case& c) {
+  zof::Model m = zof::Model::load(model_dir(c.model), c.held);
+  const auto mb = micro_batches();
+  zof::SimDeviceOptions so;
+  so.budget = size_t(1) << 30;
+  auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
+  zof::ZOEngine eng(m, *sim, max_rows(mb), options(c));
+  return eng.streaming_minimum();
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+class DiskTierSteps : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("zof_disk_tier_" + std::to_string(::getpid()) + "_" +
+            std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_P(DiskTierSteps, MatchThePlainRunBitForBit) {
+  const Case& c = GetParam();
+  ZOF_REQUIRE_PATH(model_dir(c.model));
+  const Outcome plain = run(c, 0, 0, dir_);
+  ASSERT_GT(plain.least, 0u);
+  ASSERT_LT(plain.least, plain.all);
+  const uint64_t half = std::max(plain.least, plain.all / 2);
+  struct Budget {
+    const char* name;
+    uint64_t host;
+    size_t gpu;
+  };
+  const size_t roomy = size_t(1) << 30;
+  for (const Budget& b : {Budget{"least", plain.least, 0}, Budget{"half", half, 0},
+                          Budget{"least_sim", plain.least, roomy},
+                          Budget{"least_both", plain.least, least_gpu(c)}}) {
+    SCOPED_TRACE(b.name);
+    const Outcome d = run(c, b.host, b.gpu, dir_);
+    EXPECT_GT(d.on_disk, 0);
+    EXPECT_GE(d.ring, 2);
+    EXPECT_EQ(d.losses, plain.losses);
+    EXPECT_TRUE(same_bits(d.weights, plain.weights));
+    EXPECT_TRUE(same_bits(d.m, plain.m));
+    EXPECT_TRUE(same_bits(d.v, plain.v));
+    EXPECT_TRUE(d.evicted_between_walks);
+    // Traffic: 4 walks over 2 micro-batches, each reading a disk block once per micro-batch
+    // (the ring is smaller than the disk blocks at the least budget, so the second
+    // micro-batch reads again), written once per walk that applies an update (3 of the 4:
+    // the first has none; inside a rounding window a walk writes nothing).
+    // Through a device, a block is read when the device uploads it.
+    EXPECT_LE(d.stats.reads, b.gpu ? d.uploads + d.ring : 4 * 2 * d.on_disk + d.on_disk)
+        << b.name;
+    EXPECT_GT(d.stats.reads, 0);
+    const int applying = c.round_every > 1 ? 1 : 3;  // a window of 3: step 3's walk rounds it
+    EXPECT_LE(d.stats.writes, applying * d.on_disk) << b.name;
+    // (Blocks resident on a roomy device are written back at the flush, after these stats.)
+    if (c.round_every == 1 && b.gpu != roomy) EXPECT_GT(d.stats.writes, 0);
+    // Files gone with the engine.
+    EXPECT_TRUE(fs::is_empty(dir_));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    GoldenModels, DiskTierSteps,
+    ::testing::Values(Case{"stories260K"}, Case{"stories260K", Opt::Adam},
+                      Case{"stories260K", Opt::Momentum, zof::DType::BF16},
+                      Case{"stories260K", Opt::SGD, zof::DType::BF16, zof::DType::BF16, 3},
+                      Case{"llama_gqa", Opt::Adam, zof::DType::BF16, zof::DType::BF16},
+                      Case{"gpt2", Opt::SGD, zof::DType::F32, zof::DType::F32, 1, 2},
+                      Case{"opt", Opt::Momentum}, Case{"qwen2_bias", Opt::Adam},
+                      Case{"phi3", Opt::SGD, zof::DType::BF16}, Case{"gemma2"}),
+    case_name);
+
+TEST(DiskTier, TheLeastBudgetIsRefusedOneByteBelowNamingTheFlag) {
+  zof::Model m = zof::Model::load(model_dir("stories260K"));
+  auto be = zof::test::cpu_backend(0);
+  zof::ZOEngine eng(m, *be, 64, zof::ZOStepOptions{});
+  const uint64_t least = eng.disk_tier_minimum();
+  try {
+    eng.enable_disk_tier(least - 1, fs::temp_directory_path().string());
+    FAIL() << "a budget below the least was taken";
+  } catch (const zof::Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("--host-mem"), std::string::npos) << w;
+    EXPECT_NE(w.find("least of " + std::to_string(least) + " bytes"), std::string::npos) << w;
+  }
+  EXPECT_EQ(eng.disk_tier(), nullptr);
+  // At or above every block's bytes: no tier at all.
+  eng.enable_disk_tier(zof::DiskTier::all_bytes(m), fs::temp_directory_path().string());
+  EXPECT_EQ(eng.disk_tier(), nullptr);
+}
+
+// ---- the CLI -------------------------------------------------------------------------------
+
+class DiskTierCli : public zof::test::ShakespeareRunTest {
+ protected:
+  zof::test::CommandResult finetune(const std::string& out, const std::string& extra,
+                                    const std::string& env = "") {
+    return zof::test::run_command(
+        env + zof::test::zof_binary() + " finetune --model " + model_dir("stories260K") +
+        " --task text --data " + (dir_ / "text.txt").string() + " --out " + (dir_ / out).string() +
+        " --steps 4 --batch 4 --micro-batches 2 --seq-len 32 --lr 1e-4 --eps 1e-3 "
+        "--seed 7 --save-every 2 --eval-examples 8 --eval-every 3 --threads 2 --no-report "
+        "--json " + extra);
+  }
+  static json last_json(const std::string& out) {
+    const size_t end = out.find_last_not_of('\n');
+    const size_t start = out.rfind('\n', end);
+    return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+  }
+  void expect_same_run(const std::string& run, const std::string& plain) {
+    for (const char* f : {"model.safetensors", "zo_log.jsonl"})
+      EXPECT_EQ(zof::test::read_file((dir_ / run / f).string()),
+                zof::test::read_file((dir_ / plain / f).string()))
+          << run << " " << f;
+  }
+};
+
+// SGD, momentum and Adam, fp32 and bf16 master, host and --sim-device: at the least budget, at
+// half the model and with a budget that holds it all (no tier: the plain run's path, which
+// test MatchThePlainRunBitForBit and the golden tests cover), the same model.safetensors and
+// step log.
+TEST_F(DiskTierCli, EveryBudgetWritesTheSameModel) {
+  // (The engine test above runs every optimizer with either master, on the host and the
+  // device; here the CLI's two ends of it.)
+  for (const auto& [opt, master] : std::vector<std::pair<std::string, std::string>>{
+           {"sgd", "fp32"}, {"adam", "bf16"}}) {
+    {
+      const std::string base = "--optimizer " + opt + " --master " + master + " ";
+      const std::string plain = "roomy_" + opt + master;
+      auto roomy = finetune(plain, base + "--host-mem 1TiB");
+      ASSERT_EQ(roomy.code, 0) << roomy.err;
+      const json jr = last_json(roomy.out)["disk_tier"];
+      EXPECT_EQ(jr["blocks_on_disk"], 0) << jr.dump();
+      EXPECT_NE(roomy.err.find("holds every block in host memory"), std::string::npos)
+          << roomy.err;
+      const uint64_t least = jr["least_bytes"], all = jr["all_bytes"];
+      ASSERT_LT(least, all);
+      const uint64_t half = std::max(least, all / 2);
+      for (const std::string device : {"", "--sim-device "})
+        for (uint64_t budget : {least, half}) {
+          if (!device.empty() && budget == half) continue;  // the engine test covers it
+          const std::string run = "disk_" + opt + master + std::to_string(budget) +
+                                  (device.empty() ? "" : "_sim");
+          auto d = finetune(run, base + device + "--host-mem " + std::to_string(budget));
+          ASSERT_EQ(d.code, 0) << d.err;
+          const json jd = last_json(d.out)["disk_tier"];
+          EXPECT_GT(jd["blocks_on_disk"].get<int>(), 0) << jd.dump();
+          EXPECT_GT(jd["bytes_read"].get<uint64_t>(), 0u) << jd.dump();
+          EXPECT_NE(d.err.find("disk tier: "), std::string::npos) << d.err;
+          expect_same_run(run, plain);
+          EXPECT_FALSE(fs::exists(dir_ / run / "offload")) << run;  // the store went
+        }
+    }
+  }
+}
+
+// Killed after a checkpoint and resumed, with Adam's state on disk too: the plain run's model,
+// step log and optimizer state. A budget below the least is refused before --out exists.
+TEST_F(DiskTierCli, AKilledRunResumesExactlyAndTooSmallABudgetIsRefused) {
+  const std::string adam = "--optimizer adam --lr 1e-3 ";
+  auto plain = finetune("plain", adam);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto roomy = finetune("roomy", adam + "--host-mem 1TiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const uint64_t least = last_json(roomy.out)["disk_tier"]["least_bytes"];
+  const std::string tight = adam + "--host-mem " + std::to_string(least);
+  auto killed = finetune("tight", tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+  ASSERT_EQ(killed.code, 128 + SIGKILL) << killed.err;
+  auto resumed = zof::test::run_command(zof::test::zof_binary() + " finetune --resume " +
+                                        (dir_ / "tight").string() + " --json --host-mem " +
+                                        std::to_string(least));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming at step 2"), std::string::npos) << resumed.err;
+  EXPECT_GT(last_json(resumed.out)["disk_tier"]["blocks_on_disk"].get<int>(), 0);
+  for (const char* f : {"model.safetensors", "zo_log.jsonl", "checkpoint-4/optimizer.safetensors"})
+    EXPECT_EQ(zof::test::read_file((dir_ / "tight" / f).string()),
+              zof::test::read_file((dir_ / "plain" / f).string()))
+        << f;
+  auto below = finetune("below", adam + "--host-mem " + std::to_string(least - 1));
+  EXPECT_EQ(below.code, 1);
+  EXPECT_NE(below.err.find("zof: error: --host-mem"), std::string::npos) << below.err;
+  EXPECT_NE(below.err.find("least of " + std::to_string(least) + " bytes"), std::string::npos)
+      << below.err;
+  EXPECT_FALSE(fs::exists(dir_ / "below"));
+  // --host-mem is layout: run.json does not hold it.
+  EXPECT_EQ(zof::test::read_file((dir_ / "tight" / "run.json").string()).find("host_mem"),
+            std::string::npos);
+}
+
+}  // namespace
