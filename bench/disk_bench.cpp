@@ -3,7 +3,9 @@
 // all in host memory against steps with the blocks beyond --host-mem on disk (the least budget
 // and half the model), in one run so the ratios hold on a noisy machine. Prints a table.
 //   build/disk_bench [--dir DIR] [--model-config llama-125m] [--steps 3] [--threads 2]
-//                    [--io-mib 512] [--io-threads 2]
+//                    [--io-mib 512] [--io-threads 2] [--write-back 1,2,4,8]
+// --write-back: rows at the least budget with each write-back window (--write-back-every N):
+// the bytes written against the z's regenerated.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +32,7 @@ struct Args {
   std::string model_config = "llama-125m";
   int steps = 3, threads = 2, io_threads = 2;
   uint64_t io_mib = 512;
+  std::vector<int> write_back{1, 2, 4, 8};
 };
 
 double now_s() {
@@ -79,7 +82,8 @@ struct Row {
   double step_s = 0, read_gb = 0, write_gb = 0, stall_s = 0;
 };
 
-Row steps(const Args& a, const zof::ModelConfig& cfg, const std::string& name, uint64_t budget) {
+Row steps(const Args& a, const zof::ModelConfig& cfg, const std::string& name, uint64_t budget,
+          int write_back = 1) {
   zof::Model model = zof::Model::random(cfg, 1);
   std::mt19937_64 rng(2);
   std::vector<std::vector<int32_t>> seqs(1, std::vector<int32_t>(32));
@@ -88,7 +92,9 @@ Row steps(const Args& a, const zof::ModelConfig& cfg, const std::string& name, u
   zof::BackendOptions bo;
   bo.threads = a.threads;
   std::unique_ptr<zof::Backend> be = zof::make_backend(bo);
-  zof::ZOEngine eng(model, *be, 32, zof::ZOStepOptions{});
+  zof::ZOStepOptions zo;
+  zo.write_back_every = write_back;
+  zof::ZOEngine eng(model, *be, 32, zo);
   Row r;
   r.name = name;
   if (budget == 1) budget = eng.disk_tier_minimum();
@@ -104,17 +110,20 @@ Row steps(const Args& a, const zof::ModelConfig& cfg, const std::string& name, u
     eng.schedule_update(step, 1e-5f, eng.projected_gradients(ql));
     ++step;
   };
+  // Warm: the second walk applies an update, as every later one does. A write-back window's
+  // steps are timed over whole windows, from a window's start.
   one();
-  one();  // warm: the second walk applies an update, as every later one does
+  do one(); while ((step - 1) % write_back != 0);
+  const int n = (a.steps + write_back - 1) / write_back * write_back;
   const zof::DiskTierStats s0 = eng.disk_tier() ? eng.disk_tier()->stats() : zof::DiskTierStats{};
   const double t0 = now_s();
-  for (int i = 0; i < a.steps; ++i) one();
-  r.step_s = (now_s() - t0) / a.steps;
+  for (int i = 0; i < n; ++i) one();
+  r.step_s = (now_s() - t0) / n;
   if (eng.disk_tier()) {
     const zof::DiskTierStats& s = eng.disk_tier()->stats();
-    r.read_gb = (s.bytes_read - s0.bytes_read) / 1e9 / a.steps;
-    r.write_gb = (s.bytes_written - s0.bytes_written) / 1e9 / a.steps;
-    r.stall_s = (s.stall_s - s0.stall_s) / a.steps;
+    r.read_gb = (s.bytes_read - s0.bytes_read) / 1e9 / n;
+    r.write_gb = (s.bytes_written - s0.bytes_written) / 1e9 / n;
+    r.stall_s = (s.stall_s - s0.stall_s) / n;
     std::printf("  %s: %s\n", name.c_str(), eng.disk_tier()->describe().c_str());
   }
   return r;
@@ -133,6 +142,14 @@ int main(int argc, char** argv) {
       else if (k == "--threads") a.threads = std::stoi(v);
       else if (k == "--io-threads") a.io_threads = std::stoi(v);
       else if (k == "--io-mib") a.io_mib = std::stoull(v);
+      else if (k == "--write-back") {
+        a.write_back.clear();
+        for (size_t p = 0; p < v.size();) {
+          const size_t c = std::min(v.find(',', p), v.size());
+          a.write_back.push_back(std::stoi(v.substr(p, c - p)));
+          p = c + 1;
+        }
+      }
       else throw zof::Error("unknown flag " + k);
     }
     disk_bandwidth(a);
@@ -147,6 +164,9 @@ int main(int argc, char** argv) {
     rows.push_back(steps(a, cfg, "all in RAM", 0));
     rows.push_back(steps(a, cfg, "half on disk", all / 2));
     rows.push_back(steps(a, cfg, "least budget", 1));
+    for (int n : a.write_back)
+      if (n > 1)
+        rows.push_back(steps(a, cfg, "least, write back every " + std::to_string(n), 1, n));
     std::printf("\n| host memory | budget | blocks on disk | ring | s/step | x RAM | GB read/step | "
                 "GB written/step | read stall s/step |\n|---|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows)

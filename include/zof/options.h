@@ -88,6 +88,9 @@ struct TrainOptions {
   // weights and the optimizer state (empty: no budget, everything in RAM); the blocks beyond it
   // live in --offload-dir (empty: offload/ in the run directory).
   std::string host_mem, offload_dir;
+  // --write-back-every: a disk-resident block written back once every N steps, rebuilt from the
+  // window's updates between (ZOStepOptions::write_back_every; no bit changes).
+  int64_t write_back_every = 1;
   // Where the steps run: cpu (the host backend, weights in the model's storage) or cuda (the
   // CUDA backend; the weights stream from host memory within --gpu-mem, resident if they fit).
   DeviceChoice device = DeviceChoice::Cpu;

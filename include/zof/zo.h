@@ -88,6 +88,15 @@ struct ZOStepOptions {
   // theta), the same in the held walks and the closing pass. `zof replay --steps N` closes the
   // window at N, as a run of N steps would: it equals checkpoint-N only at a window's end.
   int round_every = 1;
+  // The disk tier's write-back window (--write-back-every): 1, a disk-resident block is
+  // written back by every walk that updates it; N > 1, it is written once every N steps: the
+  // walks between read its stored (older) bytes and rebuild its current weights from the
+  // window's updates, step by step from their seeds, in a scratch chunk (the arithmetic of the
+  // in-place update, so no bit changes wherever a window closes), at the cost of up to N - 1 z's
+  // regenerated per element and pass. Resident blocks update in place every step. A flush
+  // closes the window. ZO-SGD with round_every 1 on the host backend (no streaming); without a
+  // disk tier it does nothing.
+  int write_back_every = 1;
 };
 
 // The update waiting to be applied. ZO-SGD: theta -= sum_j coef_j z_j + lr_wd theta (decayed

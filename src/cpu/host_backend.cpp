@@ -15,6 +15,7 @@
 #include "cpu/cpu_zo.h"
 #include "cpu/jvp_ops.h"
 #include "util/philox.h"
+#include "util/files.h"
 #include "zof/error.h"
 
 namespace zof::cpu {
@@ -30,19 +31,7 @@ void* aligned_host_alloc(size_t bytes) {
   return p;
 }
 
-size_t available_host_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      std::istringstream fields(line.substr(13));
-      size_t kib = 0;
-      if (fields >> kib) return kib * 1024;
-    }
-  }
-  long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
-}
+size_t available_host_memory() { return (size_t)zof::available_host_memory(); }
 
 HostBackend::HostBackend() { streams_.push_back(std::make_unique<HostStream>(HostStream{0})); }
 

@@ -47,6 +47,7 @@ const FlagRule kTrainRules[] = {
      {.whole = true, .lo = 0, .hi = 128, .note = "0: auto; 1: every update rounded"}},
     {"--threads", {.whole = true, .lo = 0, .hi = 4096, .note = "0: all cores"}},
     {"--pipeline-stages", {.whole = true, .lo = 1, .hi = 4096}},
+    {"--write-back-every", {.whole = true, .lo = 1, .hi = 1024}},
     {"--dist-timeout", {.lo = 0, .note = "seconds; 0: wait for ever"}},
 };
 
@@ -167,6 +168,11 @@ const std::vector<OptionSpec>& options_table() {
       {"offload_dir", &O::offload_dir,
        "With --host-mem: the directory (on a local file system) for the blocks beyond it "
        "(default: offload/ in the run directory)",
+       {}, false},
+      {"write_back_every", &O::write_back_every,
+       "With --host-mem and ZO-SGD: write a disk block back once every N steps instead of every "
+       "step; the steps between rebuild it from their seeds (up to N - 1 z's regenerated per "
+       "weight and pass). The same bits at every N: fewer bytes written for more compute",
        {}, false},
       {"sim_device", &O::sim_device,
        "Run on the simulated device (host memory with the --gpu-mem budget, threads as copy "

@@ -144,6 +144,23 @@ uint64_t host_memory_budget(const TrainOptions& o) {
   ZOF_CHECK(o.offload_dir.empty() || !o.host_mem.empty(),
             "--offload-dir holds the blocks that do not fit --host-mem: add --host-mem SIZE, or "
             "drop --offload-dir");
+  check_whole("--write-back-every", o.write_back_every, rule_of("--write-back-every"));
+  if (o.write_back_every > 1) {
+    const std::string n = "--write-back-every " + std::to_string(o.write_back_every);
+    ZOF_CHECK(!o.host_mem.empty(), n + " writes the disk tier's blocks back less often: add "
+                                   "--host-mem SIZE, or drop --write-back-every");
+    ZOF_CHECK(o.optimizer == OptimizerChoice::Sgd,
+              n + " rebuilds a block from ZO-SGD's updates, and --optimizer " +
+                  word(o.optimizer) + " updates through its state: use --optimizer sgd, or "
+                  "drop --write-back-every");
+    ZOF_CHECK(round_every_of(o) == 1,
+              n + " does not combine with a bf16 master's rounding window (--round-every " +
+                  std::to_string(round_every_of(o)) + " already writes a disk block once a "
+                  "window): add --round-every 1, or drop --write-back-every");
+    ZOF_CHECK(!o.sim_device && o.device == DeviceChoice::Cpu,
+              n + " runs on the host backend for now: drop --sim-device and --device cuda, or "
+                  "drop --write-back-every");
+  }
   if (o.host_mem.empty()) return 0;
   const uint64_t bytes = parse_memory_size(o.host_mem, "--host-mem");
   ZOF_CHECK(o.estimator == EstimatorChoice::Spsa,
@@ -217,6 +234,7 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   zo.compute = o.dtype == ComputeChoice::Bf16 ? DType::BF16 : DType::F32;
   zo.master = o.master == MasterChoice::Bf16 ? DType::BF16 : DType::F32;
   zo.round_every = (int)round_every_of(o);
+  zo.write_back_every = (int)o.write_back_every;
   return zo;
 }
 

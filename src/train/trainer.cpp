@@ -18,6 +18,7 @@
 #include "train/run_dir.h"
 #include "train/step_loop.h"
 #include "util/block_io.h"
+#include "util/files.h"
 #include "zof/backend.h"
 #include "zof/disk_tier.h"
 #include "zof/error.h"
@@ -235,6 +236,35 @@ static fs::path offload_path(const TrainOptions& opt, const fs::path& run) {
   return opt.offload_dir.empty() ? run / "offload" : fs::path(opt.offload_dir);
 }
 
+// The host budget of the disk tier: --host-mem, or by default (where the tier runs: the SPSA
+// walk in one process, one stage) the host memory this run can have, less a margin, when the
+// masters and the optimizer state would not fit in it: MemAvailable now plus the master already
+// loaded, less a tenth of that (at least 1 GiB) for everything else (activations, buffers,
+// the data, the system). 0: no tier. how: the default's sum, for the progress header.
+static uint64_t host_budget(const TrainOptions& opt, const Model& model, const ZOEngine& engine,
+                            int ranks, std::string& how) {
+  const uint64_t given = host_memory_budget(opt);
+  if (!opt.host_mem.empty() || opt.estimator != EstimatorChoice::Spsa || ranks != 1 ||
+      opt.pipeline_stages != 1)
+    return given;
+  const uint64_t avail = available_host_memory(), held = DiskTier::all_bytes(model, 1);
+  const uint64_t want = DiskTier::all_bytes(model, 1 + engine.state_planes());
+  const uint64_t margin = std::max<uint64_t>(uint64_t(1) << 30, (avail + held) / 10);
+  const uint64_t budget = avail + held > margin ? avail + held - margin : 0;
+  if (want <= budget) return 0;  // everything fits: all in RAM, as without a budget
+  const uint64_t least = engine.disk_tier_minimum();
+  ZOF_CHECK(budget >= least,
+            "host memory: this run's weights and optimizer state take " + format_bytes(want) +
+                " and even with a disk tier need " + format_bytes(least) + ", but " +
+                format_bytes(avail) + " is available (plus the " + format_bytes(held) +
+                " of weights loaded, less a margin of " + format_bytes(margin) +
+                "); free memory, use --optimizer sgd, or give --host-mem SIZE");
+  how = " (--host-mem by default: " + format_bytes(avail) + " available + " +
+        format_bytes(held) + " of weights loaded - a margin of " + format_bytes(margin) + " = " +
+        format_bytes(budget) + ")";
+  return budget;
+}
+
 // The directory for the disk tier's store: there, a directory, writable, with room for the
 // blocks beyond --host-mem. offload/ in the run directory is checked where it will be made.
 static void check_offload_dir(const TrainOptions& opt, const fs::path& dir,
@@ -348,7 +378,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     reopen_window((dir.path() / "zo_log.jsonl").string(), engine, opt, c.window_from, c.step);
   dir.check_unfinished();  // a finished run: refused once everything else has been checked
   // The disk tier's budget and directory, before --out exists.
-  const uint64_t host_mem = host_memory_budget(opt);
+  std::string auto_budget;  // how --host-mem's default was reached, when it makes a tier
+  const uint64_t host_mem = host_budget(opt, model, engine, comm->size(), auto_budget);
   // Ranks would share the run's offload/ (and clear each other's stores): one process for now.
   ZOF_CHECK(host_mem == 0 || comm->size() == 1,
             "--host-mem (the disk tier) runs in one process for now, not " +
@@ -387,7 +418,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());
   if (host_mem > 0)
-    sink.message("disk tier: " + (engine.disk_tier() ? engine.disk_tier()->describe()
+    sink.message("disk tier" + auto_budget + ": " + (engine.disk_tier() ? engine.disk_tier()->describe()
                                                      : "--host-mem " + format_bytes(host_mem) +
                                                            " holds every block in host memory"));
   if (!model_warning.empty()) sink.message(model_warning);

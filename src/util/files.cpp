@@ -6,7 +6,10 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "zof/error.h"
 
@@ -110,6 +113,21 @@ std::string ByteHash::text() const {
   char buf[32];
   std::snprintf(buf, sizeof buf, "fnv1a64:%016llx", (unsigned long long)h_);
   return buf;
+}
+
+uint64_t available_host_memory() {
+  if (const char* f = std::getenv("ZOF_FAULT_MEM_AVAILABLE")) return std::strtoull(f, nullptr, 10);
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      std::istringstream fields(line.substr(13));
+      uint64_t kib = 0;
+      if (fields >> kib) return kib * 1024;
+    }
+  }
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
 }
 
 }  // namespace zof

@@ -47,4 +47,8 @@ class ByteHash {
   uint64_t h_ = 0xcbf29ce484222325ull;
 };
 
+// Host memory free for a new use: MemAvailable of /proc/meminfo (free pages from sysconf where
+// it is missing). The fault harness sets it with ZOF_FAULT_MEM_AVAILABLE=BYTES.
+uint64_t available_host_memory();
+
 }  // namespace zof

@@ -103,6 +103,13 @@ ZOEngine::Impl::Impl(Model& model, Backend& backend, int64_t max_rows, ZOStepOpt
     ZOF_CHECK(opt.round_every == 1 || opt.optimizer == ZOStepOptions::Optimizer::SGD,
               "--round-every sums ZO-SGD's updates; momentum and Adam update through their "
               "state every step: use --round-every 1 with them");
+    ZOF_CHECK(opt.write_back_every >= 1, "--write-back-every must be at least 1");
+    ZOF_CHECK(opt.write_back_every == 1 || opt.optimizer == ZOStepOptions::Optimizer::SGD,
+              "--write-back-every rebuilds a disk block from ZO-SGD's updates; momentum and Adam "
+              "update through their state: use --write-back-every 1 with them");
+    ZOF_CHECK(opt.write_back_every == 1 || opt.round_every == 1,
+              "--write-back-every does not combine with a bf16 master's --round-every window (a "
+              "disk block is written once a window already): use one of them");
     if (opt.master == DType::BF16) model_.round_to(DType::BF16);
     const auto& params = model_.params();
     const auto& cfg = model_.config();
@@ -146,11 +153,14 @@ ZOEngine::Impl::Impl(Model& model, Backend& backend, int64_t max_rows, ZOStepOpt
         h_plus_.push_back(alloc(max_rows * cfg.hidden_size));
         h_minus_.push_back(alloc(max_rows * cfg.hidden_size));
       }
-      if (opt.round_every > 1) {  // an open window's fp32 chunk of the master (held_pass)
+      if (opt.round_every > 1 || opt.write_back_every > 1) {
+        // An open window's chunk of the master: fp32 (held_pass), or the storage's type
+        // (window_pass; never both).
         int64_t largest = 1;
         for (const Param& p : params) largest = std::max(largest, p.numel);
         held_n_ = std::min<int64_t>(largest, int64_t(1) << 20);
         held_ = alloc(held_n_);
+        wb_scratch_ = held_;
       }
     }
     // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
@@ -277,6 +287,9 @@ void ZOEngine::Impl::enable_streaming(size_t gpu_mem) {
   ZOF_CHECK(first_block_ == 0 && last_block_ < 0,
             "--gpu-mem (parameter streaming) does not combine with pipeline stages; use "
             "--pipeline-stages 1");
+  ZOF_CHECK(opt_.write_back_every == 1,
+            "--write-back-every runs on the host backend for now, not with a device (--device "
+            "cuda, --sim-device): use --write-back-every 1 there");
   // The state streams from the host from the start: none may be on the device yet.
   ZOF_ASSERT(!stream_ && !m_);
   const int planes = 1 + state_planes();
@@ -319,6 +332,9 @@ void ZOEngine::Impl::enable_streaming(size_t gpu_mem) {
 }
 
 void ZOEngine::Impl::sync_to_host() {
+  // The disk blocks' stored bytes lag a write-back window: it closes first (no bit depends on
+  // where it does). Only a rounding window keeps pending_ here, and the two never combine.
+  if (!wb_window_.empty()) flush();
   if (stream_) stream_->sync_to_host();
   if (disk_) disk_->materialize();
 }

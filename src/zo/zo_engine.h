@@ -131,6 +131,31 @@ struct ZOEngine::Impl {
   bool hold_ = false;
   float* held_ = nullptr;
   int64_t held_n_ = 0;
+  // The disk tier's write-back window (ZOStepOptions::write_back_every): the updates, one per
+  // step in step order, that the disk-resident layer blocks have not yet had written to their
+  // store; wb_close_: this walk applies them in place and writes those blocks back.
+  std::vector<PendingUpdate> wb_window_;
+  bool wb_close_ = false;
+  void* wb_scratch_ = nullptr;  // held_n_ elements of the storage's type
+  // Whether block b is in the write-back window: a disk-resident block of a run with one.
+  bool windowed(int block) const;
+  // The window's steps a pass must apply: all of them, but none after a closing walk's first
+  // pass applied them in place (apply: this is that pass, or a flush).
+  int window_steps(bool apply) const;
+  // Steps [0, k) of the window applied to elements [first, first + n) of parameter pi at t, one
+  // pass each as block_pass applies a step (the terms, the decay, a bf16 master's rounding),
+  // then the copies of cur (may be null) in type ct, fused with the last pass; theta_out (may be
+  // null) receives the result in ct (a one-sided walk's second stream).
+  void window_passes(const Theta& t, int64_t n, int pi, int64_t first, int k, const ZKey* cur,
+                     void* plus, void* minus, DType ct, void* theta_out);
+  // The copies of cur from elements [first, first + n) of pi as the window makes them, the
+  // master (th, at element first) only read: through wb_scratch_ chunks while steps are held.
+  void window_read(const Theta& th, int64_t n, int pi, int64_t first, const ZKey& cur,
+                   void* plus, void* minus, DType ct, void* theta_out);
+  // Block b's pass in the window: apply (a closing walk's first pass, or a flush) applies the
+  // window's steps in place (every parameter); else the copied parameters read through it (the
+  // token table and LM head read it in perturb_rows and head_sums).
+  void window_pass(int block, bool apply, const ZKey* cur, float* plus, float* minus);
   // Optimizer state in storage layout: without streaming m_/v_ in device memory (allocated by
   // the first update or write_state(), so that an engine about to stream never holds it whole
   // on the device); with streaming state_host_, the pinned host masters (m, then v) that stream_

@@ -60,18 +60,26 @@ void ZOEngine::Impl::add_update(const PendingUpdate& u) {
 
 void ZOEngine::Impl::flush(bool to_host) {
   hold_ = false;  // a flush closes a rounding window (even after a walk cut short)
-  if (!pending_.empty()) {
+  // And the disk tier's write-back window (whose blocks take the pending update with it).
+  if (!pending_.empty() && opt_.write_back_every > 1 && disk_ && !stream_)
+    wb_window_.push_back(pending_);
+  if (!pending_.empty() || !wb_window_.empty()) {
     const auto& blocks = model_.blocks();
     if (disk_) disk_->begin_walk(walk_order(0));
     if (stream_) stream_->begin_walk(walk_order(0));
     for (int b = 0; b < (int)blocks.size(); ++b)
       if (owns_block(b)) {
         acquire(b);
-        block_pass(b, true, nullptr, nullptr, nullptr);
-        release(b, true);
+        const bool win = windowed(b);
+        if (win)
+          window_pass(b, true, nullptr, nullptr, nullptr);
+        else
+          block_pass(b, true, nullptr, nullptr, nullptr);
+        release(b, win ? !wb_window_.empty() : !pending_.empty());
       }
   }
   pending_ = PendingUpdate{};
+  wb_window_.clear();
   fwd_.weights_changed();
   if (stream_ && to_host) stream_->sync_to_host();
   if (disk_ && to_host) disk_->materialize();  // the host masters whole until the next walk

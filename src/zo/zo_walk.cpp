@@ -137,6 +137,84 @@ void ZOEngine::Impl::block_pass(int block, bool apply_update, const ZKey* cur, f
   }
 }
 
+bool ZOEngine::Impl::windowed(int block) const {
+  return opt_.write_back_every > 1 && disk_ && !stream_ && disk_->on_disk(block);
+}
+
+int ZOEngine::Impl::window_steps(bool apply) const {
+  // A closing walk's passes after its first read the block as that pass left it: updated.
+  return apply || !wb_close_ ? (int)wb_window_.size() : 0;
+}
+
+void ZOEngine::Impl::window_passes(const Theta& t, int64_t n, int pi, int64_t first, int k,
+                                   const ZKey* cur, void* plus, void* minus, DType ct,
+                                   void* theta_out) {
+  const Param& p = model_.params()[pi];
+  const int passes = cur ? std::max(k, 1) : k;
+  for (int s = 0; s < passes; ++s) {
+    const bool copies = s == passes - 1 && cur;
+    std::vector<ZOUpdateTerm> terms;
+    float lr_wd = 0.f;
+    ZKey rk;  // a bf16 master's rounding of step s: its own (seed, step), as round_key()
+    if (s < k) {
+      const PendingUpdate& u = wb_window_[s];
+      terms = u.terms;
+      for (auto& t2 : terms) t2.key.mask = mask_[pi];
+      lr_wd = p.decay ? u.lr_wd : 0.f;
+      rk.seed = u.terms[0].key.seed;
+      rk.step = u.terms[0].key.step;
+    }
+    const ZKey ck = copies ? masked(*cur, pi) : ZKey{};
+    be_.zo_pass(t, n, (uint32_t)pi, first, terms.empty() ? nullptr : terms.data(),
+                (int)terms.size(), lr_wd, s < k && opt_.master == DType::BF16 ? &rk : nullptr,
+                copies ? &ck : nullptr, opt_.eps, copies ? plus : nullptr,
+                copies ? minus : nullptr, ct);
+  }
+  if (cur && theta_out) copy_theta(t, theta_out, ct, n);
+}
+
+void ZOEngine::Impl::window_read(const Theta& th, int64_t n, int pi, int64_t first,
+                                 const ZKey& cur, void* plus, void* minus, DType ct,
+                                 void* theta_out) {
+  const int k = window_steps(false);
+  if (k == 0) {  // nothing held (any more): the block's own bytes are current
+    window_passes(th, n, pi, first, 0, &cur, plus, minus, ct, theta_out);
+    return;
+  }
+  const Theta scratch(wb_scratch_, th.dtype);
+  const int64_t cs = (int64_t)dtype_size(ct);
+  for (int64_t k0 = 0; k0 < n; k0 += held_n_) {
+    const int64_t m = std::min(held_n_, n - k0);
+    auto at = [&](void* b) -> void* { return b ? static_cast<char*>(b) + k0 * cs : nullptr; };
+    copy_theta(th.at(k0), scratch.p, th.dtype, m);
+    window_passes(scratch, m, pi, first + k0, k, &cur, at(plus), at(minus), ct, at(theta_out));
+  }
+}
+
+void ZOEngine::Impl::window_pass(int block, bool apply, const ZKey* cur, float* plus,
+                                 float* minus) {
+  const Block& blk = model_.blocks()[block];
+  const int k = window_steps(apply);
+  char* const pc = reinterpret_cast<char*>(plus);
+  char* const mc = reinterpret_cast<char*>(minus);
+  for (int pi : blk.params) {
+    const int64_t off = copy_off_[pi];
+    const bool copy = off >= 0 && cur;  // the token table and LM head: perturb_rows, head_sums
+    if (!apply && !copy) continue;
+    const DType ct = copy_dtype(pi);
+    // One-sided: the second stream is theta itself.
+    const bool one = opt_.one_sided && minus;
+    void* const po = copy && plus ? pc + off : nullptr;
+    void* const mo = copy && minus && !one ? mc + off : nullptr;
+    void* const to = copy && one ? mc + off : nullptr;
+    if (apply)  // in place: the block is written back after this walk
+      window_passes(theta(pi), model_.params()[pi].numel, pi, 0, k, copy ? cur : nullptr, po, mo,
+                    ct, to);
+    else
+      window_read(theta(pi), model_.params()[pi].numel, pi, 0, *cur, po, mo, ct, to);
+  }
+}
+
 void ZOEngine::Impl::token_rows(const int32_t* ids, int64_t rows, std::vector<int32_t>& uniq,
                                 std::vector<int32_t>& local) {
   uniq.assign(ids, ids + rows);
@@ -151,6 +229,16 @@ void ZOEngine::Impl::perturb_rows(const ZKey& key, int64_t n_uniq) {
   const int64_t E = model_.params()[tok_].shape[1];
   const ZKey mk = masked(key, tok_);
   const Theta table = theta(tok_);
+  if (windowed(0) && window_steps(false) > 0) {  // the write-back window: row by row
+    ZOF_ASSERT((int64_t)uniq_host_.size() == n_uniq);
+    for (int64_t k = 0; k < n_uniq; ++k) {
+      const int64_t first = int64_t(uniq_host_[k]) * E;
+      float* const mrow = tok_minus_ + k * E;
+      window_read(table.at(first), E, tok_, first, mk, tok_plus_ + k * E,
+                  opt_.one_sided ? nullptr : mrow, DType::F32, opt_.one_sided ? mrow : nullptr);
+    }
+    return;
+  }
   if (hold_) {  // an open rounding window: row by row through held_pass
     ZOF_ASSERT((int64_t)uniq_host_.size() == n_uniq);
     for (int64_t k = 0; k < n_uniq; ++k) {
@@ -212,6 +300,7 @@ void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm
   const ZKey mk = masked(key, lm_);
   const Theta head = theta(lm_);
   const float cap = model_.config().final_softcap;  // Gemma 2's final_logit_softcapping
+  const bool wread = windowed(lm_block_) && window_steps(false) > 0;
   for (int64_t v0 = 0; v0 < V; v0 += vocab_chunk_) {
     const int64_t nv = std::min(vocab_chunk_, V - v0);
     // Two-point: both signs from one pass; one-sided: the second stream reads theta itself.
@@ -220,6 +309,9 @@ void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm
     if (hold_)  // an open rounding window; one-sided: theta itself into w_minus_
       held_pass(head.at(v0 * E), nv * E, lm_, v0 * E, mk, w_plus_, two_point ? w_minus_ : nullptr,
                 ct, minus && !two_point ? w_minus_ : nullptr);
+    else if (wread)  // the write-back window's, the same way
+      window_read(head.at(v0 * E), nv * E, lm_, v0 * E, mk, w_plus_,
+                  two_point ? w_minus_ : nullptr, ct, minus && !two_point ? w_minus_ : nullptr);
     else
       be_.zo_pass(head.at(v0 * E), nv * E, (uint32_t)lm_, v0 * E, nullptr, 0, 0.f, &mk,
                   opt_.eps, w_plus_, two_point ? w_minus_ : nullptr, ct);
@@ -227,8 +319,8 @@ void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm
     if (cap != 0.f) be_.softcap(logit_plus_, logit_plus_, cap, n * nv);
     be_.cross_entropy_chunk(logit_plus_, targets_, n, nv, v0, mp, sp, tp);
     if (!minus) continue;
-    const void* wm = two_point || hold_ ? (const void*)w_minus_ : head.at(v0 * E).p;
-    if (!two_point && !hold_ && (ct != DType::F32 || head.dtype != DType::F32)) {
+    const void* wm = two_point || hold_ || wread ? (const void*)w_minus_ : head.at(v0 * E).p;
+    if (!two_point && !hold_ && !wread && (ct != DType::F32 || head.dtype != DType::F32)) {
       copy_theta(head.at(v0 * E), w_minus_, ct, nv * E);  // one-sided: theta in the walk's type
       wm = w_minus_;
     }
@@ -280,8 +372,13 @@ void ZOEngine::Impl::walk_embed(const StepWalk& w, const DeviceInputs& in, int64
     return;
   }
   acquire(0);
+  const bool win = windowed(0);
   for (int j = 0; j < q; ++j) {
-    block_pass(0, first && j == 0, &w.keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
+    if (win)
+      window_pass(0, wb_close_ && first && j == 0, &w.keys[j], blk_plus_,
+                  has_minus(j) ? blk_minus_ : nullptr);
+    else
+      block_pass(0, first && j == 0, &w.keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
     perturb_rows(w.keys[j], n_uniq);
     fwd_.embed(model_.embed(copy_locator(blk_plus_, tok_plus_)), in.ids, in.embed_pos, rows,
                h_plus_[j]);
@@ -289,7 +386,7 @@ void ZOEngine::Impl::walk_embed(const StepWalk& w, const DeviceInputs& in, int64
       fwd_.embed(model_.embed(copy_locator(blk_minus_, tok_minus_)), in.ids, in.embed_pos, rows,
                  h_minus_[j]);
   }
-  release(0, dirty);
+  release(0, win ? first && wb_close_ && !wb_window_.empty() : dirty);
 }
 
 // The stage's transformer layers, each resident once for all 2q streams.
@@ -298,16 +395,21 @@ void ZOEngine::Impl::walk_layers(const StepWalk& w, const DeviceInputs& in, bool
   const int q = (int)w.keys.size();
   for (int li = w.li_lo; li < w.li_hi; ++li) {
     acquire(li + 1);
+    const bool win = windowed(li + 1);
     for (int j = 0; j < q; ++j) {
-      block_pass(li + 1, first && j == 0, &w.keys[j], blk_plus_,
-                 has_minus(j) ? blk_minus_ : nullptr);
+      if (win)  // the write-back window: applied once by a closing walk's first pass
+        window_pass(li + 1, wb_close_ && first && j == 0, &w.keys[j], blk_plus_,
+                    has_minus(j) ? blk_minus_ : nullptr);
+      else
+        block_pass(li + 1, first && j == 0, &w.keys[j], blk_plus_,
+                   has_minus(j) ? blk_minus_ : nullptr);
       fwd_.layer(li, model_.layer(li, copy_locator(blk_plus_, nullptr)), h_plus_[j], in.B, in.T,
                  in.pos, in.key_mask, nullptr);
       if (has_minus(j))
         fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], in.B,
                    in.T, in.pos, in.key_mask, nullptr);
     }
-    release(li + 1, dirty);
+    release(li + 1, win ? first && wb_close_ && !wb_window_.empty() : dirty);
   }
 }
 
@@ -330,15 +432,21 @@ void ZOEngine::Impl::walk_head(const StepWalk& w, const LossBatch& lb, bool firs
     block_pass(0, true, nullptr, nullptr, nullptr);
   acquire(last);
   if (lm_block_ != last) acquire(lm_block_);
+  const bool win = windowed(last);
   for (int j = 0; j < q; ++j) {
-    block_pass(last, first && j == 0, &w.keys[j], blk_plus_, has_minus(j) ? blk_minus_ : nullptr);
+    if (win)
+      window_pass(last, wb_close_ && first && j == 0, &w.keys[j], blk_plus_,
+                  has_minus(j) ? blk_minus_ : nullptr);
+    else
+      block_pass(last, first && j == 0, &w.keys[j], blk_plus_,
+                 has_minus(j) ? blk_minus_ : nullptr);
     double sp = 0, sm = 0;
     head_sums(w.keys[j], h_plus_[j], has_minus(j) ? h_minus_[j] : nullptr, lb, sp, sm);
     out.sum_plus[j] += sp;
     out.sum_minus[j] += has_minus(j) ? sm : 0.0;
   }
   if (lm_block_ != last) release(lm_block_, false);
-  release(last, dirty);
+  release(last, win ? first && wb_close_ && !wb_window_.empty() : dirty);
   out.count += lb.units();
 }
 
@@ -358,6 +466,10 @@ QueryLosses ZOEngine::Impl::perturbed_losses(uint32_t step, const std::vector<Lo
   // reads the master, through the window's updates; the walk of the window's last step + 1
   // applies and rounds them all.
   hold_ = opt_.round_every > 1 && !pending_.empty() && step % (uint32_t)opt_.round_every != 0;
+  // The write-back window takes this step's update; it closes when it holds write_back_every.
+  if (opt_.write_back_every > 1 && disk_ && !stream_ && !pending_.empty())
+    wb_window_.push_back(pending_);
+  wb_close_ = (int)wb_window_.size() >= opt_.write_back_every;
   if (disk_) disk_->begin_walk(walk_order(micro.size()));  // first: the streamer reads through it
   if (stream_) stream_->begin_walk(walk_order(micro.size()));
   std::vector<int32_t> uniq, local;
@@ -383,6 +495,8 @@ QueryLosses ZOEngine::Impl::perturbed_losses(uint32_t step, const std::vector<Lo
     for (int j = 1; j < q; ++j) out.sum_minus[j] = out.sum_minus[0];  // L(theta), shared
   if (!hold_) pending_ = PendingUpdate{};  // applied during the first walk
   hold_ = false;
+  if (wb_close_) wb_window_.clear();  // written back by this walk
+  wb_close_ = false;
   fwd_.weights_changed();
   return out;
 }

@@ -34,6 +34,20 @@ std::vector<Case> disk_tier_cases() {
        R"(^--offload-dir /proc (is not writable|has 0 bytes free, and the blocks beyond --host-mem need \d+))"},
       {"HostMemWithJvp", {}, kRun + " --host-mem 600KiB --estimator jvp", 1,
        R"(^--host-mem \(the disk tier\) runs the SPSA walk only; use --estimator spsa, or drop --host-mem$)"},
+      // --write-back-every: only where a disk tier runs ZO-SGD on the host, rebuilding a block
+      // step by step (not through a rounding window or optimizer state).
+      {"WriteBackEveryWithoutHostMem", {}, kRun + " --write-back-every 4", 1,
+       R"(^--write-back-every 4 writes the disk tier's blocks back less often: add --host-mem SIZE, or drop --write-back-every$)"},
+      {"WriteBackEveryZero", {}, kRun + " --host-mem 600KiB --write-back-every 0", 1,
+       R"(^--write-back-every )"},
+      {"WriteBackEveryWithAdam", {}, kRun + " --host-mem 1GiB --write-back-every 2 --optimizer adam", 1,
+       R"(^--write-back-every 2 rebuilds a block from ZO-SGD's updates, and --optimizer adam updates through its state: use --optimizer sgd, or drop --write-back-every$)"},
+      {"WriteBackEveryInARoundingWindow", {},
+       kRun + " --host-mem 1GiB --write-back-every 2 --master bf16", 1,
+       R"(^--write-back-every 2 does not combine with a bf16 master's rounding window \(--round-every 8 already writes a disk block once a window\): add --round-every 1, or drop --write-back-every$)"},
+      {"WriteBackEveryOnTheSimDevice", {},
+       kRun + " --host-mem 1GiB --write-back-every 2 --sim-device", 1,
+       R"(^--write-back-every 2 runs on the host backend for now: drop --sim-device and --device cuda, or drop --write-back-every$)"},
   };
 }
 

@@ -64,6 +64,10 @@ struct Case {
   zof::DType held = zof::DType::F32;  // the model's storage (a bf16 master in 2 bytes)
   int round_every = 1;
   int queries = 1;
+  int write_back = 1;  // the disk tier's write-back window
+  float weight_decay = 0.f;
+  float sparsity = 0.f;
+  bool one_sided = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
@@ -73,6 +77,10 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   if (c.master == zof::DType::BF16) n += c.held == zof::DType::BF16 ? "_bf16held" : "_bf16";
   if (c.round_every > 1) n += "_round" + std::to_string(c.round_every);
   if (c.queries > 1) n += "_q" + std::to_string(c.queries);
+  if (c.write_back > 1) n += "_writeback" + std::to_string(c.write_back);
+  if (c.weight_decay > 0) n += "_wd";
+  if (c.sparsity > 0) n += "_sparse";
+  if (c.one_sided) n += "_onesided";
   return n;
 }
 
@@ -82,6 +90,10 @@ zof::ZOStepOptions options(const Case& c) {
   o.master = c.master;
   o.round_every = c.round_every;
   o.queries = c.queries;
+  o.write_back_every = c.write_back;
+  o.weight_decay = c.weight_decay;
+  o.sparsity = c.sparsity;
+  o.one_sided = c.one_sided;
   return o;
 }
 
@@ -209,6 +221,7 @@ TEST_P(DiskTierSteps, MatchThePlainRunBitForBit) {
                           Budget{"least_sim", plain.least, roomy},
                           Budget{"least_both", plain.least, least_gpu(c)}}) {
     SCOPED_TRACE(b.name);
+    if (c.write_back > 1 && b.gpu) continue;  // the host backend's (refused with a device)
     const Outcome d = run(c, b.host, b.gpu, dir_);
     EXPECT_GT(d.on_disk, 0);
     EXPECT_GE(d.ring, 2);
@@ -226,9 +239,13 @@ TEST_P(DiskTierSteps, MatchThePlainRunBitForBit) {
         << b.name;
     EXPECT_GT(d.stats.reads, 0);
     const int applying = c.round_every > 1 ? 1 : 3;  // a window of 3: step 3's walk rounds it
+    if (c.write_back > 1)  // a window of N: written by the walks that close one (3 / N of 1-3)
+      EXPECT_LE(d.stats.writes, 3 / c.write_back * d.on_disk) << b.name;
     EXPECT_LE(d.stats.writes, applying * d.on_disk) << b.name;
     // (Blocks resident on a roomy device are written back at the flush, after these stats.)
-    if (c.round_every == 1 && b.gpu != roomy) EXPECT_GT(d.stats.writes, 0);
+    // (And a write-back window that no walk closes writes at the flush too.)
+    if (c.round_every == 1 && b.gpu != roomy && c.write_back <= 3) EXPECT_GT(d.stats.writes, 0);
+    if (c.write_back > 3) EXPECT_EQ(d.stats.writes, 0) << b.name;
     // Files gone with the engine.
     EXPECT_TRUE(fs::is_empty(dir_));
   }
@@ -242,7 +259,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_gqa", Opt::Adam, zof::DType::BF16, zof::DType::BF16},
                       Case{"gpt2", Opt::SGD, zof::DType::F32, zof::DType::F32, 1, 2},
                       Case{"opt", Opt::Momentum}, Case{"qwen2_bias", Opt::Adam},
-                      Case{"phi3", Opt::SGD, zof::DType::BF16}, Case{"gemma2"}),
+                      Case{"phi3", Opt::SGD, zof::DType::BF16}, Case{"gemma2"},
+                      // The write-back window: fp32 and bf16 masters (stochastic rounding each
+                      // step of the window), weight decay, Sparse MeZO's mask, one-sided, two
+                      // queries, a window the 4 steps never close (the flush does).
+                      Case{"stories260K", Opt::SGD, zof::DType::F32, zof::DType::F32, 1, 1, 2},
+                      Case{"llama_gqa", Opt::SGD, zof::DType::BF16, zof::DType::BF16, 1, 1, 3},
+                      Case{"gpt2", Opt::SGD, zof::DType::F32, zof::DType::F32, 1, 2, 4, 0.1f},
+                      Case{"opt", Opt::SGD, zof::DType::BF16, zof::DType::F32, 1, 1, 2, 0.05f,
+                           0.5f, true},
+                      Case{"qwen2_bias", Opt::SGD, zof::DType::F32, zof::DType::F32, 1, 2, 3,
+                           0.f, 0.25f}),
     case_name);
 
 TEST(DiskTier, TheLeastBudgetIsRefusedOneByteBelowNamingTheFlag) {
@@ -327,6 +354,57 @@ TEST_F(DiskTierCli, EveryBudgetWritesTheSameModel) {
         }
     }
   }
+}
+
+// The write-back window through the CLI, across the run's checkpoints and evaluations (which
+// close it early): at the least budget, N = 3 writes fewer bytes than N = 1 and both give the
+// plain run's model and step log.
+TEST_F(DiskTierCli, AWriteBackWindowWritesLessAndTheSameModel) {
+  auto roomy = finetune("wb_roomy", "--host-mem 1TiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const uint64_t least = last_json(roomy.out)["disk_tier"]["least_bytes"];
+  const std::string budget = "--host-mem " + std::to_string(least) + " ";
+  auto every = finetune("wb_1", budget);
+  ASSERT_EQ(every.code, 0) << every.err;
+  auto windowed = finetune("wb_3", budget + "--write-back-every 3");
+  ASSERT_EQ(windowed.code, 0) << windowed.err;
+  expect_same_run("wb_1", "wb_roomy");
+  expect_same_run("wb_3", "wb_roomy");
+  const json j1 = last_json(every.out)["disk_tier"], j3 = last_json(windowed.out)["disk_tier"];
+  EXPECT_GT(j3["blocks_on_disk"].get<int>(), 0) << j3.dump();
+  EXPECT_LT(j3["bytes_written"].get<uint64_t>(), j1["bytes_written"].get<uint64_t>())
+      << j1.dump() << " " << j3.dump();
+}
+
+// --host-mem's default: the host memory available plus the weights loaded, less a margin (1 GiB
+// here). Where everything fits, no tier; where Adam's state does not (MemAvailable faked), a tier
+// at that budget and the same run; where not even the least fits, one line before --out exists.
+TEST_F(DiskTierCli, TheDefaultBudgetIsTheMemoryAvailableLessAMargin) {
+  const std::string adam = "--optimizer adam --lr 1e-3 ";
+  auto roomy = finetune("auto_roomy", adam + "--host-mem 1TiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const json jr = last_json(roomy.out)["disk_tier"];
+  const uint64_t least = jr["least_bytes"], all = jr["all_bytes"];
+  auto plain = finetune("auto_plain", adam);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.err.find("disk tier"), std::string::npos) << plain.err;
+  EXPECT_FALSE(last_json(plain.out).contains("disk_tier"));
+  // The fp32 master and Adam's m and v: three planes of the same size.
+  const uint64_t held = all / 3, avail = least + (uint64_t(1) << 30) - held;
+  auto tight = finetune("auto_tight", adam, "ZOF_FAULT_MEM_AVAILABLE=" + std::to_string(avail) + " ");
+  ASSERT_EQ(tight.code, 0) << tight.err;
+  EXPECT_NE(tight.err.find("disk tier (--host-mem by default: "), std::string::npos) << tight.err;
+  const json jt = last_json(tight.out)["disk_tier"];
+  EXPECT_GT(jt["blocks_on_disk"].get<int>(), 0) << jt.dump();
+  EXPECT_EQ(jt["host_mem"].get<uint64_t>(), least) << jt.dump();
+  expect_same_run("auto_tight", "auto_plain");
+  auto none = finetune("auto_none", adam, "ZOF_FAULT_MEM_AVAILABLE=1000 ");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_EQ(std::count(none.err.begin(), none.err.end(), '\n'), 1) << none.err;
+  EXPECT_EQ(none.err.rfind("zof: error: host memory: this run's weights and optimizer state take ",
+                           0), 0u) << none.err;
+  EXPECT_NE(none.err.find("give --host-mem SIZE"), std::string::npos) << none.err;
+  EXPECT_FALSE(fs::exists(dir_ / "auto_none"));
 }
 
 // Killed after a checkpoint and resumed, with Adam's state on disk too: the plain run's model,
