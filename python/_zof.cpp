@@ -116,6 +116,23 @@ class PyModel {
         .dump();
   }
 
+  // eval(task=): a task's held-out metric as `zof eval --task`, options as finetune's keywords
+  // (task, data, eval_examples, seq_len, batch, seed), each read as the CLI reads its flag.
+  std::string eval_task(const std::vector<std::pair<std::string, std::string>>& options,
+                        const std::string& dtype) {
+    zof::TrainOptions t;
+    t.model = model_.source();
+    for (const auto& [key, text] : options) zof::set_train_option(t, key, text);
+    ZOF_CHECK(!t.data.empty(), "eval(task=" + std::string(zof::word(t.task)) +
+                                   ") needs data=, the task's data file or directory");
+    zof::validate_options(t);
+    zof::check_task_data(t.task, t.data);
+    const zof::WeightPlacement p = placement(dtype);
+    const zof::Tokenizer& tok = tokenizer();
+    nb::gil_scoped_release release;
+    return zof::evaluate_task(model_, tok, *backend_, t, p).dump();
+  }
+
   std::string generate(const std::string& prompt, const std::string& max_new_tokens,
                        const std::string& temperature, const std::string& top_p,
                        const std::string& seed, const std::string& dtype) {
@@ -290,6 +307,7 @@ NB_MODULE(_zof, m) {
       .def("logits", &PyModel::logits, nb::arg("rows"))
       .def("eval", &PyModel::eval, nb::arg("path").none(), nb::arg("text"), nb::arg("seq_len"),
            nb::arg("batch"), nb::arg("max_windows"), nb::arg("dtype"))
+      .def("eval_task", &PyModel::eval_task, nb::arg("options"), nb::arg("dtype"))
       .def("generate", &PyModel::generate, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("temperature"), nb::arg("top_p"), nb::arg("seed"), nb::arg("dtype"))
       .def("config", &PyModel::config)

@@ -83,12 +83,31 @@ class Model:
         out = self._m.logits([[_token_id(t) for t in r] for r in rows])
         return out[0] if single else out
 
-    def eval(self, path=None, *, text=None, seq_len=None, batch=8, max_windows=0,
-             dtype="auto"):
+    def eval(self, path=None, *, text=None, task=None, data=None, eval_examples=None,
+             seed=None, seq_len=None, batch=None, max_windows=0, dtype="auto"):
         """Perplexity as `zof eval --json`, of the file at path (as --text: a regular file, else
         zof.Error) or of text=, the text itself. seq_len: the window (default: the context, at
         most 512). dtype: the matrix products, as --dtype (auto: bf16 where it is faster, else
-        fp32)."""
+        fp32).
+
+        With task= and data= instead: the task's held-out metric as `zof eval --task --json`
+        (what finetune's evaluation scores), of eval_examples examples drawn with seed, with
+        finetune's defaults for what is not given."""
+        if task is not None:
+            if path is not None or text is not None or max_windows != 0:
+                raise TypeError("eval(task=) scores a task's examples: give data=, not a file, "
+                                "text= or max_windows=")
+            opts = [("task", _text("task", task))]
+            for k, v in (("data", data), ("eval_examples", eval_examples), ("seed", seed),
+                         ("seq_len", seq_len), ("batch", batch)):
+                if v is not None:
+                    opts.append((k, os.fsdecode(os.fspath(v)) if k == "data" else _text(k, v)))
+            return json.loads(self._m.eval_task(opts, dtype))
+        if data is not None or eval_examples is not None or seed is not None:
+            raise TypeError("data=, eval_examples= and seed= go with task=; a text's perplexity "
+                            "takes a file path or text=")
+        if batch is None:
+            batch = 8
         if (path is None) == (text is None):
             raise TypeError("eval() takes a file path or text=, one of them: m.eval(\"file.txt\") "
                             "or m.eval(text=\"the text\")")

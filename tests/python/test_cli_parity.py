@@ -63,6 +63,27 @@ def test_eval_and_generate_equal_cli():
     assert isinstance(got, str) and got == want["completion"]
 
 
+def test_eval_task_equals_cli():
+    # A task's held-out metric from Python (eval(task=, data=)) is the CLI's eval --task.
+    require(STORIES)
+    data = require(SHAKESPEARE.parent.parent / "sst2")
+    r = cli("eval", "--model", STORIES, "--task", "sst2", "--data", data, "--eval-examples", 16,
+            "--seed", 5, "--json")
+    assert r.returncode == 0, r.stderr
+    want = json.loads(r.stdout.strip().splitlines()[-1])
+    m = zof.Model.load(STORIES)
+    got = m.eval(task="sst2", data=data, eval_examples=16, seed=5)
+    assert got.keys() == want.keys()
+    for k in ("task", "metric", "value", "data"):
+        assert got[k] == want[k], k
+    with pytest.raises(zof.Error, match="needs data="):
+        m.eval(task="sst2")
+    with pytest.raises(zof.Error, match="--eval-examples"):
+        m.eval(task="sst2", data=data, eval_examples=0)
+    with pytest.raises(TypeError, match="go with task="):
+        m.eval(text="some text", data=data)
+
+
 def cli_error(*args):
     r = cli(*args)
     assert r.returncode == 1
