@@ -5,10 +5,16 @@
 // I/O and says so; the engine chosen, and why the pool, is said. Faults are injected with
 // set_io_fault_hook.
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -302,6 +308,52 @@ TEST(IoEngineSelection, ForcedUringWhereItCannotRunIsAnErrorSayingWhy) {
     EXPECT_EQ(err, "");
   else
     EXPECT_NE(err.find("ZOF_IO=uring, but io_uring refused: " + why), std::string::npos) << err;
+}
+
+// Refuses io_uring_setup with EPERM in this process from here on, as a container's seccomp
+// profile does (Docker's default among them).
+bool refuse_io_uring() {
+  sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+  sock_fprog prog{(unsigned short)(sizeof f / sizeof f[0]), f};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// The death test's child: io_uring refused, an Auto engine made, what it and the probe say
+// printed, a page written and read back through it; exit 0 when the page came back.
+[[noreturn]] void run_without_io_uring() {
+  if (!refuse_io_uring()) {
+    std::fprintf(stderr, "cannot install the seccomp filter\n");
+    std::_Exit(2);
+  }
+  auto e = zof::make_io_engine(2, IoEngineKind::Auto);
+  std::fprintf(stderr, "[%s] [%s]\n", e->describe().c_str(), zof::io_uring_unavailable().c_str());
+  const fs::path p =
+      fs::temp_directory_path() / ("zof_io_seccomp_" + std::to_string(::getpid()) + ".bin");
+  BlockFile f(p, 2 * kIoAlign);
+  AlignedBuffer out(kIoAlign), in(kIoAlign);
+  std::memset(out.data, 0x71, out.size);
+  e->submit({zof::IoTransfer{'w', &f, out.data, out.size, kIoAlign, {}}})->wait();
+  e->submit({zof::IoTransfer{'r', &f, in.data, in.size, kIoAlign, {}}})->wait();
+  f.remove();
+  std::_Exit(std::memcmp(in.data, out.data, in.size) == 0 ? 0 : 3);
+}
+
+// Where io_uring_setup is refused (seccomp here, whatever this kernel does), Auto falls back to
+// the pool and says why, and the pool moves bytes. In a child process (a death test), so the
+// filter stays there.
+TEST(IoEngineSelection, RefusedBySeccompFallsBackToThePoolSayingWhy) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  const std::string said =
+      zof::io_uring_built()
+          ? "\\[pread/pwrite on 2 threads \\(io_uring refused: io_uring_queue_init: Operation "
+            "not permitted\\)\\] \\[io_uring_queue_init: Operation not permitted\\]"
+          : "\\[pread/pwrite on 2 threads \\(io_uring refused: built without liburing\\)\\]";
+  EXPECT_EXIT(run_without_io_uring(), ::testing::ExitedWithCode(0), said);
 }
 
 TEST(IoEngineSelection, ZofIoPoolForcesThePoolAndOtherValuesAreRefused) {
