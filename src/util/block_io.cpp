@@ -182,7 +182,7 @@ void BlockFile::write(const void* buf, size_t n, uint64_t off) const {
   }
 }
 
-// ---- completion, the pool and the engines ----------------------------------------------------------------
+// ---- completion, the pool and the engines -------------------------------------------------------
 
 bool IoTicket::done() const {
   std::lock_guard<std::mutex> l(mu_);

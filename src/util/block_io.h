@@ -25,9 +25,10 @@ namespace zof {
 constexpr size_t kIoAlign = 4096;
 
 // A test hook, called before each pread/pwrite (or io_uring request, at its submission) with the
-// operation ('r' or 'w'), the bytes asked for and the file offset. It returns -1 to let the call run, a count n >= 0 to make it move only
-// min(n, asked) bytes (a short transfer), or -errno to make it fail so (EINTR, EAGAIN, ENOSPC,
-// EINVAL): io_uring then gets no request and the error is settled as its completion would be.
+// operation ('r' or 'w'), the bytes asked for and the file offset. It returns -1 to let the call
+// run, a count n >= 0 to make it move only min(n, asked) bytes (a short transfer), or -errno to
+// make it fail so (EINTR, EAGAIN, ENOSPC, EINVAL): io_uring then gets no request and the error
+// is settled as its completion would be.
 using IoFaultHook = std::function<long(char op, size_t bytes, uint64_t offset)>;
 void set_io_fault_hook(IoFaultHook hook);  // empty: none
 
@@ -50,9 +51,10 @@ class BlockFile {
   uint64_t size() const { return size_; }
   void remove();
 
-  // n bytes at offset off, all of them (short transfers, EINTR and EAGAIN retried). With O_DIRECT, buf,
-  // n and off must be multiples of kIoAlign. A read past the file's end (the file truncated
-  // under the run) or any other failure: zof::Error naming the file, the offset and the cause.
+  // n bytes at offset off, all of them (short transfers, EINTR and EAGAIN retried). With
+  // O_DIRECT, buf, n and off must be multiples of kIoAlign. A read past the file's end (the file
+  // truncated under the run) or any other failure: zof::Error naming the file, the offset and
+  // the cause.
   void read(void* buf, size_t n, uint64_t off) const;
   void write(const void* buf, size_t n, uint64_t off) const;
 

@@ -263,7 +263,8 @@ TEST_P(BlockIoEngine, ManyTransfersInFlightComeBackWholeAndAFailureStaysInItsTra
   EXPECT_EQ(std::memcmp(in.data, out.data, in.size), 0);
   // One failure among many: the transfer of one block at block 4 (the third).
   const uint64_t bad = 4 * kIoAlign;
-  zof::set_io_fault_hook([&](char, size_t, uint64_t off) -> long { return off == bad ? -EIO : -1; });
+  zof::set_io_fault_hook(
+      [&](char, size_t, uint64_t off) -> long { return off == bad ? -EIO : -1; });
   std::atomic<int> fthen{0};
   auto t = engine_->submit(group('r', in, fthen));
   const std::string e = error_of([&] { t->wait(); });
