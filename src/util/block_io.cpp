@@ -379,17 +379,19 @@ class UringEngine final : public IoEngine {
   void submit_prepared() {
     while (unsubmitted_ > 0) {
       const int r = io_uring_submit(&ring_);
-      if (r >= 0) {
+      if (r > 0) {
         unsubmitted_ -= std::min(unsubmitted_, r);
         continue;
       }
-      // The kernel is short of memory for requests (EAGAIN, EBUSY): let some complete first.
-      if ((r == -EAGAIN || r == -EBUSY) && inflight_ > unsubmitted_) {
+      // The kernel took none, or is short of memory for requests (EAGAIN, EBUSY): let some
+      // complete first.
+      if ((r == 0 || r == -EAGAIN || r == -EBUSY) && inflight_ > unsubmitted_) {
         reap(true);
         continue;
       }
       if (r == -EINTR || r == -EAGAIN || r == -EBUSY) continue;
-      ZOF_ABORT(("io_uring_submit failed: " + errno_text(-r)).c_str());
+      ZOF_ABORT(("io_uring_submit failed: " +
+                 (r == 0 ? std::string("no request taken") : errno_text(-r))).c_str());
     }
   }
 
