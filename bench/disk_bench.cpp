@@ -1,9 +1,11 @@
 // The disk tier's benchmark (issue 28): the disk's own sequential O_DIRECT write and read
-// bandwidth through the tier's I/O layer (src/util/block_io.h), then ZO steps of a random model
+// bandwidth through the tier's I/O layer (src/util/block_io.h) on each engine (the pread/pwrite
+// pool, and io_uring where it runs: a row each and their ratio), then ZO steps of a random model
 // all in host memory against steps with the blocks beyond --host-mem on disk (the least budget
-// and half the model), in one run so the ratios hold on a noisy machine. Prints a table.
+// and half the model; the engine the tier picks, ZOF_IO as set), in one run so the ratios hold
+// on a noisy machine. Prints tables. --steps 0: the disk alone.
 //   build/disk_bench [--dir DIR] [--model-config llama-125m] [--steps 3] [--threads 2]
-//                    [--io-mib 512] [--io-threads 2] [--write-back 1,2,4,8]
+//                    [--io-mib 512] [--io-threads 2] [--io-rounds 1] [--write-back 1,2,4,8]
 // --write-back: rows at the least budget with each write-back window (--write-back-every N):
 // the bytes written against the z's regenerated.
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <vector>
 
@@ -30,7 +33,7 @@ namespace {
 struct Args {
   std::string dir = fs::temp_directory_path().string();
   std::string model_config = "llama-125m";
-  int steps = 3, threads = 2, io_threads = 2;
+  int steps = 3, threads = 2, io_threads = 2, io_rounds = 1;
   uint64_t io_mib = 512;
   std::vector<int> write_back{1, 2, 4, 8};
 };
@@ -39,40 +42,72 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Sequential O_DIRECT transfers of io_mib in 4 MiB requests on the I/O pool, as the tier issues
-// them; the file is written first, then read back.
-void disk_bandwidth(const Args& a) {
+struct Bandwidth {
+  std::string engine;
+  double write_gb = 0, read_gb = 0;  // GB/s, the best of the rounds
+  double cpu_s_per_gb = 0;            // this process's CPU seconds (user + system) per GB moved
+};
+
+double cpu_s() {  // every thread's, user and system
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// Sequential transfers of io_mib in 4 MiB requests on one engine, all submitted at once as the
+// tier does (the pool runs io_threads at a time, io_uring up to its queue depth); the file is
+// written first, then read back, `rounds` times (the best kept: a busy machine only slows).
+Bandwidth disk_bandwidth(const Args& a, zof::IoEngineKind kind, std::string* mode) {
   const uint64_t chunk = uint64_t(4) << 20, bytes = a.io_mib << 20;
   const fs::path p = fs::path(a.dir) / ("zof-disk-bench-" + std::to_string(::getpid()) + ".bin");
   zof::BlockFile f(p, bytes);
-  zof::IoPool pool(a.io_threads);
+  *mode = f.direct() ? "O_DIRECT" : "buffered (" + f.note() + ")";
+  std::unique_ptr<zof::IoEngine> io = zof::make_io_engine(a.io_threads, kind);
+  // Eight buffers shared round robin (their contents do not matter, only the traffic).
   std::vector<std::unique_ptr<zof::AlignedBuffer>> bufs;
-  for (int i = 0; i < a.io_threads; ++i) {
+  for (int i = 0; i < 8; ++i) {
     bufs.push_back(std::make_unique<zof::AlignedBuffer>(chunk));
     std::memset(bufs.back()->data, 0x5a + i, chunk);
   }
-  auto run = [&](bool write) {
-    std::vector<std::function<void()>> jobs;
-    for (uint64_t off = 0; off < bytes; off += chunk) {
-      char* b = bufs[(off / chunk) % bufs.size()]->data;
-      jobs.push_back([&f, b, off, chunk, write] {
-        if (write)
-          f.write(b, chunk, off);
-        else
-          f.read(b, chunk, off);
-      });
-    }
+  auto run = [&](char op) {
+    std::vector<zof::IoTransfer> jobs;
+    for (uint64_t off = 0; off < bytes; off += chunk)
+      jobs.push_back({op, &f, bufs[(off / chunk) % bufs.size()]->data, chunk, off, {}});
     const double t0 = now_s();
-    pool.submit(std::move(jobs))->wait();
-    if (write) ::sync();  // buffered fallback: what reached the disk
+    io->submit(std::move(jobs))->wait();
+    if (op == 'w') ::sync();  // buffered fallback: what reached the disk
     return bytes / (now_s() - t0) / 1e9;
   };
-  const double w = run(true), r = run(false);
-  std::printf("disk %s: %s, %llu MiB in 4 MiB requests on %d threads\n", a.dir.c_str(),
-              f.direct() ? "O_DIRECT" : ("buffered (" + f.note() + ")").c_str(),
-              (unsigned long long)a.io_mib, a.io_threads);
-  std::printf("  sequential write %.2f GB/s, read %.2f GB/s\n\n", w, r);
+  Bandwidth b;
+  b.engine = kind == zof::IoEngineKind::Pool
+                 ? "pread/pwrite, " + std::to_string(a.io_threads) + " threads"
+                 : "io_uring, queue depth " + std::to_string(zof::kUringDepth);
+  const double c0 = cpu_s();
+  for (int r = 0; r < std::max(1, a.io_rounds); ++r) {
+    b.write_gb = std::max(b.write_gb, run('w'));
+    b.read_gb = std::max(b.read_gb, run('r'));
+  }
+  b.cpu_s_per_gb = (cpu_s() - c0) / (2.0 * std::max(1, a.io_rounds) * bytes / 1e9);
+  io.reset();
   f.remove();
+  return b;
+}
+
+void disk_bandwidths(const Args& a) {
+  std::string mode;
+  std::vector<Bandwidth> rows{disk_bandwidth(a, zof::IoEngineKind::Pool, &mode)};
+  const std::string why = zof::io_uring_unavailable();
+  if (why.empty()) rows.push_back(disk_bandwidth(a, zof::IoEngineKind::Uring, &mode));
+  std::printf("disk %s: %s, %llu MiB in 4 MiB requests, best of %d round(s)%s\n\n", a.dir.c_str(),
+              mode.c_str(), (unsigned long long)a.io_mib, std::max(1, a.io_rounds),
+              why.empty() ? "" : ("; io_uring not measured: " + why).c_str());
+  std::printf("| engine | write MB/s | read MB/s | write x pool | read x pool | CPU s/GB |\n"
+              "|---|---|---|---|---|---|\n");
+  for (const Bandwidth& b : rows)
+    std::printf("| %s | %.0f | %.0f | %.2f | %.2f | %.3f |\n", b.engine.c_str(),
+                b.write_gb * 1e3, b.read_gb * 1e3, b.write_gb / rows[0].write_gb,
+                b.read_gb / rows[0].read_gb, b.cpu_s_per_gb);
+  std::printf("\n");
 }
 
 struct Row {
@@ -150,9 +185,11 @@ int main(int argc, char** argv) {
           p = c + 1;
         }
       }
+      else if (k == "--io-rounds") a.io_rounds = std::stoi(v);
       else throw zof::Error("unknown flag " + k);
     }
-    disk_bandwidth(a);
+    disk_bandwidths(a);
+    if (a.steps <= 0) return 0;
     const zof::ModelConfig cfg = zof_bench::config_named(a.model_config);
     const zof::Model probe = zof::Model::random(cfg, 1);
     const uint64_t all = zof::DiskTier::all_bytes(probe);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what zof needs on Debian 12 (build tools, oneDNN, OpenMP, JSON, CLI11, GoogleTest,
-# Open MPI, Chromium for the report's screenshot test) and a Python virtual environment
+# Open MPI, liburing, Chromium for the report's screenshot test) and a Python virtual environment
 # (build/venv) with the reference packages the tests compare against and, for the tests, the zof
 # Python package (pyproject.toml) built from this tree and SmolLM2-135M-Instruct converted into
 # build/models (scripts/get_smollm2.sh).
@@ -12,6 +12,7 @@ PKGS=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-de
       libgtest-dev python3 python3-venv python3-pip
       python3-dev  # Python.h for the zof Python module (pip install .)
       openmpi-bin libopenmpi-dev  # MPI: data- and pipeline-parallel finetune, tests/mpi
+      liburing-dev  # io_uring for the disk tier's block I/O (optional: without it, pread/pwrite threads)
       ocl-icd-opencl-dev opencl-headers)  # Debian's dnnl-config.cmake calls find_package(OpenCL)
 # What only the tests need (ZOF_SETUP_FOR_TESTS=1, which scripts/test.sh sets): Chromium for the
 # headless screenshots of `zof report` pages (tests/model/test_report.cpp).

@@ -1,5 +1,6 @@
 // Shared test helpers: where the assets are, the rule that a missing asset fails under CI, the
-// backends through the runtime, running the binary, and Tiny Shakespeare run directories.
+// backends through the runtime, a scoped environment variable, running the binary, and Tiny
+// Shakespeare run directories.
 #pragma once
 #include <cstdlib>
 #include <filesystem>
@@ -32,6 +33,28 @@ inline std::unique_ptr<Backend> reference_backend() {
   b.device = zof::DeviceChoice::Reference;
   return make_backend(b);
 }
+
+// An environment variable set for one scope (ZOF_IO for a tier built in it), restored after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
 
 }  // namespace zof::test
 

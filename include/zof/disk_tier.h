@@ -14,7 +14,9 @@
 // span in memory, so the whole pages of the span go to and from the file directly (O_DIRECT
 // where the file system takes it); only the first and last partial pages pass through a page of
 // their own on a read (a partial page is shared with the neighbouring block, which stays
-// resident in it). A plain pread/pwrite pool of threads runs the transfers.
+// resident in it). The transfers run on io_uring where the kernel takes it, else on a pool of
+// pread/pwrite threads (src/util/block_io.h; ZOF_IO=pool or uring forces one); describe() says
+// which, and why the pool.
 //
 // Order of a block's life, all decided on the walk's thread:
 //   on disk -> reading (read ahead, up to the ring's size, in the coming walk order) -> present
@@ -34,7 +36,7 @@
 namespace zof {
 
 class BlockFile;
-class IoPool;
+class IoEngine;
 class IoTicket;
 
 struct DiskTierStats {
@@ -73,7 +75,8 @@ class DiskTier {
   // a full file system is refused here), whose slots are written as the first walk releases
   // each block. extra_planes: host arrays of Model::storage_size() floats laid out as the
   // storage (the optimizer state), moved with their blocks. The storage and the planes must
-  // not move while the tier lives. threads: the I/O pool's.
+  // not move while the tier lives. threads: the pread/pwrite pool's, where it runs (the engine
+  // is chosen here: io_engine_from_env()'s kind; ZOF_IO=uring where io_uring cannot run throws).
   DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
            const std::filesystem::path& dir, int threads = 2, bool try_direct = true);
   // Waits for the transfers, removes the store. Does not bring blocks back: materialize() first.
@@ -126,7 +129,7 @@ class DiskTier {
   const void* storage_ = nullptr;  // the storage's start when planned: it must not move
   std::vector<std::vector<Span>> spans_;  // per block, per plane (disk blocks only)
   std::unique_ptr<BlockFile> file_;
-  std::unique_ptr<IoPool> pool_;
+  std::unique_ptr<IoEngine> io_;
   std::vector<State> state_;
   std::vector<std::shared_ptr<IoTicket>> ticket_;
   std::vector<bool> changed_;

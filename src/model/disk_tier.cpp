@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Transfers of a plane are cut into pieces of this size so that the pool's threads share a block.
+// Transfers of a plane are cut into pieces of this size so that the pool's threads (or the
+// ring's requests in flight) share a block.
 constexpr uint64_t kChunk = uint64_t(4) << 20;
 
 uintptr_t page_down(uintptr_t a) { return a / kIoAlign * kIoAlign; }
@@ -134,9 +135,10 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
   holds_.assign(n, 0);
   for (int b = 0; b < n; ++b) bytes_.push_back(block_bytes(model, b, (int)planes_.size()));
   if (plan.all_resident()) return;
+  // The engine first: a ZOF_IO it refuses leaves no store behind.
+  io_ = make_io_engine(threads, io_engine_from_env());
   file_ = std::make_unique<BlockFile>(
       dir / ("zof-blocks-" + std::to_string((long)::getpid()) + ".bin"), cursor, try_direct);
-  pool_ = std::make_unique<IoPool>(threads);
   // Every disk block to its slot now: from here the tier holds only the ring.
   try {
     for (int b = 0; b < n; ++b)
@@ -148,7 +150,7 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
         state_[b] = State::OnDisk;
       }
   } catch (...) {
-    pool_.reset();  // the transfers end before the file goes
+    io_.reset();  // the transfers end before the file goes
     file_->remove();
     throw;
   }
@@ -156,7 +158,7 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
 }
 
 DiskTier::~DiskTier() {
-  pool_.reset();  // runs what is queued, then joins
+  io_.reset();  // runs what is queued, then joins
   if (file_) file_->remove();
 }
 
@@ -184,24 +186,22 @@ std::string DiskTier::describe() const {
          format_bytes(plan_.store_bytes) + " in " + file_->path().string() + "), " +
          format_bytes(plan_.resident_bytes) + " resident, a ring of " +
          format_bytes(plan_.ring_bytes) + " (" + std::to_string(plan_.ring) +
-         " of the largest disk block); I/O: pread/pwrite on " + std::to_string(pool_->threads()) + " threads, " +
+         " of the largest disk block); I/O: " + io_->describe() + ", " +
          (file_->direct() ? std::string("O_DIRECT") : "buffered: " + file_->note());
 }
 
 void DiskTier::write_block(int b) {
-  std::vector<std::function<void()>> jobs;
+  std::vector<IoTransfer> jobs;
   uint64_t bytes = 0;
   for (const Span& s : spans_[b]) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr);
-    const char* lo = reinterpret_cast<const char*>(page_down(a));
+    char* lo = reinterpret_cast<char*>(page_down(a));
     const uint64_t len = page_up(a + s.bytes) - page_down(a);
-    for (uint64_t c = 0; c < len; c += kChunk) {
-      const uint64_t m = std::min(kChunk, len - c);
-      jobs.push_back([f = file_.get(), p = lo + c, m, off = s.file_off + c] { f->write(p, m, off); });
-    }
+    for (uint64_t c = 0; c < len; c += kChunk)
+      jobs.push_back({'w', file_.get(), lo + c, std::min(kChunk, len - c), s.file_off + c, {}});
     bytes += len;
   }
-  ticket_[b] = pool_->submit(std::move(jobs));
+  ticket_[b] = io_->submit(std::move(jobs));
   state_[b] = State::Writing;
   changed_[b] = false;
   ++stats_.writes;
@@ -209,9 +209,9 @@ void DiskTier::write_block(int b) {
 }
 
 void DiskTier::read_block(int b) {
-  std::vector<std::function<void()>> jobs;
+  std::vector<IoTransfer> jobs;
   uint64_t bytes = 0;
-  BlockFile* f = file_.get();
+  const BlockFile* f = file_.get();
   for (const Span& s : spans_[b]) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr), end = a + s.bytes;
     const uintptr_t lo = page_down(a), full0 = page_up(a), full1 = page_down(end);
@@ -219,11 +219,13 @@ void DiskTier::read_block(int b) {
     // (the rest of the page belongs to the neighbouring block).
     auto partial = [&](uintptr_t from, uintptr_t to) {
       const uintptr_t page = page_down(from);
-      jobs.push_back([f, page, from, to, off = s.file_off + (page - lo)] {
-        AlignedBuffer buf(kIoAlign);
-        f->read(buf.data, kIoAlign, off);
-        std::memcpy(reinterpret_cast<char*>(from), buf.data + (from - page), to - from);
-      });
+      auto buf = std::make_shared<AlignedBuffer>(kIoAlign);
+      char* data = buf->data;
+      jobs.push_back({'r', f, data, kIoAlign, s.file_off + (page - lo),
+                      [buf = std::move(buf), page, from, to] {
+                        std::memcpy(reinterpret_cast<char*>(from), buf->data + (from - page),
+                                    to - from);
+                      }});
       bytes += kIoAlign;
     };
     if (full0 > full1) {  // within one page
@@ -233,14 +235,12 @@ void DiskTier::read_block(int b) {
     if (a < full0) partial(a, full0);
     for (uintptr_t c = full0; c < full1; c += kChunk) {
       const uint64_t m = std::min<uint64_t>(kChunk, full1 - c);
-      jobs.push_back([f, p = reinterpret_cast<char*>(c), m, off = s.file_off + (c - lo)] {
-        f->read(p, m, off);
-      });
+      jobs.push_back({'r', f, reinterpret_cast<char*>(c), m, s.file_off + (c - lo), {}});
       bytes += m;
     }
     if (full1 < end) partial(full1, end);
   }
-  ticket_[b] = pool_->submit(std::move(jobs));
+  ticket_[b] = io_->submit(std::move(jobs));
   state_[b] = State::Reading;
   ++stats_.reads;
   stats_.bytes_read += bytes;

@@ -294,6 +294,9 @@ static void check_offload_dir(const TrainOptions& opt, const fs::path& dir,
             flag + " has " + std::to_string(free) + " bytes free, and the blocks beyond --host-mem "
             "need " + std::to_string(plan.store_bytes) + " (" + format_bytes(plan.store_bytes) +
             "): free space, choose another --offload-dir, or raise --host-mem");
+  // The I/O engine too (made and dropped: a ZOF_IO that names none, or uring where io_uring
+  // cannot run, is refused with the tier's own words before the run directory exists).
+  make_io_engine(1, io_engine_from_env());
 }
 
 json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given) {

@@ -1,7 +1,13 @@
 // Aligned file I/O for the disk tier (block_io.h): O_DIRECT with a buffered fallback, transfers
-// retried until whole, and the worker pool that runs them.
+// retried until whole, and the two engines that run them (io_uring, and the pread/pwrite pool).
 #include "util/block_io.h"
 
+#ifndef ZOF_HAVE_URING
+#define ZOF_HAVE_URING 0  // CMake defines it 1 where pkg-config found liburing
+#endif
+#if ZOF_HAVE_URING
+#include <liburing.h>
+#endif
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -133,15 +139,12 @@ void BlockFile::remove() {
   fs::remove(path_, ec);
 }
 
-void BlockFile::read(void* buf, size_t n, uint64_t off) const {
-  char* p = static_cast<char*>(buf);
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r = transfer(fd_, 'r', p + done, n - done, off + done);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+size_t BlockFile::settle(char op, size_t n, uint64_t off, size_t done, long r) const {
+  if (r == -EINTR || r == -EAGAIN) return 0;
+  if (op == 'r') {
     ZOF_CHECK(r >= 0, "cannot read " + std::to_string(n) + " bytes at offset " +
                           std::to_string(off) + " of " + path_.string() + ": " +
-                          errno_text(errno));
+                          errno_text((int)-r));
     struct stat st {};
     ZOF_CHECK(r > 0 || ::fstat(fd_, &st) != 0 || (uint64_t)st.st_size > off + done,
               path_.string() + " was truncated under the run: it is " +
@@ -150,29 +153,36 @@ void BlockFile::read(void* buf, size_t n, uint64_t off) const {
                   "; the disk tier's store must not be changed while the run goes");
     ZOF_CHECK(r > 0, "cannot read " + path_.string() + " at offset " +
                          std::to_string(off + done) + ": end of file");
-    done += (size_t)r;
+    return (size_t)r;
+  }
+  if (r == -ENOSPC)
+    throw Error("no space left writing " + path_.string() + " (" + std::to_string(n) +
+                " bytes at offset " + std::to_string(off) +
+                "): free space on its file system, choose another --offload-dir or raise "
+                "--host-mem");
+  ZOF_CHECK(r > 0, "cannot write " + std::to_string(n) + " bytes at offset " +
+                       std::to_string(off) + " of " + path_.string() + ": " +
+                       errno_text(r < 0 ? (int)-r : EIO));
+  return (size_t)r;
+}
+
+void BlockFile::read(void* buf, size_t n, uint64_t off) const {
+  char* p = static_cast<char*>(buf);
+  for (size_t done = 0; done < n;) {
+    const ssize_t r = transfer(fd_, 'r', p + done, n - done, off + done);
+    done += settle('r', n, off, done, r < 0 ? -(long)errno : (long)r);
   }
 }
 
 void BlockFile::write(const void* buf, size_t n, uint64_t off) const {
-  const char* p = static_cast<const char*>(buf);
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = transfer(fd_, 'w', const_cast<char*>(p) + done, n - done, off + done);
-    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (w < 0 && errno == ENOSPC)
-      throw Error("no space left writing " + path_.string() + " (" + std::to_string(n) +
-                  " bytes at offset " + std::to_string(off) +
-                  "): free space on its file system, choose another --offload-dir or raise "
-                  "--host-mem");
-    ZOF_CHECK(w > 0, "cannot write " + std::to_string(n) + " bytes at offset " +
-                         std::to_string(off) + " of " + path_.string() + ": " +
-                         errno_text(w < 0 ? errno : EIO));
-    done += (size_t)w;
+  char* p = const_cast<char*>(static_cast<const char*>(buf));
+  for (size_t done = 0; done < n;) {
+    const ssize_t w = transfer(fd_, 'w', p + done, n - done, off + done);
+    done += settle('w', n, off, done, w < 0 ? -(long)errno : (long)w);
   }
 }
 
-// ---- completion and the pool ----------------------------------------------------------------
+// ---- completion, the pool and the engines -------------------------------------------------------
 
 bool IoTicket::done() const {
   std::lock_guard<std::mutex> l(mu_);
@@ -238,6 +248,263 @@ void IoPool::work() {
     }
     t.cv_.notify_all();
   }
+}
+
+std::shared_ptr<IoTicket> IoEngine::new_ticket(int transfers) {
+  auto t = std::make_shared<IoTicket>();
+  t->remaining_ = transfers;
+  return t;
+}
+
+void IoEngine::finish(IoTicket& t, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> l(t.mu_);
+    if (!error.empty() && t.error_.empty()) t.error_ = error;
+    --t.remaining_;
+  }
+  t.cv_.notify_all();
+}
+
+namespace {
+
+// The fallback: each transfer a closure on the pool, looping over pread/pwrite until whole.
+class PoolEngine final : public IoEngine {
+ public:
+  explicit PoolEngine(int threads) : pool_(threads) {}
+  const char* name() const override { return "pread/pwrite"; }
+  int threads() const { return pool_.threads(); }
+  std::shared_ptr<IoTicket> submit(std::vector<IoTransfer> transfers) override {
+    std::vector<std::function<void()>> jobs;
+    jobs.reserve(transfers.size());
+    for (IoTransfer& t : transfers)
+      jobs.push_back([t = std::move(t)] {
+        if (t.op == 'r')
+          t.file->read(t.buf, t.bytes, t.off);
+        else
+          t.file->write(t.buf, t.bytes, t.off);
+        if (t.then) t.then();
+      });
+    return pool_.submit(std::move(jobs));
+  }
+
+ private:
+  IoPool pool_;
+};
+
+#if ZOF_HAVE_URING
+// One ring, owned by one thread: it moves queued transfers into submission entries (at most
+// kUringDepth in flight), submits, waits for completions and settles each through
+// BlockFile::settle, resubmitting the rest of a short transfer and an EINTR/EAGAIN. New work that
+// arrives while requests are in flight is taken at the next completion; an idle thread sleeps on
+// the queue's condition variable, not in the kernel.
+class UringEngine final : public IoEngine {
+ public:
+  // 0, or -errno from io_uring_queue_init (then the engine must not be used).
+  int init() {
+    const int e = io_uring_queue_init(kUringDepth, &ring_, 0);
+    if (e < 0) return e;
+    ready_ = true;
+    thread_ = std::thread([this] { run(); });
+    return 0;
+  }
+  ~UringEngine() override {
+    if (!ready_) return;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    io_uring_queue_exit(&ring_);
+  }
+  const char* name() const override { return "io_uring"; }
+  std::shared_ptr<IoTicket> submit(std::vector<IoTransfer> transfers) override {
+    auto t = new_ticket((int)transfers.size());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (IoTransfer& x : transfers) queue_.push_back(new Op{std::move(x), 0, t});
+    }
+    cv_.notify_all();
+    return t;
+  }
+
+ private:
+  struct Op {
+    IoTransfer t;
+    size_t done;  // bytes moved so far
+    std::shared_ptr<IoTicket> ticket;
+  };
+
+  // The rest of o as one request, as the fault hook has it: false when the hook made it fail
+  // (then settled here, as its completion would be).
+  void issue(Op* o) {
+    const size_t rest = o->t.bytes - o->done;
+    const uint64_t off = o->t.off + o->done;
+    const long h = hooked(o->t.op, rest, off);
+    if (h < -1) {
+      complete(o, h);
+      return;
+    }
+    // A request moves at most 1 GiB (the kernel's limit is just under 2 GiB); the rest follows.
+    const unsigned n = (unsigned)std::min<size_t>(h >= 0 ? std::min(rest, (size_t)h) : rest,
+                                                  size_t(1) << 30);
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    ZOF_ASSERT(sqe != nullptr);  // at most kUringDepth prepared between submits
+    if (o->t.op == 'r')
+      io_uring_prep_read(sqe, fd(*o->t.file), o->t.buf + o->done, n, off);
+    else
+      io_uring_prep_write(sqe, fd(*o->t.file), o->t.buf + o->done, n, off);
+    io_uring_sqe_set_data(sqe, o);
+    ++inflight_;
+    ++unsubmitted_;
+  }
+
+  // o's request returned res (bytes or -errno): the rest again, or its ticket told.
+  void complete(Op* o, long res) {
+    try {
+      const size_t got = settle(*o->t.file, o->t.op, o->t.bytes, o->t.off, o->done, res);
+      o->done += got;
+      if (o->done < o->t.bytes) {  // short, EINTR or EAGAIN: the rest at the next round
+        again_.push_back(o);
+        return;
+      }
+      if (o->t.then) o->t.then();
+      finish(*o->ticket, "");
+    } catch (const std::exception& e) {
+      finish(*o->ticket, e.what());
+    }
+    delete o;
+  }
+
+  void submit_prepared() {
+    while (unsubmitted_ > 0) {
+      const int r = io_uring_submit(&ring_);
+      if (r > 0) {
+        unsubmitted_ -= std::min(unsubmitted_, r);
+        continue;
+      }
+      // The kernel took none, or is short of memory for requests (EAGAIN, EBUSY): let some
+      // complete first.
+      if ((r == 0 || r == -EAGAIN || r == -EBUSY) && inflight_ > unsubmitted_) {
+        reap(true);
+        continue;
+      }
+      if (r == -EINTR || r == -EAGAIN || r == -EBUSY) continue;
+      ZOF_ABORT(("io_uring_submit failed: " +
+                 (r == 0 ? std::string("no request taken") : errno_text(-r))).c_str());
+    }
+  }
+
+  // Settles every completion there is; wait: at least one.
+  void reap(bool wait) {
+    io_uring_cqe* cqe = nullptr;
+    if (wait) {
+      int e;
+      while ((e = io_uring_wait_cqe(&ring_, &cqe)) == -EINTR) {
+      }
+      if (e != 0) ZOF_ABORT(("io_uring_wait_cqe failed: " + errno_text(-e)).c_str());
+    }
+    while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe) {
+      Op* o = static_cast<Op*>(io_uring_cqe_get_data(cqe));
+      const long res = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      --inflight_;
+      complete(o, res);
+    }
+  }
+
+  void run() {
+    for (;;) {
+      std::vector<Op*> take;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || !queue_.empty() || inflight_ > 0 || !again_.empty(); });
+        if (stop_ && queue_.empty() && inflight_ == 0 && again_.empty()) return;
+        // What was cut short goes first: its ticket has waited longest.
+        size_t room = kUringDepth - (size_t)inflight_;
+        room = room > again_.size() ? room - again_.size() : 0;
+        while (room-- > 0 && !queue_.empty()) {
+          take.push_back(queue_.front());
+          queue_.pop_front();
+        }
+      }
+      std::deque<Op*> again;
+      again.swap(again_);
+      while (!again.empty() && inflight_ < (int)kUringDepth) {
+        issue(again.front());
+        again.pop_front();
+      }
+      for (Op* o : take) issue(o);
+      for (Op* o : again) again_.push_back(o);  // no room this round
+      submit_prepared();
+      // Blocks for a completion unless a retry waits with room to issue it.
+      if (inflight_ > 0) reap(again_.empty() || inflight_ >= (int)kUringDepth);
+    }
+  }
+
+  io_uring ring_{};
+  bool ready_ = false;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op*> queue_;  // submitted, not yet issued (under mu_)
+  bool stop_ = false;      // under mu_
+  // The ring's thread's own:
+  std::deque<Op*> again_;  // cut short or interrupted: the rest to issue
+  int inflight_ = 0;       // prepared or submitted, completion not yet seen
+  int unsubmitted_ = 0;    // prepared, not yet submitted
+};
+#endif
+
+}  // namespace
+
+IoEngineKind io_engine_from_env() {
+  const char* v = std::getenv("ZOF_IO");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "auto") return IoEngineKind::Auto;
+  if (s == "pool") return IoEngineKind::Pool;
+  if (s == "uring") return IoEngineKind::Uring;
+  throw Error("ZOF_IO=" + s + " is not an I/O engine: use auto (io_uring where the kernel takes "
+              "it, else the pread/pwrite pool), uring or pool");
+}
+
+bool io_uring_built() { return ZOF_HAVE_URING != 0; }
+
+std::string io_uring_unavailable() {
+#if ZOF_HAVE_URING
+  io_uring ring{};
+  const int e = io_uring_queue_init(kUringDepth, &ring, 0);
+  if (e < 0) return "io_uring_queue_init: " + errno_text(-e);
+  io_uring_queue_exit(&ring);
+  return "";
+#else
+  return "built without liburing";
+#endif
+}
+
+std::unique_ptr<IoEngine> make_io_engine(int threads, IoEngineKind kind) {
+  std::string why_not;  // why the pool runs
+  if (kind == IoEngineKind::Pool) {
+    why_not = "ZOF_IO=pool";
+  } else {
+#if ZOF_HAVE_URING
+    auto u = std::make_unique<UringEngine>();
+    const int e = u->init();
+    if (e == 0) {
+      u->describe_ = "io_uring, queue depth " + std::to_string(kUringDepth);
+      return u;
+    }
+    why_not = "io_uring refused: io_uring_queue_init: " + errno_text(-e);
+#else
+    why_not = "io_uring refused: built without liburing";
+#endif
+    if (kind == IoEngineKind::Uring)
+      throw Error("ZOF_IO=uring, but " + why_not +
+                  "; use ZOF_IO=pool (pread/pwrite threads) or leave ZOF_IO unset");
+  }
+  auto p = std::make_unique<PoolEngine>(threads);
+  p->describe_ = "pread/pwrite on " + std::to_string(p->threads()) + " threads (" + why_not + ")";
+  return p;
 }
 
 }  // namespace zof

@@ -2,8 +2,10 @@
 // masters' blocks beyond a --host-mem budget on disk give the plain run's losses, weights and
 // optimizer state bit for bit, at the least budget and at half the model, on the host and
 // streamed through the simulated device; each step reads a disk block once and writes it at
-// most once; between walks a disk block holds no memory; and the CLI writes the same
-// model.safetensors and step log at every budget, through a kill and a resume.
+// most once; between walks a disk block holds no memory; all of it on each I/O engine (io_uring
+// where the kernel takes it, the pread/pwrite pool); and the CLI writes the same
+// model.safetensors and step log at every budget and engine, through a kill and a resume, and
+// says which engine it runs.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include "zof/error.h"
 #include "zof/model.h"
 #include "cpu/sim_device.h"
+#include "util/block_io.h"
 #include "zof/streaming.h"
 #include "zof/zo.h"
 
@@ -105,6 +108,7 @@ struct Outcome {
   int64_t uploads = 0;  // the device's, when streaming
   uint64_t least = 0, all = 0;
   bool evicted_between_walks = true;  // every disk block's whole pages out after each walk
+  std::string io;                     // the tier's describe()
 };
 
 // The whole pages inside [p, p + n) that are resident (mincore).
@@ -141,6 +145,7 @@ Outcome run(const Case& c, uint64_t host_mem, size_t gpu_mem, const fs::path& di
   if (t) {
     r.on_disk = (int)std::count(t->plan().on_disk.begin(), t->plan().on_disk.end(), true);
     r.ring = t->plan().ring;
+    r.io = t->describe();
   }
   for (int step = 0; step < 4; ++step) {
     const auto ql = eng.perturbed_losses((uint32_t)step, mb);
@@ -272,6 +277,62 @@ INSTANTIATE_TEST_SUITE_P(
                            0.f, 0.25f}),
     case_name);
 
+// The same steps on each I/O engine (ZOF_IO, read when the tier starts), at the least budget
+// and at half the model: the plain run's bits, and the tier says which engine ran them.
+std::vector<Case> engine_cases() {
+  return {Case{"stories260K", Opt::Adam},
+          Case{"stories260K", Opt::Momentum, zof::DType::BF16, zof::DType::BF16}};
+}
+
+class DiskTierEngine : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "uring") {
+      const std::string why = zof::io_uring_unavailable();
+      if (!why.empty()) GTEST_SKIP() << "the kernel refused io_uring (" << why
+                                     << "): the disk tier runs on the pread/pwrite pool here";
+    }
+    dir_ = fs::temp_directory_path() / ("zof_disk_tier_io_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  fs::path dir_;
+};
+
+TEST_P(DiskTierEngine, MatchesThePlainRunBitForBit) {
+  zof::test::ScopedEnv env("ZOF_IO", GetParam().c_str());
+  const std::string said = GetParam() == "uring" ? "I/O: io_uring, queue depth "
+                                                 : "I/O: pread/pwrite on 2 threads (ZOF_IO=pool)";
+  for (const Case& c : engine_cases()) {
+    SCOPED_TRACE(c.model + (c.master == zof::DType::BF16 ? " bf16" : " fp32"));
+    ZOF_REQUIRE_PATH(model_dir(c.model));
+    const Outcome plain = run(c, 0, 0, dir_);
+    for (uint64_t budget : {plain.least, std::max(plain.least, plain.all / 2)}) {
+      const Outcome d = run(c, budget, 0, dir_);
+      EXPECT_GT(d.on_disk, 0);
+      EXPECT_NE(d.io.find(said), std::string::npos) << d.io;
+      EXPECT_GT(d.stats.reads, 0);
+      EXPECT_GT(d.stats.writes, 0);
+      EXPECT_EQ(d.losses, plain.losses);
+      EXPECT_TRUE(same_bits(d.weights, plain.weights));
+      EXPECT_TRUE(same_bits(d.m, plain.m));
+      EXPECT_TRUE(same_bits(d.v, plain.v));
+      EXPECT_TRUE(fs::is_empty(dir_));
+    }
+  }
+}
+
+std::vector<std::string> built_engines() {
+  std::vector<std::string> e{"pool"};
+  if (zof::io_uring_built()) e.push_back("uring");
+  return e;
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, DiskTierEngine, ::testing::ValuesIn(built_engines()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
 TEST(DiskTier, TheLeastBudgetIsRefusedOneByteBelowNamingTheFlag) {
   zof::Model m = zof::Model::load(model_dir("stories260K"));
   auto be = zof::test::cpu_backend(0);
@@ -349,9 +410,32 @@ TEST_F(DiskTierCli, EveryBudgetWritesTheSameModel) {
           EXPECT_GT(jd["blocks_on_disk"].get<int>(), 0) << jd.dump();
           EXPECT_GT(jd["bytes_read"].get<uint64_t>(), 0u) << jd.dump();
           EXPECT_NE(d.err.find("disk tier: "), std::string::npos) << d.err;
+          // The engine the start chose, and why the pool where io_uring was refused.
+          const std::string why = zof::io_uring_unavailable();
+          EXPECT_NE(d.err.find(why.empty() ? "; I/O: io_uring, queue depth "
+                                           : "; I/O: pread/pwrite on 2 threads (io_uring "
+                                             "refused: " + why + ")"),
+                    std::string::npos)
+              << d.err;
           expect_same_run(run, plain);
           EXPECT_FALSE(fs::exists(dir_ / run / "offload")) << run;  // the store went
         }
+      // ZOF_IO=pool forces the pread/pwrite threads, says so, and writes the same model.
+      if (opt == "sgd") {
+        const std::string run = "disk_pool_" + opt + master;
+        auto d = finetune(run, base + "--host-mem " + std::to_string(least), "ZOF_IO=pool ");
+        ASSERT_EQ(d.code, 0) << d.err;
+        EXPECT_NE(d.err.find("; I/O: pread/pwrite on 2 threads (ZOF_IO=pool)"), std::string::npos)
+            << d.err;
+        expect_same_run(run, plain);
+        // A value that names no engine: refused before the run directory exists.
+        auto bad = finetune("bad_io", base + "--host-mem " + std::to_string(least), "ZOF_IO=aio ");
+        EXPECT_EQ(bad.code, 1);
+        EXPECT_NE(bad.err.find("zof: error: ZOF_IO=aio is not an I/O engine: use auto"),
+                  std::string::npos)
+            << bad.err;
+        EXPECT_FALSE(fs::exists(dir_ / "bad_io"));
+      }
     }
   }
 }
