@@ -80,7 +80,9 @@ class MeZO:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-config", default="gpt2-124m", choices=sorted(CONFIGS))
+    p.add_argument("--model-config", default="gpt2-124m",
+                   help="%s, or a model's config.json (random weights of its shape, as "
+                        "zo_step_bench reads it)" % ", ".join(sorted(CONFIGS)))
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--threads", type=int, default=0, help="0: torch's default")
@@ -98,7 +100,13 @@ def main():
     threads = torch.get_num_threads()
     B, T = a.batch, a.seq
     rss_base = rss_mb("VmRSS")
-    cfg = CONFIGS[a.model_config]()
+    if a.model_config in CONFIGS:
+        cfg = CONFIGS[a.model_config]()
+    elif os.path.isfile(a.model_config):
+        cfg = transformers.AutoConfig.from_pretrained(os.path.dirname(os.path.abspath(a.model_config)))
+    else:
+        p.error("--model-config %s: neither a built-in name (%s) nor a config.json file"
+                % (a.model_config, ", ".join(sorted(CONFIGS))))
     torch.manual_seed(a.seed)
     dtype = getattr(torch, a.dtype)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=a.attn, dtype=dtype)

@@ -8,6 +8,7 @@ columns are read against.
     build/venv/bin/python dev/torch_matmul_rate.py --threads 2 --reps 15
 """
 import argparse
+import json
 import time
 
 import torch
@@ -25,11 +26,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--json", action="store_true",
+                    help="one JSON line per (shape, dtype) by wall time, as bench/libs/gemm_libs.cpp "
+                         "prints them (bench/gemm_libs.sh reads both)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"torch {torch.__version__}, {a.threads} threads, best of {a.reps}; GFLOP/s "
-          f"(wall | CPU time / threads)")
-    print(f"{'':10} {'M N K':>16} | {'f32 wall':>8} {'bf16 wall':>9} | {'f32 cpu':>8} {'bf16 cpu':>8}")
+    if not a.json:
+        print(f"torch {torch.__version__}, {a.threads} threads, best of {a.reps}; GFLOP/s "
+              f"(wall | CPU time / threads)")
+        print(f"{'':10} {'M N K':>16} | {'f32 wall':>8} {'bf16 wall':>9} | {'f32 cpu':>8} "
+              f"{'bf16 cpu':>8}")
     g = torch.Generator().manual_seed(1)
     for name, M, N, K in SHAPES:
         row = {}
@@ -49,6 +55,12 @@ def main():
             flop = 2.0 * M * N * K
             row[dt] = (flop / wall * 1e-9, flop / max(cpu, 1e-9) * 1e-9)
         f, h = row[torch.float32], row[torch.bfloat16]
+        if a.json:
+            for dtype, r in (("fp32", f), ("bf16", h)):
+                print(json.dumps({"lib": "PyTorch " + torch.__version__.split("+")[0],
+                                  "shape": name, "M": M, "N": N, "K": K, "dtype": dtype,
+                                  "threads": a.threads, "gflops": round(r[0], 1)}))
+            continue
         print(f"{name:10} {M:5d} {N:5d} {K:5d} | {f[0]:8.1f} {h[0]:9.1f} | {f[1]:8.1f} {h[1]:8.1f}")
 
 

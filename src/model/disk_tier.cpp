@@ -252,7 +252,8 @@ void DiskTier::evict(int b) {
     const uintptr_t full0 = page_up(a), full1 = page_down(a + s.bytes);
     if (full0 < full1)
       ZOF_CHECK(::madvise(reinterpret_cast<void*>(full0), full1 - full0, MADV_DONTNEED) == 0,
-                std::string("madvise(MADV_DONTNEED) refused: ") + std::strerror(errno));
+                std::string("the disk tier cannot give a block's memory back (madvise: ") +
+                    std::strerror(errno) + "); run without --host-mem");
   }
 }
 

@@ -162,9 +162,8 @@ const std::vector<OptionSpec>& options_table() {
        {"cpu", "cuda"}, false},
       {"host_mem", &O::host_mem,
        "Host memory budget for the master weights and optimizer state, e.g. 8GiB or bytes "
-       "(default: all in RAM where they fit in the memory available, else that less a margin the "
-       "header states): blocks that fit stay in RAM, the rest live in --offload-dir and are "
-       "read ahead and written back each step",
+       "(default: no budget, all in RAM): blocks that fit stay in RAM, the rest live in "
+       "--offload-dir and are read ahead and written back each step",
        {}, false},
       {"offload_dir", &O::offload_dir,
        "With --host-mem: the directory (on a local file system) for the blocks beyond it "

@@ -169,6 +169,11 @@ uint64_t host_memory_budget(const TrainOptions& o) {
   ZOF_CHECK(o.pipeline_stages == 1,
             "--host-mem (the disk tier) does not combine with --pipeline-stages > 1; use "
             "--pipeline-stages 1");
+  // The CUDA backend pins the host masters (cudaHostRegister, cudaHostAlloc): pages the tier
+  // gave back would stay pinned, and uploads would read them, not what the tier reads back.
+  ZOF_CHECK(o.device != DeviceChoice::Cuda,
+            "--host-mem (the disk tier) runs on the host backend and --sim-device for now, not "
+            "--device cuda (which pins the host masters); drop --host-mem, or use --device cpu");
   return bytes;
 }
 

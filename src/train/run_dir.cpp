@@ -203,6 +203,7 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
   s.sim_device = opt.sim_device;
   s.host_mem = opt.host_mem;
   s.offload_dir = opt.offload_dir;
+  s.write_back_every = opt.write_back_every;
   s.device = opt.device;
   s.dist_timeout = opt.dist_timeout;
   s.resume = opt.resume;

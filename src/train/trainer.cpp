@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <cstdio>
 #include <optional>
@@ -18,7 +21,6 @@
 #include "train/run_dir.h"
 #include "train/step_loop.h"
 #include "util/block_io.h"
-#include "util/files.h"
 #include "zof/backend.h"
 #include "zof/disk_tier.h"
 #include "zof/error.h"
@@ -236,33 +238,19 @@ static fs::path offload_path(const TrainOptions& opt, const fs::path& run) {
   return opt.offload_dir.empty() ? run / "offload" : fs::path(opt.offload_dir);
 }
 
-// The host budget of the disk tier: --host-mem, or by default (where the tier runs: the SPSA
-// walk in one process, one stage) the host memory this run can have, less a margin, when the
-// masters and the optimizer state would not fit in it: MemAvailable now plus the master already
-// loaded, less a tenth of that (at least 1 GiB) for everything else (activations, buffers,
-// the data, the system). 0: no tier. how: the default's sum, for the progress header.
-static uint64_t host_budget(const TrainOptions& opt, const Model& model, const ZOEngine& engine,
-                            int ranks, std::string& how) {
-  const uint64_t given = host_memory_budget(opt);
-  if (!opt.host_mem.empty() || opt.estimator != EstimatorChoice::Spsa || ranks != 1 ||
-      opt.pipeline_stages != 1)
-    return given;
-  const uint64_t avail = available_host_memory(), held = DiskTier::all_bytes(model, 1);
-  const uint64_t want = DiskTier::all_bytes(model, 1 + engine.state_planes());
-  const uint64_t margin = std::max<uint64_t>(uint64_t(1) << 30, (avail + held) / 10);
-  const uint64_t budget = avail + held > margin ? avail + held - margin : 0;
-  if (want <= budget) return 0;  // everything fits: all in RAM, as without a budget
-  const uint64_t least = engine.disk_tier_minimum();
-  ZOF_CHECK(budget >= least,
-            "host memory: this run's weights and optimizer state take " + format_bytes(want) +
-                " and even with a disk tier need " + format_bytes(least) + ", but " +
-                format_bytes(avail) + " is available (plus the " + format_bytes(held) +
-                " of weights loaded, less a margin of " + format_bytes(margin) +
-                "); free memory, use --optimizer sgd, or give --host-mem SIZE");
-  how = " (--host-mem by default: " + format_bytes(avail) + " available + " +
-        format_bytes(held) + " of weights loaded - a margin of " + format_bytes(margin) + " = " +
-        format_bytes(budget) + ")";
-  return budget;
+// Removes DIR's zof-blocks-PID.bin whose process is gone (or is this one: its earlier life).
+static void remove_stale_stores(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("zof-blocks-", 0) != 0 || n.size() < 16 || n.substr(n.size() - 4) != ".bin")
+      continue;
+    const std::string pid = n.substr(11, n.size() - 15);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long p = std::atol(pid.c_str());
+    if (p == (long)::getpid() || (::kill((pid_t)p, 0) != 0 && errno == ESRCH))
+      fs::remove(e.path(), ec);
+  }
 }
 
 // The directory for the disk tier's store: there, a directory, writable, with room for the
@@ -381,13 +369,16 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     reopen_window((dir.path() / "zo_log.jsonl").string(), engine, opt, c.window_from, c.step);
   dir.check_unfinished();  // a finished run: refused once everything else has been checked
   // The disk tier's budget and directory, before --out exists.
-  std::string auto_budget;  // how --host-mem's default was reached, when it makes a tier
-  const uint64_t host_mem = host_budget(opt, model, engine, comm->size(), auto_budget);
+  const uint64_t host_mem = host_memory_budget(opt);
   // Ranks would share the run's offload/ (and clear each other's stores): one process for now.
   ZOF_CHECK(host_mem == 0 || comm->size() == 1,
             "--host-mem (the disk tier) runs in one process for now, not " +
                 std::to_string(comm->size()) + " ranks; drop --host-mem or run without mpirun");
   const fs::path offload = offload_path(opt, dir.path());
+  // A store a killed run left (zof-blocks-PID.bin of a process gone, or of this PID's earlier
+  // life, as in a container restarted): removed before the free space is counted, so that a
+  // resume on a disk with room for one store fits (the tier writes every block anew).
+  if (host_mem > 0) remove_stale_stores(offload);
   if (host_mem > 0) check_offload_dir(opt, offload, engine.disk_tier_plan(host_mem));
   // From here a signal stops the run at a step boundary: never between creating --out and
   // writing run.json (which would leave a directory that is no run).
@@ -396,11 +387,11 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   comm->barrier();  // every rank has checked the run directory before rank 0 writes into it
   if (job.root) dir.start(opt, model_id, fingerprint, compute, c);
   if (host_mem > 0 && !engine.disk_tier_plan(host_mem).all_resident()) {
-    if (opt.offload_dir.empty()) {
-      // The run's own: a store left by a run killed before (the tier writes every block anew).
-      fs::create_directories(offload);
-      for (const auto& e : fs::directory_iterator(offload))
-        if (e.path().filename().string().rfind("zof-blocks-", 0) == 0) fs::remove(e.path());
+    if (opt.offload_dir.empty()) {  // the run's own
+      std::error_code ec;
+      fs::create_directories(offload, ec);
+      ZOF_CHECK(!ec, "cannot create " + offload.string() + ": " + ec.message() +
+                         "; give --offload-dir a writable directory");
     }
     engine.enable_disk_tier(host_mem, offload.string());
   }
@@ -421,7 +412,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());
   if (host_mem > 0)
-    sink.message("disk tier" + auto_budget + ": " + (engine.disk_tier() ? engine.disk_tier()->describe()
+    sink.message("disk tier: " + (engine.disk_tier() ? engine.disk_tier()->describe()
                                                      : "--host-mem " + format_bytes(host_mem) +
                                                            " holds every block in host memory"));
   if (!model_warning.empty()) sink.message(model_warning);

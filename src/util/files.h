@@ -48,7 +48,7 @@ class ByteHash {
 };
 
 // Host memory free for a new use: MemAvailable of /proc/meminfo (free pages from sysconf where
-// it is missing). The fault harness sets it with ZOF_FAULT_MEM_AVAILABLE=BYTES.
+// it is missing).
 uint64_t available_host_memory();
 
 }  // namespace zof

@@ -201,6 +201,7 @@ ZOEngine::Impl::~Impl() {
   try {
     drop_disk_tier();  // the Model's storage whole again
   } catch (...) {
+    disk_.reset();  // a failed transfer: wait for the others before their buffers go
   }
   if (stream_) {
     fwd_.set_weights(nullptr);
@@ -385,7 +386,15 @@ void ZOEngine::Impl::check_disk_budget(uint64_t host_mem) const {
 
 void ZOEngine::Impl::drop_disk_tier() {
   if (!disk_) return;
-  disk_->materialize();
+  try {
+    // The write-back window's updates first: without the tier no walk would apply them.
+    if (!wb_window_.empty()) flush(false);
+    disk_->materialize();
+  } catch (...) {
+    if (stream_) stream_->set_disk_tier(nullptr);
+    disk_.reset();  // waits for every transfer still in flight, then removes the store
+    throw;
+  }
   if (stream_) stream_->set_disk_tier(nullptr);
   disk_.reset();
 }

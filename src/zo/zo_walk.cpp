@@ -467,7 +467,10 @@ QueryLosses ZOEngine::Impl::perturbed_losses(uint32_t step, const std::vector<Lo
   // applies and rounds them all.
   hold_ = opt_.round_every > 1 && !pending_.empty() && step % (uint32_t)opt_.round_every != 0;
   // The write-back window takes this step's update; it closes when it holds write_back_every.
-  if (opt_.write_back_every > 1 && disk_ && !stream_ && !pending_.empty())
+  // (Once: a walk retried after an error finds the update there already.)
+  if (opt_.write_back_every > 1 && disk_ && !stream_ && !pending_.empty() &&
+      (wb_window_.empty() ||
+       wb_window_.back().terms[0].key.step != pending_.terms[0].key.step))
     wb_window_.push_back(pending_);
   wb_close_ = (int)wb_window_.size() >= opt_.write_back_every;
   if (disk_) disk_->begin_walk(walk_order(micro.size()));  // first: the streamer reads through it

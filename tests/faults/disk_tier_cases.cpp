@@ -34,6 +34,8 @@ std::vector<Case> disk_tier_cases() {
        R"(^--offload-dir /proc (is not writable|has 0 bytes free, and the blocks beyond --host-mem need \d+))"},
       {"HostMemWithJvp", {}, kRun + " --host-mem 600KiB --estimator jvp", 1,
        R"(^--host-mem \(the disk tier\) runs the SPSA walk only; use --estimator spsa, or drop --host-mem$)"},
+      {"HostMemOnCuda", {}, kRun + " --host-mem 1GiB --device cuda", 1,
+       R"(^--host-mem \(the disk tier\) runs on the host backend and --sim-device for now, not --device cuda \(which pins the host masters\); drop --host-mem, or use --device cpu$)"},
       // --write-back-every: only where a disk tier runs ZO-SGD on the host, rebuilding a block
       // step by step (not through a rounding window or optimizer state).
       {"WriteBackEveryWithoutHostMem", {}, kRun + " --write-back-every 4", 1,
