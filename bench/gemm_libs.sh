@@ -26,11 +26,15 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); 
 if [ ! -x "$VENV/bin/pip" ]; then
   python3 -m venv "$VENV"
 fi
-if [ ! -f "$VENV/include/oneapi/dnnl/dnnl.hpp" ] || [ ! -f "$VENV/include/mkl.h" ]; then
-  echo "gemm_libs: installing onednn-devel and mkl-devel into $VENV" >&2
-  "$VENV/bin/pip" install -q onednn-devel mkl-devel
+# PyPI's oneDNN is Intel's build (SYCL and TBB runtime), whose libraries come in packages of
+# their own that onednn-devel does not pull in.
+if [ ! -f "$VENV/include/oneapi/dnnl/dnnl.hpp" ] || [ ! -f "$VENV/include/mkl.h" ] ||
+   [ ! -f "$VENV/lib/libtbb.so.12" ] || [ ! -f "$VENV/lib/libsycl.so" ]; then
+  echo "gemm_libs: installing onednn-devel, mkl-devel and their runtimes into $VENV" >&2
+  "$VENV/bin/pip" install -q onednn-devel mkl-devel tbb intel-cmplr-lib-rt intel-sycl-rt
 fi
 
+VENV_ABS=$(cd "$VENV" && pwd)
 CXX=(g++ -std=c++20 -O3 -march=native -fopenmp bench/libs/gemm_libs.cpp)
 build() {  # name, then the compiler's flags for that library
   local name=$1
@@ -44,14 +48,18 @@ if [ -f "$BUILD/libzof_backends.a" ]; then
     libs+=(zof)
 fi
 build dnnl-debian -DGEMM_DNNL -ldnnl && libs+=(dnnl-debian)
-build dnnl-pypi -DGEMM_DNNL -I"$VENV/include" -L"$VENV/lib" -Wl,-rpath,"$PWD/$VENV/lib" -ldnnl &&
+build dnnl-pypi -DGEMM_DNNL -I"$VENV/include" -L"$VENV/lib" -Wl,--disable-new-dtags,-rpath,"$VENV_ABS/lib" -ldnnl &&
   libs+=(dnnl-pypi)
-build mkl-pypi -DGEMM_MKL -I"$VENV/include" -L"$VENV/lib" -Wl,-rpath,"$PWD/$VENV/lib" -Wl,--no-as-needed \
-  -lmkl_intel_lp64 -lmkl_gnu_thread -lmkl_core -lgomp -lpthread -lm -ldl && libs+=(mkl-pypi)
+# MKL's single dynamic library (the wheel ships only versioned names), on GNU OpenMP.
+build mkl-pypi -DGEMM_MKL -I"$VENV/include" -L"$VENV/lib" -Wl,--disable-new-dtags,-rpath,"$VENV_ABS/lib" \
+  -l:libmkl_rt.so.3 && libs+=(mkl-pypi)
 
 for l in "${libs[@]}"; do
   echo "== $l" >&2
-  OMP_NUM_THREADS=$THREADS "$OUT/$l" "$THREADS" "$REPS" | tee -a "$RAW" >&2
+  # (PyPI's oneDNN: Intel's SYCL build; its CPU engine needs a SYCL CPU device.)
+  OMP_NUM_THREADS=$THREADS MKL_THREADING_LAYER=GNU "$OUT/$l" "$THREADS" "$REPS" >"$OUT/$l.jsonl" ||
+    echo "gemm_libs: $l failed (rc $?)" >&2
+  cat "$OUT/$l.jsonl" | tee -a "$RAW" >&2
 done
 echo "== PyTorch" >&2
 "$PY" dev/torch_matmul_rate.py --threads "$THREADS" --reps "$REPS" --json | tee -a "$RAW" >&2
