@@ -4,7 +4,10 @@
 // line of stdout is {"error": "..."}. --help and --version print to stdout and exit 0.
 // This file: the subcommands wired (commands.h), the command line parsed (flags.h: numbers and
 // --config) and dispatched, and every failure reported (cli_errors.h).
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -25,7 +28,25 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace zof::cli;
 
+namespace {
+
+// libgomp's waiting threads spin (OMP_WAIT_POLICY unset: ~300000 spins before they sleep), which
+// on a machine whose cores other work shares makes every fork and join wait for a preempted
+// spinner: measured on 2 cores with two other busy processes, a SmolLM2 bf16 step took 8.3 s
+// spinning and 3.9-4.3 s passive; alone it costs 2-3% (1.74 against 1.69 s; bench/RESULTS.md).
+// libgomp reads the policy once, as it loads, so the CLI sets it and runs itself again, unless
+// the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (theirs wins). Where exec fails, it runs on.
+void passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  ::unsetenv("OMP_WAIT_POLICY");  // exec refused: this process's libgomp spins, say it so
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  passive_openmp(argv);
   CLI::App app{"zof: fine-tune Hugging Face causal LMs with forward passes only"};
   app.set_version_flag("--version", std::string("zof ") + zof::version());
   app.require_subcommand(1);

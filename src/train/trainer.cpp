@@ -337,6 +337,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     opt.dtype = bf16 == comm->size() ? ComputeChoice::Bf16 : ComputeChoice::Fp32;
   }
   json compute{{"dtype", word(opt.dtype)}, {"unit", unit.isa}};
+  // How OpenMP's waiting threads wait (the CLI makes it passive unless told: zof.cpp).
+  if (const char* w = std::getenv("OMP_WAIT_POLICY")) compute["omp_wait_policy"] = w;
   if (probe.measured) compute["probe"] = probe.to_json();
   const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume
   Tokenizer tok = Tokenizer::load(opt.model);

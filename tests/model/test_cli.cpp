@@ -2,6 +2,9 @@
 // TinyStories and Tiny Shakespeare, --json, --help, and one-line errors for bad input.
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -140,6 +143,29 @@ TEST(Cli, EveryErrorIsOneLineAndExitOne) {
       EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
     }
   }
+}
+
+// The CLI runs itself again with OpenMP's waiting threads passive unless the environment says
+// how they wait; run.json's compute records the policy the run had.
+TEST(Cli, OpenMpWaitsPassivelyUnlessTheEnvironmentSays) {
+  ZOF_REQUIRE_PATH(stories());
+  const std::string sh = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
+  ZOF_REQUIRE_PATH(sh);
+  const fs::path dir = fs::temp_directory_path() / ("zof_cli_omp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (const auto& [env, want] : std::vector<std::pair<std::string, std::string>>{
+           {"env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ", "passive"},
+           {"env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active ", "active"}}) {
+    const std::string run = (dir / want).string();
+    auto r = zof::test::run_command(env + zof::test::zof_binary() + " finetune --model " +
+                                    stories() + " --data " + sh + " --out " + run +
+                                    " --steps 1 --batch 2 --seq-len 16 --eval-examples 2 "
+                                    "--no-report --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json c = json::parse(zof::test::read_file(run + "/run.json"))["compute"];
+    EXPECT_EQ(c.value("omp_wait_policy", ""), want) << c.dump();
+  }
+  fs::remove_all(dir);
 }
 
 // Whole numbers written as decimals or exponents are whole numbers; identical values and the
