@@ -333,6 +333,47 @@ std::vector<std::string> built_engines() {
 INSTANTIATE_TEST_SUITE_P(Engines, DiskTierEngine, ::testing::ValuesIn(built_engines()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
+// A read or a write that fails in the middle of a walk (the disk gone bad under the run): the
+// step throws one zof::Error naming the store, and the engine then goes without a crash or a
+// hang (its transfers waited for before their buffers are freed), its store removed.
+TEST(DiskTier, AFailedTransferMidWalkIsOneErrorAndTheEngineGoesCleanly) {
+  ZOF_REQUIRE_PATH(model_dir("stories260K"));
+  const fs::path dir = fs::temp_directory_path() / ("zof_disk_fail_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char op : {'r', 'w'}) {
+    SCOPED_TRACE(std::string(1, op));
+    zof::Model m = zof::Model::load(model_dir("stories260K"));
+    const auto mb = micro_batches();
+    auto be = zof::test::cpu_backend(0);
+    zof::ZOStepOptions o;
+    o.optimizer = Opt::Adam;  // state planes in flight too
+    std::string error;
+    {
+      zof::ZOEngine eng(m, *be, max_rows(mb), o);
+      eng.enable_disk_tier(eng.disk_tier_minimum(), dir.string());
+      ASSERT_NE(eng.disk_tier(), nullptr);
+      int seen = 0;  // the third transfer of its kind fails, and every one after it
+      zof::set_io_fault_hook([&seen, op](char k, size_t, uint64_t) -> long {
+        return k == op && ++seen >= 3 ? -EIO : -1;
+      });
+      try {
+        for (uint32_t step = 0; step < 4; ++step) {
+          const auto ql = eng.perturbed_losses(step, mb);
+          eng.schedule_update(step, 1e-3f, eng.projected_gradients(ql));
+        }
+        eng.flush();
+      } catch (const zof::Error& e) {
+        error = e.what();
+      }
+      zof::set_io_fault_hook({});
+    }  // the engine goes here, after the failure
+    EXPECT_NE(error.find("zof-blocks-"), std::string::npos) << error;
+    EXPECT_NE(error.find(std::strerror(EIO)), std::string::npos) << error;
+    EXPECT_TRUE(fs::is_empty(dir));
+  }
+  fs::remove_all(dir);
+}
+
 TEST(DiskTier, TheLeastBudgetIsRefusedOneByteBelowNamingTheFlag) {
   zof::Model m = zof::Model::load(model_dir("stories260K"));
   auto be = zof::test::cpu_backend(0);
