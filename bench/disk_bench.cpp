@@ -8,13 +8,22 @@
 //                    [--io-mib 512] [--io-threads 2] [--io-rounds 1] [--write-back 1,2,4,8]
 // --write-back: rows at the least budget with each write-back window (--write-back-every N):
 // the bytes written against the z's regenerated.
+// --scale CONFIG (llama2-13b, llama-30b, ...): instead, a model of that shape larger than RAM,
+// bf16 master, never held whole: laid out in untouched pages, each block drawn into the disk
+// tier's ring and written to the store, then --steps ZO-SGD steps at the least --host-mem;
+// prints s/step, GB/s from and to disk and the peak resident set. --host-fraction 1,0.5,0.25:
+// the same model all in RAM, then with half and a quarter of it in RAM (each run a process of
+// its own: the bench forks one per budget).
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -36,6 +45,10 @@ struct Args {
   int steps = 3, threads = 2, io_threads = 2, io_rounds = 1;
   uint64_t io_mib = 512;
   std::vector<int> write_back{1, 2, 4, 8};
+  std::string scale;  // --scale CONFIG: a model larger than RAM (scale_steps)
+  // --host-fraction F[,F...] with --scale: budgets as fractions of the master (1: all in RAM,
+  // no tier; 0: the least budget), one run each.
+  std::vector<double> fractions{0};
 };
 
 double now_s() {
@@ -164,6 +177,106 @@ Row steps(const Args& a, const zof::ModelConfig& cfg, const std::string& name, u
   return r;
 }
 
+// The process's resident set now and its peak, in bytes (/proc/self/status VmRSS, VmHWM).
+uint64_t rss_bytes(const char* field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kb = std::strtoull(line + n + 1, nullptr, 10);
+  std::fclose(f);
+  return kb * 1024;
+}
+
+// A model of cfg's shape that RAM cannot hold, through the product's own engine and tier: the
+// weights are drawn block by block straight into the tier (acquire with nothing to read, fill,
+// release: written behind, its pages given back), so no moment holds more than the ring; then
+// ZO-SGD steps (bf16 master, bf16 products, batch 1 x 32) at the least --host-mem.
+void scale_steps(const Args& a, double fraction) {
+  const zof::ModelConfig cfg = zof_bench::config_named(a.scale);
+  zof::Model model = zof::Model::zeros(cfg, true, zof::DType::BF16);  // no page touched yet
+  const uint64_t weights = zof::DiskTier::all_bytes(model);
+  std::printf("%s: %lld parameters, %.1f GB as a bf16 master; RAM %.1f GB; RSS after the layout "
+              "%.2f GB\n",
+              a.scale.c_str(), (long long)model.num_params(), weights / 1e9,
+              ::sysconf(_SC_PHYS_PAGES) * (double)::sysconf(_SC_PAGESIZE) / 1e9,
+              rss_bytes("VmRSS") / 1e9);
+  zof::BackendOptions bo;
+  bo.threads = a.threads;
+  std::unique_ptr<zof::Backend> be = zof::make_backend(bo);
+  zof::ZOStepOptions zo;
+  zo.master = zof::DType::BF16;
+  zo.compute = zof::DType::BF16;
+  zof::ZOEngine eng(model, *be, 32, zo);
+  const uint64_t budget = fraction <= 0 ? eng.disk_tier_minimum()
+                          : std::max<uint64_t>(eng.disk_tier_minimum(), (uint64_t)(fraction * weights));
+  double t0 = now_s();
+  if (fraction < 1) eng.enable_disk_tier(budget, a.dir, a.io_threads);
+  zof::DiskTier* tier = eng.disk_tier();
+  std::printf("  --host-mem %s (%s): %s\n  store laid out in %.1f s; RSS %.2f GB\n",
+              zof::format_bytes(budget).c_str(),
+              fraction <= 0 ? "the least" : fraction >= 1 ? "all" : "a fraction of the master",
+              tier ? tier->describe().c_str() : "every block in RAM", now_s() - t0,
+              rss_bytes("VmRSS") / 1e9);
+  // The weights, block by block (normal-ish values of std 0.02 from a cheap generator: norms 1).
+  t0 = now_s();
+  const auto& blocks = model.blocks();
+  for (int b = 0; b < (int)blocks.size(); ++b) {
+    if (tier) tier->acquire(b, /*overwrite=*/true);
+    const std::vector<int>& ps = blocks[b].params;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const zof::Param& p = model.params()[ps[k]];
+      uint16_t* h = model.storage_bf16() + p.offset;
+      uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(ps[k] + 1);
+      const bool norm = !p.decay;
+      for (int64_t j = 0; j < p.numel; ++j) {
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        const uint64_t r = x * 0x2545f4914f6cdd1dull;
+        // The sum of two uniforms on [-0.0245, 0.0245]: std 0.02, as the model's random init.
+        const float u = ((float)(r >> 40) / 16777216.f + (float)((r >> 16) & 0xffffff) / 16777216.f -
+                         1.f) * 0.049f;
+        h[j] = zof::f32_to_bf16(norm ? 1.f : u);
+      }
+    }
+    if (tier) tier->release(b, /*changed=*/true);
+  }
+  const double fill_s = now_s() - t0;
+  std::printf("  weights drawn into the tier in %.1f s (%.2f GB/s); RSS %.2f GB, peak %.2f GB\n",
+              fill_s, weights / fill_s / 1e9, rss_bytes("VmRSS") / 1e9, rss_bytes("VmHWM") / 1e9);
+  std::mt19937_64 rng(2);
+  std::vector<std::vector<int32_t>> seqs(1, std::vector<int32_t>(32));
+  for (auto& t : seqs[0]) t = (int32_t)(rng() % (uint64_t)cfg.vocab_size);
+  const std::vector<zof::LossBatch> micro{
+      zof::LossBatch::next_token(zof::Batch::from_sequences(seqs))};
+  std::printf("\n| step | s | GB read | GB written | read GB/s | write GB/s | read stall s | "
+              "loss+ | RSS GB | peak RSS GB |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  const zof::DiskTierStats none;
+  for (int step = 0; step < std::max(a.steps, 2); ++step) {
+    const zof::DiskTierStats s0 = tier ? tier->stats() : none;
+    t0 = now_s();
+    const auto ql = eng.perturbed_losses((uint32_t)step, micro);
+    eng.schedule_update((uint32_t)step, 1e-5f, eng.projected_gradients(ql));
+    const double dt = now_s() - t0;
+    const zof::DiskTierStats& s = tier ? tier->stats() : none;
+    const double rd = (s.bytes_read - s0.bytes_read) / 1e9, wr = (s.bytes_written - s0.bytes_written) / 1e9;
+    std::printf("| %d%s | %.1f | %.2f | %.2f | %.2f | %.2f | %.1f | %.4f | %.2f | %.2f |\n", step,
+                step == 0 ? " (no update yet)" : "", dt, rd, wr, rd / dt, wr / dt,
+                s.stall_s - s0.stall_s, ql.sum_plus[0] / 32, rss_bytes("VmRSS") / 1e9,
+                rss_bytes("VmHWM") / 1e9);
+    std::fflush(stdout);
+  }
+  // The engine's end would bring every block back into the storage (DiskTier::materialize: what
+  // a run's evaluation and save still need), which RAM cannot hold here: the bench stops now,
+  // its store unlinked first (transfers in flight end with the process).
+  std::error_code ec;
+  if (tier) fs::remove(tier->store_path(), ec);
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,7 +299,37 @@ int main(int argc, char** argv) {
         }
       }
       else if (k == "--io-rounds") a.io_rounds = std::stoi(v);
+      else if (k == "--scale") a.scale = v;
+      else if (k == "--host-fraction") {
+        a.fractions.clear();
+        for (size_t p = 0; p < v.size();) {
+          const size_t c = std::min(v.find(',', p), v.size());
+          a.fractions.push_back(std::stod(v.substr(p, c - p)));
+          p = c + 1;
+        }
+      }
       else throw zof::Error("unknown flag " + k);
+    }
+    if (!a.scale.empty()) {
+      for (const double f : a.fractions) {  // a process each: scale_steps ends its process
+        std::fflush(stdout);
+        const pid_t child = ::fork();
+        ZOF_CHECK(child >= 0, std::string("fork: ") + std::strerror(errno));
+        if (child == 0) {
+          try {
+            scale_steps(a, f);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "disk_bench: error: %s\n", e.what());
+            std::_Exit(1);
+          }
+        }
+        int status = 0;
+        ::waitpid(child, &status, 0);
+        ZOF_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the run at --host-fraction " + std::to_string(f) + " failed");
+        std::printf("\n");
+      }
+      return 0;
     }
     disk_bandwidths(a);
     if (a.steps <= 0) return 0;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "zof/config.h"
@@ -134,6 +135,34 @@ static_assert(sizeof(LayerWeights) == LayerWeights::slots().size() * sizeof(Weig
 static_assert(sizeof(EmbedWeights) == EmbedWeights::slots().size() * sizeof(Weight));
 static_assert(sizeof(HeadWeights) == HeadWeights::slots().size() * sizeof(Weight));
 
+// Memory straight from the system (anonymous mmap) for the weights: pages that are never written
+// are never resident, so a model held in a disk tier (disk_tier.h) can be laid out whole while
+// only its blocks in RAM take memory; and resize() leaves the system's zeros untouched instead
+// of writing them (a value-initializing vector would touch every page).
+void* storage_pages(size_t bytes);               // zof::Error (out of memory) on failure
+void free_storage_pages(void* p, size_t bytes);  // the pages go back to the system
+template <class T>
+struct StorageAllocator {
+  using value_type = T;
+  StorageAllocator() = default;
+  template <class U>
+  StorageAllocator(const StorageAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) { return static_cast<T*>(storage_pages(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) noexcept { free_storage_pages(p, n * sizeof(T)); }
+  template <class U>
+  void construct(U* p) noexcept {  // default-initialized: the zeros as the system gave them
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+  template <class U>
+  bool operator==(const StorageAllocator<U>&) const noexcept { return true; }
+};
+template <class T>
+using StorageVector = std::vector<T, StorageAllocator<T>>;
+
 class Model {
  public:
   // Loads DIR/config.json and DIR's safetensors; validates every tensor the architecture needs.
@@ -155,10 +184,13 @@ class Model {
   // A model of this config with random weights (normal, std 0.02; norms 1, biases 0): for
   // benchmarks and tests. In bf16 storage: the fp32 values rounded to nearest even.
   static Model random(const ModelConfig& cfg, uint64_t seed, DType storage = DType::F32);
-  // A model of this config with fp32 storage of zeros (with_storage), or its layout only (names,
-  // shapes and offsets, no storage): what a tensor-parallel rank fills with its slice, and the
-  // plan that says where each parameter sits, without drawing weights it throws away.
-  static Model zeros(const ModelConfig& cfg, bool with_storage = true);
+  // A model of this config with storage of zeros in type `storage` (with_storage), or its layout
+  // only (names, shapes and offsets, no storage): what a tensor-parallel rank fills with its
+  // slice, and the plan that says where each parameter sits, without drawing weights it throws
+  // away. The zeros are the system's untouched pages: none is resident until written (a model
+  // far larger than RAM, filled block by block into a disk tier: bench/disk_bench.cpp).
+  static Model zeros(const ModelConfig& cfg, bool with_storage = true,
+                     DType storage = DType::F32);
 
   Model() = default;
   Model(Model&&) noexcept = default;
@@ -256,11 +288,11 @@ class Model {
   DType stored_dtype_ = DType::F32;
   DType storage_dtype_ = DType::F32;
   int64_t storage_size_ = 0;
-  std::vector<uint16_t> storage16_;  // the same, in bf16 (storage_dtype_ BF16; then storage_ empty)
+  StorageVector<uint16_t> storage16_;  // the same, in bf16 (storage_dtype_ BF16; then storage_ empty)
   std::string source_;
   std::vector<Param> params_;
   std::vector<Block> blocks_;
-  std::vector<float> storage_;  // all parameters, contiguous, block by block
+  StorageVector<float> storage_;  // all parameters, contiguous, block by block
   std::unordered_map<std::string, int> by_name_;
 };
 

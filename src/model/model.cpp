@@ -2,9 +2,12 @@
 // defines them), loading from safetensors with full validation, saving back, random init.
 #include "zof/model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -456,19 +459,19 @@ void Model::set_storage_dtype(DType t) {
   if (t == storage_dtype_) return;
   const int64_t n = storage_size_;
   if (t == DType::BF16) {
-    storage16_.assign(n, 0);
+    StorageVector<uint16_t>(n).swap(storage16_);
     const float* w = storage_.data();
     uint16_t* h = storage16_.data();
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
     for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(w[i]);
-    std::vector<float>().swap(storage_);
+    StorageVector<float>().swap(storage_);
   } else {
-    storage_.assign(n, 0.f);
+    StorageVector<float>(n).swap(storage_);
     const uint16_t* h = storage16_.data();
     float* w = storage_.data();
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
     for (int64_t i = 0; i < n; ++i) w[i] = bf16_to_f32(h[i]);
-    std::vector<uint16_t>().swap(storage16_);
+    StorageVector<uint16_t>().swap(storage16_);
   }
   storage_dtype_ = t;
   set_param_pointers();
@@ -481,14 +484,28 @@ void Model::set_param_pointers() {
 }
 
 void Model::allocate_storage() {
+  // Fresh pages (zeros, none resident until written), never a fill.
   if (storage_dtype_ == DType::BF16) {
-    std::vector<float>().swap(storage_);
-    storage16_.assign(storage_size_, 0);
+    StorageVector<float>().swap(storage_);
+    StorageVector<uint16_t>(storage_size_).swap(storage16_);
   } else {
-    std::vector<uint16_t>().swap(storage16_);
-    storage_.assign(storage_size_, 0.f);
+    StorageVector<uint16_t>().swap(storage16_);
+    StorageVector<float>(storage_size_).swap(storage_);
   }
   set_param_pointers();
+}
+
+void* storage_pages(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ZOF_CHECK(p != MAP_FAILED, "out of memory: cannot map " + std::to_string(bytes) +
+                                 " bytes for the weights (" + std::strerror(errno) + ")");
+  return p;
+}
+
+void free_storage_pages(void* p, size_t bytes) {
+  if (p) ::munmap(p, bytes == 0 ? 1 : bytes);
 }
 
 float* Model::storage() {
@@ -729,10 +746,13 @@ DType Model::read_weights(const std::string& dir) {
   return any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
 }
 
-Model Model::zeros(const ModelConfig& cfg, bool with_storage) {
+Model Model::zeros(const ModelConfig& cfg, bool with_storage, DType storage) {
+  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
+            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
   Model m;
   m.cfg_ = cfg;
   m.source_ = "zeros";
+  m.storage_dtype_ = storage;
   m.build_layout(with_storage);
   return m;
 }

@@ -333,6 +333,29 @@ std::vector<std::string> built_engines() {
 INSTANTIATE_TEST_SUITE_P(Engines, DiskTierEngine, ::testing::ValuesIn(built_engines()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
+// A model laid out in zeros takes no memory until written (its storage is the system's untouched
+// pages): what lets a model larger than RAM be drawn block by block into the disk tier
+// (bench/disk_bench.cpp --scale). Written pages are resident; pages given back are not.
+TEST(DiskTier, ALaidOutModelIsNotResidentUntilWritten) {
+  ZOF_REQUIRE_PATH(model_dir("stories260K"));
+  zof::ModelConfig big = zof::ModelConfig::load(model_dir("stories260K") + "/config.json");
+  big.vocab_size = 1 << 20;  // a 2^20-row token table: megabytes of pages to count
+  for (const zof::DType t : {zof::DType::F32, zof::DType::BF16}) {
+    const zof::Model m = zof::Model::zeros(big, true, t);
+    const size_t bytes = (size_t)m.storage_size() * zof::dtype_size(t);
+    ASSERT_GT(bytes, size_t(64) << 20);
+    EXPECT_EQ(resident_pages(m.storage_ptr(), bytes), 0u) << zof::dtype_name(t);
+    std::memset(static_cast<char*>(m.storage_ptr()) + 8192, 1, 3 * 4096);
+    EXPECT_GE(resident_pages(m.storage_ptr(), bytes), 3u);
+    EXPECT_LE(resident_pages(m.storage_ptr(), bytes), 5u);
+    // And the rest reads as zeros.
+    const char* c = static_cast<const char*>(m.storage_ptr());
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; i += 4096) nonzero += c[i] != 0;
+    EXPECT_EQ(nonzero, 3u);
+  }
+}
+
 // A read or a write that fails in the middle of a walk (the disk gone bad under the run): the
 // step throws one zof::Error naming the store, and the engine then goes without a crash or a
 // hang (its transfers waited for before their buffers are freed), its store removed.
