@@ -14,8 +14,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "zof/error.h"
 
@@ -377,6 +379,7 @@ class UringEngine final : public IoEngine {
   }
 
   void submit_prepared() {
+    int idle = 0;  // rounds in a row that the kernel took nothing with nothing to wait for
     while (unsubmitted_ > 0) {
       const int r = io_uring_submit(&ring_);
       if (r > 0) {
@@ -389,7 +392,13 @@ class UringEngine final : public IoEngine {
         reap(true);
         continue;
       }
-      if (r == -EINTR || r == -EAGAIN || r == -EBUSY) continue;
+      // Short of memory with nothing of ours in flight: the kernel's other users must finish
+      // first; wait for them a while (10 s) rather than spin.
+      if (r == -EINTR) continue;
+      if ((r == -EAGAIN || r == -EBUSY) && ++idle < 10000) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
       ZOF_ABORT(("io_uring_submit failed: " +
                  (r == 0 ? std::string("no request taken") : errno_text(-r))).c_str());
     }
