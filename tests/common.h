@@ -8,6 +8,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "zof/runtime.h"
 
@@ -98,6 +99,13 @@ inline CommandResult run_command(const std::string& cmd) {
   r.err = slurp(dir + "/err");
   std::filesystem::remove_all(dir);
   return r;
+}
+
+// The last line of a command's output as JSON (a --json run's summary).
+inline nlohmann::json last_json(const std::string& out) {
+  const size_t end = out.find_last_not_of('\n');
+  const size_t start = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
 }
 
 inline std::string zof_binary() { return binary_dir() + "/zof"; }

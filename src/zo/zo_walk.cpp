@@ -229,23 +229,20 @@ void ZOEngine::Impl::perturb_rows(const ZKey& key, int64_t n_uniq) {
   const int64_t E = model_.params()[tok_].shape[1];
   const ZKey mk = masked(key, tok_);
   const Theta table = theta(tok_);
-  if (windowed(0) && window_steps(false) > 0) {  // the write-back window: row by row
+  // An open rounding window (held_pass) or write-back window (window_read): row by row.
+  const bool wread = windowed(0) && window_steps(false) > 0;
+  if (hold_ || wread) {
     ZOF_ASSERT((int64_t)uniq_host_.size() == n_uniq);
     for (int64_t k = 0; k < n_uniq; ++k) {
       const int64_t first = int64_t(uniq_host_[k]) * E;
+      float* const prow = tok_plus_ + k * E;
       float* const mrow = tok_minus_ + k * E;
-      window_read(table.at(first), E, tok_, first, mk, tok_plus_ + k * E,
-                  opt_.one_sided ? nullptr : mrow, DType::F32, opt_.one_sided ? mrow : nullptr);
-    }
-    return;
-  }
-  if (hold_) {  // an open rounding window: row by row through held_pass
-    ZOF_ASSERT((int64_t)uniq_host_.size() == n_uniq);
-    for (int64_t k = 0; k < n_uniq; ++k) {
-      const int64_t first = int64_t(uniq_host_[k]) * E;
-      float* const mrow = tok_minus_ + k * E;
-      held_pass(table.at(first), E, tok_, first, mk, tok_plus_ + k * E,
-                opt_.one_sided ? nullptr : mrow, DType::F32, opt_.one_sided ? mrow : nullptr);
+      float* const two = opt_.one_sided ? nullptr : mrow;  // the -eps copy, or theta itself
+      float* const one = opt_.one_sided ? mrow : nullptr;
+      if (wread)
+        window_read(table.at(first), E, tok_, first, mk, prow, two, DType::F32, one);
+      else
+        held_pass(table.at(first), E, tok_, first, mk, prow, two, DType::F32, one);
     }
     return;
   }

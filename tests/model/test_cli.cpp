@@ -20,11 +20,7 @@ namespace {
 
 std::string stories() { return zof::test::assets_dir() + "/models/stories260K"; }
 
-json last_json(const std::string& out) {
-  const size_t end = out.find_last_not_of('\n');
-  const size_t start = out.rfind('\n', end);
-  return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+using zof::test::last_json;
 
 TEST(Cli, GreedyStoryFromBos) {
   ZOF_REQUIRE_PATH(stories());

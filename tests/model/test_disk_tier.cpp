@@ -429,11 +429,7 @@ class DiskTierCli : public zof::test::ShakespeareRunTest {
         "--seed 7 --save-every 2 --eval-examples 8 --eval-every 3 --threads 2 --no-report "
         "--json " + extra);
   }
-  static json last_json(const std::string& out) {
-    const size_t end = out.find_last_not_of('\n');
-    const size_t start = out.rfind('\n', end);
-    return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-  }
+  static json last_json(const std::string& out) { return zof::test::last_json(out); }
   void expect_same_run(const std::string& run, const std::string& plain) {
     for (const char* f : {"model.safetensors", "zo_log.jsonl"})
       EXPECT_EQ(zof::test::read_file((dir_ / run / f).string()),

@@ -596,11 +596,7 @@ class StreamingCli : public zof::test::ShakespeareRunTest {
         " --steps 5 --batch 4 --micro-batches 2 --queries 2 --seq-len 32 --lr 1e-4 --eps 1e-3 "
         "--seed 7 --save-every 2 --eval-examples 8 --json " + extra);
   }
-  static json last_json(const std::string& out) {
-    const size_t end = out.find_last_not_of('\n');
-    const size_t start = out.rfind('\n', end);
-    return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-  }
+  static json last_json(const std::string& out) { return zof::test::last_json(out); }
 };
 
 TEST_F(StreamingCli, SimDeviceRunWritesTheSameModel) {
