@@ -51,6 +51,18 @@ struct Args {
   std::vector<double> fractions{0};
 };
 
+// "1,2,4" as numbers.
+template <class T>
+std::vector<T> list_of(const std::string& v) {
+  std::vector<T> out;
+  for (size_t p = 0; p < v.size();) {
+    const size_t c = std::min(v.find(',', p), v.size());
+    out.push_back((T)std::stod(v.substr(p, c - p)));
+    p = c + 1;
+  }
+  return out;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -290,24 +302,10 @@ int main(int argc, char** argv) {
       else if (k == "--threads") a.threads = std::stoi(v);
       else if (k == "--io-threads") a.io_threads = std::stoi(v);
       else if (k == "--io-mib") a.io_mib = std::stoull(v);
-      else if (k == "--write-back") {
-        a.write_back.clear();
-        for (size_t p = 0; p < v.size();) {
-          const size_t c = std::min(v.find(',', p), v.size());
-          a.write_back.push_back(std::stoi(v.substr(p, c - p)));
-          p = c + 1;
-        }
-      }
+      else if (k == "--write-back") a.write_back = list_of<int>(v);
       else if (k == "--io-rounds") a.io_rounds = std::stoi(v);
       else if (k == "--scale") a.scale = v;
-      else if (k == "--host-fraction") {
-        a.fractions.clear();
-        for (size_t p = 0; p < v.size();) {
-          const size_t c = std::min(v.find(',', p), v.size());
-          a.fractions.push_back(std::stod(v.substr(p, c - p)));
-          p = c + 1;
-        }
-      }
+      else if (k == "--host-fraction") a.fractions = list_of<double>(v);
       else throw zof::Error("unknown flag " + k);
     }
     if (!a.scale.empty()) {

@@ -7,15 +7,13 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_zo.h"
 #include "cpu/jvp_ops.h"
-#include "util/philox.h"
 #include "util/files.h"
+#include "util/philox.h"
 #include "zof/error.h"
 
 namespace zof::cpu {

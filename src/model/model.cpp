@@ -758,13 +758,8 @@ Model Model::zeros(const ModelConfig& cfg, bool with_storage, DType storage) {
 }
 
 Model Model::random(const ModelConfig& cfg, uint64_t seed, DType storage) {
-  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
-            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
-  Model m;
-  m.cfg_ = cfg;
+  Model m = zeros(cfg, true, storage);
   m.source_ = "random";
-  m.storage_dtype_ = storage;
-  m.build_layout();
   // Each tensor from its own generator (seeded by its index): tensors in parallel, the same
   // values at any thread count.
   const int64_t np = (int64_t)m.params_.size();

@@ -337,8 +337,8 @@ class UringEngine final : public IoEngine {
     std::shared_ptr<IoTicket> ticket;
   };
 
-  // The rest of o as one request, as the fault hook has it: false when the hook made it fail
-  // (then settled here, as its completion would be).
+  // The rest of o as one request, as the fault hook has it (a failure the hook makes is settled
+  // here, as its completion would be).
   void issue(Op* o) {
     const size_t rest = o->t.bytes - o->done;
     const uint64_t off = o->t.off + o->done;
