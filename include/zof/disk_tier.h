@@ -13,16 +13,20 @@
 // I/O without copies: a block's slot in the file starts at the same offset modulo 4096 as its
 // span in memory, so the whole pages of the span go to and from the file directly (O_DIRECT
 // where the file system takes it); only the first and last partial pages pass through a page of
-// their own on a read (a partial page is shared with the neighbouring block, which stays
-// resident in it). The transfers run on io_uring where the kernel takes it, else on a pool of
+// their own, both ways (a partial page is shared with the neighbouring block, which stays
+// resident in it and may be changing, or runs past the plane's allocation: only the span's bytes
+// are touched). The transfers run on io_uring where the kernel takes it, else on a pool of
 // pread/pwrite threads (src/util/block_io.h; ZOF_IO=pool or uring forces one); describe() says
 // which, and why the pool.
 //
 // Order of a block's life, all decided on the walk's thread:
 //   on disk -> reading (read ahead, up to the ring's size, in the coming walk order) -> present
 //   (acquired by the walk) -> released: changed -> writing -> on disk (pages given back when the
-//   write is done); unchanged -> on disk at once (the store holds it).
-// A block is never read while its write is in flight: acquire() waits for the write first.
+//   write is done), or present again where the walk wants it within the ring's read-ahead;
+//   unchanged -> on disk at once (the store holds it).
+// A block is never read while its write is in flight: acquire() waits for the write first. The
+// ring's bytes bound what is present: an acquire that finds it full waits for the writes in
+// flight, then drops the read-ahead needed last (never a held or changed block).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,12 +42,14 @@ namespace zof {
 class BlockFile;
 class IoEngine;
 class IoTicket;
+struct IoTransfer;
 
 struct DiskTierStats {
   int64_t reads = 0, writes = 0;  // blocks read from and written to the store
   uint64_t bytes_read = 0, bytes_written = 0;
   int64_t stalls = 0;     // acquire() that waited for a read not yet done
   double stall_s = 0;     // seconds acquire() waited
+  uint64_t ring_peak = 0;  // the most bytes of disk blocks present at once (the ring's use)
 };
 
 // Which blocks a --host-mem budget keeps in RAM and how many of the rest it holds at once.
@@ -94,6 +100,11 @@ class DiskTier {
   std::string describe() const;  // one line: what is on disk, the ring, the store, the I/O
   const std::filesystem::path& store_path() const;
 
+  // A device above the tier writes blocks back (acquire with overwrite) between its reads: the
+  // read-ahead leaves room in the ring for one such block, so that a write-back never drops a
+  // block read ahead (which would be read again).
+  void expect_write_backs();
+
   // The order in which the coming walk acquires blocks (repeats allowed; taken to repeat after
   // its end): what is read ahead.
   void begin_walk(std::vector<int> order);
@@ -115,13 +126,16 @@ class DiskTier {
     char* addr = nullptr;
     uint64_t bytes = 0, file_off = 0;
   };
+  std::vector<IoTransfer> transfers(int block, char op, uint64_t* bytes) const;
   void read_block(int block);
   void write_block(int block);
   void evict(int block);  // its whole pages given back
-  void reap();            // finished writes -> on disk; a failed one throws
-  void wait_for(int block);
+  void reap();            // finished writes -> on disk (present if wanted soon); a failed one throws
+  bool wanted_soon(int block) const;  // within what prefetch() reads ahead along the order
+  void make_room(int block);          // the ring's bytes left for the block (writes, read-ahead)
   void prefetch();
   uint64_t in_ring() const;  // bytes of the disk blocks in the ring
+  void note_ring();          // stats_.ring_peak
 
   Model& model_;
   std::vector<char*> planes_;
@@ -137,6 +151,7 @@ class DiskTier {
   std::vector<uint64_t> bytes_;  // per block, every plane
   std::vector<int> order_;
   size_t pos_ = 0;
+  uint64_t read_ahead_bytes_ = 0;  // of the ring's bytes, what prefetch() may fill
   bool materialized_ = false;  // every block present since materialize()
   DiskTierStats stats_;
 };

@@ -123,7 +123,7 @@ class BlockStreamer {
   // planes from it first and every write-back acquires them to be overwritten; the host waits
   // for the copy, then gives them back (a write-back's as changed, for the tier to write).
   // Those waits cost the copies their overlap with compute while a tier is set. null: none.
-  void set_disk_tier(DiskTier* tier) { tier_ = tier; }
+  void set_disk_tier(DiskTier* tier);
 
  private:
   struct Slot {

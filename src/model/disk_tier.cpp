@@ -129,6 +129,7 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
     }
   }
   plan_.store_bytes = cursor;
+  read_ahead_bytes_ = plan_.ring_bytes;
   state_.assign(n, State::Present);
   ticket_.resize(n);
   changed_.assign(n, false);
@@ -162,6 +163,14 @@ DiskTier::~DiskTier() {
   if (file_) file_->remove();
 }
 
+void DiskTier::expect_write_backs() {
+  uint64_t largest = 0;
+  for (int b = 0; b < (int)bytes_.size(); ++b)
+    if (plan_.on_disk[b]) largest = std::max(largest, bytes_[b]);
+  // The plan's ring holds two of the largest at least: one read ahead, one written back.
+  read_ahead_bytes_ = plan_.ring_bytes - std::min(plan_.ring_bytes, largest);
+}
+
 bool DiskTier::present(int block) const {
   return !plan_.on_disk[block] || state_[block] == State::Present ||
          state_[block] == State::Writing;
@@ -190,43 +199,33 @@ std::string DiskTier::describe() const {
          (file_->direct() ? std::string("O_DIRECT") : "buffered: " + file_->note());
 }
 
-void DiskTier::write_block(int b) {
+// A span's transfers: its whole pages straight between memory and the file (in pieces of
+// kChunk), and each partial page through a page of its own that holds only the span's bytes.
+// The rest of a partial page is the neighbouring block's (which the walk may be changing) or
+// no one's (before or after the plane's allocation): it is neither read nor written.
+// `then` of a partial page's read copies its span's bytes in; a partial write's page is filled
+// now, and its `then` keeps the page alive until the transfer is done.
+std::vector<IoTransfer> DiskTier::transfers(int b, char op, uint64_t* bytes) const {
   std::vector<IoTransfer> jobs;
-  uint64_t bytes = 0;
-  for (const Span& s : spans_[b]) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr);
-    char* lo = reinterpret_cast<char*>(page_down(a));
-    const uint64_t len = page_up(a + s.bytes) - page_down(a);
-    for (uint64_t c = 0; c < len; c += kChunk)
-      jobs.push_back({'w', file_.get(), lo + c, std::min(kChunk, len - c), s.file_off + c, {}});
-    bytes += len;
-  }
-  ticket_[b] = io_->submit(std::move(jobs));
-  state_[b] = State::Writing;
-  changed_[b] = false;
-  ++stats_.writes;
-  stats_.bytes_written += bytes;
-}
-
-void DiskTier::read_block(int b) {
-  std::vector<IoTransfer> jobs;
-  uint64_t bytes = 0;
   const BlockFile* f = file_.get();
   for (const Span& s : spans_[b]) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr), end = a + s.bytes;
     const uintptr_t lo = page_down(a), full0 = page_up(a), full1 = page_down(end);
-    // A partial page: read whole into a page of its own, then only the span's bytes copied
-    // (the rest of the page belongs to the neighbouring block).
     auto partial = [&](uintptr_t from, uintptr_t to) {
       const uintptr_t page = page_down(from);
-      auto buf = std::make_shared<AlignedBuffer>(kIoAlign);
+      auto buf = std::make_shared<AlignedBuffer>(kIoAlign);  // zeroed
       char* data = buf->data;
-      jobs.push_back({'r', f, data, kIoAlign, s.file_off + (page - lo),
-                      [buf = std::move(buf), page, from, to] {
-                        std::memcpy(reinterpret_cast<char*>(from), buf->data + (from - page),
-                                    to - from);
-                      }});
-      bytes += kIoAlign;
+      const uint64_t off = s.file_off + (page - lo);
+      if (op == 'w') {
+        std::memcpy(data + (from - page), reinterpret_cast<const char*>(from), to - from);
+        jobs.push_back({'w', f, data, kIoAlign, off, [buf = std::move(buf)] {}});
+      } else {
+        jobs.push_back({'r', f, data, kIoAlign, off, [buf = std::move(buf), page, from, to] {
+                          std::memcpy(reinterpret_cast<char*>(from), buf->data + (from - page),
+                                      to - from);
+                        }});
+      }
+      *bytes += kIoAlign;
     };
     if (full0 > full1) {  // within one page
       partial(a, end);
@@ -235,12 +234,26 @@ void DiskTier::read_block(int b) {
     if (a < full0) partial(a, full0);
     for (uintptr_t c = full0; c < full1; c += kChunk) {
       const uint64_t m = std::min<uint64_t>(kChunk, full1 - c);
-      jobs.push_back({'r', f, reinterpret_cast<char*>(c), m, s.file_off + (c - lo), {}});
-      bytes += m;
+      jobs.push_back({op, f, reinterpret_cast<char*>(c), m, s.file_off + (c - lo), {}});
+      *bytes += m;
     }
     if (full1 < end) partial(full1, end);
   }
-  ticket_[b] = io_->submit(std::move(jobs));
+  return jobs;
+}
+
+void DiskTier::write_block(int b) {
+  uint64_t bytes = 0;
+  ticket_[b] = io_->submit(transfers(b, 'w', &bytes));
+  state_[b] = State::Writing;
+  changed_[b] = false;
+  ++stats_.writes;
+  stats_.bytes_written += bytes;
+}
+
+void DiskTier::read_block(int b) {
+  uint64_t bytes = 0;
+  ticket_[b] = io_->submit(transfers(b, 'r', &bytes));
   state_[b] = State::Reading;
   ++stats_.reads;
   stats_.bytes_read += bytes;
@@ -261,10 +274,70 @@ void DiskTier::reap() {
   for (int b = 0; b < (int)state_.size(); ++b)
     if (state_[b] == State::Writing && ticket_[b]->done()) {
       ticket_[b]->wait();  // throws a failed write's error
+      // Wanted again within the read-ahead (a small model's next micro-batch, a device's
+      // upload after its write-back): its pages hold it, in the ring's bytes already.
+      if (wanted_soon(b)) {
+        state_[b] = State::Present;
+        continue;
+      }
       evict(b);
       state_[b] = State::OnDisk;
     }
 }
+
+bool DiskTier::wanted_soon(int block) const {
+  // The blocks prefetch() would hold: along the order while the ring's bytes take them.
+  const size_t n = order_.size();
+  uint64_t bytes = 0;
+  for (size_t p = pos_; p < pos_ + n; ++p) {
+    const int b = order_[p % n];
+    if (!plan_.on_disk[b]) continue;
+    bool again = false;  // counted already (the order repeats a block)
+    for (size_t q = pos_; q < p && !again; ++q) again = order_[q % n] == b;
+    if (again) continue;
+    bytes += bytes_[b];
+    if (bytes > read_ahead_bytes_) return false;
+    if (b == block) return true;
+  }
+  return false;
+}
+
+void DiskTier::make_room(int block) {
+  // Writes in flight finish first (their pages go); then read-ahead nobody holds goes, the
+  // block needed last first (an acquire out of the walk's order, or a device's write-back, would else take the
+  // ring past its bytes).
+  for (int w = 0; w < (int)state_.size() && in_ring() + bytes_[block] > plan_.ring_bytes; ++w)
+    if (state_[w] == State::Writing) {
+      ticket_[w]->wait();
+      evict(w);
+      state_[w] = State::OnDisk;
+    }
+  while (in_ring() + bytes_[block] > plan_.ring_bytes) {
+    int victim = -1;
+    size_t victim_use = 0;
+    const size_t n = order_.size();
+    for (int w = 0; w < (int)state_.size(); ++w) {
+      if (w == block || !plan_.on_disk[w] || holds_[w] > 0 || changed_[w]) continue;
+      if (state_[w] != State::Reading && state_[w] != State::Present) continue;
+      size_t use = n;  // not in the order: needed last
+      for (size_t k = 0; k < n; ++k)
+        if (order_[(pos_ + k) % n] == w) {
+          use = k;
+          break;
+        }
+      if (victim < 0 || use > victim_use) {
+        victim = w;
+        victim_use = use;
+      }
+    }
+    if (victim < 0) return;  // every block in the ring is held: the walk's own need
+    if (state_[victim] == State::Reading) ticket_[victim]->wait();
+    evict(victim);
+    state_[victim] = State::OnDisk;
+  }
+}
+
+void DiskTier::note_ring() { stats_.ring_peak = std::max(stats_.ring_peak, in_ring()); }
 
 uint64_t DiskTier::in_ring() const {
   uint64_t bytes = 0;
@@ -278,14 +351,16 @@ void DiskTier::prefetch() {
   reap();
   uint64_t bytes = in_ring();
   const size_t n = order_.size();
-  // In walk order, while the ring's bytes hold them: the next block needed is always read first.
+  // In walk order, while the ring's bytes hold them (less a block's room for a device's
+  // write-back, where one comes): the next block needed is always read first.
   for (size_t p = pos_; p < pos_ + n; ++p) {
     const int b = order_[p % n];
     if (!plan_.on_disk[b] || state_[b] != State::OnDisk) continue;
-    if (bytes + bytes_[b] > plan_.ring_bytes) break;
+    if (bytes + bytes_[b] > read_ahead_bytes_) break;
     read_block(b);
     bytes += bytes_[b];
   }
+  note_ring();
 }
 
 void DiskTier::begin_walk(std::vector<int> order) {
@@ -312,9 +387,10 @@ void DiskTier::begin_walk(std::vector<int> order) {
 
 void DiskTier::acquire(int b, bool overwrite) {
   if (!plan_.on_disk[b]) return;
-  // Its place in the walk order (a block acquired out of order is allowed).
+  // Its place in the walk order (a block acquired out of order is allowed). A device's
+  // write-back (overwrite) is not a use in the walk's order: it leaves the place as it is.
   const size_t n = order_.size();
-  for (size_t p = pos_; p < pos_ + n; ++p)
+  for (size_t p = pos_; p < pos_ + n && !overwrite; ++p)
     if (order_[p % n] == b) {
       pos_ = p + 1;
       break;
@@ -325,13 +401,7 @@ void DiskTier::acquire(int b, bool overwrite) {
     state_[b] = State::Present;
   }
   if (state_[b] == State::OnDisk) {
-    // Room in the ring first: the oldest writes finish.
-    for (int w = 0; w < (int)state_.size() && in_ring() + bytes_[b] > plan_.ring_bytes; ++w)
-      if (state_[w] == State::Writing) {
-        ticket_[w]->wait();
-        evict(w);
-        state_[w] = State::OnDisk;
-      }
+    make_room(b);
     if (overwrite)
       state_[b] = State::Present;  // every byte is about to be written: nothing to read
     else
@@ -348,6 +418,7 @@ void DiskTier::acquire(int b, bool overwrite) {
     state_[b] = State::Present;
   }
   ++holds_[b];
+  note_ring();
   prefetch();
 }
 

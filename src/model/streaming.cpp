@@ -301,6 +301,11 @@ void BlockStreamer::upload_resident(int block) {
   res_waited_[block] = false;
 }
 
+void BlockStreamer::set_disk_tier(DiskTier* tier) {
+  tier_ = tier;
+  if (tier_) tier_->expect_write_backs();
+}
+
 void BlockStreamer::upload(int block) {
   if (tier_) tier_->acquire(block);
   for (int k = 0; k < num_planes(); ++k) {

@@ -10,10 +10,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -105,6 +108,7 @@ struct Outcome {
   std::vector<float> weights, m, v;
   zof::DiskTierStats stats;
   int on_disk = 0, ring = 0;
+  uint64_t ring_bytes = 0;
   int64_t uploads = 0;  // the device's, when streaming
   uint64_t least = 0, all = 0;
   bool evicted_between_walks = true;  // every disk block's whole pages out after each walk
@@ -145,6 +149,7 @@ Outcome run(const Case& c, uint64_t host_mem, size_t gpu_mem, const fs::path& di
   if (t) {
     r.on_disk = (int)std::count(t->plan().on_disk.begin(), t->plan().on_disk.end(), true);
     r.ring = t->plan().ring;
+    r.ring_bytes = t->plan().ring_bytes;
     r.io = t->describe();
   }
   for (int step = 0; step < 4; ++step) {
@@ -181,6 +186,9 @@ Outcome run(const Case& c, uint64_t host_mem, size_t gpu_mem, const fs::path& di
   return r;
 }
 
+// A --gpu-mem that holds every block of a golden model.
+constexpr size_t kRoomyGpu = size_t(1) << 30;
+
 // The least --gpu-mem of the case (every block streamed through two slots).
 size_t least_gpu(const Case& c) {
   zof::Model m = zof::Model::load(model_dir(c.model), c.held);
@@ -195,6 +203,44 @@ size_t least_gpu(const Case& c) {
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// What a disk-tier run d of case c at a --gpu-mem of gpu (0: the host backend) must show against
+// the plain run: the same bits, a disk block's pages given back between walks, and the traffic
+// bounds.
+void expect_like_plain(const Case& c, const Outcome& plain, const Outcome& d, size_t gpu,
+                       const fs::path& dir) {
+  EXPECT_GT(d.on_disk, 0);
+  EXPECT_GE(d.ring, 2);
+  EXPECT_EQ(d.losses, plain.losses);
+  EXPECT_TRUE(same_bits(d.weights, plain.weights));
+  EXPECT_TRUE(same_bits(d.m, plain.m));
+  EXPECT_TRUE(same_bits(d.v, plain.v));
+  EXPECT_TRUE(d.evicted_between_walks);
+  // The ring's bytes bound the disk blocks present at every moment of the walks.
+  EXPECT_LE(d.stats.ring_peak, d.ring_bytes);
+  // Traffic: 4 walks over 2 micro-batches, each reading a disk block once per micro-batch
+  // (the ring is smaller than the disk blocks at the least budget, so the second
+  // micro-batch reads again), written once per walk that applies an update (3 of the 4:
+  // the first has none; inside a rounding window a walk writes nothing).
+  // Through a device, a block is read when the device uploads it.
+  EXPECT_LE(d.stats.reads, gpu ? d.uploads + d.ring : 4 * 2 * d.on_disk + d.on_disk);
+  EXPECT_GT(d.stats.reads, 0);
+  const int applying = c.round_every > 1 ? 1 : 3;  // a window of 3: step 3's walk rounds it
+  if (c.write_back > 1) {  // a window of N: written by the walks that close one (3 / N of 1-3)
+    EXPECT_LE(d.stats.writes, 3 / c.write_back * d.on_disk);
+  }
+  EXPECT_LE(d.stats.writes, applying * d.on_disk);
+  // (Blocks resident on a roomy device are written back at the flush, after these stats.)
+  // (And a write-back window that no walk closes writes at the flush too.)
+  if (c.round_every == 1 && gpu != kRoomyGpu && c.write_back <= 3) {
+    EXPECT_GT(d.stats.writes, 0);
+  }
+  if (c.write_back > 3) {
+    EXPECT_EQ(d.stats.writes, 0);
+  }
+  // Files gone with the engine.
+  EXPECT_TRUE(fs::is_empty(dir));
 }
 
 class DiskTierSteps : public ::testing::TestWithParam<Case> {
@@ -221,40 +267,46 @@ TEST_P(DiskTierSteps, MatchThePlainRunBitForBit) {
     uint64_t host;
     size_t gpu;
   };
-  const size_t roomy = size_t(1) << 30;
   for (const Budget& b : {Budget{"least", plain.least, 0}, Budget{"half", half, 0},
-                          Budget{"least_sim", plain.least, roomy},
+                          Budget{"least_sim", plain.least, kRoomyGpu},
                           Budget{"least_both", plain.least, least_gpu(c)}}) {
     SCOPED_TRACE(b.name);
     if (c.write_back > 1 && b.gpu) continue;  // the host backend's (refused with a device)
-    const Outcome d = run(c, b.host, b.gpu, dir_);
-    EXPECT_GT(d.on_disk, 0);
-    EXPECT_GE(d.ring, 2);
-    EXPECT_EQ(d.losses, plain.losses);
-    EXPECT_TRUE(same_bits(d.weights, plain.weights));
-    EXPECT_TRUE(same_bits(d.m, plain.m));
-    EXPECT_TRUE(same_bits(d.v, plain.v));
-    EXPECT_TRUE(d.evicted_between_walks);
-    // Traffic: 4 walks over 2 micro-batches, each reading a disk block once per micro-batch
-    // (the ring is smaller than the disk blocks at the least budget, so the second
-    // micro-batch reads again), written once per walk that applies an update (3 of the 4:
-    // the first has none; inside a rounding window a walk writes nothing).
-    // Through a device, a block is read when the device uploads it.
-    EXPECT_LE(d.stats.reads, b.gpu ? d.uploads + d.ring : 4 * 2 * d.on_disk + d.on_disk)
-        << b.name;
-    EXPECT_GT(d.stats.reads, 0);
-    const int applying = c.round_every > 1 ? 1 : 3;  // a window of 3: step 3's walk rounds it
-    if (c.write_back > 1)  // a window of N: written by the walks that close one (3 / N of 1-3)
-      EXPECT_LE(d.stats.writes, 3 / c.write_back * d.on_disk) << b.name;
-    EXPECT_LE(d.stats.writes, applying * d.on_disk) << b.name;
-    // (Blocks resident on a roomy device are written back at the flush, after these stats.)
-    // (And a write-back window that no walk closes writes at the flush too.)
-    if (c.round_every == 1 && b.gpu != roomy && c.write_back <= 3) EXPECT_GT(d.stats.writes, 0);
-    if (c.write_back > 3) EXPECT_EQ(d.stats.writes, 0) << b.name;
-    // Files gone with the engine.
-    EXPECT_TRUE(fs::is_empty(dir_));
+    expect_like_plain(c, plain, run(c, b.host, b.gpu, dir_), b.gpu, dir_);
   }
 }
+
+// The disk takes its time: the same steps with the store's writes, or its reads, made late on
+// purpose (a pause before each transfer, of a length that varies from one to the next), so that
+// the walk meets blocks still being written or read back, at every budget, whatever the
+// machine's load. Same bits, same bounds on the traffic and on the ring's bytes.
+class DiskTierTiming : public DiskTierSteps {};
+
+TEST_P(DiskTierTiming, BitsAndTrafficHoldWhenTheDiskIsLate) {
+  const Case& c = GetParam();
+  ZOF_REQUIRE_PATH(model_dir(c.model));
+  const Outcome plain = run(c, 0, 0, dir_);
+  for (const char late : {'w', 'r'}) {
+    SCOPED_TRACE(std::string("late ") + late);
+    std::atomic<int> calls{0};
+    zof::set_io_fault_hook([late, &calls](char op, size_t, uint64_t) -> long {
+      if (op == late)  // 0.25 to 3 ms, a different pause each time
+        std::this_thread::sleep_for(std::chrono::microseconds(250 + 250 * (calls++ * 7 % 12)));
+      return -1;
+    });
+    for (const size_t gpu : {size_t(0), least_gpu(c)}) {
+      SCOPED_TRACE(gpu ? "least_both" : "least");
+      expect_like_plain(c, plain, run(c, plain.least, gpu, dir_), gpu, dir_);
+    }
+    zof::set_io_fault_hook({});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GoldenModels, DiskTierTiming,
+                         ::testing::Values(Case{"phi3", Opt::SGD, zof::DType::BF16},
+                                           Case{"stories260K", Opt::Adam},
+                                           Case{"llama_gqa", Opt::Momentum}),
+                         case_name);
 
 INSTANTIATE_TEST_SUITE_P(
     GoldenModels, DiskTierSteps,
