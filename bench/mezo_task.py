@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""MeZO's protocol in PyTorch/transformers: the peer zof's task fine-tuning is held against.
+
+A plain implementation of Malladi et al. 2023 (MeZO), written from the paper and FIELD.md, on a
+Hugging Face model directory and the task files of ../shared/assets/data:
+
+- data: --train-examples (1000) training and --val-examples (500) validation examples sampled
+  from the task's training file, --eval-examples (1000, or all there are) test examples from its
+  validation file (SST-2's dev.tsv, val.jsonl), each sample seeded by --seed;
+- prompts and verbalizers: MeZO's templates (SST-2, RTE, CB, COPA), as zof's src/data/tasks.cpp;
+  a sequence is prompt + candidate tokenized whole, the candidate's tokens being those after the
+  longest common prefix with the prompt's own tokens (with the tokenizer's BOS where it adds one);
+- objective: the classification objective (MeZO's --train_as_classification): for each example
+  every candidate's score is the mean log-likelihood of its tokens, and the loss is the
+  cross-entropy over the candidates' scores with the correct one as the label;
+- step: MeZO-SGD with one perturbation: seed a generator, theta += eps z, loss; theta -= 2 eps z,
+  loss; theta += eps z; theta -= lr ((l+ - l-) / 2 eps) z (+ weight decay on matrices), z
+  regenerated from the seed, over every parameter (tied ones once), under torch.no_grad, model in
+  eval mode; batches of --batch examples drawn from a reshuffled epoch order;
+- evaluation: accuracy (the best-scoring candidate) on the validation sample every --eval-every
+  steps (and at step 0: zero-shot), on the test sample at the end (and at every evaluation with
+  --curve-on-test).
+
+Prints a JSON line per evaluation and a last line with the run's totals (forward passes, wall
+time, peak RSS). z and the batch order are torch's, not zof's: a comparison is statistical (the
+same protocol, seeds' spread), never bit for bit.
+"""
+import argparse
+import csv
+import json
+import os
+import random
+import resource
+import sys
+import time
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+# ---- MeZO's templates ------------------------------------------------------------------------
+
+def sst2(row):
+    return row["sentence"].strip() + " It was", [" terrible", " great"], int(row["label"])
+
+
+def rte(j):
+    labels = ["entailment", "not_entailment"]
+    return (j["premise"] + "\nDoes this mean that \"" + j["hypothesis"] + "\" is true? Yes or No?\n",
+            ["Yes", "No"], label_of(j["label"], labels))
+
+
+def cb(j):
+    labels = ["entailment", "contradiction", "neutral"]
+    return ("Suppose " + j["premise"] + " Can we infer that \"" + j["hypothesis"] +
+            "\"? Yes, No, or Maybe?\n", ["Yes", "No", "Maybe"], label_of(j["label"], labels))
+
+
+def copa_choice(c):
+    first, sep, rest = c.partition(" ")
+    return (first if first == "I" else first.lower()) + sep + rest
+
+
+def copa(j):
+    p = j["premise"].rstrip()
+    if p.endswith("."):
+        p = p[:-1]
+    joiner = " so " if j["question"] == "effect" else " because "
+    return p + joiner, [copa_choice(j["choice1"]), copa_choice(j["choice2"])], int(j["label"])
+
+
+def label_of(v, names):
+    return v if isinstance(v, int) else names.index(v)
+
+
+TASKS = {"sst2": (sst2, "train.tsv", "dev.tsv"), "rte": (rte, "train.jsonl", "val.jsonl"),
+         "cb": (cb, "train.jsonl", "val.jsonl"), "copa": (copa, "train.jsonl", "val.jsonl")}
+
+
+def read_examples(task, path):
+    make = TASKS[task][0]
+    if path.endswith(".tsv"):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    else:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    return [make(r) for r in rows]
+
+
+# ---- tokenization ----------------------------------------------------------------------------
+
+def tokenize(tok, prompt, cand, max_len):
+    full = tok((prompt + cand).strip(), add_special_tokens=True)["input_ids"]
+    head = tok(prompt.strip(), add_special_tokens=True)["input_ids"]
+    lcp = 0
+    while lcp < min(len(full), len(head)) and full[lcp] == head[lcp]:
+        lcp += 1
+    if len(full) > max_len:  # cut the prompt on the left, keeping BOS
+        bos = tok.bos_token_id is not None and full[0] == tok.bos_token_id
+        cut = len(full) - max_len
+        full = ([full[0]] if bos else []) + full[len(full) - (max_len - (1 if bos else 0)):]
+        lcp -= cut
+    return full, max(lcp, 1)
+
+
+class Scorer:
+    """Mean log-likelihood of each candidate's tokens, all candidates of a batch padded together."""
+
+    def __init__(self, model, tok, max_len):
+        self.model, self.tok, self.max_len = model, tok, max_len
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.forwards = 0
+
+    def scores(self, examples):
+        seqs, owners = [], []
+        for i, (prompt, cands, _) in enumerate(examples):
+            for c in cands:
+                seqs.append(tokenize(self.tok, prompt, c, self.max_len))
+                owners.append(i)
+        T = max(len(ids) for ids, _ in seqs)
+        ids = torch.full((len(seqs), T), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), T), dtype=torch.long)
+        scored = torch.zeros((len(seqs), T), dtype=torch.bool)  # positions whose next token counts
+        for r, (s, start) in enumerate(seqs):
+            ids[r, :len(s)] = torch.tensor(s)
+            mask[r, :len(s)] = 1
+            scored[r, start - 1:len(s) - 1] = True
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+        self.forwards += 1
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        tok_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        sel = scored[:, :-1]
+        per_seq = (tok_lp * sel).sum(-1) / sel.sum(-1)
+        out, k = [], 0
+        for prompt, cands, label in examples:
+            out.append((per_seq[k:k + len(cands)], label))
+            k += len(cands)
+        return out
+
+    def loss(self, examples):
+        s = self.scores(examples)
+        return float(sum(torch.nn.functional.cross_entropy(v[None], torch.tensor([l]))
+                         for v, l in s) / len(s))
+
+    def accuracy(self, examples, batch):
+        if not examples:
+            return None
+        right = 0
+        for i in range(0, len(examples), batch):
+            for v, l in self.scores(examples[i:i + batch]):
+                right += int(torch.argmax(v)) == l
+        return right / len(examples)
+
+
+# ---- MeZO-SGD --------------------------------------------------------------------------------
+
+class MeZO:
+    def __init__(self, model, eps, lr, weight_decay):
+        self.eps, self.lr, self.wd = eps, lr, weight_decay
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def perturb(self, seed, scale):
+        g = torch.Generator().manual_seed(seed)
+        for _, p in self.params:
+            z = torch.normal(0, 1, size=p.shape, generator=g, dtype=p.dtype)
+            p.data.add_(z, alpha=scale * self.eps)
+
+    def update(self, seed, grad):
+        g = torch.Generator().manual_seed(seed)
+        for n, p in self.params:
+            z = torch.normal(0, 1, size=p.shape, generator=g, dtype=p.dtype)
+            decay = self.wd if ("bias" not in n and "norm" not in n) else 0.0
+            p.data.add_(grad * z + decay * p.data, alpha=-self.lr)
+
+    def step(self, loss, seed):
+        self.perturb(seed, 1)
+        lp = loss()
+        self.perturb(seed, -2)
+        lm = loss()
+        self.perturb(seed, 1)
+        grad = (lp - lm) / (2 * self.eps)
+        self.update(seed, grad)
+        return lp, lm, grad
+
+
+def rss_peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * 1.048576
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a Hugging Face model directory")
+    p.add_argument("--task", choices=sorted(TASKS), required=True)
+    p.add_argument("--data", required=True, help="the task's directory (../shared/assets/data/TASK)")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--eps", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-examples", type=int, default=1000)
+    p.add_argument("--val-examples", type=int, default=500)
+    p.add_argument("--eval-examples", type=int, default=1000)
+    p.add_argument("--eval-every", type=int, default=400, help="0: only at the start and the end")
+    p.add_argument("--curve-on-test", action="store_true",
+                   help="score the test sample at every evaluation too (zof's --eval-every scores "
+                        "its held-out set, the task's validation file)")
+    p.add_argument("--max-len", type=int, default=256)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--threads", type=int, default=0, help="0: torch's default")
+    a = p.parse_args()
+
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    train_file, test_file = (os.path.join(a.data, f) for f in TASKS[a.task][1:])
+    pool = read_examples(a.task, train_file)
+    test = read_examples(a.task, test_file)
+    rng = random.Random(a.seed)
+    pick = rng.sample(range(len(pool)), min(len(pool), a.train_examples + a.val_examples))
+    train = [pool[i] for i in pick[:a.train_examples]]
+    val = [pool[i] for i in pick[a.train_examples:]]
+    test = [test[i] for i in sorted(rng.sample(range(len(test)), min(len(test), a.eval_examples)))]
+
+    torch.manual_seed(a.seed)
+    dtype = getattr(torch, a.dtype)
+    tok = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
+    model.eval()
+    scorer = Scorer(model, tok, a.max_len)
+    mezo = MeZO(model, a.eps, a.lr, a.weight_decay)
+    common = {"impl": "pytorch-mezo", "task": a.task, "model": a.model, "dtype": a.dtype,
+              "threads": torch.get_num_threads(), "seed": a.seed, "batch": a.batch,
+              "lr": a.lr, "eps": a.eps, "train": len(train), "val": len(val), "test": len(test)}
+
+    def report(step, t_train, **kw):
+        print(json.dumps(dict(common, step=step, train_forwards=2 * step,
+                              train_seconds=round(t_train, 3), **kw)), flush=True)
+
+    t_train = 0.0
+    report(0, t_train, val_accuracy=scorer.accuracy(val, a.batch),
+           test_accuracy=scorer.accuracy(test, a.batch) if a.curve_on_test else None)
+    order, k = [], 0
+    losses = []
+    for step in range(1, a.steps + 1):
+        if k + a.batch > len(order):  # a reshuffled epoch
+            order, k = list(range(len(train))), 0
+            rng.shuffle(order)
+        batch = [train[i] for i in order[k:k + a.batch]]
+        k += a.batch
+        t0 = time.perf_counter()
+        lp, lm, _ = mezo.step(lambda: scorer.loss(batch), a.seed * 1000003 + step)
+        t_train += time.perf_counter() - t0
+        losses.append(0.5 * (lp + lm))
+        if (a.eval_every and step % a.eval_every == 0 and step < a.steps):
+            report(step, t_train, train_loss=sum(losses) / len(losses),
+                   val_accuracy=scorer.accuracy(val, a.batch),
+                   test_accuracy=scorer.accuracy(test, a.batch) if a.curve_on_test else None)
+            losses = []
+    t0 = time.perf_counter()
+    acc = scorer.accuracy(test, a.batch)
+    report(a.steps, t_train, train_loss=sum(losses) / len(losses) if losses else None,
+           val_accuracy=scorer.accuracy(val, a.batch), test_accuracy=acc,
+           test_seconds=round(time.perf_counter() - t0, 3), rss_peak_mb=round(rss_peak_mb(), 1),
+           torch=torch.__version__, transformers=transformers.__version__, final=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
