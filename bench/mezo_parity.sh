@@ -5,8 +5,8 @@
 # the training time.
 #   MODEL=build/models/SmolLM2-135M-Instruct bench/mezo_parity.sh          # defaults below
 #   TASKS="sst2" SEEDS="0" STEPS=200 EVAL_EVERY=100 bench/mezo_parity.sh   # a short check
-# Variables: MODEL TASKS SEEDS STEPS LR EPS BATCH EVAL_EVERY DTYPE (fp32|bf16) THREADS
-# TRAIN_EXAMPLES. Both sides score the task's whole validation file (SST-2's dev.tsv: 872; RTE:
+# Variables: MODEL TASKS SEEDS STEPS LR EPS BATCH EVAL_EVERY DTYPE (fp32|bf16; PyTorch's bf16
+# has no fp32 master, zof's has: fp32 is the like-for-like comparison) THREADS TRAIN_EXAMPLES. Both sides score the task's whole validation file (SST-2's dev.tsv: 872; RTE:
 # 277; CB: 56), so their held-out sets are the same examples; their training samples, batch
 # orders and z are their own (zof's Philox, torch's generator): a comparison is across seeds,
 # not bit for bit. ZOF_PYTHON: the Python with torch and transformers (default build/venv's).
@@ -61,6 +61,7 @@ for task in $TASKS; do
   done
 done
 echo "load after: $(uptime)" >&2
+echo "raw: $OUTDIR" >&2
 
 "$PY" - "$OUTDIR" "$TASKS" "$SEEDS" <<'EOF'
 import json, statistics, sys
@@ -85,11 +86,11 @@ for t in tasks:
     print(f"| {t} | zof | {len(seeds)} | {ms([r['eval']['before'] for r in z])} | "
           f"{ms([r['eval']['after'] for r in z])} | {2 * steps} | "
           f"{statistics.mean(r['train_s'] for r in z) / max(steps, 1):.2f} |")
+    psteps = p[0][-1]["step"]
     print(f"| {t} | PyTorch MeZO | {len(seeds)} | {ms([r[0]['test_accuracy'] for r in p])} | "
           f"{ms([r[-1]['test_accuracy'] for r in p])} | {p[0][-1]['train_forwards']} | "
-          f"{statistics.mean(r[-1]['train_seconds'] for r in p) / max(steps, 1):.2f} |")
+          f"{statistics.mean(r[-1]['train_seconds'] for r in p) / max(psteps, 1):.2f} |")
 for b in bad:
     print("mezo_parity.sh: the two protocols differ: " + b, file=sys.stderr)
 sys.exit(1 if bad else 0)
 EOF
-echo "raw: $OUTDIR" >&2

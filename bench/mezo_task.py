@@ -92,17 +92,21 @@ def read_examples(task, path):
 # ---- tokenization ----------------------------------------------------------------------------
 
 def tokenize(tok, prompt, cand, max_len):
-    full = tok((prompt + cand).strip(), add_special_tokens=True)["input_ids"]
-    head = tok(prompt.strip(), add_special_tokens=True)["input_ids"]
+    # MeZO's .strip(' '): spaces only, so the newline ending RTE's and CB's prompts stays there.
+    full = tok((prompt + cand).strip(" "), add_special_tokens=True)["input_ids"]
+    head = tok(prompt.strip(" "), add_special_tokens=True)["input_ids"]
     lcp = 0
     while lcp < min(len(full), len(head)) and full[lcp] == head[lcp]:
         lcp += 1
+    if lcp >= len(full):
+        raise SystemExit("mezo_task.py: the answer %r has no tokens of its own after the prompt"
+                         % cand)
     if len(full) > max_len:  # cut the prompt on the left, keeping BOS
         bos = tok.bos_token_id is not None and full[0] == tok.bos_token_id
         cut = len(full) - max_len
         full = ([full[0]] if bos else []) + full[len(full) - (max_len - (1 if bos else 0)):]
         lcp -= cut
-    return full, max(lcp, 1)
+    return full, max(lcp, 1)  # a cut that reaches the answer still scores from position 1
 
 
 class Scorer:
@@ -128,12 +132,14 @@ class Scorer:
             mask[r, :len(s)] = 1
             scored[r, start - 1:len(s) - 1] = True
         with torch.no_grad():
-            logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
         self.forwards += 1
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        tok_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        # Only the scored positions' distributions (not B x T x V of log-probabilities).
         sel = scored[:, :-1]
-        per_seq = (tok_lp * sel).sum(-1) / sel.sum(-1)
+        logp = torch.log_softmax(logits[:, :-1][sel].float(), dim=-1)
+        tok_lp = torch.zeros(sel.shape)
+        tok_lp[sel] = logp.gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)
+        per_seq = tok_lp.sum(-1) / sel.sum(-1)
         out, k = [], 0
         for prompt, cands, label in examples:
             out.append((per_seq[k:k + len(cands)], label))
@@ -172,7 +178,9 @@ class MeZO:
         g = torch.Generator().manual_seed(seed)
         for n, p in self.params:
             z = torch.normal(0, 1, size=p.shape, generator=g, dtype=p.dtype)
-            decay = self.wd if ("bias" not in n and "norm" not in n) else 0.0
+            # MeZO's rule: no decay on biases and layer norms (its names for them).
+            decay = self.wd if ("bias" not in n and "layer_norm" not in n and
+                                "layernorm" not in n) else 0.0
             p.data.add_(grad * z + decay * p.data, alpha=-self.lr)
 
     def step(self, loss, seed):
@@ -209,7 +217,10 @@ def main():
                    help="score the test sample at every evaluation too (zof's --eval-every scores "
                         "its held-out set, the task's validation file)")
     p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the parameters themselves (bfloat16: no fp32 master, so small updates "
+                        "round away and +-eps z does not restore exactly, unlike zof's bf16 "
+                        "compute over an fp32 master: not like for like)")
     p.add_argument("--threads", type=int, default=0, help="0: torch's default")
     a = p.parse_args()
 

@@ -55,8 +55,9 @@ struct DiskTierStats {
 // Which blocks a --host-mem budget keeps in RAM and how many of the rest it holds at once.
 struct DiskTierPlan {
   std::vector<bool> on_disk;  // per block
-  // Bytes of disk blocks present at once (read ahead, held or being written): the budget less
-  // the resident blocks, at least two of the largest disk block (ring of them).
+  // Bytes of disk blocks present at once (read ahead, held, being written, or kept after their
+  // write for a use soon): the budget less the resident blocks, at least two of the largest disk
+  // block (ring of them).
   int ring = 0;
   uint64_t resident_bytes = 0, ring_bytes = 0, store_bytes = 0;
   bool all_resident() const;
@@ -130,7 +131,7 @@ class DiskTier {
   void read_block(int block);
   void write_block(int block);
   void evict(int block);  // its whole pages given back
-  void reap();            // finished writes -> on disk (present if wanted soon); a failed one throws
+  void reap();  // finished writes -> on disk (present if wanted soon); a failed one throws
   bool wanted_soon(int block) const;  // within what prefetch() reads ahead along the order
   void make_room(int block);          // the ring's bytes left for the block (writes, read-ahead)
   void prefetch();

@@ -289,12 +289,11 @@ bool DiskTier::wanted_soon(int block) const {
   // The blocks prefetch() would hold: along the order while the ring's bytes take them.
   const size_t n = order_.size();
   uint64_t bytes = 0;
+  std::vector<char> seen(state_.size(), 0);  // counted already (the order repeats a block)
   for (size_t p = pos_; p < pos_ + n; ++p) {
     const int b = order_[p % n];
-    if (!plan_.on_disk[b]) continue;
-    bool again = false;  // counted already (the order repeats a block)
-    for (size_t q = pos_; q < p && !again; ++q) again = order_[q % n] == b;
-    if (again) continue;
+    if (!plan_.on_disk[b] || seen[b]) continue;
+    seen[b] = 1;
     bytes += bytes_[b];
     if (bytes > read_ahead_bytes_) return false;
     if (b == block) return true;
@@ -304,8 +303,8 @@ bool DiskTier::wanted_soon(int block) const {
 
 void DiskTier::make_room(int block) {
   // Writes in flight finish first (their pages go); then read-ahead nobody holds goes, the
-  // block needed last first (an acquire out of the walk's order, or a device's write-back, would else take the
-  // ring past its bytes).
+  // block needed last first. (An acquire out of the walk's order, or a device's write-back,
+  // would else take the ring past its bytes.)
   for (int w = 0; w < (int)state_.size() && in_ring() + bytes_[block] > plan_.ring_bytes; ++w)
     if (state_[w] == State::Writing) {
       ticket_[w]->wait();
@@ -337,7 +336,10 @@ void DiskTier::make_room(int block) {
   }
 }
 
-void DiskTier::note_ring() { stats_.ring_peak = std::max(stats_.ring_peak, in_ring()); }
+void DiskTier::note_ring() {
+  // Materialized, every block is present by request (an evaluation between walks): not the ring.
+  if (!materialized_) stats_.ring_peak = std::max(stats_.ring_peak, in_ring());
+}
 
 uint64_t DiskTier::in_ring() const {
   uint64_t bytes = 0;
@@ -382,6 +384,14 @@ void DiskTier::begin_walk(std::vector<int> order) {
     }
     materialized_ = false;
   }
+  // Blocks kept present after their writes for the old order's use: the new order's read-ahead
+  // decides (a block it wants soon stays, the others give their pages back).
+  for (int b = 0; b < (int)state_.size(); ++b)
+    if (plan_.on_disk[b] && state_[b] == State::Present && holds_[b] == 0 && !changed_[b] &&
+        !wanted_soon(b)) {
+      evict(b);
+      state_[b] = State::OnDisk;
+    }
   prefetch();
 }
 
@@ -395,11 +405,13 @@ void DiskTier::acquire(int b, bool overwrite) {
       pos_ = p + 1;
       break;
     }
-  reap();
-  if (state_[b] == State::Writing) {  // released and wanted again: its pages still hold it
+  // Released and wanted again while (or since) its write runs: its pages still hold it. Before
+  // reap(), which judges by the place past this use and would give them back.
+  if (state_[b] == State::Writing) {
     ticket_[b]->wait();
     state_[b] = State::Present;
   }
+  reap();
   if (state_[b] == State::OnDisk) {
     make_room(b);
     if (overwrite)
@@ -412,7 +424,8 @@ void DiskTier::acquire(int b, bool overwrite) {
       const auto t0 = std::chrono::steady_clock::now();
       ticket_[b]->wait();
       ++stats_.stalls;
-      stats_.stall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      stats_.stall_s +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     ticket_[b]->wait();  // a failed read's error
     state_[b] = State::Present;

@@ -112,7 +112,9 @@ class IoPool {
 
 // One transfer: `bytes` bytes between buf and file at offset off, all of them. With O_DIRECT,
 // buf, bytes and off are multiples of kIoAlign. then (optional) runs on the engine's thread once
-// the transfer is whole (a partial page's copy out of its own page), never after a failure.
+// the transfer is whole (a partial page's copy out of its own page), never after a failure; it
+// and what it captures live until the transfer is done, whatever the outcome (a partial page's
+// own buffer is kept so).
 struct IoTransfer {
   char op = 'r';  // 'r' file -> buf, 'w' buf -> file
   const BlockFile* file = nullptr;

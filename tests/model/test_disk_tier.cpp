@@ -286,19 +286,22 @@ TEST_P(DiskTierTiming, BitsAndTrafficHoldWhenTheDiskIsLate) {
   const Case& c = GetParam();
   ZOF_REQUIRE_PATH(model_dir(c.model));
   const Outcome plain = run(c, 0, 0, dir_);
+  struct HookGuard {  // the hook goes with the loop's pass, however it ends
+    ~HookGuard() { zof::set_io_fault_hook({}); }
+  };
   for (const char late : {'w', 'r'}) {
     SCOPED_TRACE(std::string("late ") + late);
-    std::atomic<int> calls{0};
-    zof::set_io_fault_hook([late, &calls](char op, size_t, uint64_t) -> long {
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    HookGuard guard;
+    zof::set_io_fault_hook([late, calls](char op, size_t, uint64_t) -> long {
       if (op == late)  // 0.25 to 3 ms, a different pause each time
-        std::this_thread::sleep_for(std::chrono::microseconds(250 + 250 * (calls++ * 7 % 12)));
+        std::this_thread::sleep_for(std::chrono::microseconds(250 + 250 * ((*calls)++ * 7 % 12)));
       return -1;
     });
     for (const size_t gpu : {size_t(0), least_gpu(c)}) {
       SCOPED_TRACE(gpu ? "least_both" : "least");
       expect_like_plain(c, plain, run(c, plain.least, gpu, dir_), gpu, dir_);
     }
-    zof::set_io_fault_hook({});
   }
 }
 
