@@ -13,6 +13,9 @@
 # Raw output goes to $ZOF_BENCH_OUT (default a fresh temp dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The whole script is read before it runs (a brace group ending in exit): an edit of this file
+# during a run of hours cannot shift what bash reads next.
+{
 
 PY=${ZOF_PYTHON:-build/venv/bin/python}
 MODEL=${MODEL:-build/models/SmolLM2-135M-Instruct}
@@ -94,3 +97,5 @@ for b in bad:
     print("mezo_parity.sh: the two protocols differ: " + b, file=sys.stderr)
 sys.exit(1 if bad else 0)
 EOF
+exit
+}
