@@ -132,7 +132,8 @@ struct ZOEngine::Impl {
   float* held_ = nullptr;
   int64_t held_n_ = 0;
   // The disk tier's write-back window (ZOStepOptions::write_back_every): the updates, one per
-  // step in step order, that the disk-resident blocks have not yet had written to their store; wb_close_: this walk applies them in place and writes those blocks back.
+  // step in step order, that the disk-resident blocks have not yet had written to their store;
+  // wb_close_: this walk applies them in place and writes those blocks back.
   std::vector<PendingUpdate> wb_window_;
   bool wb_close_ = false;
   void* wb_scratch_ = nullptr;  // held_n_ elements of the storage's type
