@@ -78,6 +78,9 @@ struct TrainOptions {
   // another number of ranks or stages). Under mpirun, ranks = pipeline_stages x replicas; each
   // step's batch is split across replicas (data parallel) and the blocks across stages.
   int pipeline_stages = 1;
+  // Tensor parallel (zof/tensor_parallel.h): each tensor group of this many consecutive ranks
+  // holds one slice of every matrix; ranks = tensor x data-parallel replicas.
+  int tensor_parallel = 1;
   double dist_timeout = 600;  // seconds a rank may wait on the others before the job aborts
   // Parameter streaming (streaming.h), layout too: the device memory budget --gpu-mem ("16GiB",
   // "512MiB", bytes; empty: what the device has free), and --sim-device: run on the simulated

@@ -84,6 +84,22 @@ void place(const Plan& p, const float* local_storage, Model& full);
 // process's model wherever the slices equal its elements.
 void gather(const Plan& p, Group& g, const Model& local, Model& full);
 
+// A run of a slice's elements: local elements [local, local + n) of a parameter are its global
+// elements [global, global + n).
+struct ElementRun {
+  int64_t local = 0, global = 0, n = 0;
+};
+// Parameter pi's local elements as runs of global ones, in local order: one run for a Rows or
+// Replicated split, one a row for Columns. A ZO pass over each run at its global first element
+// (Backend::zo_pass's `first`) draws and applies the single process's z on those elements.
+std::vector<ElementRun> element_runs(const Plan& p, int pi);
+
+// out (the slice's storage size) <- local at theta + sign * eps * z(key), every parameter by
+// Backend::zo_pass over its element runs: the single process's perturbed copy (zo_pass's plus
+// or minus stream) on the elements this rank holds, bit for bit. sign: +1 or -1.
+void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& key, float eps,
+                    int sign, float* out);
+
 // z of parameter pi's local elements (out: local numel), each z_element(key, pi, its global
 // element): the single process's z of the same elements, bit for bit.
 void slice_z(const Plan& p, const Model& local, const ZKey& key, int pi, float* out);

@@ -16,9 +16,15 @@
 #include "zof/forward.h"
 #include "zof/number_rule.h"
 #include "zof/options.h"
+#include "zof/tensor_parallel.h"
 #include "zof/zo.h"
 
 namespace zof {
+
+namespace dist {
+class Communicator;
+struct Grid;
+}  // namespace dist
 
 // The dtype a run saves its model in: --save-dtype, "input" as the model loaded, auto the
 // master's (--master).
@@ -111,5 +117,10 @@ nlohmann::json finetune(TrainOptions opt, TrainSink* sink = nullptr,
 // `steps` steps (replay --steps), which a cut log may then hold.
 nlohmann::json replay(const std::string& base_model, const std::string& run_dir,
                       const std::string& out_dir, int threads, int64_t steps = 0);
+
+// The tensor group of the world's rank in grid: what the tensor-parallel forward
+// (zof/tensor_parallel.h) exchanges through, over dist::group_all_gather. finetune and
+// zof eval --tensor-parallel use it.
+std::unique_ptr<tp::Group> make_tensor_group(dist::Communicator& world, const dist::Grid& grid);
 
 }  // namespace zof

@@ -20,6 +20,7 @@
 #include "zof/forward.h"
 #include "zof/loss.h"
 #include "zof/model.h"
+#include "zof/tensor_parallel.h"
 
 namespace zof {
 
@@ -229,6 +230,12 @@ class ZOEngine {
   void write_state(const std::vector<float>& m, const std::vector<float>& v);
   // Sparse MeZO's threshold of each parameter (infinity: dense).
   const std::vector<float>& masks() const;
+  // The model is a tensor-parallel slice (zof/tensor_parallel.h): runs[pi] says which global
+  // elements parameter pi's local ones are, and every update draws z at those, so the slice
+  // takes exactly the single process's update on the elements it holds. Only for an engine that
+  // applies updates (ZOStepOptions::perturb off, dense z, fp32 master, no streaming or disk
+  // tier): the perturbed passes of a slice are the tensor-parallel forward's.
+  void set_element_runs(std::vector<std::vector<tp::ElementRun>> runs);
 
  private:
   // The walk's state, its device buffers and helpers (src/zo/zo_engine.h).

@@ -13,6 +13,7 @@
 #include "zof/runtime.h"
 #include "zof/streaming.h"
 #include "zof/tensor_parallel.h"
+#include "zof/trainer.h"
 
 using json = nlohmann::json;
 
@@ -139,22 +140,6 @@ int64_t eval_seq_len(const Model& model, int64_t seq_len_arg, int64_t batch, int
   return seq_len;
 }
 
-// The tensor group over the world's ranks (zof/dist.h's group_all_gather), counted.
-class WorldGroup final : public tp::Group {
- public:
-  WorldGroup(dist::Communicator& c, std::vector<int> ranks, int me)
-      : c_(c), ranks_(std::move(ranks)), me_(me) {}
-  int rank() const override { return me_; }
-  int size() const override { return (int)ranks_.size(); }
-  void all_gather(const void* in, size_t bytes, void* out) override {
-    dist::group_all_gather(c_, ranks_, in, bytes, out);
-  }
-
- private:
-  dist::Communicator& c_;
-  std::vector<int> ranks_;
-  int me_;
-};
 }  // namespace
 
 namespace {
@@ -223,8 +208,8 @@ json evaluate_text_tensor_parallel(const Model& model, const Tokenizer& tok, Bac
   const int64_t seq_len = eval_seq_len(model, seq_len_arg, batch, max_windows);
   const tp::Plan plan = tp::plan(model.config(), me, tensor);
   const Model local = tp::slice(model, plan);
-  WorldGroup g(world, grid.tensor_group(world.rank()), me);
-  tp::TensorForward fwd(local, plan, backend, g, seq_len * batch);
+  const std::unique_ptr<tp::Group> g = make_tensor_group(world, grid);
+  tp::TensorForward fwd(local, plan, backend, *g, seq_len * batch);
   const uint64_t sent0 = world.bytes_sent();
   const double t1 = now_s();
   auto r = perplexity([&fwd](const Batch& b, std::vector<float>& nll) { fwd.next_token_nll(b, nll); },

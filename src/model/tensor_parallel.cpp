@@ -196,6 +196,29 @@ void gather(const Plan& p, Group& g, const Model& local, Model& full) {
     place(plan(full.config(), t, T), all.data() + (size_t)t * (size_t)widest, full);
 }
 
+std::vector<ElementRun> element_runs(const Plan& p, int pi) {
+  const ParamSplit& s = p.params[(size_t)pi];
+  if (s.split != Split::Columns) return {ElementRun{0, p.global_element(pi, 0), s.numel()}};
+  const int64_t w = s.end - s.begin;
+  std::vector<ElementRun> runs((size_t)s.rows);
+  for (int64_t r = 0; r < s.rows; ++r) runs[(size_t)r] = ElementRun{r * w, r * s.cols + s.begin, w};
+  return runs;
+}
+
+void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& key, float eps,
+                    int sign, float* out) {
+  ZOF_ASSERT(local.storage_dtype() == DType::F32 && (sign == 1 || sign == -1));
+  for (int pi = 0; pi < (int)local.params().size(); ++pi) {
+    const Param& q = local.params()[(size_t)pi];
+    float* dst = out + q.offset;
+    for (const ElementRun& r : element_runs(p, pi))
+      be.zo_pass(Theta(q.data + r.local), r.n, (uint32_t)pi, r.global, nullptr, 0, 0.f, &key, eps,
+                 sign > 0 ? dst + r.local : nullptr, sign < 0 ? dst + r.local : nullptr,
+                 DType::F32);
+  }
+  be.synchronize(nullptr);
+}
+
 void slice_z(const Plan& p, const Model& local, const ZKey& key, int pi, float* out) {
   const int64_t n = local.params()[(size_t)pi].numel;
   for (int64_t j = 0; j < n; ++j) out[j] = z_element(key, (uint32_t)pi, (uint64_t)p.global_element(pi, j));

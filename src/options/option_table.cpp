@@ -47,6 +47,7 @@ const FlagRule kTrainRules[] = {
      {.whole = true, .lo = 0, .hi = 128, .note = "0: auto; 1: every update rounded"}},
     {"--threads", {.whole = true, .lo = 0, .hi = 4096, .note = "0: all cores"}},
     {"--pipeline-stages", {.whole = true, .lo = 1, .hi = 4096}},
+    {"--tensor-parallel", {.whole = true, .lo = 1, .hi = 4096}},
     {"--write-back-every", {.whole = true, .lo = 1, .hi = 1024}},
     {"--dist-timeout", {.lo = 0, .note = "seconds; 0: wait for ever"}},
 };
@@ -146,6 +147,10 @@ const std::vector<OptionSpec>& options_table() {
       {"pipeline_stages", &O::pipeline_stages,
        "Under mpirun: split the blocks into this many pipeline stages on consecutive ranks (ranks "
        "= stages x data-parallel replicas)",
+       {}, false},
+      {"tensor_parallel", &O::tensor_parallel,
+       "Under mpirun: split every matrix over this many consecutive ranks, Megatron-style (ranks "
+       "= T x data-parallel replicas; the LLaMA family, fp32 on the CPU, ZO-SGD)",
        {}, false},
       {"dist_timeout", &O::dist_timeout,
        "Under mpirun: seconds a rank may wait on the others before the whole job stops with an "

@@ -2,6 +2,7 @@
 // forward-mode walk of jvp.h, both reduced as QueryLosses so the loop treats them alike.
 #include "train/estimator.h"
 
+#include "train/tensor_share.h"
 #include "zof/backend.h"
 #include "zof/error.h"
 #include "zo/jvp.h"
@@ -76,7 +77,70 @@ class JvpEstimator : public Estimator {
   std::unique_ptr<JVPEstimator> jvp_;
 };
 
+// SPSA on a tensor-parallel slice: the engine applies the pending update to the slice (z at
+// each element's global index), then each direction's two copies of the slice, at theta +/- eps
+// z_j as a single process's walk makes them, run through the tensor-parallel forward. Every rank
+// of a tensor group gets the same sums (the forward's reductions are in rank order).
+class TensorEstimator : public Estimator {
+ public:
+  TensorEstimator(ZOEngine& engine, TensorShare& share, Backend& backend, int64_t max_rows)
+      : engine_(engine),
+        share_(share),
+        be_(backend),
+        max_rows_(max_rows),
+        work_(Model::zeros(share.plan().local)),
+        fwd_(work_, share.plan(), backend, share.group(), max_rows) {}
+  QueryLosses sums(uint32_t step, const std::vector<LossBatch>& micro) override {
+    check_loss_batches(micro, share_.config(), max_rows_, "the tensor-parallel walk");
+    engine_.flush(/*to_host=*/false);  // the previous step's update, into the slice
+    const ZOStepOptions& o = engine_.options();
+    QueryLosses ql;
+    ql.sum_plus.assign((size_t)o.queries, 0.0);
+    ql.sum_minus.assign((size_t)o.queries, 0.0);
+    for (const auto& lb : micro) ql.count += lb.units();
+    std::vector<float> nll;
+    std::vector<double> row;
+    for (int j = 0; j < o.queries; ++j) {
+      ZKey key{o.seed, step, (uint32_t)j};
+      key.dist = o.dist;
+      for (int sign : {1, -1}) {
+        tp::perturbed_copy(share_.plan(), be_, share_.local(), key, o.eps, sign, work_.storage());
+        double& sum = sign > 0 ? ql.sum_plus[(size_t)j] : ql.sum_minus[(size_t)j];
+        for (const auto& lb : micro) {
+          nll.resize((size_t)(lb.batch.B * lb.batch.T));
+          fwd_.nll(lb.batch, lb.targets.data(), nll.data());
+          row.assign(nll.begin(), nll.end());
+          sum += loss_sum(lb, row.data());
+        }
+      }
+    }
+    return ql;
+  }
+  std::vector<double> gradients(const QueryLosses& all) const override {
+    return engine_.projected_gradients(all);
+  }
+  double loss(const QueryLosses&, double lp, double lm) const override { return 0.5 * (lp + lm); }
+  std::string not_finite(double lp, double lm) const override {
+    return "loss is not finite (+eps " + std::to_string(lp) + ", -eps " + std::to_string(lm);
+  }
+  bool perturbed() const override { return true; }
+  uint64_t exchanged_bytes() const override { return fwd_.bytes_exchanged(); }
+
+ private:
+  ZOEngine& engine_;
+  TensorShare& share_;
+  Backend& be_;
+  const int64_t max_rows_;
+  Model work_;  // the slice at theta +/- eps z_j, one stream at a time
+  tp::TensorForward fwd_;
+};
+
 }  // namespace
+
+std::unique_ptr<Estimator> make_tensor_estimator(ZOEngine& engine, TensorShare& share,
+                                                 Backend& backend, int64_t max_rows) {
+  return std::make_unique<TensorEstimator>(engine, share, backend, max_rows);
+}
 
 std::unique_ptr<Estimator> make_estimator(const TrainOptions& opt, ZOEngine& engine,
                                           const Model& model, Backend& backend, int64_t max_rows) {

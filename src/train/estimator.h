@@ -35,10 +35,19 @@ class Estimator {
   virtual bool perturbed() const = 0;
   // The weights now stream through the engine's device blocks: read them there.
   virtual void use_streamer(BlockStreamer* s) {}
+  // Bytes this rank has handed its tensor group so far (tp::TensorForward::bytes_exchanged; 0
+  // without tensor parallel).
+  virtual uint64_t exchanged_bytes() const { return 0; }
 };
 
 // --estimator spsa or jvp for the engine (whose buffers count the JVP walk's in the streaming
 // budget).
+class TensorShare;
+// SPSA on this rank's slice of a tensor-parallel run (--tensor-parallel T): the engine (over
+// share.local(), with its element runs) applies the updates.
+std::unique_ptr<Estimator> make_tensor_estimator(ZOEngine& engine, TensorShare& share,
+                                                 Backend& backend, int64_t max_rows);
+
 std::unique_ptr<Estimator> make_estimator(const TrainOptions& opt, ZOEngine& engine,
                                           const Model& model, Backend& backend, int64_t max_rows);
 

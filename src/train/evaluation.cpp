@@ -32,7 +32,7 @@ json Evaluator::evaluate(int64_t step, const char* when) {
   job_.comm.run_on_root("evaluation", [&] {
     inject_slow_root_work();
     const double t0 = now_s();
-    auto m = data_.evaluate(engine_.forward());
+    auto m = data_.evaluate(job_.eval_forward(engine_));
     j = json{{"type", "eval"}, {"step", step}, {"metric", m.name}, {"value", m.value},
              {"when", when}, {"eval_s", now_s() - t0}};
     metrics_->write(j);

@@ -4,22 +4,42 @@
 // gradient or a weight.
 #include "train/job.h"
 
+#include "train/tensor_share.h"
 #include "zof/error.h"
 #include "zof/model.h"
 
 namespace zof::train {
 namespace {
 constexpr int kWeightsTag = 30000;  // pipeline stages' blocks gathered to rank 0
-}
 
-Job::Job(dist::Communicator& c, int pipeline_stages)
+// The job's grid; without tensor groups in Layout's words (the refusals users have seen).
+dist::Grid grid_of(int ranks, int stages, int tensor) {
+  if (tensor > 1) {
+    const std::string t = std::to_string(tensor);
+    ZOF_CHECK(stages > 1 || ranks % tensor == 0,
+              "--tensor-parallel " + t + " splits the model over " + t + " ranks, and this job "
+              "has " + std::to_string(ranks) + "; start it with mpirun -np " + t + " (or a "
+              "multiple of " + t + ": the tensor groups are then data-parallel replicas)");
+    return dist::Grid::make(ranks, stages, tensor);
+  }
+  const dist::Layout l = dist::Layout::make(ranks, stages);
+  return dist::Grid{l.ranks, l.stages, 1, l.replicas};
+}
+}  // namespace
+
+Job::Job(dist::Communicator& c, int pipeline_stages, int tensor_parallel)
     : comm(c),
-      layout(dist::Layout::make(c.size(), pipeline_stages)),
+      grid(grid_of(c.size(), pipeline_stages, tensor_parallel)),
+      layout{grid.ranks, grid.stages, grid.replicas},
       rank(c.rank()),
-      stage(layout.stage(rank)),
-      replica(layout.replica(rank)),
+      stage(grid.stage(rank)),
+      replica(grid.replica(rank)),
+      tensor_rank(grid.tensor_rank(rank)),
       root(rank == 0),
-      last_stage(stage == layout.stages - 1) {}
+      last_stage(stage == layout.stages - 1) {
+  // The stages' ranks are consecutive (send to rank +/- 1) only without tensor groups.
+  ZOF_ASSERT(grid.tensor == 1 || grid.stages == 1);
+}
 
 void Job::check_batch(const TrainOptions& opt) const {
   ZOF_CHECK(opt.batch >= (int64_t)layout.replicas * opt.micro_batches,
@@ -42,8 +62,21 @@ void Job::wire_pipeline(ZOEngine& engine, int num_layers) {
   engine.set_stage(ranges_[stage].first, ranges_[stage].second, std::move(io));
 }
 
+void Job::set_tensor_share(TensorShare* share, Forward* full) {
+  ZOF_ASSERT(share && (full != nullptr) == root);
+  share_ = share;
+  full_ = full;
+}
+
+Forward& Job::eval_forward(ZOEngine& engine) { return full_ ? *full_ : engine.forward(); }
+
 void Job::gather_weights(ZOEngine& engine, Model& model) {
   engine.flush();
+  if (share_) {
+    share_->gather_to_root(model);
+    if (full_) full_->weights_changed();
+    return;
+  }
   if (layout.stages == 1 || replica != 0) return;
   const auto& blocks = model.blocks();
   for (int s = 1; s < layout.stages; ++s) {
@@ -57,7 +90,7 @@ void Job::gather_weights(ZOEngine& engine, Model& model) {
 
 bool Job::reduce_step(int q, QueryLosses& ql, double& tokens, bool stop) {
   std::vector<double> red(2 * q + 3, 0.0);
-  if (last_stage) {
+  if (last_stage && tensor_rank == 0) {  // a tensor group's ranks hold the same sums
     for (int j = 0; j < q; ++j) {
       red[j] = ql.sum_plus[j];
       red[q + j] = ql.sum_minus[j];
@@ -78,7 +111,9 @@ bool Job::reduce_step(int q, QueryLosses& ql, double& tokens, bool stop) {
 
 std::string Job::describe(int threads) const {
   if (comm.size() == 1) return "";
-  return "; " + comm.name() + ": " + std::to_string(layout.stages) + " pipeline stage(s) x " +
+  return "; " + comm.name() + ": " +
+         (grid.tensor > 1 ? std::to_string(grid.tensor) + " tensor-parallel rank(s) x " : "") +
+         std::to_string(layout.stages) + " pipeline stage(s) x " +
          std::to_string(layout.replicas) + " data-parallel replica(s), " +
          std::to_string(threads) + " thread(s) each";
 }

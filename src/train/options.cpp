@@ -40,6 +40,26 @@ void validate_options(const TrainOptions& o, bool new_run) {
             std::string("--optimizer ") + word(o.optimizer) + " keeps state per parameter, which "
             "--pipeline-stages > 1 does not gather for checkpoints yet; use --optimizer sgd or "
             "one stage");
+  check_whole("--tensor-parallel", o.tensor_parallel, rule_of("--tensor-parallel"));
+  if (o.tensor_parallel > 1) {  // what the tensor-parallel step does not do yet, by name
+    const std::string t = "--tensor-parallel " + std::to_string(o.tensor_parallel);
+    ZOF_CHECK(o.pipeline_stages == 1,
+              t + " does not combine with --pipeline-stages > 1 yet: use one of them (the other "
+                  "ranks are data-parallel replicas)");
+    ZOF_CHECK(!jvp, t + " runs the SPSA estimator: use --estimator spsa");
+    ZOF_CHECK(o.optimizer == OptimizerChoice::Sgd,
+              t + ": --optimizer " + word(o.optimizer) + " keeps state per parameter, which "
+                  "tensor-parallel checkpoints do not gather yet; use --optimizer sgd");
+    ZOF_CHECK(o.device == DeviceChoice::Cpu && !o.sim_device && o.gpu_mem.empty(),
+              t + " runs on the CPU for now: drop --device cuda, --sim-device and --gpu-mem");
+    ZOF_CHECK(o.dtype != ComputeChoice::Bf16 && o.master != MasterChoice::Bf16,
+              t + " computes and keeps its master in fp32 for now: drop --dtype bf16 and "
+                  "--master bf16");
+    ZOF_CHECK(!o.one_sided && o.sparsity == 0.f,
+              t + " draws dense, two-sided directions for now: drop --one-sided and --sparsity");
+    ZOF_CHECK(o.host_mem.empty(),
+              t + " holds each rank's slice in host memory: drop --host-mem (the disk tier)");
+  }
   check_real("--beta1", o.beta1, rule_of("--beta1"));
   check_real("--beta2", o.beta2, rule_of("--beta2"));
   check_real("--adam-eps", o.adam_eps, rule_of("--adam-eps"));

@@ -199,6 +199,7 @@ RunDir::RunDir(TrainOptions& opt) : resuming_(!opt.resume.empty()) {
   s.json = opt.json;
   s.no_report = opt.no_report;
   s.pipeline_stages = opt.pipeline_stages;
+  s.tensor_parallel = opt.tensor_parallel;
   s.gpu_mem = opt.gpu_mem;
   s.sim_device = opt.sim_device;
   s.host_mem = opt.host_mem;

@@ -140,13 +140,14 @@ LoopEnd StepLoop::run() {
   end.signal = g_stop_signal;
   end.sink_stop = sink_stop_;
   end.step_bytes = step_bytes_;
+  end.tensor_bytes = tensor_bytes_;
   return end;
 }
 
 StepLoop::Outcome StepLoop::estimate(int64_t step) {
   Outcome s;
   const double t0 = now_s();
-  const uint64_t bytes0 = job_.comm.bytes_sent();
+  const uint64_t bytes0 = job_.comm.bytes_sent(), tensor0 = est_.exchanged_bytes();
   s.lr = learning_rate(opt_, step);
   std::vector<LossBatch> micro = data_.batch((uint64_t)step, job_.replica, job_.layout.replicas);
   for (auto& mb : micro)
@@ -154,6 +155,7 @@ StepLoop::Outcome StepLoop::estimate(int64_t step) {
   s.ql = est_.sums((uint32_t)step, micro);
   s.stop = job_.reduce_step(opt_.queries, s.ql, s.tokens, g_stop_signal || sink_stop_);
   step_bytes_ += job_.comm.bytes_sent() - bytes0;
+  tensor_bytes_ += est_.exchanged_bytes() - tensor0;
   s.finite = s.ql.count > 0;
   for (int j = 0; j < opt_.queries; ++j) {
     s.lp += s.ql.sum_plus[j] / s.ql.count / opt_.queries;

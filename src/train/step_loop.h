@@ -40,6 +40,7 @@ struct LoopEnd {
   int signal = 0;            // the signal this rank received (0: none)
   bool sink_stop = false;    // this rank's sink asked to stop
   uint64_t step_bytes = 0;   // bytes this rank sent during steps (activations, the reduction)
+  uint64_t tensor_bytes = 0;  // of which it handed its tensor group (Estimator::exchanged_bytes)
 };
 
 class StepLoop {
@@ -77,7 +78,7 @@ class StepLoop {
   const int64_t start_;
   std::vector<double> recent_;  // (l+ + l-)/2 of recent steps
   nlohmann::json last_eval_;
-  uint64_t step_bytes_ = 0;
+  uint64_t step_bytes_ = 0, tensor_bytes_ = 0;
   double t_step0_ = 0;
   bool sink_stop_ = false;
   int evals_during_ = 0;  // evaluations during this process's steps

@@ -20,6 +20,7 @@
 #include "train/resume_rule.h"
 #include "train/run_dir.h"
 #include "train/step_loop.h"
+#include "train/tensor_share.h"
 #include "util/block_io.h"
 #include "zof/backend.h"
 #include "zof/disk_tier.h"
@@ -127,11 +128,16 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   // Bytes sent per step by all ranks together (the point of ZO data parallelism: scalars).
   double dist_bytes = (double)end.step_bytes;
   r.job.comm.allreduce_sum_ordered(&dist_bytes, 1);
-  const json dist_summary{
-      {"ranks", r.job.comm.size()},
-      {"pipeline_stages", r.job.layout.stages},
-      {"replicas", r.job.layout.replicas},
-      {"bytes_per_step", end.step > start ? dist_bytes / (double)(end.step - start) : 0.0}};
+  const double steps = end.step > start ? (double)(end.step - start) : 0.0;
+  json dist_summary{{"ranks", r.job.comm.size()},
+                    {"pipeline_stages", r.job.layout.stages},
+                    {"tensor_parallel", r.job.grid.tensor},
+                    {"replicas", r.job.layout.replicas},
+                    {"bytes_per_step", steps > 0 ? dist_bytes / steps : 0.0}};
+  // What each rank handed its tensor group a step (the same on every rank of a group):
+  // docs/parallelism.md's formula.
+  if (r.job.grid.tensor > 1)
+    dist_summary["tensor_bytes_per_step_per_rank"] = steps > 0 ? (double)end.tensor_bytes / steps : 0.0;
   const std::string run = r.dir.path().string();
   r.loop.save_checkpoint(end.step);
   if (end.interrupted) {
@@ -306,7 +312,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   if (opt.resume.empty()) opt.round_every = round_every_of(opt);
   const uint64_t gpu_mem = device_memory_budget(opt);
   auto comm = connect_job(opt.dist_timeout);
-  Job job(*comm, opt.pipeline_stages);
+  Job job(*comm, opt.pipeline_stages, opt.tensor_parallel);
   job.check_batch(opt);
   dir.check_out(opt);                  // --out apart from the inputs, creatable
   if (job.root) dir.lock_resumed();    // one writer, and logs that match the checkpoint
@@ -322,8 +328,12 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // run's base loaded as its fingerprint was taken, then held so.
   const DType storage = weight_storage(opt);
   Model model = Model::load(opt.model, fingerprint_storage(dir.saved_fingerprint(), storage));
+  // A model tensor parallel cannot split is refused by name before --out exists.
+  if (opt.tensor_parallel > 1) tp::check(model.config(), opt.tensor_parallel);
   ComputeProbe probe;
-  if (opt.dtype == ComputeChoice::Auto) {
+  if (opt.dtype == ComputeChoice::Auto && opt.tensor_parallel > 1) {
+    opt.dtype = ComputeChoice::Fp32;  // the tensor-parallel forward computes in fp32
+  } else if (opt.dtype == ComputeChoice::Auto) {
     // The unit's answer (AMX, tensor cores), or on the CPU the faster of fp32 and bf16 products
     // measured at this model's shapes (not on a simulated device: its memory is the run's
     // budget, not the probe's). bf16 only where every rank chose it: ranks compute alike.
@@ -350,11 +360,32 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   dir.check_data(data_fingerprint(opt), opt.data);  // a resumed run's data are the run's
   model.set_storage_dtype(storage);
   auto data = make_train_data(opt, tok, model.config().max_position);
-  ZOEngine engine(model, *backend, data->max_rows(), zo_step_options(opt));
-  auto estimator = make_estimator(opt, engine, model, *backend, data->max_rows());
+  // Tensor parallel: the engine walks this rank's slice of the weights the run starts (or
+  // resumes) with; rank 0 keeps the whole model to gather the slices into for evaluations,
+  // checkpoints and the saved model, and the other ranks hold their slice only.
+  std::optional<RunCounters> resumed;
+  std::unique_ptr<TensorShare> share;
+  if (opt.tensor_parallel > 1) {
+    resumed = dir.load_checkpoint(model);
+    share = std::make_unique<TensorShare>(*comm, job.grid, model);
+  }
+  ZOStepOptions zo = zo_step_options(opt);
+  if (share) zo.perturb = false;  // its perturbed passes are the tensor-parallel forward's
+  ZOEngine engine(share ? share->local() : model, *backend, data->max_rows(), zo);
+  if (share) engine.set_element_runs(share->element_runs());
+  auto estimator = share ? make_tensor_estimator(engine, *share, *backend, data->max_rows())
+                         : make_estimator(opt, engine, model, *backend, data->max_rows());
   job.wire_pipeline(engine, (int)model.config().num_layers);
-  RunCounters c = dir.load_checkpoint(model);
+  RunCounters c = resumed ? *resumed : dir.load_checkpoint(model);
   engine.forward().weights_changed();  // a checkpoint's weights replaced the model's
+  std::unique_ptr<Forward> whole;  // rank 0's forward of the gathered model
+  if (share) {
+    if (job.root)
+      whole = std::make_unique<Forward>(model, *backend, data->max_rows());
+    else
+      model = Model::zeros(model.config(), false);  // the slice is this rank's share
+    job.set_tensor_share(share.get(), whole.get());
+  }
   const int64_t start = c.step;
   // Streaming starts from the weights the run starts (or resumes) with: the model's storage,
   // which stays the master copy (current after every flush: evaluation, checkpoints, the end).

@@ -72,6 +72,18 @@ void ZOEngine::write_state(const std::vector<float>& m, const std::vector<float>
   impl_->write_state(m, v);
 }
 const std::vector<float>& ZOEngine::masks() const { return impl_->mask_; }
+void ZOEngine::set_element_runs(std::vector<std::vector<tp::ElementRun>> runs) {
+  Impl& i = *impl_;
+  ZOF_ASSERT(runs.size() == i.model_.params().size() && !i.opt_.perturb && !i.stream_ &&
+             !i.disk_ && i.opt_.master == DType::F32 && i.model_.storage_dtype() == DType::F32 &&
+             i.opt_.sparsity == 0.f);
+  for (size_t pi = 0; pi < runs.size(); ++pi) {
+    int64_t n = 0;
+    for (const tp::ElementRun& r : runs[pi]) n += r.n;
+    ZOF_ASSERT(n == i.model_.params()[pi].numel);
+  }
+  i.element_runs_ = std::move(runs);
+}
 
 // ---- the engine ----------------------------------------------------------------------------
 

@@ -22,6 +22,11 @@ ZKey ZOEngine::Impl::key(uint32_t step, int j) const {
   return k;
 }
 
+std::vector<tp::ElementRun> ZOEngine::Impl::element_runs(int pi) const {
+  if (element_runs_.empty()) return {tp::ElementRun{0, 0, model_.params()[pi].numel}};
+  return element_runs_[pi];
+}
+
 ZKey ZOEngine::Impl::masked(const ZKey& k, int pi) const {
   ZKey m = k;
   m.mask = mask_[pi];
@@ -117,12 +122,24 @@ void ZOEngine::Impl::block_pass(int block, bool apply_update, const ZKey* cur, f
       o.wd = p.decay ? pending_.wd : 0.f;
       o.bc1 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta1, (double)pending_.t)));
       o.bc2 = (float)(1.0 / (1.0 - std::pow((double)opt_.beta2, (double)pending_.t)));
-      be_.zo_update_state(th, state(pi, 1), o.kind == ZOOptimizer::Adam ? state(pi, 2) : nullptr,
-                          p.numel, (uint32_t)pi, 0, terms.data(), (int)terms.size(), o, round);
+      float* const m = state(pi, 1);
+      float* const v = o.kind == ZOOptimizer::Adam ? state(pi, 2) : nullptr;
+      for (const tp::ElementRun& r : element_runs(pi))
+        be_.zo_update_state(th.at(r.local), m + r.local, v ? v + r.local : nullptr, r.n,
+                            (uint32_t)pi, r.global, terms.data(), (int)terms.size(), o, round);
       if (!copy) continue;
     }
     // ZO-SGD's update rides along with the perturbation.
     const bool fused = upd && !stateful;
+    if (!element_runs_.empty()) {  // a tensor-parallel slice: the update only, run by run
+      ZOF_ASSERT(!copy);
+      if (fused)
+        for (const tp::ElementRun& r : element_runs(pi))
+          be_.zo_pass(th.at(r.local), r.n, (uint32_t)pi, r.global, terms.data(),
+                      (int)terms.size(), p.decay ? pending_.lr_wd : 0.f, round, nullptr, 0.f,
+                      nullptr, nullptr, DType::F32);
+      continue;
+    }
     const ZKey ck = cur ? masked(*cur, pi) : ZKey{};
     // One-sided: the second stream runs at theta itself. The copies of a bf16 walk's matrices
     // are bf16 (from the master, after this pass's update).

@@ -1,0 +1,39 @@
+// A rank's share of a tensor-parallel run (--tensor-parallel T, zof/tensor_parallel.h): its slice
+// of the model, which the ZO engine updates and the tensor-parallel forward reads, its tensor
+// group over the world's ranks, and the gathering of the slices into rank 0's whole model for
+// evaluations, checkpoints and the saved model.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zof/dist.h"
+#include "zof/model.h"
+#include "zof/tensor_parallel.h"
+
+namespace zof::train {
+
+class TensorShare {
+ public:
+  // This rank's slice of full (fp32 storage: the weights the run starts or resumes with).
+  TensorShare(dist::Communicator& world, const dist::Grid& grid, const Model& full);
+  Model& local() { return local_; }
+  const tp::Plan& plan() const { return plan_; }
+  tp::Group& group() { return *group_; }
+  const ModelConfig& config() const { return config_; }
+  // Every parameter's element runs (ZOEngine::set_element_runs).
+  std::vector<std::vector<tp::ElementRun>> element_runs() const;
+  // The first replica's slices placed in world rank 0's full model (every rank of the job
+  // calls it; only that replica's tensor group moves bytes: the other replicas hold the same).
+  void gather_to_root(Model& full);
+
+ private:
+  dist::Communicator& world_;
+  dist::Grid grid_;
+  ModelConfig config_;
+  tp::Plan plan_;
+  Model local_;
+  std::unique_ptr<tp::Group> group_;
+};
+
+}  // namespace zof::train
