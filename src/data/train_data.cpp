@@ -31,11 +31,13 @@ LossBatch pad_to(LossBatch lb, int64_t T, int32_t pad) {
 }
 
 // The micro-batches of the step: its examples (replica r of R: its rank_slice of them) split
-// into `micro` parts of near-equal size; len(i) is example i's length in tokens. A data-parallel
-// replica pads its micro-batches to the longest sequence of the whole step, so that its rows
-// have the length one process would give them: each row is then computed exactly as in one
-// process (only the number of rows differs), and R replicas reproduce the single-process
-// losses and weights bit for bit (tests/mpi). One process keeps each micro-batch's own length.
+// into `micro` parts of near-equal size; len(i) is example i's length in tokens. Every
+// micro-batch is padded to the longest sequence of the whole step, so that each row has the
+// same padded length in every layout: a row's losses depend on it in the last bits (the
+// kernels' blocking follows the sequence length), and with it each row is computed exactly as
+// in one process (only the number of rows differs), so R replicas reproduce the single-process
+// losses and weights bit for bit, with micro-batches too (tests/mpi). One process with one
+// micro-batch has that length already.
 template <class Len, class Make>
 std::vector<LossBatch> step_micro_batches(BatchSampler& sampler, uint64_t step, int replica,
                                           int replicas, int64_t micro, int32_t pad, Len len,
@@ -50,7 +52,7 @@ std::vector<LossBatch> step_micro_batches(BatchSampler& sampler, uint64_t step, 
   for (int64_t m = 0; m < micro; ++m) {
     const int64_t lo = B * m / micro, hi = B * (m + 1) / micro;
     LossBatch lb = make(std::vector<int64_t>(idx.begin() + lo, idx.begin() + hi));
-    out.push_back(replicas == 1 ? std::move(lb) : pad_to(std::move(lb), T, pad));
+    out.push_back(replicas == 1 && micro == 1 ? std::move(lb) : pad_to(std::move(lb), T, pad));
   }
   return out;
 }
