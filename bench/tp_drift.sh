@@ -90,10 +90,10 @@ for t in cols:
 print(f"| stories260K, {steps} steps, fp32 ZO-SGD | " + " | ".join(f"T = {t}" for t in cols) + " |")
 print("|---|" + "---|" * len(cols))
 label = {"loss": "max relative step-loss difference from T = 1",
-         "g": "max projected-gradient difference, / (1 + |g|)",
+         "g": "max projected-gradient difference, / (1 + \\|g\\|)",
          "ppl": "max relative held-out perplexity difference",
          "wmax": "final weights: max absolute difference",
-         "wrel": "final weights: ||w_T - w_1|| / ||w_1||",
+         "wrel": "final weights: \\|\\|w_T - w_1\\|\\| / \\|\\|w_1\\|\\|",
          "final": "held-out perplexity, before -> after",
          "bytes": "bytes each rank hands its group a step",
          "sps": "seconds a step (2 cores, oversubscribed)"}

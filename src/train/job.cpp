@@ -44,7 +44,9 @@ Job::Job(dist::Communicator& c, int pipeline_stages, int tensor_parallel)
 void Job::check_batch(const TrainOptions& opt) const {
   ZOF_CHECK(opt.batch >= (int64_t)layout.replicas * opt.micro_batches,
             "--batch " + std::to_string(opt.batch) + " is split across " +
-                std::to_string(layout.replicas) + " data-parallel replicas (ranks / stages) and " +
+                std::to_string(layout.replicas) + " data-parallel replicas (" +
+                std::string(grid.tensor > 1 ? "ranks / (stages x tensor)" : "ranks / stages") +
+                ") and " +
                 std::to_string(opt.micro_batches) + " micro-batches each, so it needs at least " +
                 std::to_string((int64_t)layout.replicas * opt.micro_batches) +
                 " examples; raise --batch or use fewer ranks");
@@ -66,6 +68,17 @@ void Job::set_tensor_share(TensorShare* share, Forward* full) {
   ZOF_ASSERT(share && (full != nullptr) == root);
   share_ = share;
   full_ = full;
+}
+
+void Job::gather_state(ZOEngine& engine, std::vector<float>& m, std::vector<float>& v) {
+  if (!share_) {
+    if (root) engine.read_state(m, v);
+    return;
+  }
+  std::vector<float> mm, vv;
+  engine.read_state(mm, vv);
+  share_->gather_plane_to_root(mm, m);
+  if (!vv.empty()) share_->gather_plane_to_root(vv, v);
 }
 
 Forward& Job::eval_forward(ZOEngine& engine) { return full_ ? *full_ : engine.forward(); }

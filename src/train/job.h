@@ -30,6 +30,10 @@ class Job {
   // Tensor parallel: the engine walks this rank's slice (share), and rank 0 evaluates the whole
   // model, gathered, with full (null on the other ranks).
   void set_tensor_share(TensorShare* share, Forward* full);
+  // Rank 0's m and v (the whole model's storage layout; v empty for momentum) for a checkpoint:
+  // the engine's, or under tensor parallel the first replica's slices gathered (every rank
+  // calls it then). Nothing elsewhere.
+  void gather_state(ZOEngine& engine, std::vector<float>& m, std::vector<float>& v);
   // What rank 0 evaluates with: the engine's forward, or the whole model's under tensor parallel.
   Forward& eval_forward(ZOEngine& engine);
   // The step's one reduction: loss sums and counts from each replica's last stage, the stop

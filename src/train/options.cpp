@@ -43,20 +43,23 @@ void validate_options(const TrainOptions& o, bool new_run) {
   check_whole("--tensor-parallel", o.tensor_parallel, rule_of("--tensor-parallel"));
   if (o.tensor_parallel > 1) {  // what the tensor-parallel step does not do yet, by name
     const std::string t = "--tensor-parallel " + std::to_string(o.tensor_parallel);
+    // A resumed run's choices are its run.json's: it resumes without tensor parallel.
+    auto refuse_unless = [&](bool ok, const std::string& what, const std::string& fix) {
+      ZOF_CHECK(ok, t + " " + what + (new_run ? ": " + fix
+                                              : "; this run's run.json asks for it: resume it "
+                                                "without --tensor-parallel"));
+    };
     ZOF_CHECK(o.pipeline_stages == 1,
               t + " does not combine with --pipeline-stages > 1 yet: use one of them (the other "
                   "ranks are data-parallel replicas)");
-    ZOF_CHECK(!jvp, t + " runs the SPSA estimator: use --estimator spsa");
-    ZOF_CHECK(o.optimizer == OptimizerChoice::Sgd,
-              t + ": --optimizer " + word(o.optimizer) + " keeps state per parameter, which "
-                  "tensor-parallel checkpoints do not gather yet; use --optimizer sgd");
+    refuse_unless(!jvp, "runs the SPSA estimator", "use --estimator spsa");
     ZOF_CHECK(o.device == DeviceChoice::Cpu && !o.sim_device && o.gpu_mem.empty(),
               t + " runs on the CPU for now: drop --device cuda, --sim-device and --gpu-mem");
-    ZOF_CHECK(o.dtype != ComputeChoice::Bf16 && o.master != MasterChoice::Bf16,
-              t + " computes and keeps its master in fp32 for now: drop --dtype bf16 and "
-                  "--master bf16");
-    ZOF_CHECK(!o.one_sided && o.sparsity == 0.f,
-              t + " draws dense, two-sided directions for now: drop --one-sided and --sparsity");
+    refuse_unless(o.dtype != ComputeChoice::Bf16 && o.master != MasterChoice::Bf16,
+                  "computes and keeps its master in fp32 for now",
+                  "drop --dtype bf16 and --master bf16");
+    refuse_unless(!o.one_sided && o.sparsity == 0.f,
+                  "draws dense, two-sided directions for now", "drop --one-sided and --sparsity");
     ZOF_CHECK(o.host_mem.empty(),
               t + " holds each rank's slice in host memory: drop --host-mem (the disk tier)");
   }

@@ -454,16 +454,23 @@ RunCounters RunDir::load_checkpoint(Model& model) const {
 
 void RunDir::load_optimizer_state(ZOEngine& engine, const Model& model,
                                   OptimizerChoice optimizer) const {
-  if (ckpt_.empty() || engine.state_planes() == 0) return;
+  std::vector<float> m, v;
+  if (read_optimizer_state(engine.state_planes(), model.storage_size(), optimizer, m, v))
+    engine.write_state(m, v);
+}
+
+bool RunDir::read_optimizer_state(int planes, int64_t n, OptimizerChoice optimizer,
+                                  std::vector<float>& m, std::vector<float>& v) const {
+  if (ckpt_.empty() || planes == 0) return false;
   const fs::path f = ckpt_ / "optimizer.safetensors";
   ZOF_CHECK(fs::exists(f), "checkpoint " + ckpt_.string() + " has no optimizer.safetensors: it "
             "was not written by a --optimizer " + word(optimizer) + " run");
   auto st = safetensors::Archive::open_file(f.string());
-  const int64_t n = model.storage_size();
-  std::vector<float> m(n), v(engine.state_planes() == 2 ? n : 0);
+  m.assign((size_t)n, 0.f);
+  v.assign(planes == 2 ? (size_t)n : 0, 0.f);
   safetensors::to_f32(st.require("m", {n}), m.data());
   if (!v.empty()) safetensors::to_f32(st.require("v", {n}), v.data());
-  engine.write_state(m, v);
+  return true;
 }
 
 void RunDir::start(const TrainOptions& opt, const json& model_id, const std::string& fingerprint,
@@ -487,7 +494,8 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
   zlog_.open(run_ / "zo_log.jsonl", resuming_ ? c.log_bytes : 0);
 }
 
-void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine& engine,
+void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int planes,
+                             const std::vector<float>& m, const std::vector<float>& v,
                              OptimizerChoice optimizer) {
   const std::string name = "checkpoint-" + std::to_string(c.step);
   const Model::NonFinite bad = model.find_non_finite();
@@ -542,10 +550,9 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, ZOEngine&
   fs::create_directories(tmp);
   model.save(tmp.string(), model.storage_dtype());  // the master as held: exact resume
   // Momentum/Adam state beside the weights (storage layout), for an exact resume.
-  if (engine.state_planes() > 0) {
+  if (planes > 0) {
     const int64_t n = model.storage_size();
-    std::vector<float> m, v;
-    engine.read_state(m, v);
+    ZOF_ASSERT((int64_t)m.size() == n && (int64_t)v.size() == (planes == 2 ? n : 0));
     std::vector<safetensors::TensorOut> t{{"m", DType::F32, {n}, m.data()}};
     if (!v.empty()) t.push_back({"v", DType::F32, {n}, v.data()});
     safetensors::write((tmp / "optimizer.safetensors").string(), t, {{"optimizer", word(optimizer)}});

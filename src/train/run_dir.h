@@ -200,6 +200,10 @@ class RunDir {
   // Momentum/Adam state beside the checkpoint's weights, when the engine keeps any.
   void load_optimizer_state(ZOEngine& engine, const Model& model,
                             OptimizerChoice optimizer) const;
+  // The same planes read (m, and v when planes is 2; n floats each: the whole model's storage
+  // layout) without an engine to write them to; false (nothing read) for a run at step 0.
+  bool read_optimizer_state(int planes, int64_t n, OptimizerChoice optimizer,
+                            std::vector<float>& m, std::vector<float>& v) const;
 
   // Rank 0: run.json of a new run (with the base model's fingerprint and what computed it:
   // {"dtype", "unit"}), then the logs, open at the checkpoint's sizes.
@@ -217,7 +221,9 @@ class RunDir {
   // it holds the last finite weights) and what to do; the logs stay as they are. Weights whose
   // last step's loss was not finite are not written either: mid-run the checkpoint is skipped
   // (the previous one stays), at the run's last step that is the same error.
-  void save_checkpoint(const RunCounters& c, const Model& model, ZOEngine& engine,
+  // planes (0, 1 or 2): m and v (Job::gather_state), written beside the weights.
+  void save_checkpoint(const RunCounters& c, const Model& model, int planes,
+                       const std::vector<float>& m, const std::vector<float>& v,
                        OptimizerChoice optimizer);
 
  private:

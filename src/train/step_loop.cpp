@@ -93,12 +93,15 @@ void StepLoop::save_checkpoint(int64_t step) {
     engine_.sync_to_host();  // the master as the last window's end left it
   else
     job_.gather_weights(engine_, model_);
+  // Momentum/Adam state beside the weights (gathered from the slices under tensor parallel).
+  std::vector<float> m, v;
+  if (engine_.state_planes() > 0) job_.gather_state(engine_, m, v);
   run_checkpoint_on_root(job_, [&] {
     RunCounters at = c_;
     at.step = step;
     at.window_from = open ? from : -1;
     try {
-      dir_.save_checkpoint(at, model_, engine_, opt_.optimizer);
+      dir_.save_checkpoint(at, model_, engine_.state_planes(), m, v, opt_.optimizer);
     } catch (const std::filesystem::filesystem_error& e) {
       // Directory operations (create, rename, remove) in the run's words, on one line.
       const std::string run = dir_.path().string();

@@ -2,6 +2,8 @@
 // world's ranks that zof eval --tensor-parallel exchanges through too (zof/trainer.h).
 #include "train/tensor_share.h"
 
+#include <algorithm>
+
 #include "zof/error.h"
 #include "zof/trainer.h"
 
@@ -51,16 +53,34 @@ std::vector<std::vector<tp::ElementRun>> TensorShare::element_runs() const {
   return runs;
 }
 
-void TensorShare::gather_to_root(Model& full) {
+void TensorShare::gather_to_root(Model& full) { gather_storage_to_root(local_.storage(), full); }
+
+void TensorShare::gather_plane_to_root(const std::vector<float>& mine, std::vector<float>& whole) {
+  ZOF_ASSERT((int64_t)mine.size() == local_.storage_size());
+  Model full;
+  if (world_.rank() == 0) full = Model::zeros(config_);
+  gather_storage_to_root(mine.data(), full);
+  if (world_.rank() == 0) whole.assign(full.storage(), full.storage() + full.storage_size());
+}
+
+std::vector<float> TensorShare::slice_plane(const std::vector<float>& whole) const {
+  Model full = Model::zeros(config_);
+  ZOF_ASSERT((int64_t)whole.size() == full.storage_size());
+  std::copy(whole.begin(), whole.end(), full.storage());
+  const Model mine = tp::slice(full, plan_);
+  return std::vector<float>(mine.storage(), mine.storage() + mine.storage_size());
+}
+
+void TensorShare::gather_storage_to_root(const float* mine, Model& full) {
   const int rank = world_.rank();
   if (grid_.replica(rank) != 0 || grid_.stage(rank) != 0) return;
   const std::vector<int> members = grid_.tensor_group(rank);
   ZOF_ASSERT(members[0] == 0);
   if (rank != 0) {
-    world_.send(local_.storage(), local_.storage_size(), 0, kSliceTag);
+    world_.send(mine, local_.storage_size(), 0, kSliceTag);
     return;
   }
-  tp::place(plan_, local_.storage(), full);
+  tp::place(plan_, mine, full);
   for (int t = 1; t < grid_.tensor; ++t) {
     const tp::Plan p = tp::plan(config_, t, grid_.tensor);
     std::vector<float> slice((size_t)Model::zeros(p.local, false).storage_size());

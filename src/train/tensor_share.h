@@ -26,8 +26,14 @@ class TensorShare {
   // The first replica's slices placed in world rank 0's full model (every rank of the job
   // calls it; only that replica's tensor group moves bytes: the other replicas hold the same).
   void gather_to_root(Model& full);
+  // An optimizer-state plane the same way: mine (this rank's engine's, the slice's storage
+  // layout) into whole (the whole model's storage layout) on world rank 0.
+  void gather_plane_to_root(const std::vector<float>& mine, std::vector<float>& whole);
+  // This rank's slice of a whole-model plane (a checkpoint's m or v): what its engine holds.
+  std::vector<float> slice_plane(const std::vector<float>& whole) const;
 
  private:
+  void gather_storage_to_root(const float* mine, Model& full);
   dist::Communicator& world_;
   dist::Grid grid_;
   ModelConfig config_;

@@ -120,6 +120,7 @@ struct Run {
   StepLoop& loop;
   TrainSink& sink;
   RunCounters& c;
+  DType saved;  // the saved model's dtype (save_dtype, of the model as loaded)
 };
 
 // After the loop: the final checkpoint, evaluation and model (or the interrupted run's
@@ -134,8 +135,8 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                     {"tensor_parallel", r.job.grid.tensor},
                     {"replicas", r.job.layout.replicas},
                     {"bytes_per_step", steps > 0 ? dist_bytes / steps : 0.0}};
-  // What each rank handed its tensor group a step (the same on every rank of a group):
-  // docs/parallelism.md's formula.
+  // What each rank's all-gathers carried for it a step (its part to the T - 1 others, the same
+  // on every rank of a group): docs/parallelism.md's formula, not the star's wire traffic.
   if (r.job.grid.tensor > 1)
     dist_summary["tensor_bytes_per_step_per_rank"] = steps > 0 ? (double)end.tensor_bytes / steps : 0.0;
   const std::string run = r.dir.path().string();
@@ -158,7 +159,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   }
   // The model is saved in --save-dtype: the evaluation scores those weights (the final
   // checkpoint above keeps the exact master).
-  const DType saved = save_dtype(r.opt, r.model);
+  const DType saved = r.saved;
   // The disk tier's traffic over the steps (rounding the weights ends the tier).
   json disk_summary;
   if (const DiskTier* t = r.engine.disk_tier()) {
@@ -378,6 +379,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   job.wire_pipeline(engine, (int)model.config().num_layers);
   RunCounters c = resumed ? *resumed : dir.load_checkpoint(model);
   engine.forward().weights_changed();  // a checkpoint's weights replaced the model's
+  // The saved model's dtype, from the model as loaded (--save-dtype input reads its file's
+  // dtype: every rank rounds its slice alike).
+  const DType saved = save_dtype(opt, model);
   std::unique_ptr<Forward> whole;  // rank 0's forward of the gathered model
   if (share) {
     if (job.root)
@@ -396,7 +400,13 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     estimator->use_streamer(engine.streamer());
   }
   // Momentum/Adam state once streaming (which keeps it in host memory) is settled.
-  dir.load_optimizer_state(engine, model, opt.optimizer);
+  if (share) {  // the checkpoint's whole planes, this rank's slice of them
+    std::vector<float> m, v;
+    if (dir.read_optimizer_state(engine.state_planes(), model.storage_size(), opt.optimizer, m, v))
+      engine.write_state(share->slice_plane(m), v.empty() ? v : share->slice_plane(v));
+  } else {
+    dir.load_optimizer_state(engine, model, opt.optimizer);
+  }
   // A checkpoint written inside a bf16 master's rounding window: the window's updates again.
   if (c.window_from >= 0)
     reopen_window((dir.path() / "zo_log.jsonl").string(), engine, opt, c.window_from, c.step);
@@ -456,7 +466,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   const LoopEnd end = loop.run();
   signals.reset();
   sink.finish();
-  Run run{opt, dir, job, *backend, model, engine, eval, loop, sink, c};
+  Run run{opt, dir, job, *backend, model, engine, eval, loop, sink, c, saved};
   json summary = finish(run, end, start);
   if (host_mem > 0 && summary.contains("steps")) {  // what the budget is against
     json& t = summary["disk_tier"];

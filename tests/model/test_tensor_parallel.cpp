@@ -310,14 +310,19 @@ TEST_P(TensorParallel, ASlicesCopiesAndUpdatesAreTheSingleProcessOnesBitForBit) 
                                  want.storage_size() * sizeof(float)))
             << "optimizer " << (int)o << " T=" << T << " rank " << r;
         // The state too: the single process's state planes, sliced as the weights are.
-        if (o != Opt::SGD) {
+        auto expect_plane = [&](const std::vector<float>& whole, const std::vector<float>& mine,
+                                const char* plane) {
           zof::Model st = zof::Model::zeros(full.config());
-          std::memcpy(st.storage(), m1.data(), m1.size() * sizeof(float));
-          const zof::Model ms = zof::tp::slice(st, p);
-          ASSERT_EQ((int64_t)m.size(), ms.storage_size());
-          EXPECT_EQ(0, std::memcmp(m.data(), ms.storage(), m.size() * sizeof(float)))
-              << "optimizer " << (int)o << " T=" << T << " rank " << r << ": m";
-        }
+          ASSERT_EQ((int64_t)whole.size(), st.storage_size());
+          std::memcpy(st.storage(), whole.data(), whole.size() * sizeof(float));
+          const zof::Model sl = zof::tp::slice(st, p);
+          ASSERT_EQ((int64_t)mine.size(), sl.storage_size());
+          EXPECT_EQ(0, std::memcmp(mine.data(), sl.storage(), mine.size() * sizeof(float)))
+              << "optimizer " << (int)o << " T=" << T << " rank " << r << ": " << plane;
+        };
+        if (o != Opt::SGD) expect_plane(m1, m, "m");
+        if (o == Opt::Adam) expect_plane(v1, v, "v");
+        EXPECT_EQ(v.empty(), o != Opt::Adam);
       }
   }
 }
