@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "zof/backend.h"
@@ -76,7 +77,9 @@ Plan plan(const ModelConfig& c, int rank, int T);
 Model slice(const Model& full, const Plan& p);
 // The slice's elements written back into full (fp32) where they came from: rank 0 assembles the
 // full model from every rank's slice storage (local_storage: Model::storage() of slice(...)).
-void place(const Plan& p, const float* local_storage, Model& full);
+// params (null: every parameter): only those (a pipeline stage's, whose blocks are current).
+void place(const Plan& p, const float* local_storage, Model& full,
+           const std::vector<int>* params = nullptr);
 
 // Every rank's slice gathered into full (a model of the full config with fp32 storage, e.g.
 // Model::zeros(config)) on every rank of g: what rank 0 saves as the ordinary Hugging Face
@@ -96,9 +99,10 @@ std::vector<ElementRun> element_runs(const Plan& p, int pi);
 
 // out (the slice's storage size) <- local at theta + sign * eps * z(key), every parameter by
 // Backend::zo_pass over its element runs: the single process's perturbed copy (zo_pass's plus
-// or minus stream) on the elements this rank holds, bit for bit. sign: +1 or -1.
+// or minus stream) on the elements this rank holds, bit for bit. sign: +1 or -1. params (null:
+// every parameter): only those (a pipeline stage's); the rest of out is left as it was.
 void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& key, float eps,
-                    int sign, float* out);
+                    int sign, float* out, const std::vector<int>* params = nullptr);
 
 // z of parameter pi's local elements (out: local numel), each z_element(key, pi, its global
 // element): the single process's z of the same elements, bit for bit.
@@ -135,8 +139,21 @@ class TensorForward {
   // it sends to every other rank).
   uint64_t bytes_exchanged() const { return bytes_; }
 
+  // A pipeline stage of the slice: blocks [first, last] of the walk's (0 = the embedding,
+  // 1..L = the layers, L + 1 = the head; dist::stage_blocks). A stage without the embedding
+  // takes its input hidden states (rows, C) from recv, one without the head hands its output to
+  // send and nll() gives zeros (the last stage has the loss). Every stage's ranks call nll with
+  // the same batches in the same order.
+  using Recv = std::function<void(float* h, int64_t n)>;
+  using Send = std::function<void(const float* h, int64_t n)>;
+  void set_stage(int first, int last, Recv recv, Send send);
+
  private:
   void hidden(const Batch& batch);  // into h_
+  int layer_lo_ = 0, layer_hi_ = -1;  // the stage's layers [lo, hi); hi -1: all
+  bool embed_ = true, head_ = true;
+  Recv recv_;
+  Send send_;
   friend class TensorPrimal;
   const Model& local_;
   Plan plan_;

@@ -173,12 +173,18 @@ Model slice(const Model& full, const Plan& p) {
   return m;
 }
 
-void place(const Plan& p, const float* local_storage, Model& full) {
+void place(const Plan& p, const float* local_storage, Model& full,
+           const std::vector<int>* params) {
   ZOF_ASSERT(full.storage_dtype() == DType::F32);
   const Model layout = Model::zeros(p.local, false);  // where each parameter sits in the slice
-  for (size_t i = 0; i < full.params().size(); ++i)
+  auto one = [&](size_t i) {
     copy_slice(p.params[i], full.params()[i].data,
                const_cast<float*>(local_storage + layout.params()[i].offset), false);
+  };
+  if (params)
+    for (int i : *params) one((size_t)i);
+  else
+    for (size_t i = 0; i < full.params().size(); ++i) one(i);
 }
 
 void gather(const Plan& p, Group& g, const Model& local, Model& full) {
@@ -206,9 +212,14 @@ std::vector<ElementRun> element_runs(const Plan& p, int pi) {
 }
 
 void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& key, float eps,
-                    int sign, float* out) {
+                    int sign, float* out, const std::vector<int>* params) {
   ZOF_ASSERT(local.storage_dtype() == DType::F32 && (sign == 1 || sign == -1));
-  for (int pi = 0; pi < (int)local.params().size(); ++pi) {
+  std::vector<int> all;
+  if (!params) {
+    for (int pi = 0; pi < (int)local.params().size(); ++pi) all.push_back(pi);
+    params = &all;
+  }
+  for (int pi : *params) {
     const Param& q = local.params()[(size_t)pi];
     float* dst = out + q.offset;
     for (const ElementRun& r : element_runs(p, pi))
@@ -417,7 +428,12 @@ void TensorForward::hidden(const Batch& b) {
   Counted counted(g_, bytes_);
   graph::BackendKernels k{be_};
   float* const* B = bufs_.data();
-  {  // the embedding
+  if (!embed_) {  // a later pipeline stage: the previous stage's output
+    std::vector<float> h((size_t)(rows * c.hidden_size));
+    recv_(h.data(), (int64_t)h.size());
+    be_.copy_to_device(B[H], h.data(), h.size() * sizeof(float), nullptr);
+    be_.synchronize(nullptr);
+  } else {  // the embedding
     const graph::Dims d = graph::Dims::of(c);
     graph::Frame<float> f;
     f.v[graph::kHOut] = B[H];
@@ -425,7 +441,8 @@ void TensorForward::hidden(const Batch& b) {
     TensorPrimal o(k, d, f, *this, counted);
     graph::embed(o, d, local_.embed());
   }
-  for (int li = 0; li < c.num_layers; ++li) {
+  const int hi = layer_hi_ < 0 ? (int)c.num_layers : layer_hi_;
+  for (int li = layer_lo_; li < hi; ++li) {
     const graph::Dims d = graph::Dims::of(c, li);
     graph::Frame<float> f;
     using namespace graph;
@@ -442,7 +459,20 @@ void TensorForward::hidden(const Batch& b) {
   }
 }
 
+void TensorForward::set_stage(int first, int last, Recv recv, Send send) {
+  const int L = (int)plan_.local.num_layers;
+  ZOF_ASSERT(0 <= first && first <= last && last <= L + 1);
+  embed_ = first == 0;
+  head_ = last == L + 1;
+  layer_lo_ = std::max(first, 1) - 1;
+  layer_hi_ = std::min(last, L);
+  ZOF_ASSERT((embed_ || recv) && (head_ || send));
+  recv_ = std::move(recv);
+  send_ = std::move(send);
+}
+
 void TensorForward::local_logits(const Batch& b, std::vector<float>& out) {
+  ZOF_ASSERT(embed_ && head_);  // the whole model's walk
   hidden(b);
   const int64_t rows = b.B * b.T, Vt = plan_.local.vocab_size;
   Counted counted(g_, bytes_);
@@ -487,6 +517,14 @@ void TensorForward::logits(const Batch& b, std::vector<float>& out) {
 void TensorForward::nll(const Batch& b, const int32_t* targets, float* nll) {
   hidden(b);
   const int64_t rows = b.B * b.T;
+  if (!head_) {  // the next stage goes on from here
+    std::vector<float> h((size_t)(rows * plan_.local.hidden_size));
+    be_.copy_to_host(h.data(), bufs_[H], h.size() * sizeof(float), nullptr);
+    be_.synchronize(nullptr);
+    send_(h.data(), (int64_t)h.size());
+    std::fill(nll, nll + rows, 0.f);
+    return;
+  }
   be_.copy_to_device(ibufs_[kTargets], targets, (size_t)rows * sizeof(int32_t), nullptr);
   be_.synchronize(nullptr);
   Counted counted(g_, bytes_);

@@ -89,7 +89,9 @@ class TensorEstimator : public Estimator {
         be_(backend),
         max_rows_(max_rows),
         work_(Model::zeros(share.plan().local)),
-        fwd_(work_, share.plan(), backend, share.group(), max_rows) {}
+        fwd_(work_, share.plan(), backend, share.group(), max_rows) {
+    share.wire(fwd_);  // this rank's pipeline stage (all of the model without stages)
+  }
   QueryLosses sums(uint32_t step, const std::vector<LossBatch>& micro) override {
     check_loss_batches(micro, share_.config(), max_rows_, "the tensor-parallel walk");
     engine_.flush(/*to_host=*/false);  // the previous step's update, into the slice
@@ -104,7 +106,8 @@ class TensorEstimator : public Estimator {
       ZKey key{o.seed, step, (uint32_t)j};
       key.dist = o.dist;
       for (int sign : {1, -1}) {
-        tp::perturbed_copy(share_.plan(), be_, share_.local(), key, o.eps, sign, work_.storage());
+        tp::perturbed_copy(share_.plan(), be_, share_.local(), key, o.eps, sign, work_.storage(),
+                           &share_.stage_params());
         double& sum = sign > 0 ? ql.sum_plus[(size_t)j] : ql.sum_minus[(size_t)j];
         for (const auto& lb : micro) {
           nll.resize((size_t)(lb.batch.B * lb.batch.T));

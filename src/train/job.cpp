@@ -36,10 +36,7 @@ Job::Job(dist::Communicator& c, int pipeline_stages, int tensor_parallel)
       replica(grid.replica(rank)),
       tensor_rank(grid.tensor_rank(rank)),
       root(rank == 0),
-      last_stage(stage == layout.stages - 1) {
-  // The stages' ranks are consecutive (send to rank +/- 1) only without tensor groups.
-  ZOF_ASSERT(grid.tensor == 1 || grid.stages == 1);
-}
+      last_stage(stage == layout.stages - 1) {}
 
 void Job::check_batch(const TrainOptions& opt) const {
   ZOF_CHECK(opt.batch >= (int64_t)layout.replicas * opt.micro_batches,
@@ -55,6 +52,14 @@ void Job::check_batch(const TrainOptions& opt) const {
 void Job::wire_pipeline(ZOEngine& engine, int num_layers) {
   ranges_ = dist::stage_blocks(num_layers, layout.stages);
   if (layout.stages == 1) return;
+  if (grid.tensor > 1) {  // the engine updates its stage's blocks; it walks nothing
+    // (the tensor-parallel forward carries the hidden states: TensorShare::wire)
+    StageIO none;
+    none.recv = [](int, float*, int64_t) { ZOF_ASSERT(!"a tensor-parallel engine walks"); };
+    none.send = [](int, const float*, int64_t) { ZOF_ASSERT(!"a tensor-parallel engine walks"); };
+    engine.set_stage(ranges_[stage].first, ranges_[stage].second, std::move(none));
+    return;
+  }
   StageIO io;
   const int prev = rank - 1, next = rank + 1;
   dist::Communicator* c = &comm;

@@ -49,9 +49,6 @@ void validate_options(const TrainOptions& o, bool new_run) {
                                               : "; this run's run.json asks for it: resume it "
                                                 "without --tensor-parallel"));
     };
-    ZOF_CHECK(o.pipeline_stages == 1,
-              t + " does not combine with --pipeline-stages > 1 yet: use one of them (the other "
-                  "ranks are data-parallel replicas)");
     refuse_unless(!jvp, "runs the SPSA estimator", "use --estimator spsa");
     ZOF_CHECK(o.device == DeviceChoice::Cpu && !o.sim_device && o.gpu_mem.empty(),
               t + " runs on the CPU for now: drop --device cuda, --sim-device and --gpu-mem");

@@ -27,7 +27,8 @@ class WorldGroup final : public tp::Group {
   int me_;
 };
 
-constexpr int kSliceTag = 30001;  // a tensor rank's slice, gathered to rank 0
+constexpr int kSliceTag = 30001;   // a tensor rank's slice, gathered to rank 0
+constexpr int kHiddenTag = 30002;  // a stage's hidden states, to the next stage's same tensor rank
 
 }  // namespace
 
@@ -41,10 +42,34 @@ namespace train {
 TensorShare::TensorShare(dist::Communicator& world, const dist::Grid& grid, const Model& full)
     : world_(world),
       grid_(grid),
+      stage_(grid.stage(world.rank())),
       config_(full.config()),
+      stage_blocks_(dist::stage_blocks((int)full.config().num_layers, grid.stages)),
       plan_(tp::plan(full.config(), grid.tensor_rank(world.rank()), grid.tensor)),
       local_(tp::slice(full, plan_)),
-      group_(make_tensor_group(world, grid)) {}
+      group_(make_tensor_group(world, grid)) {
+  for (const auto& [first, last] : stage_blocks_) {
+    std::vector<int> ps;
+    for (int b = first; b <= last; ++b)
+      for (int pi : full.blocks()[(size_t)b].params) ps.push_back(pi);
+    stage_params_.push_back(std::move(ps));
+  }
+  walk_params_ = stage_params_[(size_t)stage_];
+  if (stage_ > 0 && stage_ == grid.stages - 1 && full.config().tie_embeddings)
+    for (int pi : full.blocks()[0].params) walk_params_.push_back(pi);
+}
+
+void TensorShare::wire(tp::TensorForward& fwd) {
+  const auto [first, last] = stage_blocks_[(size_t)stage_];
+  const int me = world_.rank(), T = grid_.tensor;
+  dist::Communicator* c = &world_;
+  tp::TensorForward::Recv recv;
+  tp::TensorForward::Send send;
+  if (stage_ > 0) recv = [c, me, T](float* h, int64_t n) { c->recv(h, n, me - T, kHiddenTag); };
+  if (stage_ < grid_.stages - 1)
+    send = [c, me, T](const float* h, int64_t n) { c->send(h, n, me + T, kHiddenTag); };
+  fwd.set_stage(first, last, std::move(recv), std::move(send));
+}
 
 std::vector<std::vector<tp::ElementRun>> TensorShare::element_runs() const {
   std::vector<std::vector<tp::ElementRun>> runs;
@@ -73,20 +98,34 @@ std::vector<float> TensorShare::slice_plane(const std::vector<float>& whole) con
 
 void TensorShare::gather_storage_to_root(const float* mine, Model& full) {
   const int rank = world_.rank();
-  if (grid_.replica(rank) != 0 || grid_.stage(rank) != 0) return;
-  const std::vector<int> members = grid_.tensor_group(rank);
-  ZOF_ASSERT(members[0] == 0);
+  if (grid_.replica(rank) != 0) return;
+  // Stage s's blocks in a slice's storage: one contiguous span.
+  auto span = [&](const Model& layout, int s) {
+    const auto& blocks = layout.blocks();
+    const Block &b0 = blocks[(size_t)stage_blocks_[(size_t)s].first],
+                &b1 = blocks[(size_t)stage_blocks_[(size_t)s].second];
+    return std::pair<int64_t, int64_t>{b0.offset, b1.offset + b1.span - b0.offset};
+  };
   if (rank != 0) {
-    world_.send(mine, local_.storage_size(), 0, kSliceTag);
+    const auto [off, n] = span(local_, stage_);
+    world_.send(mine + off, n, 0, kSliceTag);
     return;
   }
-  tp::place(plan_, mine, full);
-  for (int t = 1; t < grid_.tensor; ++t) {
-    const tp::Plan p = tp::plan(config_, t, grid_.tensor);
-    std::vector<float> slice((size_t)Model::zeros(p.local, false).storage_size());
-    world_.recv(slice.data(), (int64_t)slice.size(), members[(size_t)t], kSliceTag);
-    tp::place(p, slice.data(), full);
-  }
+  const int T = grid_.tensor;
+  for (int s = 0; s < grid_.stages; ++s)
+    for (int t = 0; t < T; ++t) {
+      const int from = s * T + t;  // replica 0's rank of (stage s, tensor rank t)
+      if (from == 0) {
+        tp::place(plan_, mine, full, &stage_params_[0]);
+        continue;
+      }
+      const tp::Plan p = tp::plan(config_, t, T);
+      const Model layout = Model::zeros(p.local, false);
+      const auto [off, n] = span(layout, s);
+      std::vector<float> slice((size_t)layout.storage_size(), 0.f);
+      world_.recv(slice.data() + off, n, from, kSliceTag);
+      tp::place(p, slice.data(), full, &stage_params_[(size_t)s]);
+    }
 }
 
 }  // namespace train

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "zof/dist.h"
@@ -23,8 +24,16 @@ class TensorShare {
   const ModelConfig& config() const { return config_; }
   // Every parameter's element runs (ZOEngine::set_element_runs).
   std::vector<std::vector<tp::ElementRun>> element_runs() const;
-  // The first replica's slices placed in world rank 0's full model (every rank of the job
-  // calls it; only that replica's tensor group moves bytes: the other replicas hold the same).
+  // The parameters this rank's pipeline stage reads (every one without stages): its blocks',
+  // and a tied LM head's token table on the head's stage (whose engine keeps that block
+  // current too: ZOEngine::owns_block).
+  const std::vector<int>& stage_params() const { return walk_params_; }
+  // fwd walks this rank's stage: hidden states from the same tensor rank of the previous
+  // stage, to that of the next.
+  void wire(tp::TensorForward& fwd);
+  // The first replica's slices placed in world rank 0's full model, each stage's ranks their
+  // stage's blocks (every rank of the job calls it; only that replica moves bytes: the other
+  // replicas hold the same).
   void gather_to_root(Model& full);
   // An optimizer-state plane the same way: mine (this rank's engine's, the slice's storage
   // layout) into whole (the whole model's storage layout) on world rank 0.
@@ -36,7 +45,11 @@ class TensorShare {
   void gather_storage_to_root(const float* mine, Model& full);
   dist::Communicator& world_;
   dist::Grid grid_;
+  int stage_ = 0;
   ModelConfig config_;
+  std::vector<std::pair<int, int>> stage_blocks_;  // each stage's (first, last) block
+  std::vector<std::vector<int>> stage_params_;     // each stage's blocks' parameters
+  std::vector<int> walk_params_;                   // what this rank's stage reads
   tp::Plan plan_;
   Model local_;
   std::unique_ptr<tp::Group> group_;

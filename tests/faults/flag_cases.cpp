@@ -79,8 +79,6 @@ std::vector<Case> flag_cases() {
        R"(^--tensor-parallel 2 splits the model over 2 ranks, and this job has 1; start it with mpirun -np 2 \(or a multiple of 2)"},
       {"FlagTensorParallelFinetuneZero", {}, kRun + " --tensor-parallel 0", 1,
        R"(^--tensor-parallel must be a whole number from 1 to 4096, not 0$)"},
-      {"FlagTensorParallelWithPipelineStages", {}, kRun + " --tensor-parallel 2 --pipeline-stages 2",
-       1, R"(^--tensor-parallel 2 does not combine with --pipeline-stages > 1 yet)"},
       {"FlagTensorParallelWithJvp", {}, kRun + " --tensor-parallel 2 --estimator jvp", 1,
        R"(^--tensor-parallel 2 runs the SPSA estimator: use --estimator spsa$)"},
       {"FlagTensorParallelOnTheSimDevice", {}, kRun + " --tensor-parallel 2 --sim-device", 1,
