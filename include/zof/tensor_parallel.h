@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "zof/backend.h"
@@ -37,14 +38,17 @@ class Group {
 // (not the single process's sum, which forms the whole dot product in one accumulation).
 void sum_ordered(Group& g, float* v, int64_t n);
 
-// How one parameter is divided. Rows: this rank holds rows [begin, end) of the (rows, cols)
-// tensor (column-parallel projections, the vocabulary's tables, their biases); Columns: columns
-// [begin, end) of every row (row-parallel o and down); Replicated: all of it (norms).
+// How one parameter is divided. Rows: this rank holds the rows of `ranges` of the (rows, cols)
+// tensor, one range after the other (column-parallel projections, the vocabulary's tables,
+// their biases; Phi-3's fused qkv_proj holds three ranges, its q rows, then k's, then v's, and
+// gate_up_proj two); Columns: columns [begin, end) of every row (row-parallel o and down);
+// Replicated: all of it (norms).
 enum class Split { Replicated, Rows, Columns };
 struct ParamSplit {
   Split split = Split::Replicated;
   int64_t rows = 0, cols = 1;  // the full tensor as held (Linear weights (out, in); vectors (n, 1))
-  int64_t begin = 0, end = 0;  // rows or columns held; Replicated: [0, rows)
+  int64_t begin = 0, end = 0;  // Columns: the columns held; Replicated: [0, rows)
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // Rows: the row ranges held, in local order
   int64_t numel() const;       // elements held
 };
 
@@ -65,9 +69,9 @@ struct Plan {
 
 // zof::Error unless T ranks can split a model of this config: one line naming
 // --tensor-parallel, the config field or family, and the fix. Refused: OPT and GPT-2 (not split
-// yet), Phi-3 (its fused qkv_proj and gate_up_proj are not split yet), biases on o or down (a
-// row-parallel bias must be added once, not yet done), T not dividing the attention heads, KV
-// heads neither a multiple of T nor dividing it, T above the intermediate width or vocabulary.
+// yet), biases on o or down (a row-parallel bias must be added once, not yet done), T not
+// dividing the attention heads, KV heads neither a multiple of T nor dividing it, T above the
+// intermediate width or vocabulary.
 void check(const ModelConfig& c, int T);
 // Rank `rank`'s plan of T (check() first). Heads split evenly; the intermediate width and the
 // vocabulary in ranges as even as counts allow (rank t: [t*N/T, (t+1)*N/T)).

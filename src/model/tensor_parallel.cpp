@@ -29,7 +29,11 @@ void sum_ordered(Group& g, float* v, int64_t n) {
 
 int64_t ParamSplit::numel() const {
   switch (split) {
-    case Split::Rows: return (end - begin) * cols;
+    case Split::Rows: {
+      int64_t n = 0;
+      for (const auto& [b, e] : ranges) n += e - b;
+      return n * cols;
+    }
     case Split::Columns: return rows * (end - begin);
     case Split::Replicated: break;
   }
@@ -39,7 +43,15 @@ int64_t ParamSplit::numel() const {
 int64_t Plan::global_element(int pi, int64_t j) const {
   const ParamSplit& s = params[(size_t)pi];
   switch (s.split) {
-    case Split::Rows: return s.begin * s.cols + j;
+    case Split::Rows: {
+      int64_t row = j / s.cols;  // the local row, found among the ranges
+      for (const auto& [b, e] : s.ranges) {
+        if (row < e - b) return (b + row) * s.cols + j % s.cols;
+        row -= e - b;
+      }
+      ZOF_ASSERT(!"a local element beyond the slice");
+      return -1;
+    }
     case Split::Columns: {
       const int64_t w = s.end - s.begin;
       return (j / w) * s.cols + s.begin + j % w;
@@ -64,10 +76,7 @@ void check(const ModelConfig& c, int T) {
   if (T == 1) return;
   ZOF_CHECK(c.arch == Arch::Llama,
             f + ": the " + c.model_type + " family cannot be split yet (tensor parallel covers the "
-                "LLaMA family: llama, mistral, qwen2, qwen3, gemma2, gemma3); use --tensor-parallel 1");
-  ZOF_CHECK(!c.fused_proj,
-            f + ": " + c.model_type + "'s fused self_attn.qkv_proj and mlp.gate_up_proj are not "
-                "split yet; use --tensor-parallel 1");
+                "LLaMA family: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3); use --tensor-parallel 1");
   ZOF_CHECK(!c.o_bias && !c.mlp_bias,
             f + ": the model has biases on o_proj or down_proj (attention_bias/mlp_bias in "
                 "config.json), which row-parallel layers do not add yet; use --tensor-parallel 1");
@@ -111,10 +120,18 @@ Plan plan(const ModelConfig& c, int rank, int T) {
     ParamSplit s;
     s.rows = q.shape[0];
     s.cols = q.shape.size() > 1 ? q.shape[1] : 1;
-    auto rows = [&](int64_t b, int64_t e) { s.split = Split::Rows, s.begin = b, s.end = e; };
+    auto rows = [&](int64_t b, int64_t e) { s.split = Split::Rows, s.ranges.push_back({b, e}); };
     auto cols = [&](int64_t b, int64_t e) { s.split = Split::Columns, s.begin = b, s.end = e; };
     const std::string& n = q.name;
-    if (n == "model.embed_tokens.weight" || n == "lm_head.weight")
+    const int64_t Hq = c.num_heads * D, Hk = c.num_kv_heads * D, I = c.intermediate_size;
+    if (ends_with(n, "qkv_proj.weight")) {  // Phi-3: q's rows, then k's, then v's
+      rows(p.head_begin * D, p.head_end * D);
+      rows(Hq + p.kv_begin * D, Hq + p.kv_end * D);
+      rows(Hq + Hk + p.kv_begin * D, Hq + Hk + p.kv_end * D);
+    } else if (ends_with(n, "gate_up_proj.weight")) {  // Phi-3: gate's rows, then up's
+      rows(p.inter_begin, p.inter_end);
+      rows(I + p.inter_begin, I + p.inter_end);
+    } else if (n == "model.embed_tokens.weight" || n == "lm_head.weight")
       rows(p.vocab_begin, p.vocab_end);
     else if (ends_with(n, "q_proj.weight") || ends_with(n, "q_proj.bias"))
       rows(p.head_begin * D, p.head_end * D);
@@ -147,7 +164,12 @@ void copy_slice(const ParamSplit& s, float* full, float* local, bool to_local) {
       std::memcpy(f, l, (size_t)n * sizeof(float));
   };
   switch (s.split) {
-    case Split::Rows: return mv(full + s.begin * s.cols, local, (s.end - s.begin) * s.cols);
+    case Split::Rows:
+      for (const auto& [b, e] : s.ranges) {
+        mv(full + b * s.cols, local, (e - b) * s.cols);
+        local += (e - b) * s.cols;
+      }
+      return;
     case Split::Columns: {
       const int64_t w = s.end - s.begin;
       for (int64_t r = 0; r < s.rows; ++r) mv(full + r * s.cols + s.begin, local + r * w, w);
@@ -204,7 +226,16 @@ void gather(const Plan& p, Group& g, const Model& local, Model& full) {
 
 std::vector<ElementRun> element_runs(const Plan& p, int pi) {
   const ParamSplit& s = p.params[(size_t)pi];
-  if (s.split != Split::Columns) return {ElementRun{0, p.global_element(pi, 0), s.numel()}};
+  if (s.split == Split::Replicated) return {ElementRun{0, 0, s.numel()}};
+  if (s.split == Split::Rows) {
+    std::vector<ElementRun> runs;
+    int64_t local = 0;
+    for (const auto& [b, e] : s.ranges) {
+      runs.push_back(ElementRun{local, b * s.cols, (e - b) * s.cols});
+      local += (e - b) * s.cols;
+    }
+    return runs;
+  }
   const int64_t w = s.end - s.begin;
   std::vector<ElementRun> runs((size_t)s.rows);
   for (int64_t r = 0; r < s.rows; ++r) runs[(size_t)r] = ElementRun{r * w, r * s.cols + s.begin, w};

@@ -43,7 +43,9 @@ TEST(OptionTable, EachEntrySetsItsOwnFieldOnly) {
     zof::set_train_option(o, s.key, text);
     EXPECT_NE(s.get(o), s.get(zof::TrainOptions())) << "did not change its field";
     for (const zof::OptionSpec& t : zof::train_options())
-      if (&t != &s) EXPECT_EQ(t.get(o), t.get(zof::TrainOptions())) << "changed " << t.key;
+      if (&t != &s) {
+        EXPECT_EQ(t.get(o), t.get(zof::TrainOptions())) << "changed " << t.key;
+      }
   }
   zof::TrainOptions o;
   EXPECT_THROW(zof::set_train_option(o, "stepz", "3"), zof::Error);
