@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Projected throughput and efficiency of zof's data x pipeline parallel ZO fine-tuning on 8 to
-128 GPUs, for OPT-13B to OPT-175B shapes, over NVLink and InfiniBand. A documented calculation,
-not a measurement: every input is a command-line option, printed with the tables.
+"""Projected throughput and efficiency of zof's data x pipeline (x tensor) parallel ZO
+fine-tuning on 8 to 128 GPUs, for OPT-13B to OPT-175B shapes, over NVLink and InfiniBand. A
+documented calculation, not a measurement: every input is a command-line option, printed with
+the tables.
 
 What it models (zof's schedule as implemented in src/zo/zo.cpp and src/train/trainer.cpp):
   * G GPUs = S pipeline stages x R data-parallel replicas. S is the smallest power of two whose
@@ -39,8 +40,15 @@ Inputs and assumptions (defaults; change them with the options):
   * Weak scaling: every replica takes b_r = 16 sequences of 512 tokens (MeZO's batch size per
     replica) in M = 16 micro-batches, q = 1. A second table keeps MeZO's global batch of 16
     sequences fixed (strong scaling), which caps the useful replicas at 16.
+  * Tensor parallel (--tensor T, the third table): G = T x S x R, the T ranks of a tensor group
+    inside one node (NVLink), each computing 1/T of every layer and holding 1/T of the weights,
+    with two all-reduces of a micro-batch's (tokens, h) activations per layer and stream
+    (docs/parallelism.md), not overlapped with compute (zof runs them in line). Two exchanges:
+    zof's today, an all-gather through the group's first rank (it receives T - 1 parts and sends
+    the whole to T - 1 ranks: T (T - 1) parts leave it, in fp32), and a ring all-reduce in bf16
+    (2 (T - 1) / T of the whole per rank: what NCCL would do).
   * Not modelled: compute/transfer jitter, stragglers, the host side of checkpoints and
-    evaluation, tensor parallelism, streaming weights from host memory (ZO2).
+    evaluation, streaming weights from host memory (ZO2).
 
 --validate-cpu checks the same structure against this machine: from the measured one-rank runs
 (bench/mpi_bench.sh's raw JSON: the per-step fixed cost and the per-example cost) and the
@@ -68,24 +76,39 @@ def params(L, h, V):
     return 12 * L * h * h + V * h
 
 
-def min_stages(a, shape, G):
-    """The fewest stages (a power of two) whose weights fit; None when G GPUs are not enough."""
-    N = params(*shape)
+def min_stages(a, shape, G, T=1):
+    """The fewest stages (a power of two) whose weights fit in T-way slices; None when G GPUs
+    are not enough."""
+    N = params(*shape) / T
     usable = a.gpu_mem * a.mem_usable * 0.85  # 15% for perturbed copies, buffers, activations
     S = 1
-    while S < G and N * a.bytes_per_param / S > usable:
+    while S * T < G and N * a.bytes_per_param / S > usable:
         S *= 2
-    return S if N * a.bytes_per_param / S <= usable and S <= shape[0] else None
+    ok = N * a.bytes_per_param / S <= usable and S <= shape[0] and S * T <= G
+    return S if ok else None
 
 
-def project(a, shape, G, fabric, b_r, M, S):
-    """One configuration (S stages x G/S replicas): returns a dict of the projected step."""
+def tp_allreduce(n_bytes, T, link, ring):
+    """One all-reduce of n_bytes (the whole tensor, fp32) over T ranks: zof's all-gather through
+    the first rank (T (T - 1) parts of n_bytes leave it; it waits for the T - 1 parts first), or
+    a ring in bf16 (2 (T - 1) / T of the half-size tensor per rank, 2 (T - 1) latency steps)."""
+    bw, lat = link
+    if T == 1:
+        return 0.0
+    if ring:
+        return 2 * (T - 1) * lat + 2 * (T - 1) / T * (n_bytes / 2) / bw
+    return 2 * lat + (T - 1) * n_bytes / bw + T * (T - 1) * n_bytes / bw
+
+
+def project(a, shape, G, fabric, b_r, M, S, T=1, ring=False):
+    """One configuration (T tensor x S stages x G/(S T) replicas): returns a dict of the
+    projected step."""
     L, h, V = shape
     N = params(L, h, V)
     q, seq = a.queries, a.seq
     if S is None or S > L:
         return None
-    R = G // S
+    R = G // (S * T)
     if R < 1 or b_r < 1:
         return None
     M = max(1, min(M, b_r))
@@ -101,22 +124,25 @@ def project(a, shape, G, fabric, b_r, M, S):
     n_layer = 12 * h * h
     f_layer = 2 * q * tok_m * (2 * n_layer + 2 * seq * h)
     bytes_layer = 2 * q * n_layer * 2 + q * n_layer * (4 + 2 * 2)  # read bf16 copies; zo pass
-    t_layer = max(f_layer / rate, bytes_layer / a.hbm)
+    # A tensor group inside a node: 1/T of each layer, then its two all-reduces per stream.
+    t_tp = 2 * 2 * q * tp_allreduce(tok_m * h * 4, T, LINKS["nvlink"], ring)
+    t_layer = max(f_layer / T / rate, bytes_layer / T / a.hbm) + t_tp
     f_head = 2 * q * tok_m * 2 * V * h
     bytes_head = 2 * q * V * h * 2 + q * V * h * (4 + 2 * 2)
-    t_head = max(f_head / rate, bytes_head / a.hbm)
+    t_head = max(f_head / T / rate, bytes_head / T / a.hbm)
     layers_last = L - (S - 1) * (L // S)  # the last stage's share (stage_blocks rounding)
     t_stage = max(math.ceil(L / S) * t_layer, layers_last * t_layer + t_head) if S > 1 else L * t_layer + t_head
     act = 2 * q * tok_m * h * a.act_bytes
     t_act = (stage_link[1] + act / stage_link[0]) if S > 1 else 0.0
-    t_update = (N / S) * 8 / a.hbm  # read + write fp32 theta once per step
+    t_update = (N / S / T) * 8 / a.hbm  # read + write fp32 theta once per step
     t_reduce = 2 * math.ceil(math.log2(R)) * rep_link[1] if R > 1 else 0.0
     t_step = (M + S - 1) * max(t_stage, t_act) + (S - 1) * t_act + t_update + t_reduce
     flops = 2 * q * b_r * seq * R * (L * (2 * n_layer + 2 * seq * h) + 2 * V * h)
     eff = flops / (G * a.peak * a.gemm_eff) / t_step
-    grad_bytes = 2 * (R - 1) / R * 2 * N / S if R > 1 else 0.0
+    grad_bytes = 2 * (R - 1) / R * 2 * N / S / T if R > 1 else 0.0
     t_fo = grad_bytes / rep_link[0] if R > 1 else 0.0
-    return dict(G=G, S=S, R=R, M=M, N=N, t_step=t_step, tok_s=b_r * seq * R / t_step,
+    return dict(G=G, S=S, R=R, T=T, M=M, N=N, t_step=t_step, tok_s=b_r * seq * R / t_step,
+                tp_share=L / S * t_tp / max(t_stage, 1e-30) if T > 1 else 0.0,
                 pflops=flops / t_step / 1e15, eff=eff, bubble=(S - 1) / (M + S - 1),
                 red_bytes=(2 * q + 3) * 8 * 2 * (G - 1), act_bytes=(S - 1) * M * act * R,
                 t_fo=t_fo)
@@ -154,6 +180,24 @@ def tables(a):
                       f"{r['eff']:.0%} | {r['red_bytes']:,.0f} | {r['act_bytes']/1e6:,.0f} | "
                       f"{res['ib']['t_fo']:.2f} |")
         print()
+    T = a.tensor
+    print(f"#### Tensor parallel: T = {T} inside a node x pipeline x replicas (weak scaling as above), "
+          "zof's exchange today and a bf16 ring all-reduce\n")
+    print("| model | GPUs | tensor x stages x replicas | step (s), star | eff., star | TP share of a "
+          "stage, star | step (s), ring | eff., ring | TP share, ring |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for name, shape in SHAPES.items():
+        for G in gpus:
+            S = min_stages(a, shape, G, T)
+            star = project(a, shape, G, "mixed", 16, 16, S, T, False) if S else None
+            ring = project(a, shape, G, "mixed", 16, 16, S, T, True) if S else None
+            if star is None or star["R"] < 1:
+                print(f"| {name} | {G} | does not fit | | | | | | |")
+                continue
+            print(f"| {name} | {G} | {T} x {star['S']} x {star['R']} | {star['t_step']:.3f} | "
+                  f"{star['eff']:.0%} | {star['tp_share']:.0%} | {ring['t_step']:.3f} | "
+                  f"{ring['eff']:.0%} | {ring['tp_share']:.0%} |")
+    print()
 
 
 def validate_cpu(a):
@@ -215,6 +259,8 @@ def main():
     p.add_argument("--queries", type=int, default=1)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--tensor", type=int, default=8, help="the third table's tensor-parallel T "
+                   "(a tensor group inside a node)")
     p.add_argument("--validate-cpu", help="bench/mpi_bench.sh raw JSONL: check the model on this machine")
     p.add_argument("--link", help="dist_pingpong_bench --json line (with --validate-cpu)")
     p.add_argument("--cores", type=int, default=2)

@@ -96,8 +96,9 @@ void gather(const Plan& p, Group& g, const Model& local, Model& full);
 struct ElementRun {
   int64_t local = 0, global = 0, n = 0;
 };
-// Parameter pi's local elements as runs of global ones, in local order: one run for a Rows or
-// Replicated split, one a row for Columns. A ZO pass over each run at its global first element
+// Parameter pi's local elements as runs of global ones, in local order: one run a row range
+// for Rows (three for Phi-3's fused qkv_proj, two for gate_up_proj), one for Replicated, one a
+// row for Columns. A ZO pass over each run at its global first element
 // (Backend::zo_pass's `first`) draws and applies the single process's z on those elements.
 std::vector<ElementRun> element_runs(const Plan& p, int pi);
 

@@ -150,7 +150,7 @@ const std::vector<OptionSpec>& options_table() {
        {}, false},
       {"tensor_parallel", &O::tensor_parallel,
        "Under mpirun: split every matrix over this many consecutive ranks, Megatron-style (ranks "
-       "= T x data-parallel replicas; the LLaMA family, fp32 on the CPU)",
+       "= T x pipeline stages x data-parallel replicas; the LLaMA family, fp32 on the CPU)",
        {}, false},
       {"dist_timeout", &O::dist_timeout,
        "Under mpirun: seconds a rank may wait on the others before the whole job stops with an "

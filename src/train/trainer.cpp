@@ -135,10 +135,14 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                     {"tensor_parallel", r.job.grid.tensor},
                     {"replicas", r.job.layout.replicas},
                     {"bytes_per_step", steps > 0 ? dist_bytes / steps : 0.0}};
-  // What each rank's all-gathers carried for it a step (its part to the T - 1 others, the same
-  // on every rank of a group): docs/parallelism.md's formula, not the star's wire traffic.
-  if (r.job.grid.tensor > 1)
-    dist_summary["tensor_bytes_per_step_per_rank"] = steps > 0 ? (double)end.tensor_bytes / steps : 0.0;
+  // What a tensor rank's all-gathers carried for it a step (its part to the T - 1 others, the
+  // same on every rank of a group), summed over the stages of a pipeline (each stage's group
+  // exchanges for its own layers): docs/parallelism.md's formula, not the star's wire traffic.
+  if (r.job.grid.tensor > 1) {
+    double tb = r.job.replica == 0 && r.job.tensor_rank == 0 ? (double)end.tensor_bytes : 0.0;
+    r.job.comm.allreduce_sum_ordered(&tb, 1);
+    dist_summary["tensor_bytes_per_step_per_rank"] = steps > 0 ? tb / steps : 0.0;
+  }
   const std::string run = r.dir.path().string();
   r.loop.save_checkpoint(end.step);
   if (end.interrupted) {

@@ -242,12 +242,16 @@ TEST_F(MpiTensorFinetune, PipelineStagesOfTensorGroupsAreOneTensorGroupBitForBit
     std::string name = "t";  // appended piece by piece: GCC 12's -Wrestrict false positive
     name += std::to_string(T);
     const fs::path one_group = dir_ / name, staged = dir_ / (name + "s2");
-    ASSERT_EQ(run_command(mpirun(T) + args(one_group, 12, t)).code, 0);
+    const auto r1 = run_command(mpirun(T) + args(one_group, 12, t + " --json"));
+    ASSERT_EQ(r1.code, 0) << r1.err;
     const auto r = run_command(mpirun(2 * T) + args(staged, 12, t + " --pipeline-stages 2 --json"));
     ASSERT_EQ(r.code, 0) << r.err;
     const json sj = last_json(r);
     EXPECT_EQ(sj["dist"]["pipeline_stages"], 2);
     EXPECT_EQ(sj["dist"]["tensor_parallel"], T);
+    // Each stage's group exchanges for its own layers; added up, one group's exchange.
+    EXPECT_EQ(sj["dist"]["tensor_bytes_per_step_per_rank"],
+              last_json(r1)["dist"]["tensor_bytes_per_step_per_rank"]);
     expect_identical(one_group, staged);
     if (T == 2) {  // and two replicas of that grid
       const fs::path rep = dir_ / "t2s2r2";
@@ -259,6 +263,40 @@ TEST_F(MpiTensorFinetune, PipelineStagesOfTensorGroupsAreOneTensorGroupBitForBit
       expect_identical(one_group, rep);
     }
   }
+}
+
+// A model whose splits are uneven (a vocabulary of 515 and an FFN width of 102 over 2 and 4
+// ranks) and whose LM head is its own tensor: T = 4 within fp32 of one process, and 2 stages of
+// T = 2 (the head on the last stage) the T = 2 run's bits.
+TEST_F(MpiTensorFinetune, UnevenSplitsAndAnUntiedHeadOnStages) {
+  const fs::path m = dir_ / "uneven";
+  fs::create_directories(m);
+  std::ofstream(m / "config.json") << R"({"architectures": ["LlamaForCausalLM"],
+    "model_type": "llama", "vocab_size": 515, "hidden_size": 64, "intermediate_size": 102,
+    "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2,
+    "torch_dtype": "float32"})";
+  zof::Model::random(zof::ModelConfig::load((m / "config.json").string()), 3)
+      .save(m.string(), zof::DType::F32);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                        "special_tokens_map.json"})
+    fs::copy_file(zof::test::assets_dir() + "/models/stories260K/" + f, m / f);
+  auto cmd = [&](const fs::path& out, const std::string& extra) {
+    return zof::test::zof_binary() + " finetune --model " + m.string() + " --task text --data " +
+           (dir_ / "text.txt").string() + " --out " + out.string() +
+           " --steps 8 --batch 4 --seq-len 32 --lr 1e-3 --eps 1e-3 --seed 5 --queries 2 "
+           "--eval-every 4 --eval-examples 8 --threads 1 " + extra;
+  };
+  const fs::path one = dir_ / "one", t4 = dir_ / "t4", t2 = dir_ / "t2", t2s2 = dir_ / "t2s2";
+  ASSERT_EQ(run_command(cmd(one, "")).code, 0);
+  const auto r4 = run_command(mpirun(4) + cmd(t4, "--tensor-parallel 4"));
+  ASSERT_EQ(r4.code, 0) << r4.err;
+  expect_within_fp32(one, t4);
+  ASSERT_EQ(run_command(mpirun(2) + cmd(t2, "--tensor-parallel 2")).code, 0);
+  const auto rs = run_command(mpirun(4) + cmd(t2s2, "--tensor-parallel 2 --pipeline-stages 2"));
+  ASSERT_EQ(rs.code, 0) << rs.err;
+  expect_identical(t2, t2s2);
 }
 
 // Adam's m and v travel with the slices: rank 0 gathers them into the checkpoint's whole
