@@ -26,7 +26,7 @@ class SpsaEstimator : public Estimator {
   }
   bool perturbed() const override { return true; }
 
- private:
+ protected:
   ZOEngine& engine_;
 };
 
@@ -81,10 +81,10 @@ class JvpEstimator : public Estimator {
 // each element's global index), then each direction's two copies of the slice, at theta +/- eps
 // z_j as a single process's walk makes them, run through the tensor-parallel forward. Every rank
 // of a tensor group gets the same sums (the forward's reductions are in rank order).
-class TensorEstimator : public Estimator {
+class TensorEstimator : public SpsaEstimator {
  public:
   TensorEstimator(ZOEngine& engine, TensorShare& share, Backend& backend, int64_t max_rows)
-      : engine_(engine),
+      : SpsaEstimator(engine),
         share_(share),
         be_(backend),
         max_rows_(max_rows),
@@ -119,18 +119,9 @@ class TensorEstimator : public Estimator {
     }
     return ql;
   }
-  std::vector<double> gradients(const QueryLosses& all) const override {
-    return engine_.projected_gradients(all);
-  }
-  double loss(const QueryLosses&, double lp, double lm) const override { return 0.5 * (lp + lm); }
-  std::string not_finite(double lp, double lm) const override {
-    return "loss is not finite (+eps " + std::to_string(lp) + ", -eps " + std::to_string(lm);
-  }
-  bool perturbed() const override { return true; }
   uint64_t exchanged_bytes() const override { return fwd_.bytes_exchanged(); }
 
  private:
-  ZOEngine& engine_;
   TensorShare& share_;
   Backend& be_;
   const int64_t max_rows_;
