@@ -56,24 +56,32 @@ dnnl::memory::desc x_desc(int64_t M, int64_t K, dt t = dt::f32) { return matrix(
 dnnl::memory::desc w_desc(int64_t N, int64_t K, dt t = dt::f32) {  // w^T (K,N)
   return matrix(K, N, 1, K, t);
 }
-dnnl::memory::desc y_desc(int64_t M, int64_t N) { return matrix(M, N, N, 1); }
+dnnl::memory::desc y_desc(int64_t M, int64_t N, int64_t ldy = 0) {
+  return matrix(M, N, ldy ? ldy : N, 1);
+}
 dnnl::memory::desc bias_desc(int64_t N) { return matrix(1, N, N, 1); }
 
 constexpr size_t kMaxCached = 256;
 
-// A bf16 product of many rows runs in row blocks, each on one thread (a single-threaded
-// primitive), blocks handed out in turn. Why not oneDNN's own threads: the rows must be rounded
-// to bf16 first, and doing that in a parallel region of its own put a second fork and join on
-// every product. On a shared machine each join is a chance to wait a scheduler tick for a
-// preempted partner thread (bench/RESULTS.md: GPT-2's bf16 step slower than fp32 under load,
-// with half fp32's CPU time); with blocks there is one region, the rounded rows are still in
-// cache when they are multiplied, and a thread that runs takes the blocks of one that does not.
-// Two blocks a thread, of at least kMinBlockRows rows (fewer rows cost oneDNN's weight packing
-// once more per block: 128-row blocks ran 7% slower than the whole product, 256-row ones 2%).
-// oneDNN 2.6 computes each output row in the same order whatever the rows around it and the
-// thread count (tests/unit/test_ops.cpp CpuThreadCountIndependence checks it), so the blocks
-// give the bits of the one product.
-constexpr int64_t kMinBlockRows = 128;
+// A bf16 product runs in blocks, each on one thread (a single-threaded primitive), blocks handed
+// out in turn. Why not oneDNN's own threads: the rows must be rounded to bf16 first, and doing
+// that in a parallel region of its own put a second fork and join on every product. On a shared
+// machine each join is a chance to wait a scheduler tick for a preempted partner thread
+// (bench/RESULTS.md: GPT-2's bf16 step slower than fp32 under load, with half fp32's CPU time);
+// with blocks there is one region, the rounded rows are still in cache when they are multiplied,
+// and a thread that runs takes the blocks of one that does not.
+// The blocks depend on the product's shape alone, never on the thread count: oneDNN's AMX
+// kernels sum an output in an order that depends on the shape they are given and on the threads
+// they split K over (an AMX machine gave other bits at 2, 3 and 8 threads than at 1, where
+// avx512_core_bf16 gave the same), so every output is made by a one-thread primitive of the
+// same block shape whatever the threads (tests/unit/test_ops.cpp
+// CpuThreadCountIndependenceBf16Blocks). Rows go in blocks of at most kBlockRows (fewer rows
+// cost oneDNN's weight packing once more per block: 128-row blocks ran 7% slower than the whole
+// product on one thread, 256-row ones 2%); a product of one row block (decoding, small batches)
+// splits its columns instead, in up to kMaxColBlocks blocks of at least kMinBlockCols.
+constexpr int64_t kBlockRows = 128;
+constexpr int64_t kMinBlockCols = 256;
+constexpr int64_t kMaxColBlocks = 8;
 
 // oneDNN's name of the ISA its kernels dispatch to on this CPU.
 const char* isa_name() {
@@ -93,15 +101,18 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
-// y rows [m0, m0 + rows) through prim: x's rows rounded into xb first.
+// y rows [m0, m0 + rows) x columns [n0, n0 + cols) of the (M, N) product through prim: x's
+// rows rounded into xb first.
 void run_block(const dnnl::matmul& prim, const dnnl::engine& engine, dnnl::stream& stream,
                void* scratch, size_t scratch_bytes, uint16_t* xb, const float* x, const void* w,
-               const float* bias, float* y, int64_t m0, int64_t rows, int64_t N, int64_t K) {
+               const float* bias, float* y, int64_t m0, int64_t rows, int64_t n0, int64_t cols,
+               int64_t N, int64_t K) {
   const float* xr = x + m0 * K;
   for (int64_t i = 0; i < rows * K; ++i) xb[i] = f32_to_bf16(xr[i]);
   dnnl::memory src(x_desc(rows, K, dt::bf16), engine, xb);
-  dnnl::memory wei(w_desc(N, K, dt::bf16), engine, const_cast<void*>(w));
-  dnnl::memory dst(y_desc(rows, N), engine, y + m0 * N);
+  dnnl::memory wei(w_desc(cols, K, dt::bf16), engine,
+                   const_cast<uint16_t*>(static_cast<const uint16_t*>(w) + n0 * K));
+  dnnl::memory dst(y_desc(rows, cols, N), engine, y + m0 * N + n0);
   dnnl::memory scr(dnnl::memory::desc({int64_t(scratch_bytes)}, dt::u8,
                                       dnnl::memory::format_tag::a),
                    engine, scratch);
@@ -110,7 +121,8 @@ void run_block(const dnnl::matmul& prim, const dnnl::engine& engine, dnnl::strea
                                              {DNNL_ARG_DST, dst},
                                              {DNNL_ARG_SCRATCHPAD, scr}};
   if (bias)
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_desc(N), engine, const_cast<float*>(bias)));
+    args.emplace(DNNL_ARG_BIAS,
+                 dnnl::memory(bias_desc(cols), engine, const_cast<float*>(bias + n0)));
   prim.execute(stream, args);
   stream.wait();
 }
@@ -118,8 +130,8 @@ void run_block(const dnnl::matmul& prim, const dnnl::engine& engine, dnnl::strea
 }  // namespace
 
 struct Matmul::Impl {
-  // M, N, K, has_bias, dtype, threads the primitive was made for (1: a block's)
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int>;
+  // M, N, K, has_bias, dtype, threads the primitive was made for (1: a block's), y's row stride
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, int, int, int64_t>;
   int threads;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -127,8 +139,6 @@ struct Matmul::Impl {
   std::map<Key, dnnl::matmul> cache;
   std::unique_ptr<void, FreeDeleter> scratch;
   size_t scratch_bytes = 0;
-  std::unique_ptr<void, FreeDeleter> xbf;  // x rounded to bf16 (a bf16 product's source)
-  size_t xbf_bytes = 0;
   // Per thread of a blocked product: a stream, the scratchpad and the block's rows in bf16.
   struct BlockBuffers {
     dnnl::stream stream;
@@ -152,8 +162,9 @@ struct Matmul::Impl {
   // `scratch`), or 1 for a block (in block_scratch_bytes). The caller has set OpenMP's thread
   // count to the backend's.
   const dnnl::matmul& primitive(int64_t M, int64_t N, int64_t K, bool has_bias, DType wt,
-                                int nthr) {
-    Key key{M, N, K, has_bias, (int)wt, nthr};
+                                int nthr, int64_t ldy = 0) {
+    if (!ldy) ldy = N;
+    Key key{M, N, K, has_bias, (int)wt, nthr, ldy};
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     // Training sees a handful of shapes; prompts of every length during generation would grow
@@ -165,8 +176,9 @@ struct Matmul::Impl {
     attr.set_fpmath_mode(dnnl::fpmath_mode::strict);
     const dt t = of(wt);  // the source is rounded to the weights' type
     dnnl::matmul::desc desc =
-        has_bias ? dnnl::matmul::desc(x_desc(M, K, t), w_desc(N, K, t), bias_desc(N), y_desc(M, N))
-                 : dnnl::matmul::desc(x_desc(M, K, t), w_desc(N, K, t), y_desc(M, N));
+        has_bias ? dnnl::matmul::desc(x_desc(M, K, t), w_desc(N, K, t), bias_desc(N),
+                                      y_desc(M, N, ldy))
+                 : dnnl::matmul::desc(x_desc(M, K, t), w_desc(N, K, t), y_desc(M, N, ldy));
     dnnl::matmul::primitive_desc pd;
     try {
       // oneDNN sizes a primitive's work split from omp_get_max_threads() when it is made.
@@ -206,35 +218,34 @@ struct Matmul::Impl {
     }
   }
 
-  // Row blocks for a bf16 product of M rows: 0 where it should run whole (one thread, or too
-  // few rows for a block per thread).
-  int64_t bf16_blocks(int64_t M) const {
-    if (threads < 2) return 0;
-    const int64_t n = std::min<int64_t>(2 * threads, M / kMinBlockRows);
-    return n >= threads ? n : 0;
-  }
-
-  // The bf16 product in n_blocks blocks of rows (the last one shorter), handed out one at a time
-  // over the backend's threads; the caller holds mu and has set OpenMP's thread count.
+  // The bf16 product in blocks that depend on (M, N) alone (see kBlockRows), handed out one at
+  // a time over the backend's threads; the caller holds mu and has set OpenMP's thread count.
   void run_bf16_blocks(const float* x, const void* w, const float* bias, float* y, int64_t M,
-                       int64_t N, int64_t K, int64_t n_blocks) {
-    const int64_t rows = (M + n_blocks - 1) / n_blocks;
-    n_blocks = (M + rows - 1) / rows;
-    const int64_t tail = M - (n_blocks - 1) * rows;
+                       int64_t N, int64_t K) {
+    const int64_t n_rows = (M + kBlockRows - 1) / kBlockRows;
+    const int64_t rows = (M + n_rows - 1) / n_rows, row_tail = M - (n_rows - 1) * rows;
+    const int64_t n_cols =
+        n_rows > 1 ? 1 : std::max<int64_t>(1, std::min(kMaxColBlocks, N / kMinBlockCols));
+    const int64_t cols = (N + n_cols - 1) / n_cols, col_tail = N - (n_cols - 1) * cols;
     const bool has_bias = bias != nullptr;
-    // Handles, not references: making the second may start the cache over.
-    const dnnl::matmul full = primitive(rows, N, K, has_bias, DType::BF16, 1);
-    const dnnl::matmul last = tail == rows ? full : primitive(tail, N, K, has_bias, DType::BF16, 1);
+    // Handles, not references: making one may start the cache over. [row tail][col tail]
+    dnnl::matmul prim[2][2];
+    for (int rt = 0; rt < 2; ++rt)
+      for (int ct = 0; ct < 2; ++ct)
+        prim[rt][ct] = primitive(rt ? row_tail : rows, ct ? col_tail : cols, K, has_bias,
+                                 DType::BF16, 1, N);
     size_blocks(threads, rows, K);
+    const int64_t n_blocks = n_rows * n_cols;
     std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t blk = 0; blk < n_blocks; ++blk) {
       BlockBuffers& b = blocks[size_t(omp_get_thread_num())];
-      const bool is_last = blk == n_blocks - 1;
+      const int64_t rb = blk / n_cols, cb = blk % n_cols;
+      const bool last_row = rb == n_rows - 1, last_col = cb == n_cols - 1;
       try {
-        run_block(is_last ? last : full, engine, b.stream, b.scratch.get(), b.scratch_bytes,
-                  static_cast<uint16_t*>(b.xbf.get()), x, w, bias, y, blk * rows,
-                  is_last ? tail : rows, N, K);
+        run_block(prim[last_row][last_col], engine, b.stream, b.scratch.get(), b.scratch_bytes,
+                  static_cast<uint16_t*>(b.xbf.get()), x, w, bias, y, rb * rows,
+                  last_row ? row_tail : rows, cb * cols, last_col ? col_tail : cols, N, K);
       } catch (...) {
 #pragma omp critical(zof_matmul_error)
         if (!error) error = std::current_exception();
@@ -260,25 +271,10 @@ void Matmul::run(const float* x, const void* w, DType wt, const float* bias, flo
   Impl& im = *impl_;
   std::lock_guard<std::mutex> lock(im.mu);
   OmpThreads threads(im.threads);
-  if (wt == DType::BF16) {
-    if (const int64_t n_blocks = im.bf16_blocks(M))
-      return im.run_bf16_blocks(x, w, bias, y, M, N, K, n_blocks);
-  }
+  if (wt == DType::BF16) return im.run_bf16_blocks(x, w, bias, y, M, N, K);
   const dnnl::matmul& prim = im.primitive(M, N, K, bias != nullptr, wt, im.threads);
   // oneDNN takes non-const handles; it never writes the source, weights or bias.
   void* xs = const_cast<float*>(x);
-  if (wt == DType::BF16) {  // the source rounded to bf16 as the weights are
-    const size_t need = size_t(M * K) * sizeof(uint16_t);
-    if (need > im.xbf_bytes) {
-      im.xbf.reset(aligned_host_alloc(need));
-      im.xbf_bytes = need;
-    }
-    uint16_t* xb = static_cast<uint16_t*>(im.xbf.get());
-    const int64_t n = M * K;
-#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 15))
-    for (int64_t i = 0; i < n; ++i) xb[i] = f32_to_bf16(x[i]);
-    xs = xb;
-  }
   dnnl::memory src(x_desc(M, K, of(wt)), im.engine, xs);
   dnnl::memory wei(w_desc(N, K, of(wt)), im.engine, const_cast<void*>(w));
   dnnl::memory dst(y_desc(M, N), im.engine, y);

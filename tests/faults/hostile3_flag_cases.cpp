@@ -51,7 +51,9 @@ std::vector<Case> hostile3_flag_cases() {
       // A changed value is still refused, and one out of range too (it would be ignored).
       {"ResumeChangingRoundEvery", bf16_run, "finetune --resume {S}/bf16 --round-every 4", 1,
        R"(so --round-every 4 would be ignored \(the run has --round-every 8\))"},
-      {"ResumeChangingDtype", {}, "finetune --resume {R} --dtype bf16", 1,
+      // (The run made in fp32 whatever --dtype auto would choose here: bf16 on an AMX CPU.)
+      {"ResumeChangingDtype", [](Sandbox& s) { s.run("run", "--dtype fp32"); },
+       "finetune --resume {R} --dtype bf16", 1,
        R"(so --dtype bf16 would be ignored \(the run has --dtype fp32\))"},
 
       // ---- a warm-up longer than the run -------------------------------------------------------

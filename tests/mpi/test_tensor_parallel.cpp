@@ -37,7 +37,7 @@ class MpiTensorParallel : public zof::test::ShakespeareRunTest {
   std::string eval(const std::string& extra = "") const {
     return zof::test::zof_binary() + " eval --model " + zof::test::assets_dir() +
            "/models/stories260K --text " + (dir_ / "text.txt").string() +
-           " --seq-len 64 --batch 4 --max-windows 8 --threads 1 --json " + extra;
+           " --seq-len 64 --batch 4 --max-windows 8 --threads 1 --dtype fp32 --json " + extra;
   }
   static std::string mpirun(int np) {
     return "mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " ";
@@ -103,7 +103,7 @@ class MpiTensorFinetune : public MpiTensorParallel {
            "/models/stories260K --task text --data " + (dir_ / "text.txt").string() + " --out " +
            out.string() + " --steps " + std::to_string(steps) +
            " --batch 4 --seq-len 32 --lr 1e-4 --eps 1e-3 --seed 7 --save-every 5 --queries 2 "
-           "--eval-every 4 --eval-examples 8 --threads 1 " + extra;
+           "--eval-every 4 --eval-examples 8 --threads 1 --dtype fp32 " + extra;
   }
   // The step or eval records of a run's metrics.jsonl, without timings.
   static std::vector<json> records(const fs::path& run, const char* type) {
@@ -286,7 +286,7 @@ TEST_F(MpiTensorFinetune, UnevenSplitsAndAnUntiedHeadOnStages) {
     return zof::test::zof_binary() + " finetune --model " + m.string() + " --task text --data " +
            (dir_ / "text.txt").string() + " --out " + out.string() +
            " --steps 8 --batch 4 --seq-len 32 --lr 1e-3 --eps 1e-3 --seed 5 --queries 2 "
-           "--eval-every 4 --eval-examples 8 --threads 1 " + extra;
+           "--eval-every 4 --eval-examples 8 --threads 1 --dtype fp32 " + extra;
   };
   const fs::path one = dir_ / "one", t4 = dir_ / "t4", t2 = dir_ / "t2", t2s2 = dir_ / "t2s2";
   ASSERT_EQ(run_command(cmd(one, "")).code, 0);
@@ -335,7 +335,7 @@ TEST_F(MpiTensorFinetune, ClassificationWithMicroBatchesAndABf16Save) {
            "/models/stories260K --task sst2 --data " + zof::test::assets_dir() +
            "/data/sst2 --steps 6 --batch 8 --seq-len 64 --lr 1e-4 --seed 7 --train-examples 64 "
            "--eval-examples 16 --eval-every 3 --queries 2 --micro-batches 2 --save-dtype bf16 "
-           "--threads 1 --out " + out.string();
+           "--threads 1 --dtype fp32 --out " + out.string();
   };
   const fs::path one = dir_ / "one", two = dir_ / "two", four = dir_ / "four";
   const auto r1 = run_command(cmd(one));
