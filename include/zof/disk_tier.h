@@ -63,7 +63,7 @@ struct DiskTierPlan {
   bool all_resident() const;
 };
 
-class DiskTier {
+class DiskTier : public BlockAccess {
  public:
   // Host bytes of block b with `planes` planes: its weights in the storage's type and fp32 for
   // each further plane.
@@ -84,10 +84,14 @@ class DiskTier {
   // storage (the optimizer state), moved with their blocks. The storage and the planes must
   // not move while the tier lives. threads: the pread/pwrite pool's, where it runs (the engine
   // is chosen here: io_engine_from_env()'s kind; ZOF_IO=uring where io_uring cannot run throws).
+  // unwritten: the storage and planes do not hold the blocks yet; nothing is written now, and
+  // the caller writes every disk block (acquire with overwrite, release changed) before any is
+  // read (a model loaded straight into the tier, never whole in RAM).
   DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
-           const std::filesystem::path& dir, int threads = 2, bool try_direct = true);
+           const std::filesystem::path& dir, int threads = 2, bool try_direct = true,
+           bool unwritten = false);
   // Waits for the transfers, removes the store. Does not bring blocks back: materialize() first.
-  ~DiskTier();
+  ~DiskTier() override;
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
@@ -108,12 +112,12 @@ class DiskTier {
 
   // The order in which the coming walk acquires blocks (repeats allowed; taken to repeat after
   // its end): what is read ahead.
-  void begin_walk(std::vector<int> order);
+  void begin_walk(std::vector<int> order) override;
   // The block's planes are in host memory and current until release. overwrite: the caller
   // writes every byte of them before reading any (a device's write-back): nothing is read.
-  void acquire(int block, bool overwrite = false);
+  void acquire(int block, bool overwrite = false) override;
   // Done with the block; changed: its planes were written (they go to disk behind the walk).
-  void release(int block, bool changed);
+  void release(int block, bool changed) override;
   // Every block in host memory and current; changed: the caller will write the host masters.
   // Until the next begin_walk() the host may read (and, with changed, write) them all; that
   // begin_walk() writes them back (with changed) and gives the disk blocks' pages back.

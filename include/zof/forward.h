@@ -77,6 +77,10 @@ class Forward {
   // Where the whole-model methods (logits, nll, decode_step) read the weights: the Model's
   // storage (null, the default) or blocks acquired from a streamer (device backends).
   void set_weights(BlockStreamer* s);
+  // Or from the Model's storage where blocks are held through `host` (a disk tier: each block
+  // acquired while the walk reads it). null: the storage is whole and resident. Either way the
+  // bf16 copies then cover one block at a time, as with a streamer.
+  void set_host_blocks(BlockAccess* host);
 
   // The type of the walk's matrix products (Backend::matmul's weights): F32 (the default), or
   // BF16, read from bf16 copies of the matrix weights (Param::gemm and the LM head), rounded to
@@ -172,6 +176,9 @@ class Forward {
   std::vector<int32_t*> ibufs_;
   uint8_t* mask_ = nullptr;
   BlockStreamer* weights_ = nullptr;
+  BlockAccess* host_ = nullptr;
+  // Copies one block at a time (a streamer, or host blocks through a tier), not resident ones.
+  bool per_block() const { return weights_ != nullptr || host_ != nullptr; }
 };
 
 }  // namespace zof

@@ -163,6 +163,21 @@ struct StorageAllocator {
 template <class T>
 using StorageVector = std::vector<T, StorageAllocator<T>>;
 
+// Who holds a model's blocks in host memory when the storage is not all resident: the disk
+// tier (disk_tier.h) keeps some blocks in a file and brings each back while it is acquired. A
+// reader or writer of a block's span acquires it first and releases it after; overwrite: every
+// byte of the span will be written before any is read (nothing is read from the file);
+// changed: the span was written. begin_walk gives the coming order (what is read ahead).
+// Model's methods that take one (null: the storage is whole and resident) go block by block, so
+// a model larger than RAM is loaded, checked, fingerprinted, rounded and saved through it.
+class BlockAccess {
+ public:
+  virtual ~BlockAccess() = default;
+  virtual void begin_walk(std::vector<int> order) = 0;
+  virtual void acquire(int block, bool overwrite) = 0;
+  virtual void release(int block, bool changed) = 0;
+};
+
 class Model {
  public:
   // Loads DIR/config.json and DIR's safetensors; validates every tensor the architecture needs.
@@ -175,12 +190,22 @@ class Model {
   // DIR's config and weights checked as load() checks them, nothing read or allocated: a model
   // with its layout only (no storage), to compare a checkpoint with the model it goes into.
   static Model load_layout(const std::string& dir);
+  // load_layout's model with its storage (of type `storage`) laid out and nothing read: the
+  // system's untouched zeros, none resident until written. read_weights fills it (through a
+  // disk tier: a model larger than RAM).
+  static Model load_unread(const std::string& dir, DType storage);
+  // Whether load() reads `path` as a GGUF file (else a Hugging Face directory).
+  static bool is_gguf(const std::string& path);
   // DIR's tensors read into this model's storage, in its type (as load(dir, storage_dtype())
   // holds them), one tensor at a time, each found by name and shape as load() finds it; a NaN
   // or infinity refused as load() refuses it (the weights are then partly overwritten: discard
   // the model). Returns the file's dtype (what stored_dtype() reports after load(); this
   // model's is left as it was).
-  DType read_weights(const std::string& dir);
+  // tier: each block acquired (to be overwritten) while its tensors are read, and released as
+  // changed; fingerprint (optional): fingerprint() of the weights as read, held in type
+  // `fingerprint_as` (F32: the file's values; BF16: rounded), taken as they pass.
+  DType read_weights(const std::string& dir, BlockAccess* tier = nullptr,
+                     std::string* fingerprint = nullptr, DType fingerprint_as = DType::F32);
   // A model of this config with random weights (normal, std 0.02; norms 1, biases 0): for
   // benchmarks and tests. In bf16 storage: the fp32 values rounded to nearest even.
   static Model random(const ModelConfig& cfg, uint64_t seed, DType storage = DType::F32);
@@ -200,7 +225,8 @@ class Model {
 
   // Writes out_dir/config.json and out_dir/model.safetensors in dtype (default: as loaded),
   // atomically, in Hugging Face layout (tied LM head omitted, GPT-2 Conv1D transposed back).
-  void save(const std::string& out_dir, DType dtype) const;
+  // tier: read block by block through it (its whole span is never resident at once).
+  void save(const std::string& out_dir, DType dtype, BlockAccess* tier = nullptr) const;
   // Writes the file `path` as a GGUF that llama.cpp loads (a plain LLaMA): the matrices in dtype
   // (F32, F16 or BF16), the norms in F32 (as llama.cpp's converter writes them), the q/k rows in
   // llama.cpp's order, atomically. The metadata: base's when base (the model this one was loaded
@@ -212,7 +238,7 @@ class Model {
   // Every weight rounded to dtype's nearest value (nearest even; F32 changes nothing), held in
   // the storage's type again: the weights save(dtype) writes, for evaluating what is saved (bf16
   // storage stays bf16: a bf16 value rounded to f16 is a bf16 value).
-  void round_to(DType dtype);
+  void round_to(DType dtype, BlockAccess* tier = nullptr);
   // How the weights are held: F32, or BF16 (a bf16 master, --master bf16). Converting to BF16
   // rounds to nearest even; to F32 is exact. Views and pointers taken before are invalid after.
   DType storage_dtype() const { return storage_dtype_; }
@@ -232,13 +258,13 @@ class Model {
     int64_t index = -1;
     float value = 0;
   };
-  NonFinite find_non_finite() const;
+  NonFinite find_non_finite(BlockAccess* tier = nullptr) const;
   // A 64-bit hash of the weights' values as fp32 (layout included), computed in 1 MiB chunks
   // in parallel and combined in order, so any thread count gives the same value; as hex,
   // "storage-f32-mix64:<16 digits>", or "storage-bf16-mix64:" when held in bf16 (the same hash
   // of the rounded values: the label says the base was rounded). A run records its base
   // model's in run.json.
-  std::string fingerprint() const;
+  std::string fingerprint(BlockAccess* tier = nullptr) const;
   // Elements of the storage (parameters and alignment padding), whatever its type.
   int64_t storage_size() const { return storage_size_; }
   // The fp32 storage (only when storage_dtype() is F32).
@@ -273,6 +299,8 @@ class Model {
   int lm_head() const;
 
  private:
+  // The first non-finite value among the parameters within storage elements [from, from + n).
+  NonFinite find_non_finite_in(int64_t from, int64_t n) const;
   // params_ and blocks_ from cfg_, and (allocate) the storage of storage_dtype_, zeroed.
   void build_layout(bool allocate = true);
   // load_layout and read_weights of a GGUF file (model_gguf.cpp).

@@ -200,14 +200,24 @@ class ZOEngine {
   // (their weights, and a stateful optimizer's state with them) live in a file under dir and
   // pass through host memory as the walks reach them; the block holding a tied LM head stays
   // resident (the walk reads it twice). Below disk_tier_minimum() it throws a zof::Error naming
-  // --host-mem; at or above every block's bytes it does nothing. The host masters are whole
-  // again after flush() and sync_to_host() (evaluation, checkpoints, the end) until the next
-  // walk. After enable_streaming() (the tiers compose) and before the first walk; not with
-  // pipeline stages.
-  void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads = 2);
+  // --host-mem; at or above every block's bytes it does nothing. The host masters are never
+  // whole while the tier lives: whoever reads or writes the Model's storage goes through
+  // host_blocks() block by block (Model's methods that take a BlockAccess; the engine's
+  // forward() does so itself, and read_state()/write_state() too). After enable_streaming()
+  // (the tiers compose) and before the first walk; not with pipeline stages.
+  // unwritten: the Model's storage does not hold the weights yet (laid out, nothing read): the
+  // store is not written now, and the caller writes every block through host_blocks() before
+  // anything reads one (Model::read_weights with the tier: a model larger than RAM loaded
+  // straight into it).
+  void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads = 2,
+                        bool unwritten = false);
   DiskTier* disk_tier();
-  // Every block back in host memory, the store removed.
-  void disable_disk_tier();
+  // The tier as a BlockAccess for the Model's methods; null without one.
+  BlockAccess* host_blocks();
+  // Every block back in host memory, the store removed. keep_weights false: the store goes and
+  // the weights with it (the Model's disk blocks are then zeros): a run that saved its model
+  // and ends, which RAM could not hold whole.
+  void disable_disk_tier(bool keep_weights = true);
   uint64_t disk_tier_minimum() const;
   // What host_mem keeps in RAM (DiskTier::plan), for a check before anything is created.
   DiskTierPlan disk_tier_plan(uint64_t host_mem) const;

@@ -448,10 +448,13 @@ std::vector<std::string> Archive::names() const {
 const std::map<std::string, std::string>& Archive::metadata() const { return impl_->metadata; }
 std::string Archive::source() const { return impl_->source; }
 
-void to_f32(const TensorInfo& t, float* out) {
-  const int64_t n = t.numel();
-  ZOF_ASSERT(size_t(n) * dtype_size(t.dtype) == t.nbytes);
-  const uint8_t* src = t.data;  // may be unaligned: the header length need not be a multiple of 4
+void to_f32(const TensorInfo& t, float* out) { to_f32(t, out, 0, t.numel()); }
+
+void to_f32(const TensorInfo& t, float* out, int64_t first, int64_t n) {
+  ZOF_ASSERT(size_t(t.numel()) * dtype_size(t.dtype) == t.nbytes);
+  ZOF_ASSERT(first >= 0 && n >= 0 && first + n <= t.numel());
+  // May be unaligned: the header length need not be a multiple of 4.
+  const uint8_t* src = t.data + size_t(first) * dtype_size(t.dtype);
   switch (t.dtype) {
     case DType::F32:
       if (n) std::memcpy(out, src, size_t(n) * 4);
@@ -482,7 +485,7 @@ namespace {
 }  // namespace
 
 void write(const std::string& path, const std::vector<TensorOut>& tensors,
-           const std::map<std::string, std::string>& metadata) {
+           const std::map<std::string, std::string>& metadata, const OpenTensor& open) {
   // Validate everything before touching the file system.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -499,7 +502,7 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
         throw Error("cannot write " + path + ": tensor " + t.name + " shape " + shape_str(t.shape) + " is too large");
       numel *= uint64_t(d);
     }
-    if (numel > 0 && !t.data && !t.bf16) throw Error("cannot write " + path + ": tensor " + t.name + " has no data");
+    if (numel > 0 && !t.data && !t.bf16 && !open) throw Error("cannot write " + path + ": tensor " + t.name + " has no data");
     const uint64_t bytes = numel * dtype_size(t.dtype);
     header[t.name] = {{"dtype", dtype_name(t.dtype)},
                       {"shape", t.shape},
@@ -516,9 +519,12 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
   tmp.write(hs.data(), hs.size());
   std::vector<uint16_t> buf;
   constexpr size_t kChunk = size_t(1) << 20;  // elements converted per write
-  for (const auto& t : tensors) {
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    TensorOut t = tensors[ti];
+    if (open) open(ti, t);
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= size_t(d);
+    ZOF_ASSERT(numel == 0 || t.data || t.bf16);
     if (t.bf16) {
       if (t.dtype == DType::BF16) {
         tmp.write(t.bf16, numel * 2);
@@ -556,11 +562,15 @@ void write(const std::string& path, const std::vector<TensorOut>& tensors,
   tmp.commit();
 }
 
-void release_pages(const TensorInfo& t) {
-  if (!t.data || t.nbytes == 0) return;
+void release_pages(const TensorInfo& t) { release_pages(t, 0, t.numel()); }
+
+void release_pages(const TensorInfo& t, int64_t first, int64_t n) {
+  if (!t.data || t.nbytes == 0 || n <= 0) return;
+  const size_t es = dtype_size(t.dtype);
+  const uint8_t* from = t.data + size_t(first) * es;
   const uintptr_t page = (uintptr_t)::sysconf(_SC_PAGESIZE);
-  const uintptr_t lo = ((uintptr_t)t.data + page - 1) / page * page;  // whole pages inside it
-  const uintptr_t hi = ((uintptr_t)t.data + t.nbytes) / page * page;
+  const uintptr_t lo = ((uintptr_t)from + page - 1) / page * page;  // whole pages inside it
+  const uintptr_t hi = ((uintptr_t)from + size_t(n) * es) / page * page;
   if (hi > lo) ::madvise((void*)lo, hi - lo, MADV_DONTNEED);  // advice: failure changes nothing
 }
 

@@ -2,6 +2,7 @@
 // model.safetensors.index.json) and an atomic writer (temporary file, fsync, rename).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,9 +58,13 @@ class Archive {
 // the file again if touched): a loader done with a tensor keeps the resident set to what it
 // holds itself (a 13 GB model read into bf16 would otherwise also count 13 GB of mapped file).
 void release_pages(const TensorInfo& t);
+// The same for elements [first, first + n) of the tensor (a loader going a piece at a time).
+void release_pages(const TensorInfo& t, int64_t first, int64_t n);
 
 // Converts any stored dtype to fp32: out must hold t.numel() floats.
 void to_f32(const TensorInfo& t, float* out);
+// Elements [first, first + n) of the tensor into out[0, n).
+void to_f32(const TensorInfo& t, float* out, int64_t first, int64_t n);
 
 struct TensorOut {
   std::string name;
@@ -74,7 +79,12 @@ struct TensorOut {
 // Writes one safetensors file atomically: path.tmp.<pid>, fsync, rename, fsync of the directory.
 // Tensors are laid out in the order given; names must be unique. On failure nothing is left at
 // path (an existing file there is untouched) and zof::Error says why.
+// With `open`, tensor i's data may be given as it is reached: open(i, t) is called on a copy
+// of tensors[i] just before its bytes are written and points t.data (or t.bf16) at them, valid
+// until the next call (a model held block by block through a disk tier).
+using OpenTensor = std::function<void(size_t, TensorOut&)>;
 void write(const std::string& path, const std::vector<TensorOut>& tensors,
-           const std::map<std::string, std::string>& metadata = {});
+           const std::map<std::string, std::string>& metadata = {},
+           const OpenTensor& open = nullptr);
 
 }  // namespace zof::safetensors

@@ -105,7 +105,7 @@ DiskTierPlan DiskTier::plan(const Model& m, int planes, uint64_t budget,
 }
 
 DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
-                   const fs::path& dir, int threads, bool try_direct)
+                   const fs::path& dir, int threads, bool try_direct, bool unwritten)
     : model_(model), plan_(plan), storage_(model.storage_ptr()) {
   const int n = (int)model.blocks().size();
   ZOF_ASSERT((int)plan.on_disk.size() == n);
@@ -140,13 +140,14 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
   io_ = make_io_engine(threads, io_engine_from_env());
   file_ = std::make_unique<BlockFile>(
       dir / ("zof-blocks-" + std::to_string((long)::getpid()) + ".bin"), cursor, try_direct);
-  // Every disk block to its slot now: from here the tier holds only the ring.
+  // Every disk block to its slot now (unless the caller writes them): from here the tier holds
+  // only the ring.
   try {
     for (int b = 0; b < n; ++b)
-      if (plan.on_disk[b]) write_block(b);
+      if (plan.on_disk[b] && !unwritten) write_block(b);
     for (int b = 0; b < n; ++b)
       if (plan.on_disk[b]) {
-        ticket_[b]->wait();
+        if (ticket_[b]) ticket_[b]->wait();
         evict(b);
         state_[b] = State::OnDisk;
       }

@@ -76,6 +76,7 @@ Forward::~Forward() {
 }
 
 void Forward::set_weights(BlockStreamer* s) {
+  ZOF_ASSERT(!s || !host_);
   if (s != weights_) {  // the copies' layout follows where the weights live
     be_.free(copies_);
     copies_ = nullptr;
@@ -83,6 +84,18 @@ void Forward::set_weights(BlockStreamer* s) {
     wide_ = nullptr;
   }
   weights_ = s;
+  weights_changed();
+}
+
+void Forward::set_host_blocks(BlockAccess* host) {
+  ZOF_ASSERT(!host || !weights_);
+  if (host != host_) {  // the copies' layout follows: per block under a tier
+    be_.free(copies_);
+    copies_ = nullptr;
+    be_.free(wide_);
+    wide_ = nullptr;
+  }
+  host_ = host;
   weights_changed();
 }
 
@@ -125,12 +138,12 @@ size_t Forward::streamed_compute_bytes() const {
 }
 
 uint16_t* Forward::copy_of(int pi, int block) {
-  const int64_t n = weights_ ? max_block_span(model_) + tied_lm_numel(model_)
-                             : model_.storage_size();
+  const int64_t n = per_block() ? max_block_span(model_) + tied_lm_numel(model_)
+                               : model_.storage_size();
   if (!copies_) copies_ = (uint16_t*)be_.alloc(std::max<int64_t>(n, 1) * sizeof(uint16_t));
   const Param& p = model_.params()[pi];
   const int64_t off = p.data - model_.storage();
-  if (!weights_) return copies_ + off;                      // resident: at its storage offset
+  if (!per_block()) return copies_ + off;                   // resident: at its storage offset
   if (!p.gemm) return copies_ + max_block_span(model_);     // the tied head, after the block
   return copies_ + (off - model_.blocks()[block].offset);  // streamed: one block at a time
 }
@@ -152,7 +165,7 @@ Theta Forward::held(int pi) const {
 }
 
 float* Forward::wide_of(int pi, int block) {
-  const bool streamed = weights_ != nullptr;
+  const bool streamed = per_block();
   if (!wide_) {
     const auto& params = model_.params();
     wide_off_.assign(params.size(), -1);
@@ -186,7 +199,7 @@ void Forward::widen(int block, bool tied_head) {
     const Theta h = held(pi);
     be_.widen(h.p, h.dtype, wide_of(pi, block), params[pi].numel);
   };
-  if (!weights_) {  // resident: every vector and table once, until the weights change
+  if (!per_block()) {  // resident: every vector and table once, until the weights change
     if (!wide_fresh_) {
       for (int pi = 0; pi < (int)params.size(); ++pi)
         if (!params[pi].gemm) widen_param(pi);
@@ -204,7 +217,7 @@ void Forward::widen(int block, bool tied_head) {
 
 void Forward::convert(int block, bool tied_head) {
   const int slot = tied_head ? (int)model_.blocks().size() : block;
-  if (!weights_ && fresh_[slot]) return;  // resident copies stay until weights_changed()
+  if (!per_block() && fresh_[slot]) return;  // resident copies stay until weights_changed()
   auto cast = [&](int pi) {
     const float* src = weights_ ? weights_->param(pi).f32() : model_.params()[pi].data;
     be_.cast(src, copy_of(pi, block), DType::BF16, model_.params()[pi].numel);
@@ -398,9 +411,11 @@ void Forward::head_nll(const HeadWeights& w, const float* h, int64_t rows, const
 
 void Forward::acquire(int block) {
   if (weights_) weights_->acquire(block);
+  if (host_) host_->acquire(block, false);
 }
 void Forward::release(int block) {
   if (weights_) weights_->release(block, false);
+  if (host_) host_->release(block, false);
 }
 // The views of block b: fp32 from the model or the streamer, the matrices (and a tied LM head,
 // in the head's views) from the bf16 copies in a bf16 walk.
@@ -443,11 +458,14 @@ std::vector<int> Forward::head_blocks() const {
 void Forward::walk_blocks(const int32_t* ids, const int32_t* embed_pos, const int32_t* pos,
                           const uint8_t* key_mask, int64_t B, int64_t T, KVCache* cache) {
   float* h = buf(HID);
-  if (weights_) {
+  if (per_block()) {
     std::vector<int> order;
     for (int b = 0; b <= (int)cfg_.num_layers; ++b) order.push_back(b);
     for (int b : head_blocks()) order.push_back(b);
-    weights_->begin_walk(std::move(order));
+    if (weights_)
+      weights_->begin_walk(std::move(order));
+    else
+      host_->begin_walk(std::move(order));
   }
   acquire(0);
   embed(embed_weights(), ids, embed_pos, B * T, h);

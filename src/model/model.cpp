@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <optional>
 #include <random>
 #include <type_traits>
 #include <unordered_map>
@@ -403,7 +404,7 @@ inline uint64_t avalanche(uint64_t h) {
 }
 
 // One chunk of whole 64-bit words (the storage holds an even number of floats per chunk).
-uint64_t hash_chunk(const float* x, int64_t n, uint64_t seed) {
+[[gnu::noipa]] uint64_t hash_chunk(const float* x, int64_t n, uint64_t seed) {
   uint64_t a0 = seed + kP1 + kP2, a1 = seed + kP2, a2 = seed, a3 = seed - kP1;
   const int64_t words = n / 2;
   int64_t w = 0;
@@ -429,9 +430,123 @@ uint64_t hash_chunk(const float* x, int64_t n, uint64_t seed) {
   return avalanche(h + (uint64_t)n);
 }
 
+// Model::fingerprint()'s hash of a storage fed in order: the values as fp32 at increasing
+// element offsets (gaps are the storage's zeros), in chunks of 1 MiB hashed with their index as
+// seed and combined in order. Whole chunks of a feed are hashed in parallel straight from it;
+// a chunk that spans feeds passes through a buffer of its own.
+class FingerprintStream {
+ public:
+  static constexpr int64_t kChunk = int64_t(1) << 18;  // floats: 1 MiB
+  void feed(int64_t at, const float* x, int64_t n) {
+    ZOF_ASSERT(at >= pos_);
+    zeros(at - pos_);
+    append(x, n);
+  }
+  std::string finish(int64_t total, bool half) {
+    ZOF_ASSERT(total >= pos_);
+    zeros(total - pos_);
+    if (fill_ > 0) parts_.push_back(hash_chunk(buf_.data(), fill_, (uint64_t)parts_.size()));
+    uint64_t h = kP3 ^ (uint64_t)total;
+    for (uint64_t p : parts_) h = round64(h, p);
+    h = avalanche(h);
+    char out[40];
+    std::snprintf(out, sizeof out, "storage-%s-mix64:%016llx", half ? "bf16" : "f32",
+                  (unsigned long long)h);
+    return out;
+  }
+
+ private:
+  void zeros(int64_t n) {
+    static const std::vector<float> z(size_t(1) << 16, 0.f);
+    for (int64_t i = 0; i < n; i += (int64_t)z.size())
+      append(z.data(), std::min<int64_t>((int64_t)z.size(), n - i));
+  }
+  void append(const float* x, int64_t n) {
+    pos_ += n;
+    if (fill_ > 0) {  // top up the chunk in the buffer
+      const int64_t m = std::min(kChunk - fill_, n);
+      std::copy_n(x, m, buf_.data() + fill_);
+      fill_ += m, x += m, n -= m;
+      if (fill_ < kChunk) return;
+      parts_.push_back(hash_chunk(buf_.data(), kChunk, (uint64_t)parts_.size()));
+      fill_ = 0;
+    }
+    const int64_t whole = n / kChunk, first = (int64_t)parts_.size();
+    parts_.resize(size_t(first + whole));
+#pragma omp parallel for schedule(static) if (whole > 4)
+    for (int64_t c = 0; c < whole; ++c)
+      parts_[first + c] = hash_chunk(x + c * kChunk, kChunk, (uint64_t)(first + c));
+    x += whole * kChunk, n -= whole * kChunk;
+    if (n > 0) {
+      if (buf_.empty()) buf_.resize(kChunk);
+      std::copy_n(x, n, buf_.data());
+      fill_ = n;
+    }
+  }
+  int64_t pos_ = 0, fill_ = 0;
+  std::vector<float> buf_;
+  std::vector<uint64_t> parts_;
+};
+
+// Holds block b through tier (none: the storage is resident) until done(), which releases it
+// (and may throw a transfer's error); a scope left by an exception releases it unchanged.
+class HeldBlock {
+ public:
+  HeldBlock(BlockAccess* tier, int b, bool overwrite = false) : tier_(tier), b_(b) {
+    if (tier_) tier_->acquire(b_, overwrite);
+  }
+  ~HeldBlock() {
+    if (tier_ && !done_) try {
+        tier_->release(b_, false);
+      } catch (...) {  // the error that unwinds is the one the caller hears
+      }
+  }
+  HeldBlock(const HeldBlock&) = delete;
+  HeldBlock& operator=(const HeldBlock&) = delete;
+  void done(bool changed) {
+    done_ = true;
+    if (tier_) tier_->release(b_, changed);
+  }
+
+ private:
+  BlockAccess* tier_;
+  int b_;
+  bool done_ = false;
+};
+
+// Every block in order: what a walk through a tier reads ahead.
+void begin_in_order(BlockAccess* tier, int nblocks) {
+  if (!tier) return;
+  std::vector<int> order(nblocks);
+  for (int b = 0; b < nblocks; ++b) order[b] = b;
+  tier->begin_walk(std::move(order));
+}
+
 }  // namespace
 
-void Model::round_to(DType dtype) {
+void Model::round_to(DType dtype, BlockAccess* tier) {
+  if (tier && dtype != DType::F32 && !(dtype == DType::BF16 && storage_dtype_ == DType::BF16)) {
+    // Block by block through the tier: the same rounding of each block's span.
+    begin_in_order(tier, (int)blocks_.size());
+    for (int b = 0; b < (int)blocks_.size(); ++b) {
+      HeldBlock held(tier, b);
+      const Block& blk = blocks_[b];
+      if (storage_dtype_ == DType::BF16) {
+        uint16_t* h = storage16_.data() + blk.offset;
+#pragma omp parallel for schedule(static) if (blk.span > (int64_t(1) << 16))
+        for (int64_t i = 0; i < blk.span; ++i)
+          h[i] = f32_to_bf16(f16_to_f32(f32_to_f16(bf16_to_f32(h[i]))));
+      } else {
+        float* w = storage_.data() + blk.offset;
+        const bool bf = dtype == DType::BF16;
+#pragma omp parallel for schedule(static) if (blk.span > (int64_t(1) << 16))
+        for (int64_t i = 0; i < blk.span; ++i)
+          w[i] = bf ? bf16_round(w[i]) : f16_to_f32(f32_to_f16(w[i]));
+      }
+      held.done(true);
+    }
+    return;
+  }
   if (dtype == DType::F32) return;
   if (storage_dtype_ == DType::BF16) {
     if (dtype == DType::BF16) return;  // every value is one already
@@ -540,24 +655,23 @@ bool any_non_finite_bf16(const uint16_t* x, int64_t n) {
 }
 }  // namespace
 
-Model::NonFinite Model::find_non_finite() const {
-  NonFinite r;
-  const int64_t n = storage_size_;
+Model::NonFinite Model::find_non_finite_in(int64_t from, int64_t n) const {
   constexpr int64_t kChunk = int64_t(1) << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
   const bool half = storage_dtype_ == DType::BF16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
   int any = 0;
 #pragma omp parallel for schedule(static) reduction(| : any) if (chunks > 8)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t m = std::min(kChunk, n - c * kChunk);
-    any |= (half ? any_non_finite_bf16(storage16_.data() + c * kChunk, m)
-                 : any_non_finite(storage_.data() + c * kChunk, m))
+    const int64_t m = std::min(kChunk, n - c * kChunk), at = from + c * kChunk;
+    any |= (half ? any_non_finite_bf16(storage16_.data() + at, m)
+                 : any_non_finite(storage_.data() + at, m))
                ? 1
                : 0;
   }
-  if (!any) return r;
+  if (!any) return NonFinite{};
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
+    if (p.offset + p.numel <= from || p.offset >= from + n) continue;
     if (half) {
       const uint16_t* h = storage16_.data() + p.offset;
       for (int64_t j = 0; j < p.numel; ++j)
@@ -568,33 +682,53 @@ Model::NonFinite Model::find_non_finite() const {
     for (int64_t j = 0; j < p.numel; ++j)
       if (any_non_finite(p.data + j, 1)) return NonFinite{(int)i, j, p.data[j]};
   }
-  return r;  // only padding (never written) could hold one
+  return NonFinite{};  // only padding (never written) could hold one
 }
 
-std::string Model::fingerprint() const {
-  const int64_t n = storage_size_;
-  constexpr int64_t kChunk = int64_t(1) << 18;  // floats: 1 MiB
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<uint64_t> part(chunks);
+Model::NonFinite Model::find_non_finite(BlockAccess* tier) const {
+  if (!tier) return find_non_finite_in(0, storage_size_);
+  // Through the tier: each block's span while it is held (the gaps between blocks are padding).
+  begin_in_order(tier, (int)blocks_.size());
+  for (int b = 0; b < (int)blocks_.size(); ++b) {
+    HeldBlock held(tier, b);
+    const NonFinite r = find_non_finite_in(blocks_[b].offset, blocks_[b].span);
+    held.done(false);
+    if (r.param >= 0) return r;
+  }
+  return NonFinite{};
+}
+
+std::string Model::fingerprint(BlockAccess* tier) const {
   const bool half = storage_dtype_ == DType::BF16;
-#pragma omp parallel for schedule(static) if (chunks > 4)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t m = std::min(kChunk, n - c * kChunk);
+  FingerprintStream fs;
+  if (!tier && !half) {
+    fs.feed(0, storage_.data(), storage_size_);
+    return fs.finish(storage_size_, half);
+  }
+  // Block by block (the gaps between blocks are padding, zeros), a bf16 master's values as fp32
+  // a piece at a time: the hash of fp32 storage holding them.
+  begin_in_order(tier, (int)blocks_.size());
+  std::vector<float> wide;
+  for (int b = 0; b < (int)blocks_.size(); ++b) {
+    HeldBlock held(tier, b);
+    const Block& blk = blocks_[b];
     if (!half) {
-      part[c] = hash_chunk(storage_.data() + c * kChunk, m, (uint64_t)c);
+      fs.feed(blk.offset, storage_.data() + blk.offset, blk.span);
+      held.done(false);
       continue;
     }
-    std::vector<float> wide(m);  // the values as fp32: the hash of fp32 storage holding them
-    for (int64_t i = 0; i < m; ++i) wide[i] = bf16_to_f32(storage16_[c * kChunk + i]);
-    part[c] = hash_chunk(wide.data(), m, (uint64_t)c);
+    constexpr int64_t kPiece = FingerprintStream::kChunk * 4;
+    for (int64_t i = 0; i < blk.span; i += kPiece) {
+      const int64_t m = std::min(kPiece, blk.span - i);
+      wide.resize(size_t(m));
+      const uint16_t* h = storage16_.data() + blk.offset + i;
+#pragma omp parallel for schedule(static) if (m > (int64_t(1) << 16))
+      for (int64_t j = 0; j < m; ++j) wide[j] = bf16_to_f32(h[j]);
+      fs.feed(blk.offset + i, wide.data(), m);
+    }
+    held.done(false);
   }
-  uint64_t h = kP3 ^ (uint64_t)n;
-  for (uint64_t p : part) h = round64(h, p);
-  h = avalanche(h);
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "storage-%s-mix64:%016llx", half ? "bf16" : "f32",
-                (unsigned long long)h);
-  return buf;
+  return fs.finish(storage_size_, half);
 }
 
 void Model::build_layout(bool allocate) {
@@ -682,67 +816,127 @@ Model Model::load_layout(const std::string& dir) {
   auto archive = safetensors::Archive::open_dir(dir);
   check_config_against_weights(m.cfg_, archive, dir);
   m.build_layout(false);
+  // The file's dtype, from the headers (what read_weights returns): bf16 or f16 where any of
+  // the tensors read is.
+  bool any_bf16 = false, any_f16 = false;
+  for (const Param& p : m.params_) {
+    const safetensors::TensorInfo* t = archive.find(p.name);
+    if (!t && m.cfg_.arch == Arch::GPT2 && p.name.rfind("transformer.", 0) == 0)
+      t = archive.find(p.name.substr(std::string("transformer.").size()));
+    if (!t) continue;  // read_weights names it
+    any_bf16 |= t->dtype == DType::BF16;
+    any_f16 |= t->dtype == DType::F16;
+  }
+  m.stored_dtype_ = any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
   return m;
 }
 
-Model Model::load(const std::string& dir, DType storage) {
+Model Model::load_unread(const std::string& dir, DType storage) {
   ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
             std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
   Model m = load_layout(dir);
   m.storage_dtype_ = storage;
   m.allocate_storage();
+  return m;
+}
+
+bool Model::is_gguf(const std::string& path) { return gguf::is_file_path(path); }
+
+Model Model::load(const std::string& dir, DType storage) {
+  Model m = load_unread(dir, storage);
   m.stored_dtype_ = m.read_weights(dir);
   return m;
 }
 
-DType Model::read_weights(const std::string& dir) {
+DType Model::read_weights(const std::string& dir, BlockAccess* tier, std::string* fingerprint,
+                          DType fingerprint_as) {
   ZOF_ASSERT(storage_size_ > 0 && (!storage_.empty() || !storage16_.empty()));
-  if (gguf::is_file_path(dir)) return read_gguf_weights(dir);
+  if (gguf::is_file_path(dir)) {
+    ZOF_ASSERT(!tier);  // a GGUF file is read whole (the trainer moves its blocks out after)
+    const DType t = read_gguf_weights(dir);
+    if (fingerprint) {
+      ZOF_ASSERT(fingerprint_as == storage_dtype_);
+      *fingerprint = this->fingerprint();
+    }
+    return t;
+  }
   auto archive = safetensors::Archive::open_dir(dir);
   bool any_bf16 = false, any_f16 = false;
-  std::vector<float> wide;
-  for (auto& p : params_) {
-    std::vector<int64_t> file_shape = p.shape;
-    if (p.transposed) std::swap(file_shape[0], file_shape[1]);
-    std::string name = p.name;
-    // The original GPT-2 checkpoints name tensors without the "transformer." prefix.
-    if (cfg_.arch == Arch::GPT2 && !archive.find(name) &&
-        archive.find(name.substr(std::string("transformer.").size())))
-      name = name.substr(std::string("transformer.").size());
-    const auto& t = archive.require(name, file_shape);
-    any_bf16 |= t.dtype == DType::BF16;
-    any_f16 |= t.dtype == DType::F16;
-    if (storage_dtype_ == DType::F32) {
-      load_tensor(t, p, p.data);
-      safetensors::release_pages(t);  // the file's pages: not resident beside the copy
-      continue;
-    }
-    wide.resize(p.numel);  // one tensor at a time
-    load_tensor(t, p, wide.data());
-    uint16_t* h = storage16_.data() + p.offset;
-    for (int64_t j = 0; j < p.numel; ++j) {
-      h[j] = f32_to_bf16(wide[j]);
-      // A finite weight past bf16's largest (3.39e38) would become inf: say so, not "damaged".
-      if (std::isfinite(wide[j]) && !std::isfinite(bf16_to_f32(h[j]))) {
-        char v[32];
-        std::snprintf(v, sizeof v, "%g", (double)wide[j]);
-        throw Error("tensor " + p.name + " in " + t.file + " holds " + v + " at element " +
-                    std::to_string(j) + ", beyond bf16's range (3.39e38): a bf16 master cannot "
-                    "hold it; fine-tune this model with --master fp32");
+  std::vector<float> wide, as_fp;
+  FingerprintStream fs;
+  const bool half = storage_dtype_ == DType::BF16;
+  constexpr int64_t kLoadPiece = int64_t(1) << 20;  // elements converted at a time
+  // Block by block: each held through the tier (every byte of its tensors written) while read.
+  begin_in_order(tier, (int)blocks_.size());
+  for (int b = 0; b < (int)blocks_.size(); ++b) {
+    HeldBlock held(tier, b, /*overwrite=*/true);
+    for (int pi : blocks_[b].params) {
+      Param& p = params_[pi];
+      std::vector<int64_t> file_shape = p.shape;
+      if (p.transposed) std::swap(file_shape[0], file_shape[1]);
+      std::string name = p.name;
+      // The original GPT-2 checkpoints name tensors without the "transformer." prefix.
+      if (cfg_.arch == Arch::GPT2 && !archive.find(name) &&
+          archive.find(name.substr(std::string("transformer.").size())))
+        name = name.substr(std::string("transformer.").size());
+      const auto& t = archive.require(name, file_shape);
+      any_bf16 |= t.dtype == DType::BF16;
+      any_f16 |= t.dtype == DType::F16;
+      // A piece at a time (a transposed tensor whole): into the storage, the file's pages of
+      // the piece given back, the values fed to the fingerprint as a model held in
+      // fingerprint_as holds them.
+      const int64_t piece = p.transposed ? std::max<int64_t>(p.numel, 1) : kLoadPiece;
+      for (int64_t at = 0; at < p.numel; at += piece) {
+        const int64_t m = std::min(piece, p.numel - at);
+        float* values = p.data ? p.data + at : nullptr;  // as read, in fp32
+        if (half) {
+          wide.resize(size_t(m));
+          values = wide.data();
+        }
+        if (p.transposed)
+          load_tensor(t, p, values);
+        else
+          safetensors::to_f32(t, values, at, m);
+        safetensors::release_pages(t, at, m);
+        if (half) {
+          uint16_t* h = storage16_.data() + p.offset + at;
+          for (int64_t j = 0; j < m; ++j) {
+            h[j] = f32_to_bf16(values[j]);
+            // A finite weight past bf16's largest (3.39e38) would become inf: say so, not
+            // "damaged".
+            if (std::isfinite(values[j]) && !std::isfinite(bf16_to_f32(h[j]))) {
+              char v[32];
+              std::snprintf(v, sizeof v, "%g", (double)values[j]);
+              throw Error("tensor " + p.name + " in " + t.file + " holds " + v + " at element " +
+                          std::to_string(at + j) + ", beyond bf16's range (3.39e38): a bf16 "
+                          "master cannot hold it; fine-tune this model with --master fp32");
+            }
+          }
+        }
+        if (!fingerprint) continue;
+        if (fingerprint_as == DType::BF16) {
+          as_fp.resize(size_t(m));
+          for (int64_t j = 0; j < m; ++j) as_fp[j] = bf16_round(values[j]);
+          values = as_fp.data();
+        }
+        fs.feed(p.offset + at, values, m);
       }
     }
-    safetensors::release_pages(t);
+    // A NaN or an infinity in the weights makes every loss NaN (or a perplexity that means
+    // nothing): refused here, for every command.
+    if (const NonFinite bad = find_non_finite_in(blocks_[b].offset, blocks_[b].span);
+        bad.param >= 0) {
+      const Param& p = params_[bad.param];
+      const safetensors::TensorInfo* t = archive.find(p.name);
+      throw Error("tensor " + p.name + " in " + (t ? t->file : weights_file(dir)) + " holds " +
+                  (std::isnan(bad.value) ? std::string("NaN") : bad.value > 0 ? "+Inf" : "-Inf") +
+                  " at element " + std::to_string(bad.index) + " (of " +
+                  std::to_string(p.numel) + "); the weights are damaged: re-download or "
+                  "re-export the model");
+    }
+    held.done(true);
   }
-  // A NaN or an infinity in the weights makes every loss NaN (or a perplexity that means
-  // nothing): refused here, for every command.
-  if (const NonFinite bad = find_non_finite(); bad.param >= 0) {
-    const Param& p = params_[bad.param];
-    const safetensors::TensorInfo* t = archive.find(p.name);
-    throw Error("tensor " + p.name + " in " + (t ? t->file : weights_file(dir)) + " holds " +
-                (std::isnan(bad.value) ? std::string("NaN") : bad.value > 0 ? "+Inf" : "-Inf") +
-                " at element " + std::to_string(bad.index) + " (of " + std::to_string(p.numel) +
-                "); the weights are damaged: re-download or re-export the model");
-  }
+  if (fingerprint) *fingerprint = fs.finish(storage_size_, fingerprint_as == DType::BF16);
   return any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
 }
 
@@ -781,39 +975,57 @@ Model Model::random(const ModelConfig& cfg, uint64_t seed, DType storage) {
   return m;
 }
 
-void Model::save(const std::string& out_dir, DType dtype) const {
+void Model::save(const std::string& out_dir, DType dtype, BlockAccess* tier) const {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   ZOF_CHECK(!ec, "cannot create output directory " + out_dir + ": " + ec.message());
-  // Transposed copies, alive until written (fp32 storage; bf16 storage's in bf16).
-  std::vector<std::vector<float>> transposed;
-  std::vector<std::vector<uint16_t>> transposed16;
-  std::vector<safetensors::TensorOut> out;
+  // Each tensor's data as its turn comes (safetensors::OpenTensor): its block held through the
+  // tier while its tensors are written, a transposed copy of one tensor at a time.
   const bool half = storage_dtype_ == DType::BF16;
-  for (size_t pi = 0; pi < params_.size(); ++pi) {
-    const Param& p = params_[pi];
-    safetensors::TensorOut t{p.name, dtype, p.shape, p.data};
-    if (half) t.bf16 = storage16_.data() + p.offset;
-    if (p.transposed) {
-      const int64_t rows = p.shape[0], cols = p.shape[1];  // (out, in) -> file (in, out)
-      t.shape = {cols, rows};
-      if (half) {
-        transposed16.emplace_back(p.numel);
-        auto& buf = transposed16.back();
-        for (int64_t i = 0; i < cols; ++i)
-          for (int64_t o = 0; o < rows; ++o) buf[i * rows + o] = t.bf16[o * cols + i];
-        t.bf16 = buf.data();
-      } else {
-        transposed.emplace_back(p.numel);
-        auto& buf = transposed.back();
-        for (int64_t i = 0; i < cols; ++i)
-          for (int64_t o = 0; o < rows; ++o) buf[i * rows + o] = p.data[o * cols + i];
-        t.data = buf.data();
-      }
-    }
+  std::vector<int> block_of(params_.size(), -1);
+  for (int b = 0; b < (int)blocks_.size(); ++b)
+    for (int pi : blocks_[b].params) block_of[pi] = b;
+  std::vector<safetensors::TensorOut> out;
+  for (const Param& p : params_) {
+    safetensors::TensorOut t{p.name, dtype, p.shape, nullptr};
+    if (p.transposed) t.shape = {p.shape[1], p.shape[0]};  // (out, in) -> file (in, out)
     out.push_back(std::move(t));
   }
-  safetensors::write((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+  begin_in_order(tier, (int)blocks_.size());
+  std::optional<HeldBlock> held;
+  int held_block = -1;
+  std::vector<float> transposed;
+  std::vector<uint16_t> transposed16;
+  auto open = [&](size_t pi, safetensors::TensorOut& t) {
+    const Param& p = params_[pi];
+    if (block_of[pi] != held_block) {
+      if (held) held->done(false);
+      held.reset();
+      held_block = block_of[pi];
+      held.emplace(tier, held_block);
+    }
+    if (half)
+      t.bf16 = storage16_.data() + p.offset;
+    else
+      t.data = p.data;
+    if (!p.transposed) return;
+    const int64_t rows = p.shape[0], cols = p.shape[1];
+    if (half) {
+      transposed16.resize(size_t(p.numel));
+      for (int64_t i = 0; i < cols; ++i)
+        for (int64_t o = 0; o < rows; ++o) transposed16[i * rows + o] = t.bf16[o * cols + i];
+      t.bf16 = transposed16.data();
+    } else {
+      transposed.resize(size_t(p.numel));
+      for (int64_t i = 0; i < cols; ++i)
+        for (int64_t o = 0; o < rows; ++o) transposed[i * rows + o] = p.data[o * cols + i];
+      t.data = transposed.data();
+    }
+  };
+  safetensors::write((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}},
+                     open);
+  if (held) held->done(false);
+  held.reset();
   nlohmann::json cfg = cfg_.raw;
   if (cfg.contains("dtype")) cfg["dtype"] = dtype_torch_name(dtype);
   cfg["torch_dtype"] = dtype_torch_name(dtype);

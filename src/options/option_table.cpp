@@ -166,9 +166,11 @@ const std::vector<OptionSpec>& options_table() {
        "--gpu-mem (all resident if they fit)",
        {"cpu", "cuda"}, false},
       {"host_mem", &O::host_mem,
-       "Host memory budget for the master weights and optimizer state, e.g. 8GiB or bytes "
-       "(default: no budget, all in RAM): blocks that fit stay in RAM, the rest live in "
-       "--offload-dir and are read ahead and written back each step",
+       "Host memory budget for the master weights and optimizer state, e.g. 8GiB or bytes: "
+       "blocks that fit stay in RAM, the rest live in --offload-dir and are read ahead and "
+       "written back each step; loading, evaluation, checkpoints and the save go through it "
+       "block by block (default: all in RAM where the model fits the free host memory, or its "
+       "container's limit, less a margin of 1 GiB and a tenth; else that budget)",
        {}, false},
       {"offload_dir", &O::offload_dir,
        "With --host-mem: the directory (on a local file system) for the blocks beyond it "

@@ -432,7 +432,7 @@ std::string RunDir::saved_fingerprint() const {
   return saved_["base_fingerprint"].get<std::string>();
 }
 
-RunCounters RunDir::load_checkpoint(Model& model) const {
+RunCounters RunDir::load_checkpoint(Model& model, BlockAccess* tier) const {
   if (ckpt_.empty()) return RunCounters{};
   // Its layout first, then its weights straight into the model (a second model in memory would
   // double a big run's footprint), held as the run holds them (a bf16 master's: exact).
@@ -448,7 +448,7 @@ RunCounters RunDir::load_checkpoint(Model& model) const {
                   saved.params()[i].shape == model.params()[i].shape,
               "checkpoint " + ckpt_.string() + " holds tensor " + saved.params()[i].name +
                   " where the model has " + model.params()[i].name + "; " + kDamaged);
-  model.read_weights(ckpt_.string());
+  model.read_weights(ckpt_.string(), tier);
   return state_;
 }
 
@@ -496,9 +496,9 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
 
 void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int planes,
                              const std::vector<float>& m, const std::vector<float>& v,
-                             OptimizerChoice optimizer) {
+                             OptimizerChoice optimizer, BlockAccess* tier) {
   const std::string name = "checkpoint-" + std::to_string(c.step);
-  const Model::NonFinite bad = model.find_non_finite();
+  const Model::NonFinite bad = model.find_non_finite(tier);
   // Weights that are not finite, or that gave a non-finite loss at the last step (bad_run > 0:
   // that step's update was skipped), are not written. Mid-run such a checkpoint is skipped (a
   // transient the run may recover from; the last good checkpoint stays); at the end of the run,
@@ -548,7 +548,7 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int plane
     throw fs::filesystem_error("cannot create directories", tmp,
                                std::make_error_code(std::errc::permission_denied));
   fs::create_directories(tmp);
-  model.save(tmp.string(), model.storage_dtype());  // the master as held: exact resume
+  model.save(tmp.string(), model.storage_dtype(), tier);  // the master as held: exact resume
   // Momentum/Adam state beside the weights (storage layout), for an exact resume.
   if (planes > 0) {
     const int64_t n = model.storage_size();

@@ -196,7 +196,10 @@ class RunDir {
 
   // The checkpoint the run continues from: its weights into model, its counters; nothing and
   // zero counters for a run that starts at step 0.
-  RunCounters load_checkpoint(Model& model) const;
+  // tier: the model's blocks are held through it (a disk tier), read into it block by block.
+  RunCounters load_checkpoint(Model& model, BlockAccess* tier = nullptr) const;
+  // Its counters alone (zero for a run that starts at step 0).
+  RunCounters checkpoint_counters() const { return ckpt_.empty() ? RunCounters{} : state_; }
   // Momentum/Adam state beside the checkpoint's weights, when the engine keeps any.
   void load_optimizer_state(ZOEngine& engine, const Model& model,
                             OptimizerChoice optimizer) const;
@@ -222,9 +225,10 @@ class RunDir {
   // last step's loss was not finite are not written either: mid-run the checkpoint is skipped
   // (the previous one stays), at the run's last step that is the same error.
   // planes (0, 1 or 2): m and v (Job::gather_state), written beside the weights.
+  // tier: the model's blocks held through it (a disk tier), read block by block.
   void save_checkpoint(const RunCounters& c, const Model& model, int planes,
                        const std::vector<float>& m, const std::vector<float>& v,
-                       OptimizerChoice optimizer);
+                       OptimizerChoice optimizer, BlockAccess* tier = nullptr);
 
  private:
   // hash: the ByteHash the checkpoint records of the first `recorded` bytes ("": none).

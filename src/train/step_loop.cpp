@@ -101,7 +101,8 @@ void StepLoop::save_checkpoint(int64_t step) {
     at.step = step;
     at.window_from = open ? from : -1;
     try {
-      dir_.save_checkpoint(at, model_, engine_.state_planes(), m, v, opt_.optimizer);
+      dir_.save_checkpoint(at, model_, engine_.state_planes(), m, v, opt_.optimizer,
+                           engine_.host_blocks());
     } catch (const std::filesystem::filesystem_error& e) {
       // Directory operations (create, rename, remove) in the run's words, on one line.
       const std::string run = dir_.path().string();

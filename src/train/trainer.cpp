@@ -9,10 +9,12 @@
 #include <cerrno>
 #include <csignal>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <cstdio>
+#include <fstream>
 #include <optional>
+#include <string>
 
 #include "train/estimator.h"
 #include "train/evaluation.h"
@@ -183,7 +185,7 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   const json after = r.eval.evaluate(end.step, "after");
   if (!r.job.root) return json{{"rank", r.job.rank}};
   // f16 holds at most 65504: a larger weight saved so would be inf, a file no loader takes.
-  if (const Model::NonFinite bad = r.model.find_non_finite(); bad.param >= 0)
+  if (const Model::NonFinite bad = r.model.find_non_finite(r.engine.host_blocks()); bad.param >= 0)
     throw Error(std::string("--save-dtype ") + word(r.opt.save_dtype) + ": weight " + std::to_string(bad.index) +
                 " of " + r.model.params()[bad.param].name + " is beyond " +
                 dtype_torch_name(saved) + "'s range: no model was written (the logs and the "
@@ -194,9 +196,10 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                 after["metric"].get<std::string>() + " on the held-out set: no model was "
                 "written (the logs and checkpoint are in " + run + "); lower --lr and start a new run");
   if (r.opt.save_format == SaveFormat::Gguf) {
+    r.engine.disable_disk_tier();  // a GGUF file is written from the whole model in RAM
     r.model.save_gguf((r.dir.path() / "model.gguf").string(), saved, r.opt.model);
   } else {
-    r.model.save(run, saved);
+    r.model.save(run, saved, r.engine.host_blocks());
     copy_tokenizer_files(r.opt.model, run);
   }
   json summary{{"steps", end.step},
@@ -243,6 +246,93 @@ void write_run_report(const TrainOptions& opt, const RunDir& dir, const json& su
 }
 
 }  // namespace
+
+// A number in a file of the cgroup file system (0 where absent or "max").
+static uint64_t cgroup_number(const fs::path& p) {
+  std::ifstream in(p);
+  std::string v;
+  if (!(in >> v) || v.empty() || v.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::strtoull(v.c_str(), nullptr, 10);
+}
+
+// The host memory free now: /proc/meminfo's MemAvailable, or less where this process's memory
+// cgroup (a container's limit; v2 or v1) leaves less below its limit. ZOF_FAULT_MEM_AVAILABLE=
+// BYTES stands in for it in tests. 0 where it cannot be read.
+static uint64_t host_memory_available() {
+  if (const char* f = std::getenv("ZOF_FAULT_MEM_AVAILABLE")) return std::strtoull(f, nullptr, 10);
+  uint64_t avail = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    for (std::string key; in >> key;) {
+      uint64_t kb = 0;
+      in >> kb;
+      if (key == "MemAvailable:") avail = kb * 1024;
+      in.ignore(1 << 10, '\n');
+    }
+  }
+  std::ifstream cg("/proc/self/cgroup");
+  for (std::string line; std::getline(cg, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string ctl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    fs::path dir;
+    uint64_t limit = 0, used = 0;
+    if (ctl.empty()) {  // v2
+      dir = fs::path("/sys/fs/cgroup") / fs::path(path).relative_path();
+      limit = cgroup_number(dir / "memory.max");
+      used = cgroup_number(dir / "memory.current");
+    } else if (ctl == "memory") {  // v1
+      dir = fs::path("/sys/fs/cgroup/memory") / fs::path(path).relative_path();
+      limit = cgroup_number(dir / "memory.limit_in_bytes");
+      used = cgroup_number(dir / "memory.usage_in_bytes");
+    }
+    if (limit > 0 && limit < (uint64_t(1) << 60)) avail = std::min(avail, limit > used ? limit - used : 0);
+  }
+  return avail;
+}
+
+// --host-mem's default: none (every block in RAM) where the model's host masters (its weights
+// in the storage's type, and a stateful optimizer's fp32 state) fit the free host memory less a
+// margin for the rest of the run (1 GiB and a tenth of what is free); where they do not, that
+// budget, so that a model larger than RAM runs through the disk tier instead of running out of
+// memory. Only where the tier runs (one process, the SPSA walk, no pipeline stages, not CUDA),
+// and at or above the tier's least; `why` says what was chosen (empty: nothing).
+static uint64_t default_host_memory(const TrainOptions& opt, const Model& layout, DType storage,
+                                    int ranks, std::string& why) {
+  if (!opt.host_mem.empty() || ranks != 1 || opt.estimator != EstimatorChoice::Spsa ||
+      opt.pipeline_stages != 1 || opt.tensor_parallel != 1 || opt.device == DeviceChoice::Cuda)
+    return 0;
+  const int planes = opt.optimizer == OptimizerChoice::Adam       ? 2
+                     : opt.optimizer == OptimizerChoice::Momentum ? 1
+                                                                  : 0;
+  const uint64_t per = dtype_size(storage) + (uint64_t)planes * sizeof(float);  // an element's
+  const uint64_t need = (uint64_t)layout.storage_size() * per;
+  // The tier's least (DiskTier::min_bytes): a tied LM head's block (the embedding) resident and
+  // two of the largest other block in flight.
+  const auto& blocks = layout.blocks();
+  const bool tied = layout.config().tie_embeddings;
+  uint64_t largest = 0;
+  for (size_t b = tied ? 1 : 0; b < blocks.size(); ++b)
+    largest = std::max<uint64_t>(largest, (uint64_t)blocks[b].span * per);
+  const uint64_t least = 2 * largest + (tied ? (uint64_t)blocks[0].span * per : 0);
+  const uint64_t free = host_memory_available();
+  const uint64_t margin = (uint64_t(1) << 30) + free / 10;
+  if (free == 0 || need + margin <= free) return 0;
+  const uint64_t budget = free > margin ? free - margin : 0;
+  if (budget < least) {
+    why = "zof: warning: the model's host masters (" + format_bytes(need) + ") exceed the " +
+          format_bytes(free) + " of free host memory, less than the disk tier's least (" +
+          format_bytes(least) + ") with a margin of " + format_bytes(margin) +
+          " for the rest of the run: running in RAM, which may run out; free memory, or give "
+          "--host-mem SIZE";
+    return 0;
+  }
+  why = "--host-mem by default: the model's host masters (" + format_bytes(need) +
+        ") exceed the " + format_bytes(free) + " of free host memory less a margin of " +
+        format_bytes(margin) + ", so " + format_bytes(budget) +
+        " of them stay in RAM and the rest on disk (--host-mem SIZE chooses)";
+  return budget;
+}
 
 // --offload-dir, or offload/ in the run directory.
 static fs::path offload_path(const TrainOptions& opt, const fs::path& run) {
@@ -332,7 +422,20 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // A bf16 master in 2 bytes a parameter where the walk reads it so (weight_storage); a resumed
   // run's base loaded as its fingerprint was taken, then held so.
   const DType storage = weight_storage(opt);
-  Model model = Model::load(opt.model, fingerprint_storage(dir.saved_fingerprint(), storage));
+  const DType fingerprint_as = fingerprint_storage(dir.saved_fingerprint(), storage);
+  // With a disk tier the weights go straight into it, block by block, once --out exists (the
+  // tier's store may live there): here the model is laid out and every tensor's name, shape and
+  // dtype checked, nothing read. The fingerprint is taken as they pass. A GGUF file is read
+  // whole, and the tier then moves its blocks out.
+  // --host-mem, or its default where the model does not fit the free host memory.
+  std::string host_mem_why;
+  uint64_t host_mem = host_memory_budget(opt);
+  if (host_mem == 0)
+    host_mem = default_host_memory(opt, Model::load_layout(opt.model), storage, comm->size(),
+                                   host_mem_why);
+  const bool load_into_tier = host_mem > 0 && !Model::is_gguf(opt.model);
+  Model model = load_into_tier ? Model::load_unread(opt.model, storage)
+                               : Model::load(opt.model, fingerprint_as);
   // A model tensor parallel cannot split is refused by name before --out exists.
   if (opt.tensor_parallel > 1) tp::check(model.config(), opt.tensor_parallel);
   ComputeProbe probe;
@@ -355,13 +458,15 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // How OpenMP's waiting threads wait (the CLI makes it passive unless told: zof.cpp).
   if (const char* w = std::getenv("OMP_WAIT_POLICY")) compute["omp_wait_policy"] = w;
   if (probe.measured) compute["probe"] = probe.to_json();
-  const std::string fingerprint = model.fingerprint();  // of the base weights, before a resume
+  // Of the base weights, before a resume (through the tier: as they are read, below).
+  std::string fingerprint = load_into_tier ? "" : model.fingerprint();
   Tokenizer tok = Tokenizer::load(opt.model);
   tok.check_ids_below(model.config().vocab_size);  // before --out: an id past the embeddings
   // Before --out too: what a GGUF file cannot express (another architecture, tokenizer).
   if (opt.save_format == SaveFormat::Gguf) model.check_gguf_save(opt.model);
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
-  const std::string model_warning = dir.check_model(model_id, fingerprint, opt.model);
+  std::string model_warning =
+      load_into_tier ? "" : dir.check_model(model_id, fingerprint, opt.model);
   dir.check_data(data_fingerprint(opt), opt.data);  // a resumed run's data are the run's
   model.set_storage_dtype(storage);
   auto data = make_train_data(opt, tok, model.config().max_position);
@@ -381,7 +486,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   auto estimator = share ? make_tensor_estimator(engine, *share, *backend, data->max_rows())
                          : make_estimator(opt, engine, model, *backend, data->max_rows());
   job.wire_pipeline(engine, (int)model.config().num_layers);
-  RunCounters c = resumed ? *resumed : dir.load_checkpoint(model);
+  RunCounters c = resumed            ? *resumed
+                  : load_into_tier ? dir.checkpoint_counters()  // its weights: below
+                                   : dir.load_checkpoint(model);
   engine.forward().weights_changed();  // a checkpoint's weights replaced the model's
   // The saved model's dtype, from the model as loaded (--save-dtype input reads its file's
   // dtype: every rank rounds its slice alike).
@@ -408,7 +515,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     std::vector<float> m, v;
     if (dir.read_optimizer_state(engine.state_planes(), model.storage_size(), opt.optimizer, m, v))
       engine.write_state(share->slice_plane(m), v.empty() ? v : share->slice_plane(v));
-  } else {
+  } else if (!load_into_tier) {
     dir.load_optimizer_state(engine, model, opt.optimizer);
   }
   // A checkpoint written inside a bf16 master's rounding window: the window's updates again.
@@ -416,7 +523,6 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     reopen_window((dir.path() / "zo_log.jsonl").string(), engine, opt, c.window_from, c.step);
   dir.check_unfinished();  // a finished run: refused once everything else has been checked
   // The disk tier's budget and directory, before --out exists.
-  const uint64_t host_mem = host_memory_budget(opt);
   // Ranks would share the run's offload/ (and clear each other's stores): one process for now.
   ZOF_CHECK(host_mem == 0 || comm->size() == 1,
             "--host-mem (the disk tier) runs in one process for now, not " +
@@ -432,7 +538,6 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   std::optional<StopSignals> signals(std::in_place);
   dir.create(job.root);  // a new run's --out (removed again if the run fails before it starts)
   comm->barrier();  // every rank has checked the run directory before rank 0 writes into it
-  if (job.root) dir.start(opt, model_id, fingerprint, compute, c);
   if (host_mem > 0 && !engine.disk_tier_plan(host_mem).all_resident()) {
     if (opt.offload_dir.empty()) {  // the run's own
       std::error_code ec;
@@ -440,8 +545,29 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
       ZOF_CHECK(!ec, "cannot create " + offload.string() + ": " + ec.message() +
                          "; give --offload-dir a writable directory");
     }
-    engine.enable_disk_tier(host_mem, offload.string());
+    engine.enable_disk_tier(host_mem, offload.string(), 2, /*unwritten=*/load_into_tier);
   }
+  // A run that fails from here drops the tier with its weights: brought back whole, a model
+  // larger than RAM would take the process down before its error is heard.
+  struct DropTier {
+    ZOEngine& engine;
+    ~DropTier() {
+      try {
+        engine.disable_disk_tier(/*keep_weights=*/false);
+      } catch (...) {
+      }
+    }
+  } drop_tier{engine};
+  if (load_into_tier) {
+    // The base weights through the tier (never whole in RAM), their fingerprint as they pass;
+    // then a resumed run's checkpoint over them, and its optimizer state.
+    model.read_weights(opt.model, engine.host_blocks(), &fingerprint, fingerprint_as);
+    model_warning = dir.check_model(model_id, fingerprint, opt.model);
+    dir.load_checkpoint(model, engine.host_blocks());
+    engine.forward().weights_changed();
+    dir.load_optimizer_state(engine, model, opt.optimizer);
+  }
+  if (job.root) dir.start(opt, model_id, fingerprint, compute, c);
 
   QuietSink quiet;
   std::unique_ptr<TrainSink> terminal = job.root && !user_sink ? make_terminal_sink() : nullptr;
@@ -458,6 +584,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
                (dir.resuming() ? ", resuming at step " + std::to_string(start) : ""));
   if (engine.streamer())
     sink.message("streaming on " + backend->name() + ": " + engine.streamer()->describe());
+  if (!host_mem_why.empty()) sink.message(host_mem_why);
   if (host_mem > 0)
     sink.message("disk tier: " + (engine.disk_tier() ? engine.disk_tier()->describe()
                                                      : "--host-mem " + format_bytes(host_mem) +
@@ -479,8 +606,8 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     t["least_bytes"] = engine.disk_tier_minimum();
     t["all_bytes"] = DiskTier::all_bytes(model, 1 + engine.state_planes());
   }
-  if (host_mem > 0) {  // the model is saved: the store goes, and the run's offload/
-    engine.disable_disk_tier();
+  if (host_mem > 0) {  // the model is saved: the store goes (with the weights), and offload/
+    engine.disable_disk_tier(/*keep_weights=*/false);
     std::error_code ec;
     if (opt.offload_dir.empty()) fs::remove(offload, ec);  // only when empty
   }

@@ -46,13 +46,15 @@ Forward& ZOEngine::forward() { return impl_->fwd_; }
 const ZOStepOptions& ZOEngine::options() const { return impl_->opt_; }
 void ZOEngine::enable_streaming(size_t gpu_mem) { impl_->enable_streaming(gpu_mem); }
 BlockStreamer* ZOEngine::streamer() { return impl_->stream_.get(); }
-void ZOEngine::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads) {
-  impl_->enable_disk_tier(host_mem, dir, io_threads);
+void ZOEngine::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads,
+                                bool unwritten) {
+  impl_->enable_disk_tier(host_mem, dir, io_threads, unwritten);
 }
 DiskTier* ZOEngine::disk_tier() { return impl_->disk_.get(); }
-void ZOEngine::disable_disk_tier() {
+BlockAccess* ZOEngine::host_blocks() { return impl_->disk_.get(); }
+void ZOEngine::disable_disk_tier(bool keep_weights) {
   if (impl_->stream_) impl_->stream_->sync_to_host();
-  impl_->drop_disk_tier();
+  impl_->drop_disk_tier(keep_weights);
 }
 uint64_t ZOEngine::disk_tier_minimum() const {
   return DiskTier::min_bytes(impl_->model_, 1 + impl_->state_planes(), impl_->disk_keep());
@@ -349,7 +351,6 @@ void ZOEngine::Impl::sync_to_host() {
   // where it does). Only a rounding window keeps pending_ here, and the two never combine.
   if (!wb_window_.empty()) flush();
   if (stream_) stream_->sync_to_host();
-  if (disk_) disk_->materialize();
 }
 
 std::vector<int> ZOEngine::Impl::disk_keep() const {
@@ -358,7 +359,8 @@ std::vector<int> ZOEngine::Impl::disk_keep() const {
   return lm_block_ != last ? std::vector<int>{lm_block_} : std::vector<int>{};
 }
 
-void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads) {
+void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads,
+                                      bool unwritten) {
   ZOF_CHECK(first_block_ == 0 && last_block_ < 0,
             "--host-mem (the disk tier) does not combine with pipeline stages; use "
             "--pipeline-stages 1");
@@ -376,8 +378,11 @@ void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir,
     if (v_) extra.push_back(v_);
   }
   if (stream_) stream_->sync_to_host();  // no copy in flight while the blocks move out
-  disk_ = std::make_unique<DiskTier>(model_, extra, plan, dir, io_threads);
-  if (stream_) stream_->set_disk_tier(disk_.get());
+  disk_ = std::make_unique<DiskTier>(model_, extra, plan, dir, io_threads, true, unwritten);
+  if (stream_)
+    stream_->set_disk_tier(disk_.get());
+  else
+    fwd_.set_host_blocks(disk_.get());  // evaluation walks the blocks through the tier
 }
 
 void ZOEngine::Impl::check_disk_budget(uint64_t host_mem) const {
@@ -396,19 +401,24 @@ void ZOEngine::Impl::check_disk_budget(uint64_t host_mem) const {
                 "--host-mem" + (planes > 1 ? ", or use --optimizer sgd (no optimizer state)" : ""));
 }
 
-void ZOEngine::Impl::drop_disk_tier() {
+void ZOEngine::Impl::drop_disk_tier(bool keep_weights) {
   if (!disk_) return;
+  auto unhook = [&] {
+    if (stream_) stream_->set_disk_tier(nullptr);
+    fwd_.set_host_blocks(nullptr);
+  };
   try {
     // The write-back window's updates first: without the tier no walk would apply them.
-    if (!wb_window_.empty()) flush(false);
-    disk_->materialize();
+    if (keep_weights && !wb_window_.empty()) flush(false);
+    if (keep_weights) disk_->materialize();
   } catch (...) {
-    if (stream_) stream_->set_disk_tier(nullptr);
+    unhook();
     disk_.reset();  // waits for every transfer still in flight, then removes the store
     throw;
   }
-  if (stream_) stream_->set_disk_tier(nullptr);
+  unhook();
   disk_.reset();
+  if (!keep_weights) wb_window_.clear();
 }
 
 double ZOEngine::Impl::loss(const std::vector<LossBatch>& micro) {

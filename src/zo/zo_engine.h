@@ -31,13 +31,17 @@ struct ZOEngine::Impl {
   void sync_to_host();
   double loss(const std::vector<LossBatch>& micro);
   void enable_streaming(size_t gpu_mem);
-  void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads);
+  void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads,
+                        bool unwritten);
   void round_weights(DType dtype);
   size_t streaming_minimum() const;
   size_t streaming_buffers() const;
   int state_planes() const;
   void read_state(std::vector<float>& m, std::vector<float>& v);
   void write_state(const std::vector<float>& m, const std::vector<float>& v);
+  // The optimizer state's planes block by block through the disk tier: into_engine, from
+  // whole[k] (storage layout) into the engine's planes (the blocks written back); else out.
+  void state_through_tier(float* const whole[2], bool into_engine);
 
   // One block's pass: the pending update (when apply_update) and the perturbations of `cur`
   // into plus/minus at the block's copy layout. The token table and the LM head matrix get
@@ -173,7 +177,8 @@ struct ZOEngine::Impl {
   // acquire/release reach it; with streaming the streamer's uploads and write-backs do.
   std::unique_ptr<DiskTier> disk_;
   std::vector<int> disk_keep() const;  // blocks the disk tier keeps resident
-  void drop_disk_tier();               // materialized, then gone
+  // Materialized (keep_weights), then gone.
+  void drop_disk_tier(bool keep_weights = true);
   void check_disk_budget(uint64_t host_mem) const;  // --host-mem's least, refused below it
 };
 

@@ -4,6 +4,7 @@
 #include "zof/zo.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "zof/error.h"
@@ -51,6 +52,32 @@ float* ZOEngine::Impl::state(int pi, int plane) {
   return (plane == 1 ? m_ : v_) + model_.params()[pi].offset;
 }
 
+void ZOEngine::Impl::state_through_tier(float* const whole[2], bool into_engine) {
+  const int planes = state_planes();
+  float* plane[2] = {stream_ ? state_host_[0] : m_,
+                     planes == 2 ? (stream_ ? state_host_[1] : v_) : nullptr};
+  const auto& blocks = model_.blocks();
+  std::vector<int> order(blocks.size());
+  for (int b = 0; b < (int)blocks.size(); ++b) order[b] = b;
+  disk_->begin_walk(order);
+  for (int b = 0; b < (int)blocks.size(); ++b) {
+    disk_->acquire(b, false);  // its planes present (the weights too: a block travels whole)
+    const size_t off = (size_t)blocks[b].offset, bytes = (size_t)blocks[b].span * sizeof(float);
+    for (int k = 0; k < planes; ++k) {
+      if (into_engine && stream_)
+        std::memcpy(plane[k] + off, whole[k] + off, bytes);
+      else if (into_engine)
+        be_.copy_to_device(plane[k] + off, whole[k] + off, bytes, nullptr);
+      else if (stream_)
+        std::memcpy(whole[k] + off, plane[k] + off, bytes);
+      else
+        be_.copy_to_host(whole[k] + off, plane[k] + off, bytes, nullptr);
+    }
+    be_.synchronize(nullptr);
+    disk_->release(b, into_engine);
+  }
+}
+
 void ZOEngine::Impl::read_state(std::vector<float>& m, std::vector<float>& v) {
   flush();  // with streaming, the host masters are current from here
   const int64_t n = model_.storage_size();
@@ -58,6 +85,12 @@ void ZOEngine::Impl::read_state(std::vector<float>& m, std::vector<float>& v) {
   m.assign(planes >= 1 ? n : 0, 0.f);
   v.assign(planes >= 2 ? n : 0, 0.f);
   if (planes == 0) return;
+  if (disk_) {  // block by block through the tier (the gaps between blocks hold zeros)
+    if (!stream_ && !m_) return;  // no update yet: the zeros above
+    float* to[2] = {m.data(), planes == 2 ? v.data() : nullptr};
+    state_through_tier(to, false);
+    return;
+  }
   if (stream_) {
     std::copy(state_host_[0], state_host_[0] + n, m.data());
     if (planes == 2) std::copy(state_host_[1], state_host_[1] + n, v.data());
@@ -75,9 +108,13 @@ void ZOEngine::Impl::write_state(const std::vector<float>& m, const std::vector<
   ZOF_ASSERT((int64_t)m.size() == (planes >= 1 ? n : 0) &&
              (int64_t)v.size() == (planes >= 2 ? n : 0));
   if (planes == 0) return;
-  if (disk_) {  // the state whole in host memory, and written to disk as the next walk begins
+  if (disk_) {  // block by block through the tier
     if (stream_) stream_->sync_to_host();
-    disk_->materialize(/*changed=*/true);
+    if (!stream_ && !m_) alloc_device_state();
+    float* from[2] = {const_cast<float*>(m.data()), planes == 2 ? const_cast<float*>(v.data()) : nullptr};
+    state_through_tier(from, true);
+    if (stream_) stream_->reload_from_host();
+    return;
   }
   if (stream_) {
     // Prefetches may be reading the host masters and resident blocks hold the current state:

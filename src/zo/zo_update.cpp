@@ -82,14 +82,12 @@ void ZOEngine::Impl::flush(bool to_host) {
   wb_window_.clear();
   fwd_.weights_changed();
   if (stream_ && to_host) stream_->sync_to_host();
-  if (disk_ && to_host) disk_->materialize();  // the host masters whole until the next walk
 }
 
 void ZOEngine::Impl::round_weights(DType dtype) {
   if (dtype == DType::F32) return;
   flush();  // the host master is current
-  drop_disk_tier();  // the storage is replaced: the run's walks are over
-  model_.round_to(dtype);
+  model_.round_to(dtype, disk_.get());  // block by block through a disk tier
   if (stream_) stream_->reload_from_host();
   fwd_.weights_changed();
 }

@@ -22,6 +22,7 @@
 
 #include "common.h"
 #include "golden_batch.h"
+#include "zof/config.h"
 #include "zof/disk_tier.h"
 #include "zof/error.h"
 #include "zof/model.h"
@@ -112,6 +113,8 @@ struct Outcome {
   int64_t uploads = 0;  // the device's, when streaming
   uint64_t least = 0, all = 0;
   bool evicted_between_walks = true;  // every disk block's whole pages out after each walk
+  bool evicted_after_reads = true;    // and after the reads through the tier at the end
+  std::string fingerprint;            // Model::fingerprint through the tier
   std::string io;                     // the tier's describe()
 };
 
@@ -181,8 +184,21 @@ Outcome run(const Case& c, uint64_t host_mem, size_t gpu_mem, const fs::path& di
   if (t) r.stats = t->stats();  // the steps' traffic, before the flush
   if (eng.streamer()) r.uploads = eng.streamer()->stats().uploads;
   r.losses.push_back(eng.loss(mb));
-  r.weights = zof::test::storage_values(m);
+  // Read through the tier, block by block, as a run's checkpoints and save read them: the
+  // fingerprint of the weights and the optimizer state, with the disk blocks' pages given back.
+  r.fingerprint = m.fingerprint(eng.host_blocks());
   eng.read_state(r.m, r.v);
+  if (t) {
+    for (int b = 0; b < (int)m.blocks().size(); ++b) {
+      if (!t->on_disk(b) || t->in_ring(b)) continue;
+      const zof::Block& blk = m.blocks()[b];
+      const size_t eb = zof::dtype_size(m.storage_dtype());
+      if (resident_pages(static_cast<char*>(m.storage_ptr()) + blk.offset * eb, blk.span * eb) != 0)
+        r.evicted_after_reads = false;
+    }
+  }
+  eng.disable_disk_tier();  // every block back in RAM: the whole storage compared bit for bit
+  r.weights = zof::test::storage_values(m);
   return r;
 }
 
@@ -214,6 +230,8 @@ void expect_like_plain(const Case& c, const Outcome& plain, const Outcome& d, si
   EXPECT_GE(d.ring, 2);
   EXPECT_EQ(d.losses, plain.losses);
   EXPECT_TRUE(same_bits(d.weights, plain.weights));
+  EXPECT_EQ(d.fingerprint, plain.fingerprint);
+  EXPECT_TRUE(d.evicted_after_reads);
   EXPECT_TRUE(same_bits(d.m, plain.m));
   EXPECT_TRUE(same_bits(d.v, plain.v));
   EXPECT_TRUE(d.evicted_between_walks);
@@ -372,6 +390,8 @@ TEST_P(DiskTierEngine, MatchesThePlainRunBitForBit) {
       EXPECT_GT(d.stats.writes, 0);
       EXPECT_EQ(d.losses, plain.losses);
       EXPECT_TRUE(same_bits(d.weights, plain.weights));
+      EXPECT_EQ(d.fingerprint, plain.fingerprint);
+      EXPECT_TRUE(d.evicted_after_reads);
       EXPECT_TRUE(same_bits(d.m, plain.m));
       EXPECT_TRUE(same_bits(d.v, plain.v));
       EXPECT_TRUE(fs::is_empty(dir_));
@@ -626,6 +646,107 @@ TEST_F(DiskTierCli, AKilledRunResumesExactlyAndTooSmallABudgetIsRefused) {
   // --host-mem is layout: run.json does not hold it.
   EXPECT_EQ(zof::test::read_file((dir_ / "tight" / "run.json").string()).find("host_mem"),
             std::string::npos);
+}
+
+// --host-mem's default: the free host memory (ZOF_FAULT_MEM_AVAILABLE stands in for it) less a
+// margin of 1 GiB and a tenth of it. Where the model fits, no tier and no word of one; where it
+// does not, the tier at that budget, said in the header, and the plain run's model; where even
+// the tier's least does not fit, a warning and the run in RAM.
+TEST_F(DiskTierCli, TheDefaultBudgetIsTheFreeMemoryWhereTheModelDoesNotFit) {
+  auto roomy = finetune("auto_roomy", "--host-mem 1TiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const uint64_t least = last_json(roomy.out)["disk_tier"]["least_bytes"];
+  const uint64_t gib = uint64_t(1) << 30;
+  auto with_free = [&](const std::string& run, uint64_t free) {
+    return finetune(run, "", "ZOF_FAULT_MEM_AVAILABLE=" + std::to_string(free) + " ");
+  };
+  // Free memory for a budget of the least, by the margin's rule.
+  const uint64_t free = (least + gib) * 10 / 9 + 10;
+  auto tight = with_free("auto_tight", free);
+  ASSERT_EQ(tight.code, 0) << tight.err;
+  EXPECT_NE(tight.err.find("--host-mem by default: the model's host masters"), std::string::npos)
+      << tight.err;
+  const json jt = last_json(tight.out)["disk_tier"];
+  EXPECT_GT(jt["blocks_on_disk"].get<int>(), 0) << jt.dump();
+  EXPECT_EQ(jt["host_mem"].get<uint64_t>(), free - gib - free / 10) << jt.dump();
+  expect_same_run("auto_tight", "auto_roomy");
+  auto plenty = with_free("auto_plenty", uint64_t(1) << 40);
+  ASSERT_EQ(plenty.code, 0) << plenty.err;
+  EXPECT_EQ(plenty.err.find("disk tier"), std::string::npos) << plenty.err;
+  EXPECT_EQ(plenty.err.find("--host-mem by default"), std::string::npos) << plenty.err;
+  EXPECT_FALSE(last_json(plenty.out).contains("disk_tier"));
+  auto starved = with_free("auto_starved", gib);
+  ASSERT_EQ(starved.code, 0) << starved.err;
+  EXPECT_NE(starved.err.find("zof: warning: the model's host masters"), std::string::npos)
+      << starved.err;
+  EXPECT_FALSE(last_json(starved.out).contains("disk_tier"));
+  expect_same_run("auto_plenty", "auto_roomy");
+  expect_same_run("auto_starved", "auto_roomy");
+}
+
+// A model many times --host-mem goes through the whole run, never whole in RAM: loaded into the
+// tier block by block (its fingerprint taken as it passes), evaluated, checkpointed and saved
+// through it. Against the plain run in the same test: the same model.safetensors and
+// checkpoint bytes and the same base fingerprint, and a peak resident set lower by at least
+// half of what the tier keeps out of RAM (the model less the budget).
+TEST_F(DiskTierCli, AModelManyTimesTheBudgetRunsThroughItWhole) {
+  // 24 LLaMA layers of width 512 and stories260K's vocabulary: 82M parameters, 330 MB in fp32,
+  // in blocks of 13.6 MB.
+  const fs::path mdir = dir_ / "deep";
+  fs::create_directories(mdir);
+  const json cfg{{"model_type", "llama"},      {"hidden_size", 512},
+                 {"intermediate_size", 1536},  {"num_hidden_layers", 24},
+                 {"num_attention_heads", 8},   {"num_key_value_heads", 8},
+                 {"vocab_size", 512},          {"max_position_embeddings", 256},
+                 {"rms_norm_eps", 1e-5},       {"tie_word_embeddings", false},
+                 {"hidden_act", "silu"},       {"torch_dtype", "float32"}};
+  std::ofstream(mdir / "config.json") << cfg.dump(1);
+  uint64_t model_bytes = 0, budget = 0;
+  {
+    const zof::Model m =
+        zof::Model::random(zof::ModelConfig::load((mdir / "config.json").string()), 5);
+    m.save(mdir.string(), zof::DType::F32);
+    model_bytes = zof::DiskTier::all_bytes(m);
+    budget = zof::DiskTier::min_bytes(m, 1, {}) * 3 / 2;  // the ring: three of the largest
+  }
+  ASSERT_GT(model_bytes, 300u << 20);
+  ASSERT_LT(budget, model_bytes / 8);
+  fs::copy_file(model_dir("stories260K") + "/tokenizer.json", mdir / "tokenizer.json");
+  auto run = [&](const std::string& out, const std::string& extra) {
+    return zof::test::run_command(
+        zof::test::zof_binary() + " finetune --model " + mdir.string() + " --task text --data " +
+        (dir_ / "text.txt").string() + " --out " + (dir_ / out).string() +
+        " --steps 2 --batch 1 --seq-len 16 --lr 1e-4 --eps 1e-3 --seed 7 --save-every 1 "
+        "--eval-examples 2 --eval-every 1 --dtype fp32 --threads 2 --no-report --json " + extra);
+  };
+  auto plain = run("plain", "");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto tier = run("tier", "--host-mem " + std::to_string(budget));
+  ASSERT_EQ(tier.code, 0) << tier.err;
+  const json jt = last_json(tier.out);
+  EXPECT_GE(jt["disk_tier"]["blocks_on_disk"].get<int>(), 20) << jt.dump();
+  for (const char* f : {"model.safetensors", "checkpoint-2/model.safetensors", "zo_log.jsonl"})
+    EXPECT_TRUE(zof::test::read_file((dir_ / "tier" / f).string()) ==
+                zof::test::read_file((dir_ / "plain" / f).string()))
+        << f;
+  auto base_fingerprint = [&](const std::string& out) {
+    return json::parse(zof::test::read_file((dir_ / out / "run.json").string()))
+        .at("base_fingerprint")
+        .get<std::string>();
+  };
+  EXPECT_EQ(base_fingerprint("tier"), base_fingerprint("plain"));
+  auto peak = [&](const std::string& out) {
+    return json::parse(zof::test::read_file((dir_ / out / "summary.json").string()))
+        .at("peak_rss_bytes")
+        .get<double>();
+  };
+  const double p_plain = peak("plain"), p_tier = peak("tier");
+  std::printf("peak RSS %.0f MB with --host-mem %.0f MB, %.0f MB without; the model %.0f MB\n",
+              p_tier / 1e6, budget / 1e6, p_plain / 1e6, model_bytes / 1e6);
+  EXPECT_LT(p_tier + 0.5 * double(model_bytes - budget), p_plain)
+      << "peak RSS: " << p_tier / 1e6 << " MB with the tier, " << p_plain / 1e6
+      << " MB without, a model of " << model_bytes / 1e6 << " MB, --host-mem " << budget / 1e6
+      << " MB";
 }
 
 }  // namespace
