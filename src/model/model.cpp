@@ -867,7 +867,8 @@ DType Model::read_weights(const std::string& dir, BlockAccess* tier, std::string
   const bool half = storage_dtype_ == DType::BF16;
   constexpr int64_t kLoadPiece = int64_t(1) << 20;  // elements converted at a time
   // Block by block: each held through the tier (every byte of its tensors written) while read.
-  begin_in_order(tier, (int)blocks_.size());
+  // No read-ahead: every block is written whole, so nothing of the store is read.
+  if (tier) tier->begin_walk({});
   for (int b = 0; b < (int)blocks_.size(); ++b) {
     HeldBlock held(tier, b, /*overwrite=*/true);
     for (int pi : blocks_[b].params) {
