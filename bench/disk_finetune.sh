@@ -53,17 +53,26 @@ ARGS=(finetune --model "$MODEL" --task text --data "$ASSETS/data/tinyshakespeare
       --out "$RUN" --steps 2 --batch 1 --seq-len 32 --lr 1e-6 --master bf16 --dtype bf16
       --eval-examples 2 --eval-every 2 --save-every 2 --no-report --json)
 echo "== zof ${ARGS[*]}"
+# The run's lines, each with the seconds since the start (what the phases took).
+stamp() {
+  local t0=${EPOCHREALTIME/./} line
+  while IFS= read -r line; do
+    local t=${EPOCHREALTIME/./}
+    printf '%7.1f s  %s\n' "$(( (t - t0) / 100000 ))e-1" "$line"
+  done
+}
 if [ -n "$CG" ]; then
   echo "   in memory cgroup $CG: limit $LIMIT bytes; the model file is $model_bytes bytes"
   start=$(date +%s.%N)
   sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$CG" "$ZOF" "${ARGS[@]}" \
-    > "$DIR/out.json" 2> "$DIR/err.txt" || { cat "$DIR/err.txt"; exit 1; }
+    > "$DIR/out.json" 2> >(stamp > "$DIR/err.txt") || { sleep 1; cat "$DIR/err.txt"; exit 1; }
 else
   echo "   (no writable memory cgroup here: the run has no limit; the model file is $model_bytes bytes)"
   start=$(date +%s.%N)
-  "$ZOF" "${ARGS[@]}" > "$DIR/out.json" 2> "$DIR/err.txt" || { cat "$DIR/err.txt"; exit 1; }
+  "$ZOF" "${ARGS[@]}" > "$DIR/out.json" 2> >(stamp > "$DIR/err.txt") || { sleep 1; cat "$DIR/err.txt"; exit 1; }
 fi
 end=$(date +%s.%N)
+sleep 1  # the stamper's last lines
 cat "$DIR/err.txt"
 python3 - "$RUN" "$DIR/out.json" "$model_bytes" "$LIMIT" "$start" "$end" "${CG:+1}" <<'EOF'
 import json, sys
@@ -84,7 +93,7 @@ print(f"| peak RSS | {s['peak_rss_bytes'] / 1e9:.2f} GB |")
 print(f"| wall time, whole run | {end - start:.1f} s |")
 print(f"| evaluation (each) | {', '.join('%.1f s' % e['eval_s'] for e in evals)} |")
 print(f"| steps: train_s | {s['train_s']:.1f} s for {s['steps']} steps |")
-print(f"| tier traffic over the steps: read / written | {d['bytes_read'] / 1e9:.1f} / {d['bytes_written'] / 1e9:.1f} GB |")
+print(f"| tier traffic, from the load to the last checkpoint: read / written | {d['bytes_read'] / 1e9:.1f} / {d['bytes_written'] / 1e9:.1f} GB |")
 print(f"| held-out ppl before -> after | {s['eval']['before']:.2f} -> {s['eval']['after']:.2f} |")
 EOF
 echo "== saved: $(ls "$RUN")"

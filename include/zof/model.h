@@ -232,7 +232,9 @@ class Model {
   // llama.cpp's order, atomically. The metadata: base's when base (the model this one was loaded
   // from) is a GGUF file; else llama.* from the config and tokenizer.ggml.* from base's
   // tokenizer.json. zof::Error, before anything is written, for what GGUF cannot express.
-  void save_gguf(const std::string& path, DType dtype, const std::string& base) const;
+  // tier: read block by block through it (a disk tier).
+  void save_gguf(const std::string& path, DType dtype, const std::string& base,
+                 BlockAccess* tier = nullptr) const;
   // The refusals of save_gguf(path, dtype, base), nothing written: a run checks before it starts.
   void check_gguf_save(const std::string& base) const;
   // Every weight rounded to dtype's nearest value (nearest even; F32 changes nothing), held in

@@ -212,6 +212,10 @@ class ZOEngine {
   void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads = 2,
                         bool unwritten = false);
   DiskTier* disk_tier();
+  // Sparse MeZO's thresholds (--sparsity) from the weights as they are now. The constructor
+  // takes them from the Model's storage; a caller that writes the weights after (through the
+  // disk tier, unwritten) calls this once they are in.
+  void set_sparsity_from_weights();
   // The tier as a BlockAccess for the Model's methods; null without one.
   BlockAccess* host_blocks();
   // Every block back in host memory, the store removed. keep_weights false: the store goes and

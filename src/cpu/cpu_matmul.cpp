@@ -75,13 +75,15 @@ constexpr size_t kMaxCached = 256;
 // they split K over (an AMX machine gave other bits at 2, 3 and 8 threads than at 1, where
 // avx512_core_bf16 gave the same), so every output is made by a one-thread primitive of the
 // same block shape whatever the threads (tests/unit/test_ops.cpp
-// CpuThreadCountIndependenceBf16Blocks). Rows go in blocks of at most kBlockRows (fewer rows
-// cost oneDNN's weight packing once more per block: 128-row blocks ran 7% slower than the whole
-// product on one thread, 256-row ones 2%); a product of one row block (decoding, small batches)
-// splits its columns instead, in up to kMaxColBlocks blocks of at least kMinBlockCols.
+// CpuThreadCountIndependenceBf16Blocks). Rows go in blocks of at most kBlockRows (more row
+// blocks cost oneDNN's weight packing once more each: 128-row blocks ran 7% slower than the
+// whole product on one thread, 256-row ones 2%); the columns are split too, into blocks of at
+// least kMinBlockCols, until there are about kTargetBlocks blocks (a block packs only its own
+// columns of the weights), so that a few rows (decoding, small batches) still spread over many
+// threads. x is rounded to bf16 once, in the same parallel region, before the blocks.
 constexpr int64_t kBlockRows = 128;
 constexpr int64_t kMinBlockCols = 256;
-constexpr int64_t kMaxColBlocks = 8;
+constexpr int64_t kTargetBlocks = 16;
 
 // oneDNN's name of the ISA its kernels dispatch to on this CPU.
 const char* isa_name() {
@@ -101,15 +103,13 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
-// y rows [m0, m0 + rows) x columns [n0, n0 + cols) of the (M, N) product through prim: x's
-// rows rounded into xb first.
+// y rows [m0, m0 + rows) x columns [n0, n0 + cols) of the (M, N) product through prim, from
+// xb, the (M, K) source rounded to bf16.
 void run_block(const dnnl::matmul& prim, const dnnl::engine& engine, dnnl::stream& stream,
-               void* scratch, size_t scratch_bytes, uint16_t* xb, const float* x, const void* w,
+               void* scratch, size_t scratch_bytes, const uint16_t* xb, const void* w,
                const float* bias, float* y, int64_t m0, int64_t rows, int64_t n0, int64_t cols,
                int64_t N, int64_t K) {
-  const float* xr = x + m0 * K;
-  for (int64_t i = 0; i < rows * K; ++i) xb[i] = f32_to_bf16(xr[i]);
-  dnnl::memory src(x_desc(rows, K, dt::bf16), engine, xb);
+  dnnl::memory src(x_desc(rows, K, dt::bf16), engine, const_cast<uint16_t*>(xb + m0 * K));
   dnnl::memory wei(w_desc(cols, K, dt::bf16), engine,
                    const_cast<uint16_t*>(static_cast<const uint16_t*>(w) + n0 * K));
   dnnl::memory dst(y_desc(rows, cols, N), engine, y + m0 * N + n0);
@@ -139,12 +139,14 @@ struct Matmul::Impl {
   std::map<Key, dnnl::matmul> cache;
   std::unique_ptr<void, FreeDeleter> scratch;
   size_t scratch_bytes = 0;
-  // Per thread of a blocked product: a stream, the scratchpad and the block's rows in bf16.
+  // Per thread of a blocked product: a stream and the scratchpad.
   struct BlockBuffers {
     dnnl::stream stream;
-    std::unique_ptr<void, FreeDeleter> scratch, xbf;
-    size_t scratch_bytes = 0, xbf_bytes = 0;
+    std::unique_ptr<void, FreeDeleter> scratch;
+    size_t scratch_bytes = 0;
   };
+  std::unique_ptr<void, FreeDeleter> xbf;  // the source rounded to bf16
+  size_t xbf_bytes = 0;
   std::vector<BlockBuffers> blocks;
   size_t block_scratch_bytes = 0;  // the most any block primitive asks for
 
@@ -199,11 +201,10 @@ struct Matmul::Impl {
     return cache.emplace(key, dnnl::matmul(pd)).first->second;
   }
 
-  // Buffers for `n` threads, each with room for block_scratch_bytes of scratchpad and
-  // rows x K bf16 values.
-  void size_blocks(int n, int64_t rows, int64_t K) {
+  // Buffers for `n` threads, each with room for block_scratch_bytes of scratchpad, and the
+  // source's M x K bf16 values.
+  void size_blocks(int n, int64_t M, int64_t K) {
     if (int(blocks.size()) < n) blocks.resize(size_t(n));
-    const size_t xb = size_t(rows * K) * sizeof(uint16_t);
     for (int i = 0; i < n; ++i) {
       BlockBuffers& b = blocks[size_t(i)];
       if (!b.stream) b.stream = dnnl::stream(engine);
@@ -211,10 +212,11 @@ struct Matmul::Impl {
         b.scratch_bytes = std::max<size_t>(block_scratch_bytes, 64);
         b.scratch.reset(aligned_host_alloc(b.scratch_bytes));
       }
-      if (b.xbf_bytes < xb) {
-        b.xbf.reset(aligned_host_alloc(xb));
-        b.xbf_bytes = xb;
-      }
+    }
+    const size_t xb = size_t(M * K) * sizeof(uint16_t);
+    if (xbf_bytes < xb) {
+      xbf.reset(aligned_host_alloc(xb));
+      xbf_bytes = xb;
     }
   }
 
@@ -224,8 +226,8 @@ struct Matmul::Impl {
                        int64_t N, int64_t K) {
     const int64_t n_rows = (M + kBlockRows - 1) / kBlockRows;
     const int64_t rows = (M + n_rows - 1) / n_rows, row_tail = M - (n_rows - 1) * rows;
-    const int64_t n_cols =
-        n_rows > 1 ? 1 : std::max<int64_t>(1, std::min(kMaxColBlocks, N / kMinBlockCols));
+    const int64_t n_cols = std::max<int64_t>(
+        1, std::min((kTargetBlocks + n_rows - 1) / n_rows, N / kMinBlockCols));
     const int64_t cols = (N + n_cols - 1) / n_cols, col_tail = N - (n_cols - 1) * cols;
     const bool has_bias = bias != nullptr;
     // Handles, not references: making one may start the cache over. [row tail][col tail]
@@ -234,21 +236,27 @@ struct Matmul::Impl {
       for (int ct = 0; ct < 2; ++ct)
         prim[rt][ct] = primitive(rt ? row_tail : rows, ct ? col_tail : cols, K, has_bias,
                                  DType::BF16, 1, N);
-    size_blocks(threads, rows, K);
-    const int64_t n_blocks = n_rows * n_cols;
+    size_blocks(threads, M, K);
+    uint16_t* xb = static_cast<uint16_t*>(xbf.get());
+    const int64_t n_blocks = n_rows * n_cols, n_x = M * K;
     std::exception_ptr error;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t blk = 0; blk < n_blocks; ++blk) {
-      BlockBuffers& b = blocks[size_t(omp_get_thread_num())];
-      const int64_t rb = blk / n_cols, cb = blk % n_cols;
-      const bool last_row = rb == n_rows - 1, last_col = cb == n_cols - 1;
-      try {
-        run_block(prim[last_row][last_col], engine, b.stream, b.scratch.get(), b.scratch_bytes,
-                  static_cast<uint16_t*>(b.xbf.get()), x, w, bias, y, rb * rows,
-                  last_row ? row_tail : rows, cb * cols, last_col ? col_tail : cols, N, K);
-      } catch (...) {
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n_x; ++i) xb[i] = f32_to_bf16(x[i]);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t blk = 0; blk < n_blocks; ++blk) {
+        BlockBuffers& b = blocks[size_t(omp_get_thread_num())];
+        const int64_t rb = blk / n_cols, cb = blk % n_cols;
+        const bool last_row = rb == n_rows - 1, last_col = cb == n_cols - 1;
+        try {
+          run_block(prim[last_row][last_col], engine, b.stream, b.scratch.get(), b.scratch_bytes,
+                    xb, w, bias, y, rb * rows, last_row ? row_tail : rows, cb * cols,
+                    last_col ? col_tail : cols, N, K);
+        } catch (...) {
 #pragma omp critical(zof_matmul_error)
-        if (!error) error = std::current_exception();
+          if (!error) error = std::current_exception();
+        }
       }
     }
     if (error) std::rethrow_exception(error);

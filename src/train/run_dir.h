@@ -187,7 +187,8 @@ class RunDir {
   const std::string& run_seal() const { return run_seal_; }
   const fs::path& path() const { return run_; }
   // A resumed run: zof::Error unless model_id (config and size) and the base model's weights'
-  // fingerprint are the run's. Returns a warning for a run recorded without a fingerprint.
+  // fingerprint are the run's (an empty fingerprint: the config alone, the weights checked
+  // later). Returns a warning for a run recorded without a fingerprint.
   std::string check_model(const nlohmann::json& model_id, const std::string& fingerprint,
                           const std::string& model_dir) const;
   // The run's data (data_fingerprint): kept for run.json (start); a resumed run refuses data

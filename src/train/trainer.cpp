@@ -166,7 +166,8 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   // The model is saved in --save-dtype: the evaluation scores those weights (the final
   // checkpoint above keeps the exact master).
   const DType saved = r.saved;
-  // The disk tier's traffic over the steps (rounding the weights ends the tier).
+  // The disk tier's traffic from its start (the load, when it goes through the tier) to the last
+  // checkpoint, before the final evaluation and the save.
   json disk_summary;
   if (const DiskTier* t = r.engine.disk_tier()) {
     const DiskTierStats& s = t->stats();
@@ -196,8 +197,8 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
                 after["metric"].get<std::string>() + " on the held-out set: no model was "
                 "written (the logs and checkpoint are in " + run + "); lower --lr and start a new run");
   if (r.opt.save_format == SaveFormat::Gguf) {
-    r.engine.disable_disk_tier();  // a GGUF file is written from the whole model in RAM
-    r.model.save_gguf((r.dir.path() / "model.gguf").string(), saved, r.opt.model);
+    r.model.save_gguf((r.dir.path() / "model.gguf").string(), saved, r.opt.model,
+                      r.engine.host_blocks());
   } else {
     r.model.save(run, saved, r.engine.host_blocks());
     copy_tokenizer_files(r.opt.model, run);
@@ -465,8 +466,9 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // Before --out too: what a GGUF file cannot express (another architecture, tokenizer).
   if (opt.save_format == SaveFormat::Gguf) model.check_gguf_save(opt.model);
   const json model_id{{"config", model.config().raw}, {"num_params", model.num_params()}};
-  std::string model_warning =
-      load_into_tier ? "" : dir.check_model(model_id, fingerprint, opt.model);
+  // (Through the tier the fingerprint is taken as the weights go in, after --out exists: the
+  // config is checked here, the weights there.)
+  std::string model_warning = dir.check_model(model_id, fingerprint, opt.model);
   dir.check_data(data_fingerprint(opt), opt.data);  // a resumed run's data are the run's
   model.set_storage_dtype(storage);
   auto data = make_train_data(opt, tok, model.config().max_position);
@@ -549,20 +551,26 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   }
   // A run that fails from here drops the tier with its weights: brought back whole, a model
   // larger than RAM would take the process down before its error is heard.
+  // The run's own offload/ goes too (only when empty), so that a run refused here leaves an
+  // --out that existed (empty) as it was.
   struct DropTier {
     ZOEngine& engine;
+    fs::path own_offload;
     ~DropTier() {
       try {
         engine.disable_disk_tier(/*keep_weights=*/false);
       } catch (...) {
       }
+      std::error_code ec;
+      if (!own_offload.empty()) fs::remove(own_offload, ec);
     }
-  } drop_tier{engine};
+  } drop_tier{engine, opt.offload_dir.empty() && host_mem > 0 ? offload : fs::path()};
   if (load_into_tier) {
     // The base weights through the tier (never whole in RAM), their fingerprint as they pass;
     // then a resumed run's checkpoint over them, and its optimizer state.
     model.read_weights(opt.model, engine.host_blocks(), &fingerprint, fingerprint_as);
     model_warning = dir.check_model(model_id, fingerprint, opt.model);
+    engine.set_sparsity_from_weights();  // of the base weights, as the engine takes them in RAM
     dir.load_checkpoint(model, engine.host_blocks());
     engine.forward().weights_changed();
     dir.load_optimizer_state(engine, model, opt.optimizer);

@@ -52,8 +52,15 @@ void ZOEngine::enable_disk_tier(uint64_t host_mem, const std::string& dir, int i
 }
 DiskTier* ZOEngine::disk_tier() { return impl_->disk_.get(); }
 BlockAccess* ZOEngine::host_blocks() { return impl_->disk_.get(); }
+void ZOEngine::set_sparsity_from_weights() { impl_->sparsity_thresholds(); }
 void ZOEngine::disable_disk_tier(bool keep_weights) {
-  if (impl_->stream_) impl_->stream_->sync_to_host();
+  if (impl_->stream_) {
+    try {
+      impl_->stream_->sync_to_host();
+    } catch (...) {
+      if (keep_weights) throw;  // the weights are dropped anyway: the tier still goes
+    }
+  }
   impl_->drop_disk_tier(keep_weights);
 }
 uint64_t ZOEngine::disk_tier_minimum() const {
@@ -177,23 +184,7 @@ ZOEngine::Impl::Impl(Model& model, Backend& backend, int64_t max_rows, ZOStepOpt
         wb_scratch_ = held_;
       }
     }
-    // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
-    // entries above it (the largest) are left alone.
-    mask_.assign(params.size(), std::numeric_limits<float>::infinity());
-    if (opt.sparsity > 0.f) {
-      std::vector<float> mag;
-      for (size_t pi = 0; pi < params.size(); ++pi) {
-        const Param& p = params[pi];
-        if (p.shape.size() < 2) continue;
-        mag.resize(p.numel);  // the host's storage, read on the host
-        const uint16_t* h = p.data ? nullptr : model_.storage_bf16() + p.offset;
-        for (int64_t i = 0; i < p.numel; ++i)
-          mag[i] = std::fabs(h ? bf16_to_f32(h[i]) : p.data[i]);
-        const int64_t k = std::min<int64_t>(p.numel - 1, (int64_t)((1.0 - opt.sparsity) * p.numel));
-        std::nth_element(mag.begin(), mag.begin() + k, mag.end());
-        mask_[pi] = mag[k];
-      }
-    }
+    sparsity_thresholds();
     const size_t free1 = be_.free_memory();
     buffer_bytes_ = free0_ > free1 ? free0_ - free1 : 0;
     for (int b = 0; b < (int)model_.blocks().size(); ++b)
@@ -202,6 +193,37 @@ ZOEngine::Impl::Impl(Model& model, Backend& backend, int64_t max_rows, ZOStepOpt
   } catch (...) {
     release_buffers();
     throw;
+  }
+}
+
+void ZOEngine::Impl::sparsity_thresholds() {
+  // Sparse MeZO thresholds: the (1 - sparsity) quantile of |theta| of each matrix, so that the
+  // entries above it (the largest) are left alone. Read on the host, block by block through a
+  // disk tier.
+  const auto& params = model_.params();
+  mask_.assign(params.size(), std::numeric_limits<float>::infinity());
+  if (opt_.sparsity <= 0.f) return;
+  const auto& blocks = model_.blocks();
+  if (disk_) {
+    std::vector<int> order(blocks.size());
+    for (int b = 0; b < (int)blocks.size(); ++b) order[b] = b;
+    disk_->begin_walk(order);
+  }
+  std::vector<float> mag;
+  for (int b = 0; b < (int)blocks.size(); ++b) {
+    if (disk_) disk_->acquire(b, false);
+    for (int pi : blocks[b].params) {
+      const Param& p = params[pi];
+      if (p.shape.size() < 2) continue;
+      mag.resize(p.numel);
+      const uint16_t* h = p.data ? nullptr : model_.storage_bf16() + p.offset;
+      for (int64_t i = 0; i < p.numel; ++i) mag[i] = std::fabs(h ? bf16_to_f32(h[i]) : p.data[i]);
+      const int64_t k =
+          std::min<int64_t>(p.numel - 1, (int64_t)((1.0 - opt_.sparsity) * p.numel));
+      std::nth_element(mag.begin(), mag.begin() + k, mag.end());
+      mask_[pi] = mag[k];
+    }
+    if (disk_) disk_->release(b, false);
   }
 }
 

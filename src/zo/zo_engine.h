@@ -39,6 +39,8 @@ struct ZOEngine::Impl {
   int state_planes() const;
   void read_state(std::vector<float>& m, std::vector<float>& v);
   void write_state(const std::vector<float>& m, const std::vector<float>& v);
+  // Sparse MeZO's thresholds (mask_) from the host masters as they are now.
+  void sparsity_thresholds();
   // The optimizer state's planes block by block through the disk tier: into_engine, from
   // whole[k] (storage layout) into the engine's planes (the blocks written back); else out.
   void state_through_tier(float* const whole[2], bool into_engine);

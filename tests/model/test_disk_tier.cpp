@@ -648,6 +648,26 @@ TEST_F(DiskTierCli, AKilledRunResumesExactlyAndTooSmallABudgetIsRefused) {
             std::string::npos);
 }
 
+// Sparse MeZO's thresholds are taken from the base weights once they are loaded into the tier:
+// the plain run's model and step log at the least budget. (A GGUF save through the tier:
+// tests/model/test_gguf.cpp.)
+TEST_F(DiskTierCli, SparsityThresholdsAreTheLoadedWeights) {
+  // The plain run (no --host-mem: the weights loaded before the engine takes its thresholds).
+  auto plain = finetune("sp_plain", "--sparsity 0.5");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto roomy = finetune("sp_roomy", "--host-mem 1TiB");  // dense: the least budget, and a
+  ASSERT_EQ(roomy.code, 0) << roomy.err;                  // log that sparsity changes
+  const uint64_t least = last_json(roomy.out)["disk_tier"]["least_bytes"];
+  EXPECT_NE(zof::test::read_file((dir_ / "sp_roomy" / "zo_log.jsonl").string()),
+            zof::test::read_file((dir_ / "sp_plain" / "zo_log.jsonl").string()));
+  for (const std::string& budget : {std::to_string(least), std::string("1TiB")}) {
+    const std::string run = "sp_" + budget;
+    auto d = finetune(run, "--sparsity 0.5 --host-mem " + budget);
+    ASSERT_EQ(d.code, 0) << d.err;
+    expect_same_run(run, "sp_plain");
+  }
+}
+
 // --host-mem's default: the free host memory (ZOF_FAULT_MEM_AVAILABLE stands in for it) less a
 // margin of 1 GiB and a tenth of it. Where the model fits, no tier and no word of one; where it
 // does not, the tier at that budget, said in the header, and the plain run's model; where even

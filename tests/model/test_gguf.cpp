@@ -421,6 +421,29 @@ TEST(GgufModel, FinetuneSavesGgufAndReplayRebuildsIt) {
   EXPECT_FALSE(fs::exists(run3));
 }
 
+// A GGUF save through the disk tier (the blocks read one at a time as the writer asks for their
+// rows) writes the bytes of the save from RAM.
+TEST(GgufModel, ASaveThroughTheDiskTierIsTheSaveFromRam) {
+  const std::string text = zof::test::assets_dir() + "/data/tinyshakespeare/input.txt";
+  ZOF_REQUIRE_PATH(text);
+  TempDir d;
+  const fs::path hf = tiny_llama(d.path / "hf", true);
+  const std::string run_flags = zof::test::zof_binary() + " finetune --model " + hf.string() +
+                                " --data " + text + " --steps 3 --batch 2 --seq-len 32 "
+                                "--eval-examples 4 --lr 1e-3 --threads 1 --no-report --json "
+                                "--save-format gguf --out ";
+  auto roomy = run_command(run_flags + (d.path / "roomy").string() + " --host-mem 1TiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const uint64_t least = zof::test::last_json(roomy.out)["disk_tier"]["least_bytes"];
+  auto tier = run_command(run_flags + (d.path / "tier").string() + " --host-mem " +
+                          std::to_string(least));
+  ASSERT_EQ(tier.code, 0) << tier.err;
+  EXPECT_GT(zof::test::last_json(tier.out)["disk_tier"]["blocks_on_disk"].get<int>(), 0);
+  const std::string a = slurp(d.path / "tier" / "model.gguf");
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == slurp(d.path / "roomy" / "model.gguf"));
+}
+
 // A GGUF run from a Hugging Face directory: replay from a copy of that directory elsewhere,
 // under another name, rebuilds the run's model.gguf byte for byte (its metadata come from the
 // model, not from where it lies); a copy without tokenizer.json, which GGUF needs, is refused

@@ -1069,9 +1069,12 @@ TEST(OpsConform, MatmulBf16) {
   struct Shape {
     int64_t M, N, K;
   };
-  // M=520: the CPU backend's row blocks (four of 130 rows on two or three threads).
+  // The CPU backend's blocks (cpu_matmul.cpp): M=520, five row blocks of 104 rows; N=1000 with
+  // a few rows, column blocks of 334 and a shorter last (their weights, bias and output at an
+  // offset); M=300 N=600, three row blocks of 100 rows x two column blocks of 300.
   for (Shape s : {Shape{1, 1, 1}, Shape{2, 3, 5}, Shape{16, 16, 16}, Shape{33, 65, 127},
-                  Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{3, 7, 0}, Shape{520, 40, 96}}) {
+                  Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{3, 7, 0}, Shape{520, 40, 96},
+                  Shape{5, 1000, 64}, Shape{300, 600, 40}}) {
     for (bool has_bias : {false, true}) {
       auto x = uniform(size_t(s.M * s.K), -1, 1, 41);
       auto w = to_bf16(uniform(size_t(s.N * s.K), -1, 1, 42));
@@ -1222,11 +1225,11 @@ TEST(Ops, CpuThreadCountIndependence) {
   }
 }
 
-// The bf16 products of many rows on 1, 2, 3 and 8 threads: the same bits. With two or more
-// threads the CPU backend runs them as row blocks on single-threaded primitives, as many as
-// the thread count asks for (M=1000: 4 blocks on 2 threads, 6 with a shorter last on 3; 8
-// threads take oneDNN's own split); one thread runs the whole product. oneDNN 2.6 computes each
-// row in the same order whatever rows surround it (see the note in CpuThreadCountIndependence).
+// The bf16 products on 1, 2, 3 and 8 threads: the same bits. The CPU backend runs them as
+// blocks of rows and columns on single-threaded primitives, the blocks chosen from the shape
+// alone (cpu_matmul.cpp): oneDNN's AMX kernels sum in an order that depends on the shape they
+// are given and on the threads they split K over, so neither may follow the thread count
+// (this test failed on an AMX machine when the row blocks did).
 // And bf16 attention where a thread's items of a kv head end at odd keys (H/Hkv = 3).
 TEST(Ops, CpuThreadCountIndependenceBf16Blocks) {
   std::vector<std::pair<int, std::unique_ptr<Backend>>> bes;
