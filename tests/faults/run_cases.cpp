@@ -273,6 +273,22 @@ std::vector<Case> run_cases() {
        },
        kEval, 1,
        R"(tensor model\.embed_tokens\.weight in .*model\.safetensors holds NaN at element 5 \(of 32768\))"},
+      // Through the disk tier the weights are read once --out exists: a damaged one still
+      // leaves nothing behind, and an --out that existed empty stays as it was (its offload/
+      // and lock gone with the run).
+      {"RunFinetuneNaNWeightThroughTheDiskTier",
+       [](Sandbox& s) {
+         poke(s, s.model() / "model.safetensors", "model.embed_tokens.weight", 5, NAN);
+       },
+       "finetune {F} --out {S}/out --host-mem 600KiB", 1,
+       R"(tensor model\.embed_tokens\.weight in .*model\.safetensors holds NaN at element 5 \(of 32768\))"},
+      {"RunFinetuneNaNWeightThroughTheDiskTierIntoAnEmptyOut",
+       [](Sandbox& s) {
+         poke(s, s.model() / "model.safetensors", "model.embed_tokens.weight", 5, NAN);
+         fs::create_directories(s.root() / "out");
+       },
+       "finetune {F} --out {S}/out --host-mem 600KiB", 1,
+       R"(tensor model\.embed_tokens\.weight in .*model\.safetensors holds NaN at element 5 \(of 32768\))"},
       {"RunGenerateInfWeight",
        [](Sandbox& s) {
          poke(s, s.model() / "model.safetensors", "model.norm.weight", 2, -INFINITY);
