@@ -72,6 +72,9 @@ class DiskTier : public BlockAccess {
   // The least budget: the `keep` blocks (read twice a walk, so never on disk) and two slots of
   // the largest other block.
   static uint64_t min_bytes(const Model& m, int planes, const std::vector<int>& keep);
+  // The blocks a tier keeps resident: the block holding a tied LM head (the embedding's table,
+  // which a walk reads first and last), none for an untied one.
+  static std::vector<int> kept_blocks(const Model& m);
   // The blocks kept resident: `keep`, then the others from block 0 while the budget, less a
   // ring of two slots of the largest block left out, holds them; the ring as large as the rest
   // of the budget allows. budget >= min_bytes.

@@ -177,6 +177,8 @@ class Forward {
   uint8_t* mask_ = nullptr;
   BlockStreamer* weights_ = nullptr;
   BlockAccess* host_ = nullptr;
+  // Frees the bf16 copies and the fp32 scratch (made again, in the new layout, when next read).
+  void drop_copies();
   // Copies one block at a time (a streamer, or host blocks through a tier), not resident ones.
   bool per_block() const { return weights_ != nullptr || host_ != nullptr; }
 };

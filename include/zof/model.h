@@ -189,7 +189,9 @@ class Model {
   static Model load(const std::string& dir, DType storage = DType::F32);
   // DIR's config and weights checked as load() checks them, nothing read or allocated: a model
   // with its layout only (no storage), to compare a checkpoint with the model it goes into.
-  static Model load_layout(const std::string& dir);
+  // storage: the type the layout says the weights would be held in (storage_dtype(); nothing is
+  // allocated), for sizes such as DiskTier::all_bytes.
+  static Model load_layout(const std::string& dir, DType storage = DType::F32);
   // load_layout's model with its storage (of type `storage`) laid out and nothing read: the
   // system's untouched zeros, none resident until written. read_weights fills it (through a
   // disk tier: a model larger than RAM).

@@ -60,6 +60,14 @@ uint64_t DiskTier::min_bytes(const Model& m, int planes, const std::vector<int>&
   return kept + 2 * largest;
 }
 
+std::vector<int> DiskTier::kept_blocks(const Model& m) {
+  const int lm = m.lm_head(), last = (int)m.blocks().size() - 1;
+  for (int b = 0; b < last; ++b)
+    for (int pi : m.blocks()[b].params)
+      if (pi == lm) return {b};
+  return {};
+}
+
 DiskTierPlan DiskTier::plan(const Model& m, int planes, uint64_t budget,
                             const std::vector<int>& keep) {
   const int n = (int)m.blocks().size();

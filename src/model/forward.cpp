@@ -75,26 +75,23 @@ Forward::~Forward() {
   be_.free(wide_);
 }
 
+void Forward::drop_copies() {
+  be_.free(copies_);
+  copies_ = nullptr;
+  be_.free(wide_);
+  wide_ = nullptr;
+}
+
 void Forward::set_weights(BlockStreamer* s) {
   ZOF_ASSERT(!s || !host_);
-  if (s != weights_) {  // the copies' layout follows where the weights live
-    be_.free(copies_);
-    copies_ = nullptr;
-    be_.free(wide_);
-    wide_ = nullptr;
-  }
+  if (s != weights_) drop_copies();  // the copies' layout follows where the weights live
   weights_ = s;
   weights_changed();
 }
 
 void Forward::set_host_blocks(BlockAccess* host) {
   ZOF_ASSERT(!host || !weights_);
-  if (host != host_) {  // the copies' layout follows: per block under a tier
-    be_.free(copies_);
-    copies_ = nullptr;
-    be_.free(wide_);
-    wide_ = nullptr;
-  }
+  if (host != host_) drop_copies();  // per block under a tier
   host_ = host;
   weights_changed();
 }

@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
-#include <optional>
 #include <random>
 #include <type_traits>
 #include <unordered_map>
@@ -23,6 +22,7 @@
 #include "zof/input_file.h"
 #include "hf/gguf.h"
 #include "hf/safetensors.h"
+#include "model/tensor_blocks.h"
 
 namespace fs = std::filesystem;
 
@@ -258,6 +258,17 @@ View view_of(const std::vector<Tensor<View>>& tensors, const Block& b,
       if (s.field) w.*s.field = x.at(s.at);
   }
   return w;
+}
+
+// Parameter `name` as the files name it: the original GPT-2 checkpoints leave out the
+// "transformer." prefix.
+std::string name_in_files(const safetensors::Archive& a, const ModelConfig& c,
+                          const std::string& name) {
+  const std::string prefix = "transformer.";
+  if (c.arch == Arch::GPT2 && !a.find(name) && name.rfind(prefix, 0) == 0 &&
+      a.find(name.substr(prefix.size())))
+    return name.substr(prefix.size());
+  return name;
 }
 
 // Copies a stored tensor into dst as fp32, transposing a 2-D (in, out) file tensor to (out, in).
@@ -807,8 +818,14 @@ int Model::token_table() const {
 
 int Model::lm_head() const { return cfg_.tie_embeddings ? token_table() : index(kLmHead); }
 
-Model Model::load_layout(const std::string& dir) {
-  if (gguf::is_file_path(dir)) return load_gguf_layout(dir);
+Model Model::load_layout(const std::string& dir, DType storage) {
+  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
+            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
+  if (gguf::is_file_path(dir)) {
+    Model m = load_gguf_layout(dir);
+    m.storage_dtype_ = storage;
+    return m;
+  }
   check_model_dir("", dir);
   Model m;
   m.source_ = dir;
@@ -820,22 +837,18 @@ Model Model::load_layout(const std::string& dir) {
   // the tensors read is.
   bool any_bf16 = false, any_f16 = false;
   for (const Param& p : m.params_) {
-    const safetensors::TensorInfo* t = archive.find(p.name);
-    if (!t && m.cfg_.arch == Arch::GPT2 && p.name.rfind("transformer.", 0) == 0)
-      t = archive.find(p.name.substr(std::string("transformer.").size()));
+    const safetensors::TensorInfo* t = archive.find(name_in_files(archive, m.cfg_, p.name));
     if (!t) continue;  // read_weights names it
     any_bf16 |= t->dtype == DType::BF16;
     any_f16 |= t->dtype == DType::F16;
   }
   m.stored_dtype_ = any_bf16 ? DType::BF16 : any_f16 ? DType::F16 : DType::F32;
+  m.storage_dtype_ = storage;
   return m;
 }
 
 Model Model::load_unread(const std::string& dir, DType storage) {
-  ZOF_CHECK(storage == DType::F32 || storage == DType::BF16,
-            std::string("a model is held in fp32 or bf16, not ") + dtype_name(storage));
-  Model m = load_layout(dir);
-  m.storage_dtype_ = storage;
+  Model m = load_layout(dir, storage);
   m.allocate_storage();
   return m;
 }
@@ -875,12 +888,7 @@ DType Model::read_weights(const std::string& dir, BlockAccess* tier, std::string
       Param& p = params_[pi];
       std::vector<int64_t> file_shape = p.shape;
       if (p.transposed) std::swap(file_shape[0], file_shape[1]);
-      std::string name = p.name;
-      // The original GPT-2 checkpoints name tensors without the "transformer." prefix.
-      if (cfg_.arch == Arch::GPT2 && !archive.find(name) &&
-          archive.find(name.substr(std::string("transformer.").size())))
-        name = name.substr(std::string("transformer.").size());
-      const auto& t = archive.require(name, file_shape);
+      const auto& t = archive.require(name_in_files(archive, cfg_, p.name), file_shape);
       any_bf16 |= t.dtype == DType::BF16;
       any_f16 |= t.dtype == DType::F16;
       // A piece at a time (a transposed tensor whole): into the storage, the file's pages of
@@ -983,28 +991,18 @@ void Model::save(const std::string& out_dir, DType dtype, BlockAccess* tier) con
   // Each tensor's data as its turn comes (safetensors::OpenTensor): its block held through the
   // tier while its tensors are written, a transposed copy of one tensor at a time.
   const bool half = storage_dtype_ == DType::BF16;
-  std::vector<int> block_of(params_.size(), -1);
-  for (int b = 0; b < (int)blocks_.size(); ++b)
-    for (int pi : blocks_[b].params) block_of[pi] = b;
   std::vector<safetensors::TensorOut> out;
   for (const Param& p : params_) {
     safetensors::TensorOut t{p.name, dtype, p.shape, nullptr};
     if (p.transposed) t.shape = {p.shape[1], p.shape[0]};  // (out, in) -> file (in, out)
     out.push_back(std::move(t));
   }
-  begin_in_order(tier, (int)blocks_.size());
-  std::optional<HeldBlock> held;
-  int held_block = -1;
+  TensorBlocks held(*this, tier);
   std::vector<float> transposed;
   std::vector<uint16_t> transposed16;
   auto open = [&](size_t pi, safetensors::TensorOut& t) {
     const Param& p = params_[pi];
-    if (block_of[pi] != held_block) {
-      if (held) held->done(false);
-      held.reset();
-      held_block = block_of[pi];
-      held.emplace(tier, held_block);
-    }
+    held.hold((int)pi);
     if (half)
       t.bf16 = storage16_.data() + p.offset;
     else
@@ -1025,8 +1023,7 @@ void Model::save(const std::string& out_dir, DType dtype, BlockAccess* tier) con
   };
   safetensors::write((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}},
                      open);
-  if (held) held->done(false);
-  held.reset();
+  held.done();
   nlohmann::json cfg = cfg_.raw;
   if (cfg.contains("dtype")) cfg["dtype"] = dtype_torch_name(dtype);
   cfg["torch_dtype"] = dtype_torch_name(dtype);

@@ -10,6 +10,7 @@
 
 #include "hf/gguf.h"
 #include "hf/gguf_llama.h"
+#include "model/tensor_blocks.h"
 #include "zof/error.h"
 #include "zof/model.h"
 
@@ -190,25 +191,7 @@ void Model::save_gguf(const std::string& path, DType dtype, const std::string& b
   const gguf::Metadata md = metadata_for(cfg_, base, gguf::file_type_of(mt));
   // Through a tier, the block of the tensor whose rows are asked for is held (the writer asks
   // tensor by tensor, in order: each block is acquired once).
-  std::vector<int> block_of(params_.size(), -1);
-  for (int b = 0; b < (int)blocks_.size(); ++b)
-    for (int pi : blocks_[b].params) block_of[pi] = b;
-  int held = -1;
-  auto hold = [&](int b) {
-    if (!tier || b == held) return;
-    if (held >= 0) {
-      const int h = held;
-      held = -1;
-      tier->release(h, false);
-    }
-    tier->acquire(b, false);
-    held = b;
-  };
-  if (tier) {
-    std::vector<int> order(blocks_.size());
-    for (int b = 0; b < (int)blocks_.size(); ++b) order[b] = b;
-    tier->begin_walk(order);
-  }
+  TensorBlocks held(*this, tier);
   std::vector<gguf::TensorOut> out;
   for (size_t pi = 0; pi < params_.size(); ++pi) {
     const Param& p = params_[pi];
@@ -226,9 +209,8 @@ void Model::save_gguf(const std::string& path, DType dtype, const std::string& b
                   " rows, not " + std::to_string(heads) + " heads of an even size");
     const void* base_ptr = param_ptr((int)pi);
     const bool half = storage_dtype_ == DType::BF16;
-    const int block = block_of[pi];
-    t.rows = [=, &hold](int64_t first, int64_t n, float* o) {
-      hold(block);
+    t.rows = [=, &held](int64_t first, int64_t n, float* o) {
+      held.hold((int)pi);
       for (int64_t r = first; r < first + n; ++r) {
         const int64_t src = heads ? gguf::hf_row_of(r, rows, heads) : r;
         float* dst = o + (r - first) * cols;
@@ -242,16 +224,8 @@ void Model::save_gguf(const std::string& path, DType dtype, const std::string& b
     };
     out.push_back(std::move(t));
   }
-  try {
-    gguf::write(path, md, out);
-  } catch (...) {
-    try {
-      if (held >= 0) tier->release(held, false);
-    } catch (...) {  // the writer's error is the one to hear
-    }
-    throw;
-  }
-  if (held >= 0) tier->release(held, false);
+  gguf::write(path, md, out);
+  held.done();
 }
 
 }  // namespace zof

@@ -298,24 +298,17 @@ static uint64_t host_memory_available() {
 // budget, so that a model larger than RAM runs through the disk tier instead of running out of
 // memory. Only where the tier runs (one process, the SPSA walk, no pipeline stages, not CUDA),
 // and at or above the tier's least; `why` says what was chosen (empty: nothing).
-static uint64_t default_host_memory(const TrainOptions& opt, const Model& layout, DType storage,
-                                    int ranks, std::string& why) {
+static uint64_t default_host_memory(const TrainOptions& opt, const Model& layout, int ranks,
+                                    std::string& why) {
   if (!opt.host_mem.empty() || ranks != 1 || opt.estimator != EstimatorChoice::Spsa ||
       opt.pipeline_stages != 1 || opt.tensor_parallel != 1 || opt.device == DeviceChoice::Cuda)
     return 0;
   const int planes = opt.optimizer == OptimizerChoice::Adam       ? 2
                      : opt.optimizer == OptimizerChoice::Momentum ? 1
                                                                   : 0;
-  const uint64_t per = dtype_size(storage) + (uint64_t)planes * sizeof(float);  // an element's
-  const uint64_t need = (uint64_t)layout.storage_size() * per;
-  // The tier's least (DiskTier::min_bytes): a tied LM head's block (the embedding) resident and
-  // two of the largest other block in flight.
-  const auto& blocks = layout.blocks();
-  const bool tied = layout.config().tie_embeddings;
-  uint64_t largest = 0;
-  for (size_t b = tied ? 1 : 0; b < blocks.size(); ++b)
-    largest = std::max<uint64_t>(largest, (uint64_t)blocks[b].span * per);
-  const uint64_t least = 2 * largest + (tied ? (uint64_t)blocks[0].span * per : 0);
+  // The layout is held in the run's storage type: the tier's own sizes.
+  const uint64_t need = DiskTier::all_bytes(layout, 1 + planes);
+  const uint64_t least = DiskTier::min_bytes(layout, 1 + planes, DiskTier::kept_blocks(layout));
   const uint64_t free = host_memory_available();
   const uint64_t margin = (uint64_t(1) << 30) + free / 10;
   if (free == 0 || need + margin <= free) return 0;
@@ -432,7 +425,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   std::string host_mem_why;
   uint64_t host_mem = host_memory_budget(opt);
   if (host_mem == 0)
-    host_mem = default_host_memory(opt, Model::load_layout(opt.model), storage, comm->size(),
+    host_mem = default_host_memory(opt, Model::load_layout(opt.model, storage), comm->size(),
                                    host_mem_why);
   const bool load_into_tier = host_mem > 0 && !Model::is_gguf(opt.model);
   Model model = load_into_tier ? Model::load_unread(opt.model, storage)

@@ -375,11 +375,7 @@ void ZOEngine::Impl::sync_to_host() {
   if (stream_) stream_->sync_to_host();
 }
 
-std::vector<int> ZOEngine::Impl::disk_keep() const {
-  // A tied LM head is the embedding block's table: the walk reads it first and last.
-  const int last = (int)model_.blocks().size() - 1;
-  return lm_block_ != last ? std::vector<int>{lm_block_} : std::vector<int>{};
-}
+std::vector<int> ZOEngine::Impl::disk_keep() const { return DiskTier::kept_blocks(model_); }
 
 void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads,
                                       bool unwritten) {
