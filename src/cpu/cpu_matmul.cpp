@@ -1,8 +1,11 @@
 // cpu::Matmul: y = x w^T + bias through oneDNN's matmul primitive in strict fp32. The nn.Linear
 // weight (N,K) row-major is described to oneDNN as a (K,N) matrix with strides (1,K), so it is
 // read in place; primitives are cached per (M,N,K,bias) since creating one JIT-compiles kernels.
-// A bf16 product of many rows runs as blocks of rows in one parallel region of zof's own: each
-// block's rows are rounded to bf16 and multiplied by one thread (see run_bf16_blocks).
+// Every product runs as blocks of rows and columns in one parallel region of zof's own, each
+// block multiplied by one thread (see run_blocks), so no sum depends on the thread count; a
+// bf16 product's rows are rounded to bf16 first, once. On a CPU
+// where oneDNN has no bf16 product (AVX2), the blocks run in fp32 on the bf16 values widened:
+// the same bf16 inputs and fp32 sums, slower than fp32 (--dtype auto's probe then picks fp32).
 #include <omp.h>
 
 #include <algorithm>
@@ -63,7 +66,7 @@ dnnl::memory::desc bias_desc(int64_t N) { return matrix(1, N, N, 1); }
 
 constexpr size_t kMaxCached = 256;
 
-// A bf16 product runs in blocks, each on one thread (a single-threaded primitive), blocks handed
+// A product runs in blocks, each on one thread (a single-threaded primitive), blocks handed
 // out in turn. Why not oneDNN's own threads: the rows must be rounded to bf16 first, and doing
 // that in a parallel region of its own put a second fork and join on every product. On a shared
 // machine each join is a chance to wait a scheduler tick for a preempted partner thread
@@ -104,14 +107,17 @@ struct FreeDeleter {
 };
 
 // y rows [m0, m0 + rows) x columns [n0, n0 + cols) of the (M, N) product through prim, from
-// xb, the (M, K) source rounded to bf16.
+// xs, the (M, K) source rounded to bf16, and ws, the block's weights (cols rows of K), both of
+// type t: bf16, or their values widened to fp32 where oneDNN has no bf16 product on this CPU
+// (a product of two bf16 values is exact in fp32: the same sums, in fp32's kernels).
 void run_block(const dnnl::matmul& prim, const dnnl::engine& engine, dnnl::stream& stream,
-               void* scratch, size_t scratch_bytes, const uint16_t* xb, const void* w,
+               void* scratch, size_t scratch_bytes, const void* xs, const void* ws, dt t,
                const float* bias, float* y, int64_t m0, int64_t rows, int64_t n0, int64_t cols,
                int64_t N, int64_t K) {
-  dnnl::memory src(x_desc(rows, K, dt::bf16), engine, const_cast<uint16_t*>(xb + m0 * K));
-  dnnl::memory wei(w_desc(cols, K, dt::bf16), engine,
-                   const_cast<uint16_t*>(static_cast<const uint16_t*>(w) + n0 * K));
+  const size_t es = t == dt::bf16 ? sizeof(uint16_t) : sizeof(float);
+  dnnl::memory src(x_desc(rows, K, t), engine,
+                   const_cast<char*>(static_cast<const char*>(xs) + size_t(m0 * K) * es));
+  dnnl::memory wei(w_desc(cols, K, t), engine, const_cast<void*>(ws));
   dnnl::memory dst(y_desc(rows, cols, N), engine, y + m0 * N + n0);
   dnnl::memory scr(dnnl::memory::desc({int64_t(scratch_bytes)}, dt::u8,
                                       dnnl::memory::format_tag::a),
@@ -145,6 +151,8 @@ struct Matmul::Impl {
     std::unique_ptr<void, FreeDeleter> scratch;
     size_t scratch_bytes = 0;
   };
+  std::vector<float> wide;  // bf16 weights widened to fp32, once a product (no bf16 kernel)
+  int bf16_native = -1;  // whether oneDNN has a bf16 product on this CPU (-1: not asked yet)
   std::unique_ptr<void, FreeDeleter> xbf;  // the source rounded to bf16
   size_t xbf_bytes = 0;
   std::vector<BlockBuffers> blocks;
@@ -201,9 +209,28 @@ struct Matmul::Impl {
     return cache.emplace(key, dnnl::matmul(pd)).first->second;
   }
 
+  // Whether oneDNN makes a bf16 product on this CPU (asked once; AVX2 machines have none: their
+  // bf16 products run on the values widened to fp32, see run_block).
+  bool has_bf16() {
+    if (bf16_native < 0) {
+      dnnl::primitive_attr attr;
+      attr.set_fpmath_mode(dnnl::fpmath_mode::strict);
+      try {
+        OmpThreads team(1);
+        dnnl::matmul::primitive_desc pd(
+            dnnl::matmul::desc(x_desc(16, 16, dt::bf16), w_desc(16, 16, dt::bf16), y_desc(16, 16)),
+            attr, engine);
+        bf16_native = 1;
+      } catch (const dnnl::error&) {
+        bf16_native = 0;
+      }
+    }
+    return bf16_native == 1;
+  }
+
   // Buffers for `n` threads, each with room for block_scratch_bytes of scratchpad, and the
-  // source's M x K bf16 values.
-  void size_blocks(int n, int64_t M, int64_t K) {
+  // source's M x K bf16 values (of `elem` bytes each: bf16, or widened to fp32).
+  void size_blocks(int n, int64_t M, int64_t K, size_t elem = sizeof(uint16_t)) {
     if (int(blocks.size()) < n) blocks.resize(size_t(n));
     for (int i = 0; i < n; ++i) {
       BlockBuffers& b = blocks[size_t(i)];
@@ -213,7 +240,7 @@ struct Matmul::Impl {
         b.scratch.reset(aligned_host_alloc(b.scratch_bytes));
       }
     }
-    const size_t xb = size_t(M * K) * sizeof(uint16_t);
+    const size_t xb = size_t(M * K) * elem;
     if (xbf_bytes < xb) {
       xbf.reset(aligned_host_alloc(xb));
       xbf_bytes = xb;
@@ -222,37 +249,57 @@ struct Matmul::Impl {
 
   // The bf16 product in blocks that depend on (M, N) alone (see kBlockRows), handed out one at
   // a time over the backend's threads; the caller holds mu and has set OpenMP's thread count.
-  void run_bf16_blocks(const float* x, const void* w, const float* bias, float* y, int64_t M,
-                       int64_t N, int64_t K) {
+  void run_blocks(const float* x, const void* w, DType wt, const float* bias, float* y,
+                  int64_t M, int64_t N, int64_t K) {
     const int64_t n_rows = (M + kBlockRows - 1) / kBlockRows;
     const int64_t rows = (M + n_rows - 1) / n_rows, row_tail = M - (n_rows - 1) * rows;
     const int64_t n_cols = std::max<int64_t>(
         1, std::min((kTargetBlocks + n_rows - 1) / n_rows, N / kMinBlockCols));
     const int64_t cols = (N + n_cols - 1) / n_cols, col_tail = N - (n_cols - 1) * cols;
     const bool has_bias = bias != nullptr;
+    // fp32 weights: the blocks read x and w in place. bf16: x rounded once; without a bf16
+    // product on this CPU, the same blocks in fp32 on the bf16 values widened.
+    const bool f32 = wt == DType::F32;
+    const bool native = !f32 && has_bf16();
+    const DType pt = native ? DType::BF16 : DType::F32;
     // Handles, not references: making one may start the cache over. [row tail][col tail]
     dnnl::matmul prim[2][2];
     for (int rt = 0; rt < 2; ++rt)
       for (int ct = 0; ct < 2; ++ct)
-        prim[rt][ct] = primitive(rt ? row_tail : rows, ct ? col_tail : cols, K, has_bias,
-                                 DType::BF16, 1, N);
-    size_blocks(threads, M, K);
+        prim[rt][ct] =
+            primitive(rt ? row_tail : rows, ct ? col_tail : cols, K, has_bias, pt, 1, N);
+    size_blocks(threads, M, K, f32 ? 0 : native ? sizeof(uint16_t) : sizeof(float));
     uint16_t* xb = static_cast<uint16_t*>(xbf.get());
+    float* xw = static_cast<float*>(xbf.get());
+    const uint16_t* wb = static_cast<const uint16_t*>(w);
     const int64_t n_blocks = n_rows * n_cols, n_x = M * K;
+    if (!native && !f32) wide.resize(size_t(N * K));
     std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
     {
+      if (native) {
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < n_x; ++i) xb[i] = f32_to_bf16(x[i]);
+        for (int64_t i = 0; i < n_x; ++i) xb[i] = f32_to_bf16(x[i]);
+      } else if (!f32) {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n_x; ++i) xw[i] = bf16_to_f32(f32_to_bf16(x[i]));
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N * K; ++i) wide[size_t(i)] = bf16_to_f32(wb[i]);
+      }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         BlockBuffers& b = blocks[size_t(omp_get_thread_num())];
         const int64_t rb = blk / n_cols, cb = blk % n_cols;
         const bool last_row = rb == n_rows - 1, last_col = cb == n_cols - 1;
+        const int64_t c = last_col ? col_tail : cols;
         try {
+          const void* ws = f32       ? (const void*)(static_cast<const float*>(w) + cb * cols * K)
+                           : native ? (const void*)(wb + cb * cols * K)
+                                    : (const void*)(wide.data() + cb * cols * K);
           run_block(prim[last_row][last_col], engine, b.stream, b.scratch.get(), b.scratch_bytes,
-                    xb, w, bias, y, rb * rows, last_row ? row_tail : rows, cb * cols,
-                    last_col ? col_tail : cols, N, K);
+                    f32 ? (const void*)x : native ? (const void*)xb : (const void*)xw, ws,
+                    of(pt), bias, y, rb * rows,
+                    last_row ? row_tail : rows, cb * cols, c, N, K);
         } catch (...) {
 #pragma omp critical(zof_matmul_error)
           if (!error) error = std::current_exception();
@@ -279,24 +326,10 @@ void Matmul::run(const float* x, const void* w, DType wt, const float* bias, flo
   Impl& im = *impl_;
   std::lock_guard<std::mutex> lock(im.mu);
   OmpThreads threads(im.threads);
-  if (wt == DType::BF16) return im.run_bf16_blocks(x, w, bias, y, M, N, K);
-  const dnnl::matmul& prim = im.primitive(M, N, K, bias != nullptr, wt, im.threads);
-  // oneDNN takes non-const handles; it never writes the source, weights or bias.
-  void* xs = const_cast<float*>(x);
-  dnnl::memory src(x_desc(M, K, of(wt)), im.engine, xs);
-  dnnl::memory wei(w_desc(N, K, of(wt)), im.engine, const_cast<void*>(w));
-  dnnl::memory dst(y_desc(M, N), im.engine, y);
-  dnnl::memory scratch(dnnl::memory::desc({int64_t(im.scratch_bytes)}, dnnl::memory::data_type::u8,
-                                          dnnl::memory::format_tag::a),
-                       im.engine, im.scratch.get());
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src},
-                                             {DNNL_ARG_WEIGHTS, wei},
-                                             {DNNL_ARG_DST, dst},
-                                             {DNNL_ARG_SCRATCHPAD, scratch}};
-  if (bias)
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_desc(N), im.engine, const_cast<float*>(bias)));
-  prim.execute(im.stream, args);
-  im.stream.wait();
+  // Every product in blocks chosen from its shape alone (see kBlockRows), each on one thread:
+  // oneDNN's own threads may split K (its AVX2 kernels did at M=7, K=1000), which would make the
+  // sums depend on the thread count.
+  im.run_blocks(x, w, wt, bias, y, M, N, K);
 }
 
 Backend::ComputeInfo Matmul::compute_info() {

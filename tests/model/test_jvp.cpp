@@ -279,10 +279,13 @@ TEST(Jvp, Bf16ProductsMatchTheReferenceAndStayNearTheTruth) {
                 "reference %.1e\n", name, err_b, err_spsa, err_32, err_ref);
     // Measured: jvp bf16 3.5e-3 to 5.8e-2 of the truth, spsa bf16 1.5e-1 to 5.9e-1 (3.4x to 45x
     // further); the backends 4e-8 to 8.5e-4 apart (bf16 roundings of activations that differ in
-    // their last fp32 bits), at most 1/11 of the bf16 error.
+    // their last fp32 bits), at most 1/11 of the bf16 error on AVX-512 and AMX machines, and up
+    // to 0.45 of it (GPT-2: 2.7e-3 against 5.9e-3) on an AVX2 machine, whose bf16 products sum
+    // the same bf16 values in fp32 kernels of another order. Two bf16 walks each that far from
+    // the truth could be sqrt(2) of it apart; a wrong product is O(1) away.
     EXPECT_LT(err_b, 0.5 * err_spsa) << name;
     EXPECT_GT(err_b, 10 * err_32) << name << ": the products should have rounded";
-    EXPECT_LT(err_ref, 0.25 * err_b) << name;
+    EXPECT_LT(err_ref, 0.6 * err_b) << name;
     // The rounded copies the walk keeps follow what it reads: each direction alone gives its
     // value in the four-direction walk, and a walk after the weights changed in place gives a
     // fresh estimator's bits.
