@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zof/backend.h"
+#include "zof/disk_tier.h"
 #include "zof/dist.h"
 #include "zof/error.h"
 #include "zof/input_file.h"
@@ -91,6 +92,13 @@ void add_device_flags(CLI::App* app, DeviceArgs& d) {
                 "--gpu-mem budget): the streaming schedule without a GPU");
   app->add_option("--dtype", d.dtype, kDtypeHelp)->capture_default_str();
   app->add_flag("--tf32", d.tf32, "With --device cuda: the fp32 products on TF32 tensor cores");
+  app->add_option("--host-mem", d.host_mem,
+                  "Host memory budget for the weights, e.g. 8GiB or bytes: blocks that fit stay "
+                  "in RAM, the rest are loaded into a file in --offload-dir and read back as each "
+                  "pass reaches them (a model larger than RAM; default: all in RAM)");
+  app->add_option("--offload-dir", d.offload_dir,
+                  "With --host-mem: the directory (on a local file system) for the blocks beyond "
+                  "it (default: the current directory); the file is removed at the end");
 }
 
 void validate_eval(const EvalArgs& a) {
@@ -107,15 +115,66 @@ struct TextModel {
   std::unique_ptr<zof::Backend> backend;
   zof::Model model;
   zof::Tokenizer tok;
+  std::unique_ptr<zof::DiskTier> tier;  // after the model: it goes first
 };
+
+// --host-mem for generate and eval: the budget, or 0 (no flag: every block in RAM). Refused
+// with a device (the streamer reads the host masters whole), and --offload-dir without it.
+uint64_t text_host_mem(const DeviceArgs& d) {
+  ZOF_CHECK(d.offload_dir.empty() || !d.host_mem.empty(),
+            "--offload-dir holds the blocks that do not fit --host-mem: add --host-mem SIZE, or "
+            "drop --offload-dir");
+  if (d.host_mem.empty()) return 0;
+  const uint64_t bytes = zof::parse_memory_size(d.host_mem, "--host-mem");
+  ZOF_CHECK(!d.sim_device && d.device == "cpu",
+            "--host-mem (the disk tier) reads the weights on the host for generate and eval, "
+            "not through --device cuda or --sim-device: drop one of them");
+  return bytes;
+}
+
+// The model as a pass reads it: loaded whole, or with --host-mem laid out only (its weights
+// read by tier_weights once the TextModel is in place).
 TextModel load_text_model(const std::string& dir, const DeviceArgs& where, int threads,
                           zof::WeightPlacement& place) {
   zof::check_model_dir("--model", dir);
+  const uint64_t host_mem = text_host_mem(where);
   auto backend = text_backend(where, threads, place);
-  zof::Model model = zof::Model::load(dir);
+  zof::Model model =
+      host_mem > 0 ? zof::Model::load_unread(dir, zof::DType::F32) : zof::Model::load(dir);
+  if (host_mem > 0) {
+    const uint64_t least =
+        zof::DiskTier::min_bytes(model, 1, zof::DiskTier::kept_blocks(model));
+    ZOF_CHECK(host_mem >= least,
+              "--host-mem " + zof::format_bytes(host_mem) + " is below this model's least of " +
+                  std::to_string(least) + " bytes (" + zof::format_bytes(least) +
+                  ": the block of a tied LM head, which stays resident, and two blocks in "
+                  "flight from disk); raise --host-mem");
+  }
   zof::Tokenizer tok = zof::Tokenizer::load(dir);
   tok.check_ids_below(model.config().vocab_size);
-  return {std::move(backend), std::move(model), std::move(tok)};
+  return {std::move(backend), std::move(model), std::move(tok), nullptr};
+}
+
+// With --host-mem: the blocks beyond it go into a disk tier on tm.model (which must not move
+// from here) as the weights are read, the rest stay in RAM; the passes read through it.
+void tier_weights(TextModel& tm, const std::string& dir, const DeviceArgs& where,
+                  zof::WeightPlacement& place) {
+  const uint64_t host_mem = text_host_mem(where);
+  if (host_mem == 0) return;
+  const zof::DiskTierPlan plan =
+      zof::DiskTier::plan(tm.model, 1, host_mem, zof::DiskTier::kept_blocks(tm.model));
+  if (!plan.all_resident()) {
+    const fs::path off = where.offload_dir.empty() ? fs::path(".") : fs::path(where.offload_dir);
+    std::error_code ec;
+    ZOF_CHECK(fs::is_directory(off, ec),
+              "--offload-dir " + off.string() + " is not a directory: create it (on a local "
+              "file system with " + std::to_string(plan.store_bytes) + " bytes free), or give "
+              "another");
+    tm.tier = std::make_unique<zof::DiskTier>(tm.model, std::vector<float*>{}, plan, off, 2, true,
+                                              /*unwritten=*/true);
+  }
+  tm.model.read_weights(dir, tm.tier.get());
+  place.host = tm.tier.get();
 }
 
 }  // namespace
@@ -123,7 +182,9 @@ TextModel load_text_model(const std::string& dir, const DeviceArgs& where, int t
 int run_generate(const GenerateArgs& a) {
   validate_generate(a);
   zof::WeightPlacement place;
-  auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
+  TextModel tm = load_text_model(a.model, a.where, a.threads, place);
+  tier_weights(tm, a.model, a.where, place);
+  auto& [backend, model, tok, tier] = tm;
   zof::SampleOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
   opt.max_new_is_default = !a.max_new_given;
@@ -170,7 +231,9 @@ int run_eval_task(const EvalArgs& a) {
   zof::validate_options(t);
   zof::check_task_data(t.task, t.data);  // before loading
   zof::WeightPlacement place;
-  auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
+  TextModel tm = load_text_model(a.model, a.where, a.threads, place);
+  tier_weights(tm, a.model, a.where, place);
+  auto& [backend, model, tok, tier] = tm;
   json j = zof::evaluate_task(model, tok, *backend, t, place);
   if (a.json) {
     std::cout << j.dump() << "\n";
@@ -190,13 +253,17 @@ int run_eval(const EvalArgs& a) {
   ZOF_CHECK(a.data.empty(), "--data goes with --task; --text names eval's text file");
   zof::check_input_file("--text", a.text, "--text takes one plain-text file");  // before loading
   // A model tensor parallel cannot split is refused from its config, before the weights load.
+  ZOF_CHECK(a.tensor_parallel == 1 || a.where.host_mem.empty(),
+            "--tensor-parallel splits the model in RAM: drop --host-mem");
   if (a.tensor_parallel > 1 && std::filesystem::is_directory(a.model)) {
     zof::check_model_dir("--model", a.model);
     zof::tp::check(zof::ModelConfig::load((std::filesystem::path(a.model) / "config.json").string()),
                    (int)a.tensor_parallel);
   }
   zof::WeightPlacement place;
-  auto [backend, model, tok] = load_text_model(a.model, a.where, a.threads, place);
+  TextModel tm = load_text_model(a.model, a.where, a.threads, place);
+  tier_weights(tm, a.model, a.where, place);
+  auto& [backend, model, tok, tier] = tm;
   const std::string text = zof::read_eval_text(a.text);
   json j;
   std::unique_ptr<zof::dist::Communicator> world;

@@ -17,7 +17,7 @@ namespace zof::cli {
 // Where generate and eval run: --device cpu (the model's storage), or a device (--device cuda,
 // --sim-device) that the weights stream through within --gpu-mem.
 struct DeviceArgs {
-  std::string device = "cpu", gpu_mem;
+  std::string device = "cpu", gpu_mem, host_mem, offload_dir;
   bool sim_device = false, tf32 = false;
   std::string dtype = "auto";
 };

@@ -63,6 +63,24 @@ struct DiskTierPlan {
   bool all_resident() const;
 };
 
+// Where a run's store lives, for a tier whose checkpoints refer to it instead of copying the
+// model (a kill -9 at any moment leaves a run that resumes bit-identically):
+// Each block has two slots in the file (the layout is the model's, every block's, so that a
+// resumed run with another --host-mem finds its blocks; only the slots of the blocks on disk
+// take space). A block's write goes to the slot that the last checkpoint does not name; a
+// checkpoint makes every write durable (commit(): fdatasync) and records each disk block's slot
+// and hash; once it is in place (renamed, `latest` written) the tier takes those slots as
+// committed(). Whatever a kill interrupts (a read, a write-back, a checkpoint), the slots the
+// latest complete checkpoint names were not written since it.
+struct DiskStore {
+  std::filesystem::path file;
+  // Per block: the slot a checkpoint names (0 or 1), -1: none. Empty: a new store (created;
+  // it must not exist); else the existing file is opened and these are its committed slots.
+  std::vector<int> adopt;
+  // false: a scratch store (one slot a block, removed with the tier; nothing adopted).
+  bool persistent = true;
+};
+
 class DiskTier : public BlockAccess {
  public:
   // Host bytes of block b with `planes` planes: its weights in the storage's type and fp32 for
@@ -93,7 +111,14 @@ class DiskTier : public BlockAccess {
   DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
            const std::filesystem::path& dir, int threads = 2, bool try_direct = true,
            bool unwritten = false);
-  // Waits for the transfers, removes the store. Does not bring blocks back: materialize() first.
+  // A run's store (DiskStore): store.file created, or opened with store.adopt's slots taken as
+  // committed (with unwritten, the caller writes every disk block, then restore_committed()
+  // takes the adopted ones back). A tier with an adopted store exists even when the plan keeps
+  // every block in RAM (restore_committed() reads them in).
+  DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
+           const DiskStore& store, int threads, bool try_direct, bool unwritten);
+  // Waits for the transfers, removes the store unless a checkpoint names it (committed(), or
+  // adopted). Does not bring blocks back: materialize() first.
   ~DiskTier() override;
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
@@ -128,6 +153,31 @@ class DiskTier : public BlockAccess {
 
   const DiskTierStats& stats() const { return stats_; }
 
+  // A run's store (DiskStore): the checkpoint's part.
+  bool persistent() const { return persistent_; }
+  int planes() const { return (int)planes_.size(); }
+  // Every disk block's bytes in its slot and durable (changed blocks written, writes waited
+  // for, fdatasync): per block, the slot that holds it (-1: not on disk). Between commit() and
+  // committed() nothing may be written.
+  std::vector<int> commit();
+  // A checkpoint naming `slots` (commit()'s) is in place: from now on writes go around them, and
+  // the store outlives the tier.
+  void committed(const std::vector<int>& slots);
+  // A checkpoint that names no slot is in place (every block in it): the store may go.
+  void uncommitted();
+  // The committed slots back as the blocks' bytes: a disk block's written since (a resume that
+  // read the base through the tier) is dropped, and the slot taken again; a block now resident
+  // is read into memory. Then the slots that are not committed are free.
+  void restore_committed();
+  // A hash of block b's bytes in every plane, as its slot holds them (the block present).
+  uint64_t block_hash(int block) const;
+  // The space of every slot no checkpoint names given back (a finished run keeps its final
+  // checkpoint's blocks only).
+  void release_free_slots();
+  // The store's file layout for plane count `planes`: bytes of the file (both slots of every
+  // block), and the bytes a plan reserves (the disk blocks' slots).
+  static uint64_t store_file_bytes(const Model& m, int planes);
+
  private:
   enum class State { OnDisk, Reading, Present, Writing };
   struct Span {  // plane k of a block: its bytes in memory and its slot in the store
@@ -145,7 +195,14 @@ class DiskTier : public BlockAccess {
   uint64_t in_ring() const;  // bytes of the disk blocks in the ring
   void note_ring();          // stats_.ring_peak
 
+  uint64_t slot_off(int block) const { return spans_[block].empty() ? 0 : spans_[block][0].file_off; }
+  void read_now(int block);  // a resident block from its slot, waited for
+
   Model& model_;
+  bool persistent_ = false, referenced_ = false;
+  std::vector<int> slot_, committed_;  // per block: the slot holding it, the one a checkpoint names
+  std::vector<uint64_t> slot_bytes_;   // per block: one slot's length
+  int64_t kill_at_write_ = 0, writes_started_ = 0;  // ZOF_FAULT_KILL_AT_WRITE (crash tests)
   std::vector<char*> planes_;
   DiskTierPlan plan_;
   const void* storage_ = nullptr;  // the storage's start when planned: it must not move

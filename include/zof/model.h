@@ -228,7 +228,13 @@ class Model {
   // Writes out_dir/config.json and out_dir/model.safetensors in dtype (default: as loaded),
   // atomically, in Hugging Face layout (tied LM head omitted, GPT-2 Conv1D transposed back).
   // tier: read block by block through it (its whole span is never resident at once).
-  void save(const std::string& out_dir, DType dtype, BlockAccess* tier = nullptr) const;
+  // Weights of more than max_shard_bytes (Hugging Face's save_pretrained default, 5 GB) are
+  // written as shards, as save_pretrained writes them: model-0000i-of-0000n.safetensors, each
+  // at most that size (a larger tensor alone), and model.safetensors.index.json mapping every
+  // tensor to its shard (written last: the directory is a model once it is there).
+  static constexpr uint64_t kMaxShardBytes = 5'000'000'000;
+  void save(const std::string& out_dir, DType dtype, BlockAccess* tier = nullptr,
+            uint64_t max_shard_bytes = kMaxShardBytes) const;
   // Writes the file `path` as a GGUF that llama.cpp loads (a plain LLaMA): the matrices in dtype
   // (F32, F16 or BF16), the norms in F32 (as llama.cpp's converter writes them), the q/k rows in
   // llama.cpp's order, atomically. The metadata: base's when base (the model this one was loaded
@@ -262,7 +268,10 @@ class Model {
     int64_t index = -1;
     float value = 0;
   };
-  NonFinite find_non_finite(BlockAccess* tier = nullptr) const;
+  // while_held: called with each block's index while the tier holds it (its bytes present), in
+  // the same pass (a checkpoint hashes the disk tier's blocks as it checks them).
+  NonFinite find_non_finite(BlockAccess* tier = nullptr,
+                            const std::function<void(int)>& while_held = nullptr) const;
   // A 64-bit hash of the weights' values as fp32 (layout included), computed in 1 MiB chunks
   // in parallel and combined in order, so any thread count gives the same value; as hex,
   // "storage-f32-mix64:<16 digits>", or "storage-bf16-mix64:" when held in bf16 (the same hash

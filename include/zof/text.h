@@ -28,6 +28,9 @@ struct WeightPlacement {
   bool stream = false;
   uint64_t budget = 0;
   DType compute = DType::F32;
+  // A disk tier that holds the model's blocks beyond --host-mem (zof/disk_tier.h; null: the
+  // model is whole in RAM): the forward acquires each block through it as it walks.
+  BlockAccess* host = nullptr;
 };
 
 // What the numbers of `zof eval` and `zof generate` accept (--seq-len and --batch as eval takes

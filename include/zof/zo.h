@@ -209,8 +209,10 @@ class ZOEngine {
   // store is not written now, and the caller writes every block through host_blocks() before
   // anything reads one (Model::read_weights with the tier: a model larger than RAM loaded
   // straight into it).
+  // store: a run's store (DiskStore: checkpoints name its slots; null: a scratch store in dir);
+  // one that adopts a checkpoint's slots makes a tier even where every block fits host_mem.
   void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads = 2,
-                        bool unwritten = false);
+                        bool unwritten = false, const DiskStore* store = nullptr);
   DiskTier* disk_tier();
   // Sparse MeZO's thresholds (--sparsity) from the weights as they are now. The constructor
   // takes them from the Model's storage; a caller that writes the weights after (through the

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "zof/data.h"
+#include "zof/disk_tier.h"
 #include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/input_file.h"
@@ -30,10 +31,15 @@ double now_s() {
 struct Placed {
   std::unique_ptr<Forward> fwd;
   std::unique_ptr<BlockStreamer> weights;
+  const DiskTier* disk = nullptr;
   json describe(const Backend& be) const {
     json j{{"device", be.name()},
            {"dtype", compute_dtype_word(fwd->compute())},
            {"compute", be.compute_info().isa}};
+    if (disk)
+      j["disk_tier"] = json{{"describe", disk->describe()},
+                            {"bytes_read", disk->stats().bytes_read},
+                            {"ring_peak_bytes", disk->stats().ring_peak}};
     if (weights)
       j["streaming"] = json{{"describe", weights->describe()},
                             {"device_bytes", weights->device_bytes()},
@@ -50,6 +56,10 @@ Placed place_forward(const Model& model, Backend& be, int64_t rows, const Weight
   const size_t free0 = be.free_memory();
   out.fwd = std::make_unique<Forward>(model, be, rows);
   out.fwd->set_compute(p.compute);
+  if (p.host) {  // the blocks beyond --host-mem read from disk as the walk reaches them
+    out.fwd->set_host_blocks(p.host);
+    out.disk = dynamic_cast<const DiskTier*>(p.host);
+  }
   if (!p.stream) return out;
   const size_t free1 = be.free_memory();
   // With bf16 products, each streamed block is converted into scratch the forward allocates.

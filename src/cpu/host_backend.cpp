@@ -19,7 +19,9 @@
 namespace zof::cpu {
 
 void* aligned_host_alloc(size_t bytes) {
-  constexpr size_t kAlign = 64;
+  // Large arrays (the optimizer state's planes) start on a page: the disk tier's store lays
+  // their blocks out by their place in a page, which must be the same in a resumed run.
+  const size_t kAlign = bytes >= 4096 ? 4096 : 64;
   size_t rounded = bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign;
   ZOF_CHECK(rounded >= bytes, "cannot allocate " + std::to_string(bytes) + " bytes: size overflows");
   void* p = std::aligned_alloc(kAlign, rounded);

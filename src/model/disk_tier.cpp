@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 
 #include "util/block_io.h"
@@ -114,18 +116,45 @@ DiskTierPlan DiskTier::plan(const Model& m, int planes, uint64_t budget,
 
 DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
                    const fs::path& dir, int threads, bool try_direct, bool unwritten)
-    : model_(model), plan_(plan), storage_(model.storage_ptr()) {
+    : DiskTier(model, std::move(extra_planes), plan,
+               DiskStore{dir / ("zof-blocks-" + std::to_string((long)::getpid()) + ".bin"), {},
+                         /*persistent=*/false},
+               threads, try_direct, unwritten) {}
+
+uint64_t DiskTier::store_file_bytes(const Model& m, int planes) {
+  // Both slots of every block: the pages each plane's span touches (planes start on a page).
+  uint64_t bytes = 0;
+  for (const Block& blk : m.blocks())
+    for (int k = 0; k < planes; ++k) {
+      const uint64_t a = (uint64_t)blk.offset * elem_bytes(m, k);
+      bytes += 2 * (page_up(a + (uint64_t)blk.span * elem_bytes(m, k)) - page_down(a));
+    }
+  return bytes;
+}
+
+DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTierPlan& plan,
+                   const DiskStore& store, int threads, bool try_direct, bool unwritten)
+    : model_(model), persistent_(store.persistent), plan_(plan), storage_(model.storage_ptr()) {
   const int n = (int)model.blocks().size();
   ZOF_ASSERT((int)plan.on_disk.size() == n);
+  ZOF_ASSERT(store.adopt.empty() || ((int)store.adopt.size() == n && persistent_));
   planes_.push_back(static_cast<char*>(model.storage_ptr()));
   for (float* p : extra_planes) planes_.push_back(reinterpret_cast<char*>(p));
-  // Each plane's slot holds the pages its span touches, so that its whole pages move straight
-  // between memory and the file.
+  // The store's layout is every block's (so that a resumed run with another plan finds them),
+  // in block order: slot 0 of a block's planes, then slot 1. Each plane's part holds the pages
+  // its span touches, so that its whole pages move straight between memory and the file; the
+  // planes start on a page (the storage's pages, the host backend's large arrays), so the
+  // layout is the same in every process.
+  for (char* p : planes_)
+    ZOF_CHECK(reinterpret_cast<uintptr_t>(p) % kIoAlign == 0,
+              "the disk tier needs its planes to start on a page; run without --host-mem");
   spans_.resize(n);
+  slot_bytes_.assign(n, 0);
   uint64_t cursor = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> reserve;
   for (int b = 0; b < n; ++b) {
-    if (!plan.on_disk[b]) continue;
     const Block& blk = model.blocks()[b];
+    const uint64_t from = cursor;
     for (int k = 0; k < (int)planes_.size(); ++k) {
       Span s;
       s.addr = planes_[k] + blk.offset * (int64_t)elem_bytes(model, k);
@@ -135,24 +164,45 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
       cursor += page_up(a + s.bytes) - page_down(a);
       spans_[b].push_back(s);
     }
+    slot_bytes_[b] = cursor - from;
+    cursor += slot_bytes_[b];  // slot 1
+    // Space for the disk blocks' slots (both where checkpoints name them), and for the slots of
+    // an adopted block (its bytes are there).
+    const bool adopted = !store.adopt.empty() && store.adopt[b] >= 0;
+    if (plan.on_disk[b] || adopted)
+      reserve.push_back({from, persistent_ ? 2 * slot_bytes_[b] : slot_bytes_[b]});
   }
-  plan_.store_bytes = cursor;
+  ZOF_ASSERT(cursor == store_file_bytes(model, (int)planes_.size()));
+  plan_.store_bytes = 0;
+  for (int b = 0; b < n; ++b)
+    if (plan.on_disk[b]) plan_.store_bytes += (persistent_ ? 2 : 1) * slot_bytes_[b];
   read_ahead_bytes_ = plan_.ring_bytes;
   state_.assign(n, State::Present);
   ticket_.resize(n);
   changed_.assign(n, false);
   holds_.assign(n, 0);
+  slot_.assign(n, 0);
+  committed_.assign(n, -1);
+  const bool adopting = std::any_of(store.adopt.begin(), store.adopt.end(), [](int s) { return s >= 0; });
+  for (int b = 0; b < n && !store.adopt.empty(); ++b) {
+    ZOF_ASSERT(store.adopt[b] >= -1 && store.adopt[b] <= 1);
+    committed_[b] = store.adopt[b];
+    slot_[b] = std::max(store.adopt[b], 0);
+  }
+  referenced_ = adopting;
+  if (const char* k = std::getenv("ZOF_FAULT_KILL_AT_WRITE"))
+    kill_at_write_ = std::atoll(k);
   for (int b = 0; b < n; ++b) bytes_.push_back(block_bytes(model, b, (int)planes_.size()));
-  if (plan.all_resident()) return;
+  if (plan.all_resident() && !adopting) return;
   // The engine first: a ZOF_IO it refuses leaves no store behind.
   io_ = make_io_engine(threads, io_engine_from_env());
-  file_ = std::make_unique<BlockFile>(
-      dir / ("zof-blocks-" + std::to_string((long)::getpid()) + ".bin"), cursor, try_direct);
-  // Every disk block to its slot now (unless the caller writes them): from here the tier holds
-  // only the ring.
+  file_ = std::make_unique<BlockFile>(store.file, cursor, reserve, try_direct,
+                                      /*existing=*/!store.adopt.empty());
+  // Every disk block to its slot now (unless the caller writes them, or the store holds it):
+  // from here the tier holds only the ring.
   try {
     for (int b = 0; b < n; ++b)
-      if (plan.on_disk[b] && !unwritten) write_block(b);
+      if (plan.on_disk[b] && !unwritten && committed_[b] < 0) write_block(b);
     for (int b = 0; b < n; ++b)
       if (plan.on_disk[b]) {
         if (ticket_[b]) ticket_[b]->wait();
@@ -161,7 +211,7 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
       }
   } catch (...) {
     io_.reset();  // the transfers end before the file goes
-    file_->remove();
+    if (!referenced_) file_->remove();
     throw;
   }
   stats_ = DiskTierStats{};  // the moving out is not a walk's traffic
@@ -169,7 +219,82 @@ DiskTier::DiskTier(Model& model, std::vector<float*> extra_planes, const DiskTie
 
 DiskTier::~DiskTier() {
   io_.reset();  // runs what is queued, then joins
-  if (file_) file_->remove();
+  if (file_ && !(persistent_ && referenced_)) file_->remove();
+}
+
+std::vector<int> DiskTier::commit() {
+  std::vector<int> slots(state_.size(), -1);
+  if (!file_) return slots;
+  for (int b = 0; b < (int)state_.size(); ++b)
+    if (plan_.on_disk[b] && state_[b] == State::Present && changed_[b]) {
+      ZOF_ASSERT(holds_[b] == 0);
+      write_block(b);
+    }
+  for (int b = 0; b < (int)state_.size(); ++b) {
+    if (!plan_.on_disk[b]) continue;
+    if (state_[b] == State::Writing) {
+      ticket_[b]->wait();
+      state_[b] = State::Present;  // its pages hold it still; the next walk decides
+    }
+    slots[b] = slot_[b];
+  }
+  file_->sync();
+  return slots;
+}
+
+void DiskTier::committed(const std::vector<int>& slots) {
+  ZOF_ASSERT(slots.size() == committed_.size());
+  committed_ = slots;
+  referenced_ = true;
+}
+
+void DiskTier::uncommitted() {
+  std::fill(committed_.begin(), committed_.end(), -1);
+  referenced_ = false;
+}
+
+void DiskTier::read_now(int b) {
+  uint64_t bytes = 0;
+  io_->submit(transfers(b, 'r', &bytes))->wait();
+  ++stats_.reads;
+  stats_.bytes_read += bytes;
+}
+
+void DiskTier::restore_committed() {
+  if (!file_) return;
+  for (int b = 0; b < (int)state_.size(); ++b) {
+    if (committed_[b] < 0) continue;
+    ZOF_ASSERT(holds_[b] == 0);
+    if (!plan_.on_disk[b]) {  // resident now: its bytes from the slot, once
+      slot_[b] = committed_[b];
+      read_now(b);
+      continue;
+    }
+    if (ticket_[b]) ticket_[b]->wait();
+    if (state_[b] != State::OnDisk) evict(b);
+    state_[b] = State::OnDisk;
+    changed_[b] = false;
+    slot_[b] = committed_[b];
+  }
+  // A block now resident keeps its committed slot until the next checkpoint names none (its
+  // bytes go into that checkpoint itself): the latest checkpoint still names it.
+  materialized_ = false;
+}
+
+uint64_t DiskTier::block_hash(int b) const {
+  ZOF_ASSERT(present(b));
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)b;
+  for (const Span& s : spans_[b]) h = hash_bytes(s.addr, s.bytes, h);
+  return h;
+}
+
+void DiskTier::release_free_slots() {
+  if (!file_) return;
+  for (int b = 0; b < (int)state_.size(); ++b) {
+    const uint64_t base = slot_off(b);
+    for (int k = 0; k < 2; ++k)
+      if (committed_[b] != k) file_->punch(base + k * slot_bytes_[b], slot_bytes_[b]);
+  }
 }
 
 void DiskTier::expect_write_backs() {
@@ -217,7 +342,10 @@ std::string DiskTier::describe() const {
 std::vector<IoTransfer> DiskTier::transfers(int b, char op, uint64_t* bytes) const {
   std::vector<IoTransfer> jobs;
   const BlockFile* f = file_.get();
-  for (const Span& s : spans_[b]) {
+  const uint64_t slot = (uint64_t)slot_[b] * slot_bytes_[b];
+  for (const Span& sp : spans_[b]) {
+    Span s = sp;
+    s.file_off += slot;
     const uintptr_t a = reinterpret_cast<uintptr_t>(s.addr), end = a + s.bytes;
     const uintptr_t lo = page_down(a), full0 = page_up(a), full1 = page_down(end);
     auto partial = [&](uintptr_t from, uintptr_t to) {
@@ -252,8 +380,12 @@ std::vector<IoTransfer> DiskTier::transfers(int b, char op, uint64_t* bytes) con
 }
 
 void DiskTier::write_block(int b) {
+  // Never over the slot a checkpoint names: a kill mid-write leaves that one whole.
+  if (slot_[b] == committed_[b]) slot_[b] = 1 - slot_[b];
   uint64_t bytes = 0;
   ticket_[b] = io_->submit(transfers(b, 'w', &bytes));
+  // Fault injection for the crash tests: die with the Nth write of a run's store in flight.
+  if (kill_at_write_ > 0 && ++writes_started_ == kill_at_write_) ::raise(SIGKILL);
   state_[b] = State::Writing;
   changed_[b] = false;
   ++stats_.writes;

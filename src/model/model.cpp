@@ -23,6 +23,7 @@
 #include "hf/gguf.h"
 #include "hf/safetensors.h"
 #include "model/tensor_blocks.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -696,12 +697,14 @@ Model::NonFinite Model::find_non_finite_in(int64_t from, int64_t n) const {
   return NonFinite{};  // only padding (never written) could hold one
 }
 
-Model::NonFinite Model::find_non_finite(BlockAccess* tier) const {
-  if (!tier) return find_non_finite_in(0, storage_size_);
+Model::NonFinite Model::find_non_finite(BlockAccess* tier,
+                                        const std::function<void(int)>& while_held) const {
+  if (!tier && !while_held) return find_non_finite_in(0, storage_size_);
   // Through the tier: each block's span while it is held (the gaps between blocks are padding).
   begin_in_order(tier, (int)blocks_.size());
   for (int b = 0; b < (int)blocks_.size(); ++b) {
     HeldBlock held(tier, b);
+    if (while_held) while_held(b);
     const NonFinite r = find_non_finite_in(blocks_[b].offset, blocks_[b].span);
     held.done(false);
     if (r.param >= 0) return r;
@@ -984,7 +987,8 @@ Model Model::random(const ModelConfig& cfg, uint64_t seed, DType storage) {
   return m;
 }
 
-void Model::save(const std::string& out_dir, DType dtype, BlockAccess* tier) const {
+void Model::save(const std::string& out_dir, DType dtype, BlockAccess* tier,
+                 uint64_t max_shard_bytes) const {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   ZOF_CHECK(!ec, "cannot create output directory " + out_dir + ": " + ec.message());
@@ -1021,8 +1025,38 @@ void Model::save(const std::string& out_dir, DType dtype, BlockAccess* tier) con
       t.data = transposed.data();
     }
   };
-  safetensors::write((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}},
-                     open);
+  // Shards in tensor order, each up to max_shard_bytes (a larger tensor alone).
+  std::vector<size_t> first{0};  // each shard's first tensor
+  uint64_t total = 0, in_shard = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint64_t bytes = dtype_size(dtype);
+    for (int64_t d : out[i].shape) bytes *= (uint64_t)d;
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+      first.push_back(i);
+      in_shard = 0;
+    }
+    in_shard += bytes;
+    total += bytes;
+  }
+  const size_t shards = first.size();
+  first.push_back(out.size());
+  if (shards == 1) {
+    safetensors::write((fs::path(out_dir) / "model.safetensors").string(), out,
+                       {{"format", "pt"}}, open);
+  } else {
+    nlohmann::json map = nlohmann::json::object();
+    for (size_t k = 0; k < shards; ++k) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards);
+      const std::vector<safetensors::TensorOut> part(out.begin() + (ptrdiff_t)first[k],
+                                                     out.begin() + (ptrdiff_t)first[k + 1]);
+      safetensors::write((fs::path(out_dir) / name).string(), part, {{"format", "pt"}},
+                         [&](size_t i, safetensors::TensorOut& t) { open(first[k] + i, t); });
+      for (const auto& t : part) map[t.name] = name;
+    }
+    const nlohmann::json index{{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+    write_file_atomic(fs::path(out_dir) / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
   held.done();
   nlohmann::json cfg = cfg_.raw;
   if (cfg.contains("dtype")) cfg["dtype"] = dtype_torch_name(dtype);

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "zof/disk_tier.h"
 #include "zof/error.h"
 #include "zof/model.h"
 #include "hf/gguf.h"
@@ -104,7 +105,8 @@ namespace {
 fs::path finished_model(const fs::path& run) {
   std::error_code ec;
   fs::path model;
-  if (fs::is_regular_file(run / "model.safetensors", ec))
+  if (fs::is_regular_file(run / "model.safetensors", ec) ||
+      fs::is_regular_file(run / "model.safetensors.index.json", ec))  // a model saved in shards
     model = run;
   else if (fs::is_regular_file(run / "model.gguf", ec))
     model = run / "model.gguf";
@@ -115,6 +117,22 @@ fs::path finished_model(const fs::path& run) {
   } catch (const json::exception&) {
   }
   return {};
+}
+
+// A checkpoint's weights: model.safetensors (or its shards' index, Model::save above 5 GB), or
+// the disk tier's resident.safetensors beside store.json (the rest in the store).
+bool holds_weights(const fs::path& ckpt) {
+  std::error_code ec;
+  return fs::is_regular_file(ckpt / "model.safetensors", ec) ||
+         fs::is_regular_file(ckpt / "model.safetensors.index.json", ec) ||
+         (fs::is_regular_file(ckpt / "store.json", ec) &&
+          fs::is_regular_file(ckpt / "resident.safetensors", ec));
+}
+
+std::string hex64(uint64_t h) {
+  char t[20];
+  std::snprintf(t, sizeof t, "%016llx", (unsigned long long)h);
+  return t;
 }
 
 }  // namespace
@@ -134,8 +152,7 @@ fs::path latest_checkpoint(const fs::path& run) {
       const std::string n = e.path().filename().string();
       const int64_t step = checkpoint_step(n);
       if (step < 0) continue;
-      ZOF_CHECK(fs::is_regular_file(e.path() / "state.json", ec) &&
-                    fs::is_regular_file(e.path() / "model.safetensors", ec),
+      ZOF_CHECK(fs::is_regular_file(e.path() / "state.json", ec) && holds_weights(e.path()),
                 "the run directory " + run.string() + " holds " + n + " without state.json and "
                 "model.safetensors and no 'latest' file: that checkpoint is damaged; " + kDamaged);
       if (step > best_step) best_step = step, best = e.path();
@@ -154,8 +171,7 @@ fs::path latest_checkpoint(const fs::path& run) {
   ZOF_CHECK(fs::is_directory(dir, ec),
             latest.string() + " names " + text + ", which is not in " + run.string() + "; " +
                 kDamaged);
-  ZOF_CHECK(fs::is_regular_file(dir / "state.json", ec) &&
-                fs::is_regular_file(dir / "model.safetensors", ec),
+  ZOF_CHECK(fs::is_regular_file(dir / "state.json", ec) && holds_weights(dir),
             "the run directory " + run.string() + " names checkpoint '" + text +
                 "' in its 'latest' file, but that checkpoint is incomplete (it needs state.json "
                 "and model.safetensors); the run cannot resume");
@@ -433,8 +449,71 @@ std::string RunDir::saved_fingerprint() const {
   return saved_["base_fingerprint"].get<std::string>();
 }
 
+bool RunDir::checkpoint_in_store() const {
+  std::error_code ec;
+  return !ckpt_.empty() && fs::exists(ckpt_ / "store.json", ec);
+}
+
+std::optional<RunDir::CheckpointStore> RunDir::checkpoint_store(const Model& model,
+                                                                 int planes) const {
+  std::error_code ec;
+  if (ckpt_.empty() || !fs::exists(ckpt_ / "store.json", ec)) return std::nullopt;
+  const fs::path f = ckpt_ / "store.json";
+  const std::string file = f.string();
+  const json j = read_json(f);
+  const auto field = [&](const char* k) -> const json& {
+    ZOF_CHECK(j.is_object() && j.contains(k), file + " has no \"" + k + "\"; " + kDamaged);
+    return j[k];
+  };
+  const int nblocks = (int)model.blocks().size();
+  ZOF_CHECK(field("format").is_number_integer() && field("format").get<int64_t>() == 1,
+            file + ": \"format\" should be 1 (a store this zof writes); " + kDamaged);
+  ZOF_CHECK(field("store").is_string() && !field("store").get<std::string>().empty(),
+            file + ": \"store\" should name the store's file; " + kDamaged);
+  ZOF_CHECK(field("planes").is_number_integer() && field("planes").get<int64_t>() == planes,
+            file + ": \"planes\" should be " + std::to_string(planes) +
+                " (the weights and the optimizer's state planes); " + kDamaged);
+  const uint64_t bytes = DiskTier::store_file_bytes(model, planes);
+  ZOF_CHECK(field("file_bytes").is_number_unsigned() && field("file_bytes").get<uint64_t>() == bytes,
+            file + ": \"file_bytes\" should be " + std::to_string(bytes) +
+                " (the store's size for this model's layout); " + kDamaged);
+  const json& blocks = field("blocks");
+  ZOF_CHECK(blocks.is_array(), file + ": \"blocks\" should be a list; " + kDamaged);
+  CheckpointStore cs;
+  const fs::path named = field("store").get<std::string>();
+  cs.file = named.is_absolute() ? named : run_ / named;
+  cs.slot.assign(nblocks, -1);
+  cs.hash.assign(nblocks, 0);
+  for (const json& e : blocks) {
+    ZOF_CHECK(e.is_array() && e.size() == 3 && e[0].is_number_integer() &&
+                  e[1].is_number_integer() && e[2].is_string(),
+              file + ": each entry of \"blocks\" should be [block, slot, hash]; " + kDamaged);
+    const int64_t b = e[0].get<int64_t>(), sl = e[1].get<int64_t>();
+    const std::string h = e[2].get<std::string>();
+    ZOF_CHECK(b >= 0 && b < nblocks && cs.slot[b] < 0,
+              file + ": block " + std::to_string(b) + " is not one of the model's " +
+                  std::to_string(nblocks) + " blocks, or is listed twice; " + kDamaged);
+    ZOF_CHECK(sl == 0 || sl == 1, file + ": block " + std::to_string(b) + "'s slot is " +
+                                      std::to_string(sl) + ", not 0 or 1; " + kDamaged);
+    ZOF_CHECK(h.size() == 16 && h.find_first_not_of("0123456789abcdef") == std::string::npos,
+              file + ": block " + std::to_string(b) + "'s hash should be 16 hex digits; " +
+                  kDamaged);
+    cs.slot[b] = (int)sl;
+    cs.hash[b] = std::stoull(h, nullptr, 16);
+  }
+  return cs;
+}
+
 RunCounters RunDir::load_checkpoint(Model& model, BlockAccess* tier) const {
   if (ckpt_.empty()) return RunCounters{};
+  if (fs::exists(ckpt_ / "store.json")) {
+    auto* disk = dynamic_cast<DiskTier*>(tier);
+    ZOF_CHECK(disk && disk->persistent(),
+              "checkpoint " + ckpt_.string() + " keeps its blocks in the disk tier's store: "
+              "resume it with the disk tier (--host-mem), in one process");
+    load_from_store(model, *disk);
+    return state_;
+  }
   // Its layout first, then its weights straight into the model (a second model in memory would
   // double a big run's footprint), held as the run holds them (a bf16 master's: exact).
   const Model saved = Model::load_layout(ckpt_.string());
@@ -495,11 +574,66 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
   zlog_.open(run_ / "zo_log.jsonl", resuming_ ? c.log_bytes : 0);
 }
 
+void RunDir::load_from_store(Model& model, DiskTier& disk) const {
+  const CheckpointStore cs = *checkpoint_store(model, disk.planes());
+  // The blocks the checkpoint holds itself (resident when it was written), by name and shape,
+  // as held (the storage's type: exact), through the tier where they are on disk now.
+  const fs::path rf = ckpt_ / "resident.safetensors";
+  auto st = safetensors::Archive::open_file(rf.string());
+  const DType held = model.storage_dtype();
+  size_t expected = 0;
+  disk.begin_walk({});
+  for (int b = 0; b < (int)model.blocks().size(); ++b) {
+    if (cs.slot[b] >= 0) continue;
+    disk.acquire(b, /*overwrite=*/true);
+    for (int pi : model.blocks()[b].params) {
+      const Param& p = model.params()[pi];
+      const auto& t = st.require(p.name, p.shape);
+      ZOF_CHECK(t.dtype == held, rf.string() + ": tensor " + p.name + " is " +
+                                     dtype_torch_name(t.dtype) + ", not the run's master (" +
+                                     dtype_torch_name(held) + "); " + kDamaged);
+      std::memcpy(model.param_ptr(pi), t.data, (size_t)p.numel * dtype_size(held));
+      ++expected;
+    }
+    disk.release(b, /*changed=*/true);
+  }
+  ZOF_CHECK(st.names().size() == expected,
+            rf.string() + " holds " + std::to_string(st.names().size()) + " tensors, not the " +
+                std::to_string(expected) + " of the blocks its store.json leaves out; " +
+                kDamaged);
+  // The store's blocks as the checkpoint named them, each checked against its hash.
+  disk.restore_committed();
+  std::vector<int> order;
+  for (int b = 0; b < (int)cs.slot.size(); ++b)
+    if (cs.slot[b] >= 0) order.push_back(b);
+  disk.begin_walk(order);
+  for (int b : order) {
+    disk.acquire(b);
+    const uint64_t h = disk.block_hash(b);
+    disk.release(b, false);
+    ZOF_CHECK(h == cs.hash[b],
+              "block " + std::to_string(b) + " in the disk tier's store " + cs.file.string() +
+                  " (slot " + std::to_string(cs.slot[b]) + ") does not match the hash " +
+                  ckpt_.filename().string() + "/store.json records: the store was changed or "
+                  "damaged since the checkpoint; the run cannot resume from it");
+  }
+}
+
 void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int planes,
                              const std::vector<float>& m, const std::vector<float>& v,
                              OptimizerChoice optimizer, BlockAccess* tier) {
   const std::string name = "checkpoint-" + std::to_string(c.step);
-  const Model::NonFinite bad = model.find_non_finite(tier);
+  // A disk tier with a run's store and blocks on disk: those stay where they are (their slots
+  // and hashes named, the hashes taken in the pass that checks the weights).
+  DiskTier* disk = dynamic_cast<DiskTier*>(tier);
+  const bool in_store = disk && disk->persistent() &&
+                        !disk->plan().all_resident();
+  std::vector<uint64_t> hashes(model.blocks().size(), 0);
+  const Model::NonFinite bad = model.find_non_finite(
+      tier, in_store ? std::function<void(int)>([&](int b) {
+        if (disk->on_disk(b)) hashes[b] = disk->block_hash(b);
+      })
+                     : nullptr);
   // Weights that are not finite, or that gave a non-finite loss at the last step (bad_run > 0:
   // that step's update was skipped), are not written. Mid-run such a checkpoint is skipped (a
   // transient the run may recover from; the last good checkpoint stays); at the end of the run,
@@ -549,7 +683,39 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int plane
     throw fs::filesystem_error("cannot create directories", tmp,
                                std::make_error_code(std::errc::permission_denied));
   fs::create_directories(tmp);
-  model.save(tmp.string(), model.storage_dtype(), tier);  // the master as held: exact resume
+  std::vector<int> slots;
+  if (in_store) {
+    slots = disk->commit();  // every disk block in its slot, durable
+    // The resident blocks' tensors as held (exact), by name.
+    std::vector<safetensors::TensorOut> t;
+    for (int b = 0; b < (int)model.blocks().size(); ++b) {
+      if (slots[b] >= 0) continue;
+      for (int pi : model.blocks()[b].params) {
+        const Param& p = model.params()[pi];
+        safetensors::TensorOut o{p.name, model.storage_dtype(), p.shape, nullptr};
+        if (model.storage_dtype() == DType::BF16)
+          o.bf16 = static_cast<const uint16_t*>(model.param_ptr(pi));
+        else
+          o.data = static_cast<const float*>(model.param_ptr(pi));
+        t.push_back(std::move(o));
+      }
+    }
+    safetensors::write((tmp / "resident.safetensors").string(), t, {{"format", "zof"}});
+    const fs::path store = disk->store_path();
+    const fs::path rel = store.lexically_relative(run_);
+    json blocks = json::array();
+    for (int b = 0; b < (int)slots.size(); ++b)
+      if (slots[b] >= 0) blocks.push_back(json::array({b, slots[b], hex64(hashes[b])}));
+    const bool inside = !rel.empty() && *rel.begin() != "..";
+    json sj{{"format", 1},
+            {"store", inside ? rel.string() : fs::absolute(store).string()},
+            {"file_bytes", DiskTier::store_file_bytes(model, disk->planes())},
+            {"planes", disk->planes()},
+            {"blocks", blocks}};
+    write_file_atomic(tmp / "store.json", sj.dump(1));
+  } else {
+    model.save(tmp.string(), model.storage_dtype(), tier);  // the master as held: exact resume
+  }
   // Momentum/Adam state beside the weights (storage layout), for an exact resume.
   if (planes > 0) {
     const int64_t n = model.storage_size();
@@ -574,6 +740,12 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int plane
   fs::rename(tmp, dst);
   fsync_path(run_);
   write_file_atomic(run_ / "latest", name + "\n");
+  // The tier keeps the slots this checkpoint names (writes go around them from here), or knows
+  // that no checkpoint needs its store.
+  if (in_store)
+    disk->committed(slots);
+  else if (disk && disk->persistent())
+    disk->uncommitted();
   // Older checkpoints are now redundant.
   for (auto& e : fs::directory_iterator(run_)) {
     const std::string n = e.path().filename().string();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "zof/trainer.h"
 
 namespace zof {
+class DiskTier;
 class Model;
 class ZOEngine;
 }  // namespace zof
@@ -198,7 +200,22 @@ class RunDir {
   // The checkpoint the run continues from: its weights into model, its counters; nothing and
   // zero counters for a run that starts at step 0.
   // tier: the model's blocks are held through it (a disk tier), read into it block by block.
+  // A checkpoint whose blocks are in the disk tier's store (checkpoint_store()) needs the tier
+  // that adopted it (DiskStore): its other blocks are read in, the store's slots taken back
+  // (DiskTier::restore_committed) and each block's hash checked against store.json.
   RunCounters load_checkpoint(Model& model, BlockAccess* tier = nullptr) const;
+  // The latest checkpoint's blocks in the disk tier's store (its store.json; a checkpoint of a
+  // run whose blocks did not all fit --host-mem): the store's file and, per block, the slot
+  // holding it (-1: the block is in the checkpoint's resident.safetensors) and its hash.
+  // Checked against the model's layout held with `planes` planes (weights and optimizer state):
+  // zof::Error naming the file and the field. Nothing for any other checkpoint.
+  struct CheckpointStore {
+    fs::path file;
+    std::vector<int> slot;
+    std::vector<uint64_t> hash;
+  };
+  std::optional<CheckpointStore> checkpoint_store(const Model& model, int planes) const;
+  bool checkpoint_in_store() const;  // the latest checkpoint has a store.json
   // Its counters alone (zero for a run that starts at step 0).
   RunCounters checkpoint_counters() const { return ckpt_.empty() ? RunCounters{} : state_; }
   // Momentum/Adam state beside the checkpoint's weights, when the engine keeps any.
@@ -226,12 +243,17 @@ class RunDir {
   // last step's loss was not finite are not written either: mid-run the checkpoint is skipped
   // (the previous one stays), at the run's last step that is the same error.
   // planes (0, 1 or 2): m and v (Job::gather_state), written beside the weights.
-  // tier: the model's blocks held through it (a disk tier), read block by block.
+  // tier: the model's blocks held through it (a disk tier), read block by block. A disk tier
+  // with a run's store (DiskStore) and blocks on disk: the checkpoint copies no disk block; it
+  // names their slots and hashes (store.json) and holds the resident blocks
+  // (resident.safetensors); the tier then keeps those slots (DiskTier::committed).
   void save_checkpoint(const RunCounters& c, const Model& model, int planes,
                        const std::vector<float>& m, const std::vector<float>& v,
                        OptimizerChoice optimizer, BlockAccess* tier = nullptr);
 
  private:
+  // load_checkpoint of a checkpoint whose blocks are in the disk tier's store.
+  void load_from_store(Model& model, DiskTier& disk) const;
   // hash: the ByteHash the checkpoint records of the first `recorded` bytes ("": none).
   void check_log(const fs::path& file, int64_t recorded, const char* field, int64_t lines,
                  const std::string& hash = "") const;

@@ -3,6 +3,7 @@
 // task's data, the engine and the estimator, the checkpoint to continue from, then the step loop
 // and the run's summary. Each part lives in its own file of src/train/.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -292,6 +293,13 @@ static uint64_t host_memory_available() {
   return avail;
 }
 
+// The optimizer's state planes beside the weights (momentum: m; Adam: m and v).
+static int state_planes_of(const TrainOptions& opt) {
+  return opt.optimizer == OptimizerChoice::Adam       ? 2
+         : opt.optimizer == OptimizerChoice::Momentum ? 1
+                                                      : 0;
+}
+
 // --host-mem's default: none (every block in RAM) where the model's host masters (its weights
 // in the storage's type, and a stateful optimizer's fp32 state) fit the free host memory less a
 // margin for the rest of the run (1 GiB and a tenth of what is free); where they do not, that
@@ -303,9 +311,7 @@ static uint64_t default_host_memory(const TrainOptions& opt, const Model& layout
   if (!opt.host_mem.empty() || ranks != 1 || opt.estimator != EstimatorChoice::Spsa ||
       opt.pipeline_stages != 1 || opt.tensor_parallel != 1 || opt.device == DeviceChoice::Cuda)
     return 0;
-  const int planes = opt.optimizer == OptimizerChoice::Adam       ? 2
-                     : opt.optimizer == OptimizerChoice::Momentum ? 1
-                                                                  : 0;
+  const int planes = state_planes_of(opt);
   // The layout is held in the run's storage type: the tier's own sizes.
   const uint64_t need = DiskTier::all_bytes(layout, 1 + planes);
   const uint64_t least = DiskTier::min_bytes(layout, 1 + planes, DiskTier::kept_blocks(layout));
@@ -326,6 +332,17 @@ static uint64_t default_host_memory(const TrainOptions& opt, const Model& layout
         format_bytes(margin) + ", so " + format_bytes(budget) +
         " of them stay in RAM and the rest on disk (--host-mem SIZE chooses)";
   return budget;
+}
+
+// The name of a run's store in a shared --offload-dir: a hash of the run directory's absolute
+// path (the run's own offload/ holds zof-store.bin).
+static std::string run_store_id(const fs::path& run) {
+  std::error_code ec;
+  const std::string abs = fs::weakly_canonical(fs::absolute(run), ec).string();
+  char t[20];
+  std::snprintf(t, sizeof t, "%016llx",
+                (unsigned long long)hash_bytes(abs.data(), abs.size(), 0x7a6f66));
+  return t;
 }
 
 // --offload-dir, or offload/ in the run directory.
@@ -351,8 +368,11 @@ static void remove_stale_stores(const fs::path& dir) {
 // The directory for the disk tier's store: there, a directory, writable, with room for the
 // blocks beyond --host-mem. offload/ in the run directory is checked where it will be made.
 static void check_offload_dir(const TrainOptions& opt, const fs::path& dir,
-                              const DiskTierPlan& plan) {
+                              const DiskTierPlan& plan, uint64_t held) {
   if (plan.all_resident()) return;
+  // Two slots a disk block (a kill at any moment leaves the checkpoint's whole), less what an
+  // adopted store takes already.
+  const uint64_t need = 2 * plan.store_bytes > held ? 2 * plan.store_bytes - held : 0;
   const std::string flag = opt.offload_dir.empty() ? "the run directory's offload/"
                                                    : "--offload-dir " + dir.string();
   fs::path on = dir;
@@ -364,7 +384,7 @@ static void check_offload_dir(const TrainOptions& opt, const fs::path& dir,
     std::error_code ec;
     ZOF_CHECK(fs::exists(dir, ec),
               "--offload-dir " + dir.string() + " does not exist: create it (on a local file "
-              "system with " + std::to_string(plan.store_bytes) + " bytes free), or drop "
+              "system with " + std::to_string(need) + " bytes free), or drop "
               "--offload-dir to use the run directory");
     ZOF_CHECK(fs::is_directory(dir, ec), "--offload-dir " + dir.string() +
                                              " is not a directory: give a directory");
@@ -373,9 +393,9 @@ static void check_offload_dir(const TrainOptions& opt, const fs::path& dir,
               "can write");
   }
   const uint64_t free = free_space(on);
-  ZOF_CHECK(free >= plan.store_bytes,
+  ZOF_CHECK(free >= need,
             flag + " has " + std::to_string(free) + " bytes free, and the blocks beyond --host-mem "
-            "need " + std::to_string(plan.store_bytes) + " (" + format_bytes(plan.store_bytes) +
+            "need " + std::to_string(need) + " (" + format_bytes(need) +
             "): free space, choose another --offload-dir, or raise --host-mem");
   // The I/O engine too (made and dropped: a ZOF_IO that names none, or uring where io_uring
   // cannot run, is refused with the tier's own words before the run directory exists).
@@ -427,6 +447,12 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   if (host_mem == 0)
     host_mem = default_host_memory(opt, Model::load_layout(opt.model, storage), comm->size(),
                                    host_mem_why);
+  // A checkpoint whose blocks are in the disk tier's store resumes through the tier (every
+  // block in RAM where the budget holds them all).
+  const bool store_ckpt = dir.checkpoint_in_store();
+  if (store_ckpt && host_mem == 0) {
+    host_mem = DiskTier::all_bytes(Model::load_layout(opt.model, storage), 1 + state_planes_of(opt));
+  }
   const bool load_into_tier = host_mem > 0 && !Model::is_gguf(opt.model);
   Model model = load_into_tier ? Model::load_unread(opt.model, storage)
                                : Model::load(opt.model, fingerprint_as);
@@ -481,9 +507,11 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   auto estimator = share ? make_tensor_estimator(engine, *share, *backend, data->max_rows())
                          : make_estimator(opt, engine, model, *backend, data->max_rows());
   job.wire_pipeline(engine, (int)model.config().num_layers);
-  RunCounters c = resumed            ? *resumed
-                  : load_into_tier ? dir.checkpoint_counters()  // its weights: below
-                                   : dir.load_checkpoint(model);
+  // Through the tier, the checkpoint's weights go in once it exists (below).
+  const bool ckpt_after_tier = load_into_tier || store_ckpt;
+  RunCounters c = resumed             ? *resumed
+                  : ckpt_after_tier ? dir.checkpoint_counters()  // its weights: below
+                                    : dir.load_checkpoint(model);
   engine.forward().weights_changed();  // a checkpoint's weights replaced the model's
   // The saved model's dtype, from the model as loaded (--save-dtype input reads its file's
   // dtype: every rank rounds its slice alike).
@@ -510,7 +538,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     std::vector<float> m, v;
     if (dir.read_optimizer_state(engine.state_planes(), model.storage_size(), opt.optimizer, m, v))
       engine.write_state(share->slice_plane(m), v.empty() ? v : share->slice_plane(v));
-  } else if (!load_into_tier) {
+  } else if (!ckpt_after_tier) {
     dir.load_optimizer_state(engine, model, opt.optimizer);
   }
   // A checkpoint written inside a bf16 master's rounding window: the window's updates again.
@@ -522,25 +550,56 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   ZOF_CHECK(host_mem == 0 || comm->size() == 1,
             "--host-mem (the disk tier) runs in one process for now, not " +
                 std::to_string(comm->size()) + " ranks; drop --host-mem or run without mpirun");
-  const fs::path offload = offload_path(opt, dir.path());
-  // A store a killed run left (zof-blocks-PID.bin of a process gone, or of this PID's earlier
-  // life, as in a container restarted): removed before the free space is counted, so that a
-  // resume on a disk with room for one store fits (the tier writes every block anew).
-  if (host_mem > 0) remove_stale_stores(offload);
-  if (host_mem > 0) check_offload_dir(opt, offload, engine.disk_tier_plan(host_mem));
+  fs::path offload = offload_path(opt, dir.path());
+  // The run's store (DiskStore): its checkpoints name their blocks' slots there instead of
+  // copying the model. A resumed run whose checkpoint does so takes that store where it is.
+  DiskStore store;
+  uint64_t store_held = 0;  // bytes the adopted store already takes on its file system
+  if (host_mem > 0) {
+    const int planes = 1 + engine.state_planes();
+    if (const auto cs = dir.checkpoint_store(model, planes)) {
+      std::error_code ec;
+      ZOF_CHECK(opt.offload_dir.empty() ||
+                    fs::equivalent(fs::path(opt.offload_dir), cs->file.parent_path(), ec),
+                "--offload-dir " + opt.offload_dir + ": the checkpoint's blocks are in " +
+                    cs->file.string() + "; resume with --offload-dir " +
+                    cs->file.parent_path().string() + ", or without --offload-dir");
+      offload = cs->file.parent_path();
+      store.file = cs->file;
+      store.adopt = cs->slot;
+      struct stat st {};
+      if (::stat(cs->file.c_str(), &st) == 0) store_held = (uint64_t)st.st_blocks * 512;
+    } else {
+      store.file = offload / (opt.offload_dir.empty()
+                                  ? std::string("zof-store.bin")
+                                  : "zof-store-" + run_store_id(dir.path()) + ".bin");
+    }
+  }
+  // The run's own offload/ (created and removed with the run), not a directory it was given,
+  // or the one an adopted store lives in.
+  const bool own_offload = offload == dir.path() / "offload";
+  // A store a killed run left (zof-blocks-PID.bin of an older zof's process gone; this run's
+  // store from before its first checkpoint that names it): removed before the free space is
+  // counted.
+  if (host_mem > 0) {
+    remove_stale_stores(offload);
+    std::error_code ec;
+    if (store.adopt.empty()) fs::remove(store.file, ec);
+  }
+  if (host_mem > 0) check_offload_dir(opt, offload, engine.disk_tier_plan(host_mem), store_held);
   // From here a signal stops the run at a step boundary: never between creating --out and
   // writing run.json (which would leave a directory that is no run).
   std::optional<StopSignals> signals(std::in_place);
   dir.create(job.root);  // a new run's --out (removed again if the run fails before it starts)
   comm->barrier();  // every rank has checked the run directory before rank 0 writes into it
-  if (host_mem > 0 && !engine.disk_tier_plan(host_mem).all_resident()) {
-    if (opt.offload_dir.empty()) {  // the run's own
+  if (host_mem > 0 && (!engine.disk_tier_plan(host_mem).all_resident() || store_ckpt)) {
+    if (own_offload) {  // the run's own
       std::error_code ec;
       fs::create_directories(offload, ec);
       ZOF_CHECK(!ec, "cannot create " + offload.string() + ": " + ec.message() +
                          "; give --offload-dir a writable directory");
     }
-    engine.enable_disk_tier(host_mem, offload.string(), 2, /*unwritten=*/load_into_tier);
+    engine.enable_disk_tier(host_mem, offload.string(), 2, /*unwritten=*/load_into_tier, &store);
   }
   // A run that fails from here drops the tier with its weights: brought back whole, a model
   // larger than RAM would take the process down before its error is heard.
@@ -557,13 +616,16 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
       std::error_code ec;
       if (!own_offload.empty()) fs::remove(own_offload, ec);
     }
-  } drop_tier{engine, opt.offload_dir.empty() && host_mem > 0 ? offload : fs::path()};
+  } drop_tier{engine, own_offload && host_mem > 0 ? offload : fs::path()};
   if (load_into_tier) {
-    // The base weights through the tier (never whole in RAM), their fingerprint as they pass;
-    // then a resumed run's checkpoint over them, and its optimizer state.
+    // The base weights through the tier (never whole in RAM), their fingerprint as they pass.
     model.read_weights(opt.model, engine.host_blocks(), &fingerprint, fingerprint_as);
     model_warning = dir.check_model(model_id, fingerprint, opt.model);
     engine.set_sparsity_from_weights();  // of the base weights, as the engine takes them in RAM
+  }
+  if (ckpt_after_tier) {
+    // Then a resumed run's checkpoint over them (from the store, the slots it names, checked),
+    // and its optimizer state.
     dir.load_checkpoint(model, engine.host_blocks());
     engine.forward().weights_changed();
     dir.load_optimizer_state(engine, model, opt.optimizer);
@@ -607,10 +669,15 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
     t["least_bytes"] = engine.disk_tier_minimum();
     t["all_bytes"] = DiskTier::all_bytes(model, 1 + engine.state_planes());
   }
-  if (host_mem > 0) {  // the model is saved: the store goes (with the weights), and offload/
+  if (host_mem > 0) {
+    // The model is saved: a finished run's store keeps only its final checkpoint's blocks (the
+    // exact master); a store no checkpoint names goes, and the run's own offload/ when empty.
+    if (DiskTier* t = engine.disk_tier(); t && summary.contains("steps") &&
+                                          !summary.value("interrupted", false))
+      t->release_free_slots();
     engine.disable_disk_tier(/*keep_weights=*/false);
     std::error_code ec;
-    if (opt.offload_dir.empty()) fs::remove(offload, ec);  // only when empty
+    if (own_offload) fs::remove(offload, ec);  // only when empty
   }
   if (job.root) {
     // The step log as the run ended (replay checks it against these when the run's

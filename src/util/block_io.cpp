@@ -19,6 +19,7 @@
 #include <cstring>
 #include <thread>
 
+#include "util/files.h"
 #include "zof/error.h"
 
 namespace zof {
@@ -72,32 +73,60 @@ uint64_t free_space(const fs::path& dir) {
 }
 
 BlockFile::BlockFile(const fs::path& path, uint64_t bytes, bool try_direct)
+    : BlockFile(path, bytes, {{0, (bytes + kIoAlign - 1) / kIoAlign * kIoAlign}}, try_direct,
+                false) {}
+
+BlockFile::BlockFile(const fs::path& path, uint64_t bytes,
+                     const std::vector<std::pair<uint64_t, uint64_t>>& reserve, bool try_direct,
+                     bool existing)
     : path_(path), size_((bytes + kIoAlign - 1) / kIoAlign * kIoAlign) {
-  // A store larger than the free space is refused before anything is allocated (fallocate
-  // would fill the file system first, under every other process on it).
-  const uint64_t room = free_space(path.parent_path().empty() ? fs::path(".") : path.parent_path());
-  ZOF_CHECK(size_ <= room,
-            "no space for " + path.string() + ": the blocks beyond --host-mem need " +
-                std::to_string(size_) + " bytes on its file system, which has " +
-                std::to_string(room) + " free; free space, choose another --offload-dir or "
-                "raise --host-mem");
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  ZOF_CHECK(fd_ >= 0, "cannot create " + path.string() + ": " + errno_text(errno) +
-                          "; choose a writable --offload-dir");
+  const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  auto no_space = [&](uint64_t need, uint64_t room) {
+    return Error("no space for " + path.string() + ": the blocks beyond --host-mem need " +
+                 std::to_string(need) + " bytes on its file system, which has " +
+                 std::to_string(room) + " free; free space, choose another --offload-dir or "
+                 "raise --host-mem");
+  };
+  uint64_t need = 0;
+  for (const auto& r : reserve) need += r.second;
+  if (existing) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    ZOF_CHECK(fd_ >= 0, "cannot open the disk tier's store " + path.string() + ": " +
+                            errno_text(errno) + "; the checkpoint's blocks are in it: restore "
+                            "it, or start a new run");
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || (uint64_t)st.st_size != size_) {
+      ::close(fd_);
+      fd_ = -1;
+      throw Error("the disk tier's store " + path.string() + " is " +
+                  std::to_string((uint64_t)st.st_size) + " bytes, not the " +
+                  std::to_string(size_) + " the checkpoint's layout makes: it was changed or "
+                  "is another run's; restore it, or start a new run");
+    }
+  } else {
+    // A store larger than the free space is refused before anything is allocated (fallocate
+    // would fill the file system first, under every other process on it).
+    const uint64_t room = free_space(parent);
+    if (need > room) throw no_space(need, room);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    ZOF_CHECK(fd_ >= 0, "cannot create " + path.string() + ": " + errno_text(errno) +
+                            "; choose a writable --offload-dir");
+  }
   try {
-    if (size_ > 0) {
-      const int e = ::posix_fallocate(fd_, 0, (off_t)size_);
+    if (!existing && size_ > 0)
+      ZOF_CHECK(::ftruncate(fd_, (off_t)size_) == 0,
+                "cannot size " + path.string() + ": " + errno_text(errno));
+    // The new file's name durable too: a checkpoint that names the store must find it after
+    // a power loss.
+    if (!existing) fsync_path(parent);
+    for (const auto& [off, n] : reserve) {
+      if (n == 0) continue;
+      const int e = ::posix_fallocate(fd_, (off_t)off, (off_t)n);
       // A file system without fallocate (EOPNOTSUPP) gets its blocks as they are written.
-      if (e == ENOSPC)
-        throw Error("no space for " + path.string() + ": the blocks beyond --host-mem need " +
-                    std::to_string(size_) + " bytes on its file system, which has " +
-                    std::to_string(free_space(path.parent_path())) +
-                    " free; free space, choose another --offload-dir or raise --host-mem");
+      if (e == ENOSPC) throw no_space(need, free_space(parent));
       if (e != 0 && e != EOPNOTSUPP && e != EINVAL)
-        throw Error("cannot reserve " + std::to_string(size_) + " bytes for " + path.string() +
+        throw Error("cannot reserve " + std::to_string(n) + " bytes for " + path.string() +
                     ": " + errno_text(e));
-      if (e != 0) ZOF_CHECK(::ftruncate(fd_, (off_t)size_) == 0,
-                            "cannot size " + path.string() + ": " + errno_text(errno));
     }
     if (!try_direct) {
       note_ = "O_DIRECT not asked for";
@@ -108,9 +137,11 @@ BlockFile::BlockFile(const fs::path& path, uint64_t bytes, bool try_direct)
       note_ = "the file system refused O_DIRECT (" + errno_text(errno) + ")";
       return;
     }
-    // Some file systems accept the flag and refuse the transfers: an aligned write tells.
+    // Some file systems accept the flag and refuse the transfers: an aligned transfer tells (a
+    // read of a store that holds blocks, which must not change; a write of a new one).
     AlignedBuffer probe(kIoAlign);
-    const ssize_t w = size_ >= kIoAlign ? transfer(dfd, 'w', probe.data, kIoAlign, 0) : -2;
+    const char op = existing ? 'r' : 'w';
+    const ssize_t w = size_ >= kIoAlign ? transfer(dfd, op, probe.data, kIoAlign, 0) : -2;
     if (w == (ssize_t)kIoAlign) {
       ::close(fd_);
       fd_ = dfd;
@@ -118,16 +149,50 @@ BlockFile::BlockFile(const fs::path& path, uint64_t bytes, bool try_direct)
       return;
     }
     note_ = w == -2 ? std::string("the file is smaller than one aligned block")
-                    : "the file system refused an O_DIRECT write (" +
-                          errno_text(w < 0 ? errno : EIO) + ")";
+                    : std::string("the file system refused an O_DIRECT ") +
+                          (existing ? "read (" : "write (") + errno_text(w < 0 ? errno : EIO) +
+                          ")";
     ::close(dfd);
   } catch (...) {
     ::close(fd_);
     fd_ = -1;
     std::error_code ec;
-    fs::remove(path_, ec);
+    if (!existing) fs::remove(path_, ec);
     throw;
   }
+}
+
+uint64_t hash_bytes(const void* p, size_t n, uint64_t seed) {
+  constexpr uint64_t k1 = 0x9E3779B185EBCA87ull, k2 = 0xC2B2AE3D27D4EB4Full;
+  auto round = [](uint64_t acc, uint64_t v) {
+    acc += v * k2;
+    return ((acc << 31) | (acc >> 33)) * k1;
+  };
+  const char* c = static_cast<const char*>(p);
+  uint64_t a[4] = {seed + k1 + k2, seed + k2, seed, seed - k1};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    uint64_t v[4];
+    std::memcpy(v, c + i, 32);
+    for (int l = 0; l < 4; ++l) a[l] = round(a[l], v[l]);
+  }
+  uint64_t h = (uint64_t)n;
+  for (uint64_t x : a) h = round(h, x);
+  for (; i < n; ++i) h = round(h, (unsigned char)c[i]);
+  h ^= h >> 33;
+  h *= k2;
+  h ^= h >> 29;
+  return h;
+}
+
+void BlockFile::sync() const {
+  ZOF_CHECK(::fdatasync(fd_) == 0,
+            "cannot sync " + path_.string() + ": " + errno_text(errno) +
+                "; free space or choose another --offload-dir");
+}
+
+void BlockFile::punch(uint64_t off, uint64_t n) const {
+  if (n > 0) (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)n);
 }
 
 BlockFile::~BlockFile() {

@@ -41,6 +41,14 @@ class BlockFile {
   // try_direct and the file system accepts it (an aligned write at offset 0 tells), else
   // buffered with note() saying why. The file is removed again when this throws.
   BlockFile(const std::filesystem::path& path, uint64_t bytes, bool try_direct = true);
+  // A run's store (zof/disk_tier.h DiskStore): a file of `bytes` whose space is reserved only
+  // for the `reserve` ranges (offset, length; the rest is a hole until written). existing: the
+  // file is opened as it is and must be `bytes` long (else zof::Error: it was changed or is
+  // another's), its ranges reserved now (nothing read or written; O_DIRECT probed by an aligned
+  // read); else it is created as above (it must not exist).
+  BlockFile(const std::filesystem::path& path, uint64_t bytes,
+            const std::vector<std::pair<uint64_t, uint64_t>>& reserve, bool try_direct,
+            bool existing);
   ~BlockFile();  // closes; remove() deletes the file
   BlockFile(const BlockFile&) = delete;
   BlockFile& operator=(const BlockFile&) = delete;
@@ -50,6 +58,10 @@ class BlockFile {
   const std::filesystem::path& path() const { return path_; }
   uint64_t size() const { return size_; }
   void remove();
+  // Every write done so far durable (fdatasync); zof::Error naming the file on failure.
+  void sync() const;
+  // The file system's space of a range given back (a hole reads as zeros): best effort.
+  void punch(uint64_t off, uint64_t n) const;
 
   // n bytes at offset off, all of them (short transfers, EINTR and EAGAIN retried). With
   // O_DIRECT, buf, n and off must be multiples of kIoAlign. A read past the file's end (the file
@@ -69,6 +81,10 @@ class BlockFile {
   bool direct_ = false;
   std::string note_;
 };
+
+// A 64-bit hash of n bytes (four lanes of 64-bit words, then the tail), chained from seed:
+// what a checkpoint records of each block in the disk tier's store, checked on resume.
+uint64_t hash_bytes(const void* p, size_t n, uint64_t seed);
 
 // Bytes of free space on the file system holding dir (statvfs f_bavail).
 uint64_t free_space(const std::filesystem::path& dir);

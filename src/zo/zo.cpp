@@ -47,8 +47,8 @@ const ZOStepOptions& ZOEngine::options() const { return impl_->opt_; }
 void ZOEngine::enable_streaming(size_t gpu_mem) { impl_->enable_streaming(gpu_mem); }
 BlockStreamer* ZOEngine::streamer() { return impl_->stream_.get(); }
 void ZOEngine::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads,
-                                bool unwritten) {
-  impl_->enable_disk_tier(host_mem, dir, io_threads, unwritten);
+                                bool unwritten, const DiskStore* store) {
+  impl_->enable_disk_tier(host_mem, dir, io_threads, unwritten, store);
 }
 DiskTier* ZOEngine::disk_tier() { return impl_->disk_.get(); }
 BlockAccess* ZOEngine::host_blocks() { return impl_->disk_.get(); }
@@ -378,7 +378,7 @@ void ZOEngine::Impl::sync_to_host() {
 std::vector<int> ZOEngine::Impl::disk_keep() const { return DiskTier::kept_blocks(model_); }
 
 void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads,
-                                      bool unwritten) {
+                                      bool unwritten, const DiskStore* store) {
   ZOF_CHECK(first_block_ == 0 && last_block_ < 0,
             "--host-mem (the disk tier) does not combine with pipeline stages; use "
             "--pipeline-stages 1");
@@ -386,7 +386,9 @@ void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir,
   check_disk_budget(host_mem);
   const int planes = 1 + state_planes();
   const DiskTierPlan plan = DiskTier::plan(model_, planes, host_mem, disk_keep());
-  if (plan.all_resident()) return;
+  const bool adopting =
+      store && std::any_of(store->adopt.begin(), store->adopt.end(), [](int s) { return s >= 0; });
+  if (plan.all_resident() && !adopting) return;
   std::vector<float*> extra;
   if (stream_) {
     extra = state_host_;
@@ -396,7 +398,10 @@ void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir,
     if (v_) extra.push_back(v_);
   }
   if (stream_) stream_->sync_to_host();  // no copy in flight while the blocks move out
-  disk_ = std::make_unique<DiskTier>(model_, extra, plan, dir, io_threads, true, unwritten);
+  disk_ = store ? std::make_unique<DiskTier>(model_, extra, plan, *store, io_threads, true,
+                                             unwritten)
+               : std::make_unique<DiskTier>(model_, extra, plan, dir, io_threads, true,
+                                             unwritten);
   if (stream_)
     stream_->set_disk_tier(disk_.get());
   else

@@ -32,7 +32,7 @@ struct ZOEngine::Impl {
   double loss(const std::vector<LossBatch>& micro);
   void enable_streaming(size_t gpu_mem);
   void enable_disk_tier(uint64_t host_mem, const std::string& dir, int io_threads,
-                        bool unwritten);
+                        bool unwritten, const DiskStore* store);
   void round_weights(DType dtype);
   size_t streaming_minimum() const;
   size_t streaming_buffers() const;

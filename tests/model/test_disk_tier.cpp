@@ -553,7 +553,11 @@ TEST_F(DiskTierCli, EveryBudgetWritesTheSameModel) {
                     std::string::npos)
               << d.err;
           expect_same_run(run, plain);
-          EXPECT_FALSE(fs::exists(dir_ / run / "offload")) << run;  // the store went
+          // The checkpoints named the store's slots (no disk block copied); the finished run
+          // keeps the final checkpoint's blocks there, one slot each.
+          EXPECT_TRUE(fs::exists(dir_ / run / "checkpoint-4" / "store.json")) << run;
+          EXPECT_FALSE(fs::exists(dir_ / run / "checkpoint-4" / "model.safetensors")) << run;
+          EXPECT_TRUE(fs::exists(dir_ / run / "offload" / "zof-store.bin")) << run;
         }
       // ZOF_IO=pool forces the pread/pwrite threads, says so, and writes the same model.
       if (opt == "sgd") {
@@ -646,6 +650,80 @@ TEST_F(DiskTierCli, AKilledRunResumesExactlyAndTooSmallABudgetIsRefused) {
   // --host-mem is layout: run.json does not hold it.
   EXPECT_EQ(zof::test::read_file((dir_ / "tight" / "run.json").string()).find("host_mem"),
             std::string::npos);
+}
+
+// A checkpoint of a run whose blocks are on disk copies none of them: it names their slots in
+// the run's store (store.json, with each block's hash) and holds the resident blocks
+// (resident.safetensors). Killed after a checkpoint (with writes to the store since) and
+// resumed at the same budget, at another, or with none (every block read back into RAM);
+// killed inside a checkpoint after its slots were made durable (it resumes from the one
+// before): the plain run's model and step log every time. A store changed since its checkpoint
+// (bytes flipped, or cut short) is refused on resume, naming the store.
+TEST_F(DiskTierCli, CheckpointsNameTheStoreAndEveryKillResumesExactly) {
+  auto plain = finetune("ck_plain", "");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto roomy = finetune("ck_roomy", "--host-mem 1TiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const json jr = last_json(roomy.out)["disk_tier"];
+  const uint64_t least = jr["least_bytes"], all = jr["all_bytes"];
+  const std::string tight = "--host-mem " + std::to_string(least);
+  auto whole = finetune("ck_whole", tight);
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  expect_same_run("ck_whole", "ck_plain");
+  const fs::path ck = dir_ / "ck_whole" / "checkpoint-4";
+  EXPECT_FALSE(fs::exists(ck / "model.safetensors"));
+  EXPECT_LT(fs::file_size(ck / "resident.safetensors"),
+            fs::file_size(dir_ / "ck_plain" / "checkpoint-4" / "model.safetensors"));
+  const json sj = json::parse(zof::test::read_file((ck / "store.json").string()));
+  EXPECT_EQ(sj["store"], "offload/zof-store.bin") << sj.dump();
+  EXPECT_EQ(sj["blocks"].size(), last_json(whole.out)["disk_tier"]["blocks_on_disk"].get<size_t>());
+  auto resume = [&](const std::string& run, const std::string& extra) {
+    return zof::test::run_command(zof::test::zof_binary() + " finetune --resume " +
+                                  (dir_ / run).string() + " --json " + extra);
+  };
+  const uint64_t half = std::max(least, all / 2);
+  int n = 0;
+  for (const std::string& again :
+       {tight, "--host-mem " + std::to_string(half), std::string()}) {
+    const std::string run = "ck_killed" + std::to_string(n++);
+    auto killed = finetune(run, tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+    ASSERT_EQ(killed.code, 128 + SIGKILL) << killed.err;
+    ASSERT_TRUE(fs::exists(dir_ / run / "checkpoint-2" / "store.json"));
+    auto r = resume(run, again);
+    ASSERT_EQ(r.code, 0) << again << ": " << r.err;
+    EXPECT_NE(r.err.find("resuming at step 2"), std::string::npos) << r.err;
+    expect_same_run(run, "ck_plain");
+  }
+  // Killed inside checkpoint-4, after its blocks were committed to the store and before the
+  // checkpoint was complete: checkpoint-2's slots were not written since.
+  auto in_ckpt = finetune("ck_in", tight, "ZOF_FAULT_KILL_IN_CHECKPOINT=4 ");
+  ASSERT_EQ(in_ckpt.code, 128 + SIGKILL) << in_ckpt.err;
+  auto r = resume("ck_in", tight);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming at step 2"), std::string::npos) << r.err;
+  expect_same_run("ck_in", "ck_plain");
+  // A store flipped under the checkpoint (every 4096th byte), or cut short: refused.
+  for (const bool cut : {false, true}) {
+    const std::string run = cut ? "ck_cut" : "ck_flipped";
+    auto killed = finetune(run, tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+    ASSERT_EQ(killed.code, 128 + SIGKILL) << killed.err;
+    const fs::path store = dir_ / run / "offload" / "zof-store.bin";
+    if (cut) {
+      fs::resize_file(store, fs::file_size(store) - 4096);
+    } else {
+      std::string bytes = zof::test::read_file(store.string());
+      for (size_t i = 100; i < bytes.size(); i += 4096) bytes[i] = (char)~bytes[i];
+      std::ofstream(store, std::ios::binary) << bytes;
+    }
+    auto bad = resume(run, tight);
+    EXPECT_EQ(bad.code, 1) << bad.err;
+    EXPECT_NE(bad.err.find(cut ? "zof: error: the disk tier's store " + store.string() + " is "
+                               : std::string("does not match the hash checkpoint-2/store.json "
+                                             "records")),
+              std::string::npos)
+        << bad.err;
+    EXPECT_NE(bad.err.find(store.string()), std::string::npos) << bad.err;
+  }
 }
 
 // Sparse MeZO's thresholds are taken from the base weights once they are loaded into the tier:
@@ -745,10 +823,14 @@ TEST_F(DiskTierCli, AModelManyTimesTheBudgetRunsThroughItWhole) {
   ASSERT_EQ(tier.code, 0) << tier.err;
   const json jt = last_json(tier.out);
   EXPECT_GE(jt["disk_tier"]["blocks_on_disk"].get<int>(), 20) << jt.dump();
-  for (const char* f : {"model.safetensors", "checkpoint-2/model.safetensors", "zo_log.jsonl"})
+  for (const char* f : {"model.safetensors", "zo_log.jsonl"})
     EXPECT_TRUE(zof::test::read_file((dir_ / "tier" / f).string()) ==
                 zof::test::read_file((dir_ / "plain" / f).string()))
         << f;
+  // The checkpoint copies no disk block: it holds the resident ones, a fraction of the model.
+  EXPECT_FALSE(fs::exists(dir_ / "tier" / "checkpoint-2" / "model.safetensors"));
+  EXPECT_LT(fs::file_size(dir_ / "tier" / "checkpoint-2" / "resident.safetensors"),
+            fs::file_size(dir_ / "plain" / "checkpoint-2" / "model.safetensors") / 4);
   auto base_fingerprint = [&](const std::string& out) {
     return json::parse(zof::test::read_file((dir_ / out / "run.json").string()))
         .at("base_fingerprint")
@@ -767,6 +849,44 @@ TEST_F(DiskTierCli, AModelManyTimesTheBudgetRunsThroughItWhole) {
       << "peak RSS: " << p_tier / 1e6 << " MB with the tier, " << p_plain / 1e6
       << " MB without, a model of " << model_bytes / 1e6 << " MB, --host-mem " << budget / 1e6
       << " MB";
+  // `zof eval` and `zof generate` of that model through the tier (--host-mem, the store in
+  // --offload-dir, removed at the end): the perplexity and the tokens of the run in RAM.
+  const std::string zof = zof::test::zof_binary(), m = mdir.string();
+  const std::string eval = zof + " eval --model " + m + " --text " + (dir_ / "text.txt").string() +
+                           " --seq-len 16 --batch 2 --max-windows 6 --dtype fp32 --threads 2 --json";
+  const std::string gen = zof + " generate --model " + m +
+                          " --max-new-tokens 6 --dtype fp32 --threads 2 --json";
+  const fs::path off = dir_ / "eval_offload";
+  fs::create_directories(off);
+  const std::string tiered = " --host-mem " + std::to_string(budget) + " --offload-dir " + off.string();
+  auto e0 = zof::test::run_command(eval), e1 = zof::test::run_command(eval + tiered);
+  auto g0 = zof::test::run_command(gen), g1 = zof::test::run_command(gen + tiered);
+  ASSERT_EQ(e0.code, 0) << e0.err;
+  ASSERT_EQ(e1.code, 0) << e1.err;
+  ASSERT_EQ(g0.code, 0) << g0.err;
+  ASSERT_EQ(g1.code, 0) << g1.err;
+  const json je = last_json(e1.out), jg = last_json(g1.out);
+  EXPECT_EQ(je["nll"].get<double>(), last_json(e0.out)["nll"].get<double>());
+  EXPECT_EQ(jg["ids"], last_json(g0.out)["ids"]);
+  EXPECT_FALSE(last_json(e0.out).contains("disk_tier"));
+  for (const json& j : {je, jg}) {
+    ASSERT_TRUE(j.contains("disk_tier")) << j.dump();
+    // Every pass read the disk blocks: more than the model beyond the budget.
+    EXPECT_GT(j["disk_tier"]["bytes_read"].get<double>(), 0.5 * double(model_bytes - budget))
+        << j.dump();
+    EXPECT_LE(j["disk_tier"]["ring_peak_bytes"].get<double>(), double(budget)) << j.dump();
+  }
+  EXPECT_TRUE(fs::is_empty(off));  // the store went
+  // Below the least budget, and with a device: one line naming the flag.
+  auto small = zof::test::run_command(eval + " --host-mem 1MiB");
+  EXPECT_EQ(small.code, 1);
+  EXPECT_EQ(small.err.rfind("zof: error: --host-mem 1.00 MiB is below this model's least of ", 0), 0u)
+      << small.err;
+  auto sim = zof::test::run_command(gen + tiered + " --sim-device");
+  EXPECT_EQ(sim.code, 1);
+  EXPECT_NE(sim.err.find("zof: error: --host-mem (the disk tier) reads the weights on the host"),
+            std::string::npos)
+      << sim.err;
 }
 
 }  // namespace
