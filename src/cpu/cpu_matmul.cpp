@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -73,20 +74,22 @@ constexpr size_t kMaxCached = 256;
 // (bench/RESULTS.md: GPT-2's bf16 step slower than fp32 under load, with half fp32's CPU time);
 // with blocks there is one region, the rounded rows are still in cache when they are multiplied,
 // and a thread that runs takes the blocks of one that does not.
-// The blocks depend on the product's shape alone, never on the thread count: oneDNN's AMX
-// kernels sum an output in an order that depends on the shape they are given and on the threads
-// they split K over (an AMX machine gave other bits at 2, 3 and 8 threads than at 1, where
-// avx512_core_bf16 gave the same), so every output is made by a one-thread primitive of the
-// same block shape whatever the threads (tests/unit/test_ops.cpp
-// CpuThreadCountIndependenceBf16Blocks). Rows go in blocks of at most kBlockRows (more row
-// blocks cost oneDNN's weight packing once more each: 128-row blocks ran 7% slower than the
-// whole product on one thread, 256-row ones 2%); the columns are split too, into blocks of at
-// least kMinBlockCols, until there are about kTargetBlocks blocks (a block packs only its own
-// columns of the weights), so that a few rows (decoding, small batches) still spread over many
-// threads. x is rounded to bf16 once, in the same parallel region, before the blocks.
-constexpr int64_t kBlockRows = 128;
+// Every output is made by a one-thread primitive of one fixed shape, whatever the threads and
+// however many rows the product has: oneDNN's kernels sum an output in an order that depends on
+// the shape they are given and on the threads they split K over (an AMX machine gave other bits
+// at 2, 3 and 8 threads than at 1; an AVX2 one other bits for a row in a product of 32 rows than
+// of 64), and data-parallel ranks, or a resumed run on other threads, must compute the rows one
+// process computes bit for bit (tests/unit/test_ops.cpp CpuThreadCountIndependence*,
+// tests/mpi). So rows go in blocks of exactly kBlockRows, the last one padded with zero rows
+// (its outputs through a scratch, the padding's dropped); a single row (decoding) runs alone.
+// Columns are split by N alone, into at most kColBlocks blocks of at least kMinBlockCols (a
+// block packs only its own columns of the weights), so that a few rows still spread over
+// threads. More row blocks cost oneDNN's weight packing once more each (128-row blocks ran 7%
+// slower than the whole product on one thread, 256-row ones 2%). x is rounded to bf16 once, in
+// the same parallel region, before the blocks.
+constexpr int64_t kBlockRows = 64;
 constexpr int64_t kMinBlockCols = 256;
-constexpr int64_t kTargetBlocks = 16;
+constexpr int64_t kColBlocks = 8;
 
 // oneDNN's name of the ISA its kernels dispatch to on this CPU.
 const char* isa_name() {
@@ -150,6 +153,7 @@ struct Matmul::Impl {
     dnnl::stream stream;
     std::unique_ptr<void, FreeDeleter> scratch;
     size_t scratch_bytes = 0;
+    std::vector<float> pad_x, pad_y;  // the padded last row block's source and outputs
   };
   std::vector<float> wide;  // bf16 weights widened to fp32, once a product (no bf16 kernel)
   int bf16_native = -1;  // whether oneDNN has a bf16 product on this CPU (-1: not asked yet)
@@ -251,10 +255,10 @@ struct Matmul::Impl {
   // a time over the backend's threads; the caller holds mu and has set OpenMP's thread count.
   void run_blocks(const float* x, const void* w, DType wt, const float* bias, float* y,
                   int64_t M, int64_t N, int64_t K) {
-    const int64_t n_rows = (M + kBlockRows - 1) / kBlockRows;
-    const int64_t rows = (M + n_rows - 1) / n_rows, row_tail = M - (n_rows - 1) * rows;
-    const int64_t n_cols = std::max<int64_t>(
-        1, std::min((kTargetBlocks + n_rows - 1) / n_rows, N / kMinBlockCols));
+    // Rows in blocks of exactly R (a single row alone), the last padded; columns by N alone.
+    const int64_t R = M == 1 ? 1 : kBlockRows;
+    const int64_t n_rows = (M + R - 1) / R, row_tail = M - (n_rows - 1) * R;
+    const int64_t n_cols = std::max<int64_t>(1, std::min(kColBlocks, N / kMinBlockCols));
     const int64_t cols = (N + n_cols - 1) / n_cols, col_tail = N - (n_cols - 1) * cols;
     const bool has_bias = bias != nullptr;
     // fp32 weights: the blocks read x and w in place. bf16: x rounded once; without a bf16
@@ -262,13 +266,18 @@ struct Matmul::Impl {
     const bool f32 = wt == DType::F32;
     const bool native = !f32 && has_bf16();
     const DType pt = native ? DType::BF16 : DType::F32;
-    // Handles, not references: making one may start the cache over. [row tail][col tail]
-    dnnl::matmul prim[2][2];
-    for (int rt = 0; rt < 2; ++rt)
-      for (int ct = 0; ct < 2; ++ct)
-        prim[rt][ct] =
-            primitive(rt ? row_tail : rows, ct ? col_tail : cols, K, has_bias, pt, 1, N);
-    size_blocks(threads, M, K, f32 ? 0 : native ? sizeof(uint16_t) : sizeof(float));
+    const size_t es = native ? sizeof(uint16_t) : sizeof(float);
+    // Handles, not references: making one may start the cache over. [col tail]
+    dnnl::matmul prim[2];
+    for (int ct = 0; ct < 2; ++ct) prim[ct] = primitive(R, ct ? col_tail : cols, K, has_bias, pt, 1, N);
+    size_blocks(threads, M, K, f32 ? 0 : es);
+    const bool padded = row_tail < R;
+    if (padded)
+      for (int t = 0; t < threads; ++t) {
+        BlockBuffers& b = blocks[size_t(t)];
+        b.pad_x.assign(size_t((R * K * es + sizeof(float) - 1) / sizeof(float)), 0.f);
+        b.pad_y.resize(size_t(R * N));
+      }
     uint16_t* xb = static_cast<uint16_t*>(xbf.get());
     float* xw = static_cast<float*>(xbf.get());
     const uint16_t* wb = static_cast<const uint16_t*>(w);
@@ -286,20 +295,30 @@ struct Matmul::Impl {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < N * K; ++i) wide[size_t(i)] = bf16_to_f32(wb[i]);
       }
+      const char* xs = f32 ? (const char*)x : native ? (const char*)xb : (const char*)xw;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         BlockBuffers& b = blocks[size_t(omp_get_thread_num())];
         const int64_t rb = blk / n_cols, cb = blk % n_cols;
-        const bool last_row = rb == n_rows - 1, last_col = cb == n_cols - 1;
+        const bool last_col = cb == n_cols - 1;
         const int64_t c = last_col ? col_tail : cols;
         try {
           const void* ws = f32       ? (const void*)(static_cast<const float*>(w) + cb * cols * K)
                            : native ? (const void*)(wb + cb * cols * K)
                                     : (const void*)(wide.data() + cb * cols * K);
-          run_block(prim[last_row][last_col], engine, b.stream, b.scratch.get(), b.scratch_bytes,
-                    f32 ? (const void*)x : native ? (const void*)xb : (const void*)xw, ws,
-                    of(pt), bias, y, rb * rows,
-                    last_row ? row_tail : rows, cb * cols, c, N, K);
+          if (!padded || rb < n_rows - 1) {
+            run_block(prim[last_col], engine, b.stream, b.scratch.get(), b.scratch_bytes, xs, ws,
+                      of(pt), bias, y, rb * R, R, cb * cols, c, N, K);
+          } else {  // the last rows and zero rows after them; only theirs kept
+            char* px = reinterpret_cast<char*>(b.pad_x.data());
+            std::memcpy(px, xs + size_t(rb * R * K) * es, size_t(row_tail * K) * es);
+            std::memset(px + size_t(row_tail * K) * es, 0, size_t((R - row_tail) * K) * es);
+            run_block(prim[last_col], engine, b.stream, b.scratch.get(), b.scratch_bytes, px, ws,
+                      of(pt), bias, b.pad_y.data(), 0, R, cb * cols, c, N, K);
+            for (int64_t r = 0; r < row_tail; ++r)
+              std::memcpy(y + (rb * R + r) * N + cb * cols, b.pad_y.data() + r * N + cb * cols,
+                          size_t(c) * sizeof(float));
+          }
         } catch (...) {
 #pragma omp critical(zof_matmul_error)
           if (!error) error = std::current_exception();

@@ -129,9 +129,11 @@ class MpiTensorFinetune : public MpiTensorParallel {
   // b's steps and evaluations within fp32 of a's (from step `from` on): the losses to a few
   // units of fp32's last place, the projected gradients (differences of two such losses over
   // 2 eps) to 5e-3 (1 + |g|), the held-out perplexity to ppl_rel (1e-5; Adam divides each
-  // element's step by its own history, so the same drift in g moves its weights further).
+  // element's step by its own history, so the same drift in g moves its weights further; its
+  // losses too: loss_rel 1e-4, where an AVX2 machine's kernels, summing the sliced and the whole
+  // products in other orders, put Adam's losses 3.3e-5 apart by step 3).
   static void expect_within_fp32(const fs::path& a, const fs::path& b, int64_t from = 0,
-                                 double ppl_rel = 1e-5) {
+                                 double ppl_rel = 1e-5, double loss_rel = 1e-5) {
     const auto sa = records(a, "step"), sb = records(b, "step");
     ASSERT_EQ(sa.size(), sb.size());
     for (size_t i = 0; i < sa.size(); ++i) {
@@ -139,7 +141,7 @@ class MpiTensorFinetune : public MpiTensorParallel {
       SCOPED_TRACE("step " + sa[i]["step"].dump());
       for (const char* k : {"loss_plus", "loss_minus"}) {
         const double x = sa[i][k], y = sb[i][k];
-        EXPECT_NEAR(y, x, 1e-5 * std::fabs(x)) << k;
+        EXPECT_NEAR(y, x, loss_rel * std::fabs(x)) << k;
       }
       for (size_t j = 0; j < sa[i]["g"].size(); ++j) {
         const double x = sa[i]["g"][j], y = sb[i]["g"][j];
@@ -306,7 +308,7 @@ TEST_F(MpiTensorFinetune, AdamStateIsGatheredIntoCheckpointsAndSlicedOnResume) {
   const fs::path ref = dir_ / "ref", run = dir_ / "run", one = dir_ / "one";
   ASSERT_EQ(run_command(mpirun(2) + args(ref, 16, adam)).code, 0);
   ASSERT_EQ(run_command(args(one, 16, "--optimizer adam --lr 1e-3")).code, 0);
-  expect_within_fp32(one, ref, 0, 1e-4);  // the same Adam steps as one process, within fp32
+  expect_within_fp32(one, ref, 0, 1e-4, 1e-4);  // the same Adam steps as one process, within fp32
   const auto k = run_command("ZOF_FAULT_RANK=1 ZOF_FAULT_KILL_AT_STEP=12 " + mpirun(2) +
                              args(run, 16, adam));
   EXPECT_NE(k.code, 0);
@@ -322,7 +324,7 @@ TEST_F(MpiTensorFinetune, AdamStateIsGatheredIntoCheckpointsAndSlicedOnResume) {
   const auto o = run_command(zof::test::zof_binary() + " finetune --resume " + other.string() +
                              " --threads 1");
   ASSERT_EQ(o.code, 0) << o.err;
-  expect_within_fp32(ref, other, 10, 1e-4);
+  expect_within_fp32(ref, other, 10, 1e-4, 1e-4);
 }
 
 // MeZO's classification objective on SST-2 (examples padded to the step's longest), two
