@@ -444,14 +444,14 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   // --host-mem, or its default where the model does not fit the free host memory.
   std::string host_mem_why;
   uint64_t host_mem = host_memory_budget(opt);
-  if (host_mem == 0)
-    host_mem = default_host_memory(opt, Model::load_layout(opt.model, storage), comm->size(),
-                                   host_mem_why);
   // A checkpoint whose blocks are in the disk tier's store resumes through the tier (every
   // block in RAM where the budget holds them all).
   const bool store_ckpt = dir.checkpoint_in_store();
-  if (store_ckpt && host_mem == 0) {
-    host_mem = DiskTier::all_bytes(Model::load_layout(opt.model, storage), 1 + state_planes_of(opt));
+  if (host_mem == 0) {
+    const Model layout = Model::load_layout(opt.model, storage);  // read once for both
+    host_mem = default_host_memory(opt, layout, comm->size(), host_mem_why);
+    if (store_ckpt && host_mem == 0)
+      host_mem = DiskTier::all_bytes(layout, 1 + state_planes_of(opt));
   }
   const bool load_into_tier = host_mem > 0 && !Model::is_gguf(opt.model);
   Model model = load_into_tier ? Model::load_unread(opt.model, storage)
