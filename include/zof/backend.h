@@ -74,8 +74,15 @@ class Backend {
   // Returns memory from alloc() once the work queued so far on every stream is done; null is
   // ignored.
   virtual void free(void* ptr) = 0;
+  // alloc() of memory that reads as zeros. Host backends take its pages fresh from the system,
+  // so that what is never written costs no memory (the optimizer state of a model under a disk
+  // tier is never whole in RAM); the default clears it with copies.
+  virtual void* alloc_zeroed(size_t bytes);
   // Page-locked host memory, the source/target of async copies (CPU backend: aligned memory).
   virtual void* alloc_host_pinned(size_t bytes) = 0;
+  // alloc_host_pinned() of memory that reads as zeros (fresh pages on host backends, as
+  // alloc_zeroed; the default clears it).
+  virtual void* alloc_host_pinned_zeroed(size_t bytes);
   // Returns memory from alloc_host_pinned(); the caller makes sure no copy still uses it.
   virtual void free_host_pinned(void* ptr) = 0;
   // Bytes of device memory still free (CPU backend: available physical memory).

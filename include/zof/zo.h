@@ -244,6 +244,14 @@ class ZOEngine {
   // gives. Both work with and without streaming.
   void read_state(std::vector<float>& m, std::vector<float>& v);
   void write_state(const std::vector<float>& m, const std::vector<float>& v);
+  // The optimizer state of some blocks only, one block at a time (through the disk tier where
+  // there is one, so never whole in RAM): fn(b, m, v) gets block b's planes, blocks()[b].span
+  // floats each in storage layout (v null without Adam). read_state_blocks hands fn the
+  // engine's values (the pending update applied first, as read_state); with write_state_blocks
+  // fn fills them and they become the engine's (as write_state, for those blocks only).
+  using StateFn = std::function<void(int block, float* m, float* v)>;
+  void read_state_blocks(const std::vector<int>& blocks, const StateFn& fn);
+  void write_state_blocks(const std::vector<int>& blocks, const StateFn& fn);
   // Sparse MeZO's threshold of each parameter (infinity: dense).
   const std::vector<float>& masks() const;
   // The model is a tensor-parallel slice (zof/tensor_parallel.h): runs[pi] says which global

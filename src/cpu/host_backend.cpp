@@ -3,11 +3,14 @@
 // call of its host loop.
 #include "cpu/host_backend.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_zo.h"
@@ -15,6 +18,33 @@
 #include "util/files.h"
 #include "util/philox.h"
 #include "zof/error.h"
+
+namespace zof {
+
+// The Backend's default slots (zof/backend.h), for backends without a cheaper way: the memory
+// cleared by copies of a zero buffer.
+void* Backend::alloc_zeroed(size_t bytes) {
+  void* p = alloc(bytes);
+  const std::vector<char> zeros(std::min<size_t>(bytes, (size_t)1 << 22), 0);
+  try {
+    for (size_t i = 0; i < bytes; i += zeros.size())
+      copy_to_device(static_cast<char*>(p) + i, zeros.data(), std::min(zeros.size(), bytes - i),
+                     nullptr);
+    synchronize(nullptr);  // the zeros are read from a host vector about to go
+  } catch (...) {
+    free(p);
+    throw;
+  }
+  return p;
+}
+
+void* Backend::alloc_host_pinned_zeroed(size_t bytes) {
+  void* p = alloc_host_pinned(bytes);
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+}  // namespace zof
 
 namespace zof::cpu {
 
@@ -31,13 +61,31 @@ void* aligned_host_alloc(size_t bytes) {
   return p;
 }
 
+void* aligned_host_alloc_zeroed(size_t bytes) {
+  char* p = static_cast<char*>(aligned_host_alloc(bytes));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), e = a + bytes;
+  const uintptr_t lo = (a + 4095) / 4096 * 4096, hi = e / 4096 * 4096;
+  // Private anonymous memory (all malloc hands out) reads as zeros after MADV_DONTNEED.
+  if (hi > lo && ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0) {
+    std::memset(p, 0, lo - a);
+    std::memset(reinterpret_cast<void*>(hi), 0, e - hi);
+  } else {
+    std::memset(p, 0, bytes);
+  }
+  return p;
+}
+
 size_t available_host_memory() { return (size_t)zof::available_host_memory(); }
 
 HostBackend::HostBackend() { streams_.push_back(std::make_unique<HostStream>(HostStream{0})); }
 
 void* HostBackend::alloc(size_t bytes) { return aligned_host_alloc(bytes); }
 void HostBackend::free(void* ptr) { std::free(ptr); }
+void* HostBackend::alloc_zeroed(size_t bytes) { return aligned_host_alloc_zeroed(bytes); }
 void* HostBackend::alloc_host_pinned(size_t bytes) { return aligned_host_alloc(bytes); }
+void* HostBackend::alloc_host_pinned_zeroed(size_t bytes) {
+  return aligned_host_alloc_zeroed(bytes);
+}
 void HostBackend::free_host_pinned(void* ptr) { std::free(ptr); }
 size_t HostBackend::free_memory() const { return available_host_memory(); }
 

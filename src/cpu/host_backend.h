@@ -18,8 +18,10 @@ class HostBackend : public Backend {
   HostBackend();
 
   void* alloc(size_t bytes) override;
+  void* alloc_zeroed(size_t bytes) override;
   void free(void* ptr) override;
   void* alloc_host_pinned(size_t bytes) override;
+  void* alloc_host_pinned_zeroed(size_t bytes) override;
   void free_host_pinned(void* ptr) override;
   size_t free_memory() const override;
 
@@ -95,6 +97,9 @@ class HostBackend : public Backend {
 // 64-byte aligned host memory of at least `bytes` (rounded up; 0 gives a valid 64-byte block).
 // Throws zof::Error when the system has no memory left.
 void* aligned_host_alloc(size_t bytes);
+// aligned_host_alloc() of memory that reads as zeros: its whole pages given back to the system
+// (fresh zero pages when first touched, so untouched ones cost no memory), the rest cleared.
+void* aligned_host_alloc_zeroed(size_t bytes);
 // MemAvailable from /proc/meminfo, or free pages from sysconf where that file is missing.
 size_t available_host_memory();
 

@@ -150,6 +150,9 @@ class SimDeviceImpl final : public SimDevice {
     std::free(ptr);
   }
   void* alloc_host_pinned(size_t bytes) override { return aligned_host_alloc(bytes); }
+  void* alloc_host_pinned_zeroed(size_t bytes) override {
+    return aligned_host_alloc_zeroed(bytes);
+  }
   void free_host_pinned(void* ptr) override { std::free(ptr); }
   size_t free_memory() const override {
     std::lock_guard lk(mu_);

@@ -534,6 +534,30 @@ RunCounters RunDir::load_checkpoint(Model& model, BlockAccess* tier) const {
 
 void RunDir::load_optimizer_state(ZOEngine& engine, const Model& model,
                                   OptimizerChoice optimizer) const {
+  const int planes = engine.state_planes();
+  if (!ckpt_.empty() && planes > 0 && fs::exists(ckpt_ / "store.json")) {
+    // The blocks the checkpoint holds itself, a block at a time; the store's slots brought the
+    // others' state in with their weights (load_from_store).
+    const fs::path f = ckpt_ / "optimizer.safetensors";
+    ZOF_CHECK(fs::exists(f), "checkpoint " + ckpt_.string() + " has no optimizer.safetensors: it "
+              "was not written by a --optimizer " + word(optimizer) + " run");
+    auto st = safetensors::Archive::open_file(f.string());
+    const CheckpointStore cs = *checkpoint_store(model, 1 + planes);
+    std::vector<int> resident;
+    for (int b = 0; b < (int)cs.slot.size(); ++b)
+      if (cs.slot[b] < 0) resident.push_back(b);
+    ZOF_CHECK(st.names().size() == resident.size() * (size_t)planes,
+              f.string() + " holds " + std::to_string(st.names().size()) + " tensors, not the " +
+                  std::to_string(resident.size() * (size_t)planes) + " (m" +
+                  (planes == 2 ? " and v" : "") + " of each block its store.json leaves out); " +
+                  kDamaged);
+    engine.write_state_blocks(resident, [&](int b, float* bm, float* bv) {
+      const int64_t span = model.blocks()[b].span;
+      safetensors::to_f32(st.require("m." + std::to_string(b), {span}), bm);
+      if (bv) safetensors::to_f32(st.require("v." + std::to_string(b), {span}), bv);
+    });
+    return;
+  }
   std::vector<float> m, v;
   if (read_optimizer_state(engine.state_planes(), model.storage_size(), optimizer, m, v))
     engine.write_state(m, v);
@@ -619,15 +643,19 @@ void RunDir::load_from_store(Model& model, DiskTier& disk) const {
   }
 }
 
-void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int planes,
-                             const std::vector<float>& m, const std::vector<float>& v,
-                             OptimizerChoice optimizer, BlockAccess* tier) {
+bool RunDir::writes_store(BlockAccess* tier) {
+  const DiskTier* disk = dynamic_cast<DiskTier*>(tier);
+  return disk && disk->persistent() && !disk->plan().all_resident();
+}
+
+void RunDir::save_checkpoint(const RunCounters& c, const Model& model,
+                             const CheckpointState& state, BlockAccess* tier) {
   const std::string name = "checkpoint-" + std::to_string(c.step);
   // A disk tier with a run's store and blocks on disk: those stay where they are (their slots
   // and hashes named, the hashes taken in the pass that checks the weights).
   DiskTier* disk = dynamic_cast<DiskTier*>(tier);
-  const bool in_store = disk && disk->persistent() &&
-                        !disk->plan().all_resident();
+  const bool in_store = writes_store(tier);
+  ZOF_ASSERT(state.planes == 0 || (in_store ? (bool)state.block : state.m != nullptr));
   std::vector<uint64_t> hashes(model.blocks().size(), 0);
   const Model::NonFinite bad = model.find_non_finite(
       tier, in_store ? std::function<void(int)>([&](int b) {
@@ -716,13 +744,46 @@ void RunDir::save_checkpoint(const RunCounters& c, const Model& model, int plane
   } else {
     model.save(tmp.string(), model.storage_dtype(), tier);  // the master as held: exact resume
   }
-  // Momentum/Adam state beside the weights (storage layout), for an exact resume.
-  if (planes > 0) {
+  // Momentum/Adam state beside the weights, for an exact resume.
+  if (state.planes > 0 && in_store) {
+    // The resident blocks' state, a block at a time as the file reaches it (the store's slots
+    // hold the disk blocks' state with their weights).
+    std::vector<safetensors::TensorOut> t;
+    std::vector<int> block_of;
+    for (int b = 0; b < (int)model.blocks().size(); ++b) {
+      if (slots[b] >= 0) continue;
+      const int64_t span = model.blocks()[b].span;
+      for (int k = 0; k < state.planes; ++k) {
+        t.push_back({(k == 0 ? "m." : "v.") + std::to_string(b), DType::F32, {span}, nullptr});
+        block_of.push_back(b);
+      }
+    }
+    std::vector<float> buf[2];
+    int held = -1;  // the block whose state buf holds
+    safetensors::write(
+        (tmp / "optimizer.safetensors").string(), t,
+        {{"optimizer", word(state.optimizer)}, {"blocks", "resident"}},
+        [&](size_t i, safetensors::TensorOut& o) {
+          const int b = block_of[i];
+          if (b != held) {
+            state.block(b, [&](int, float* bm, float* bv) {
+              const size_t span = (size_t)model.blocks()[b].span;
+              buf[0].assign(bm, bm + span);
+              if (bv) buf[1].assign(bv, bv + span);
+            });
+            held = b;
+          }
+          o.data = buf[o.name[0] == 'm' ? 0 : 1].data();
+        });
+  } else if (state.planes > 0) {
+    const std::vector<float>& m = *state.m;
+    const std::vector<float>& v = *state.v;
     const int64_t n = model.storage_size();
-    ZOF_ASSERT((int64_t)m.size() == n && (int64_t)v.size() == (planes == 2 ? n : 0));
+    ZOF_ASSERT((int64_t)m.size() == n && (int64_t)v.size() == (state.planes == 2 ? n : 0));
     std::vector<safetensors::TensorOut> t{{"m", DType::F32, {n}, m.data()}};
     if (!v.empty()) t.push_back({"v", DType::F32, {n}, v.data()});
-    safetensors::write((tmp / "optimizer.safetensors").string(), t, {{"optimizer", word(optimizer)}});
+    safetensors::write((tmp / "optimizer.safetensors").string(), t,
+                       {{"optimizer", word(state.optimizer)}});
   }
   // Fault injection for the crash tests: die mid-write, before the checkpoint is complete.
   if (const char* f = std::getenv("ZOF_FAULT_KILL_IN_CHECKPOINT"); f && std::atoll(f) == c.step)

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,19 @@ class ZOEngine;
 }  // namespace zof
 
 namespace zof::train {
+
+// The optimizer state a checkpoint writes (Momentum: m; Adam: m and v).
+struct CheckpointState {
+  int planes = 0;  // 0 (none), 1 or 2
+  OptimizerChoice optimizer{};
+  // The whole planes, storage layout (Job::gather_state): a checkpoint that holds every block.
+  const std::vector<float>* m = nullptr;
+  const std::vector<float>* v = nullptr;
+  // A checkpoint that keeps its disk blocks in the store (RunDir::writes_store): one block's
+  // state, handed to fn (its planes, blocks()[b].span floats each; v null without Adam), as
+  // ZOEngine::read_state_blocks gives it. The whole planes are never gathered then.
+  std::function<void(int block, const std::function<void(int, float*, float*)>& fn)> block;
+};
 
 namespace fs = std::filesystem;
 // Atomic files and the byte hash (util/files.h), by the names the run directory's code uses.
@@ -218,7 +232,9 @@ class RunDir {
   bool checkpoint_in_store() const;  // the latest checkpoint has a store.json
   // Its counters alone (zero for a run that starts at step 0).
   RunCounters checkpoint_counters() const { return ckpt_.empty() ? RunCounters{} : state_; }
-  // Momentum/Adam state beside the checkpoint's weights, when the engine keeps any.
+  // Momentum/Adam state beside the checkpoint's weights, when the engine keeps any (for a
+  // checkpoint in the store, after load_checkpoint: the blocks it holds itself, one at a time;
+  // the store's slots brought the others' state).
   void load_optimizer_state(ZOEngine& engine, const Model& model,
                             OptimizerChoice optimizer) const;
   // The same planes read (m, and v when planes is 2; n floats each: the whole model's storage
@@ -242,14 +258,20 @@ class RunDir {
   // it holds the last finite weights) and what to do; the logs stay as they are. Weights whose
   // last step's loss was not finite are not written either: mid-run the checkpoint is skipped
   // (the previous one stays), at the run's last step that is the same error.
-  // planes (0, 1 or 2): m and v (Job::gather_state), written beside the weights.
+  // The optimizer state goes beside the weights (optimizer.safetensors): whole planes "m" and
+  // "v", or for a checkpoint that keeps its disk blocks in the store (writes_store), the state
+  // of the blocks it holds itself only, a tensor per block and plane ("m.<block>"): the store's
+  // slots hold the other blocks' state with their weights.
   // tier: the model's blocks held through it (a disk tier), read block by block. A disk tier
   // with a run's store (DiskStore) and blocks on disk: the checkpoint copies no disk block; it
   // names their slots and hashes (store.json) and holds the resident blocks
   // (resident.safetensors); the tier then keeps those slots (DiskTier::committed).
-  void save_checkpoint(const RunCounters& c, const Model& model, int planes,
-                       const std::vector<float>& m, const std::vector<float>& v,
-                       OptimizerChoice optimizer, BlockAccess* tier = nullptr);
+  // state: the optimizer's (CheckpointState).
+  void save_checkpoint(const RunCounters& c, const Model& model, const CheckpointState& state,
+                       BlockAccess* tier = nullptr);
+  // Whether a checkpoint of a run whose blocks are held through `tier` keeps its disk blocks in
+  // the tier's store (a disk tier with a run's store and blocks on disk), not in the checkpoint.
+  static bool writes_store(BlockAccess* tier);
 
  private:
   // load_checkpoint of a checkpoint whose blocks are in the disk tier's store.

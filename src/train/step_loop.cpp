@@ -93,16 +93,22 @@ void StepLoop::save_checkpoint(int64_t step) {
     engine_.sync_to_host();  // the master as the last window's end left it
   else
     job_.gather_weights(engine_, model_);
-  // Momentum/Adam state beside the weights (gathered from the slices under tensor parallel).
+  // Momentum/Adam state beside the weights (gathered from the slices under tensor parallel),
+  // or, where the checkpoint keeps its disk blocks in the store, read a block at a time.
   std::vector<float> m, v;
-  if (engine_.state_planes() > 0) job_.gather_state(engine_, m, v);
+  CheckpointState state{engine_.state_planes(), opt_.optimizer, &m, &v, nullptr};
+  if (state.planes > 0 && RunDir::writes_store(engine_.host_blocks()))
+    state.block = [this](int b, const std::function<void(int, float*, float*)>& fn) {
+      engine_.read_state_blocks({b}, fn);
+    };
+  else if (state.planes > 0)
+    job_.gather_state(engine_, m, v);
   run_checkpoint_on_root(job_, [&] {
     RunCounters at = c_;
     at.step = step;
     at.window_from = open ? from : -1;
     try {
-      dir_.save_checkpoint(at, model_, engine_.state_planes(), m, v, opt_.optimizer,
-                           engine_.host_blocks());
+      dir_.save_checkpoint(at, model_, state, engine_.host_blocks());
     } catch (const std::filesystem::filesystem_error& e) {
       // Directory operations (create, rename, remove) in the run's words, on one line.
       const std::string run = dir_.path().string();

@@ -186,8 +186,14 @@ json finish(Run& r, const LoopEnd& end, int64_t start) {
   r.engine.round_weights(saved);
   const json after = r.eval.evaluate(end.step, "after");
   if (!r.job.root) return json{{"rank", r.job.rank}};
-  // f16 holds at most 65504: a larger weight saved so would be inf, a file no loader takes.
-  if (const Model::NonFinite bad = r.model.find_non_finite(r.engine.host_blocks()); bad.param >= 0)
+  // f16 holds at most 65504: a larger weight saved so would be inf, a file no loader takes
+  // (bf16's top is a hair below fp32's too). The final checkpoint checked the master: only a
+  // save in a narrower type than it needs another pass over the weights (through a disk tier,
+  // a read of every disk block).
+  const bool narrowed = saved != DType::F32 && saved != r.model.storage_dtype();
+  if (const Model::NonFinite bad =
+          narrowed ? r.model.find_non_finite(r.engine.host_blocks()) : Model::NonFinite{};
+      bad.param >= 0)
     throw Error(std::string("--save-dtype ") + word(r.opt.save_dtype) + ": weight " + std::to_string(bad.index) +
                 " of " + r.model.params()[bad.param].name + " is beyond " +
                 dtype_torch_name(saved) + "'s range: no model was written (the logs and the "

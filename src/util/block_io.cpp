@@ -9,6 +9,7 @@
 #include <liburing.h>
 #endif
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -103,6 +104,16 @@ BlockFile::BlockFile(const fs::path& path, uint64_t bytes,
                   std::to_string(size_) + " the checkpoint's layout makes: it was changed or "
                   "is another run's; restore it, or start a new run");
     }
+    // One process at a time: a run resumed twice at once, or a copy of its run directory
+    // resumed beside it, would write the same slots (the lock goes with the descriptor).
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      fd_ = -1;
+      throw Error("the disk tier's store " + path.string() + " is in use by another process (" +
+                  errno_text(e) + "): the same run, or a copy of its run directory, resumed "
+                  "twice at once; stop the other one, or start a new run");
+    }
   } else {
     // A store larger than the free space is refused before anything is allocated (fallocate
     // would fill the file system first, under every other process on it).
@@ -111,6 +122,7 @@ BlockFile::BlockFile(const fs::path& path, uint64_t bytes,
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     ZOF_CHECK(fd_ >= 0, "cannot create " + path.string() + ": " + errno_text(errno) +
                             "; choose a writable --offload-dir");
+    (void)::flock(fd_, LOCK_EX | LOCK_NB);  // a new file: nobody else has it open
   }
   try {
     if (!existing && size_ > 0)
@@ -143,7 +155,7 @@ BlockFile::BlockFile(const fs::path& path, uint64_t bytes,
     const char op = existing ? 'r' : 'w';
     const ssize_t w = size_ >= kIoAlign ? transfer(dfd, op, probe.data, kIoAlign, 0) : -2;
     if (w == (ssize_t)kIoAlign) {
-      ::close(fd_);
+      lock_fd_ = fd_;  // kept open: it holds the lock
       fd_ = dfd;
       direct_ = true;
       return;
@@ -197,11 +209,13 @@ void BlockFile::punch(uint64_t off, uint64_t n) const {
 
 BlockFile::~BlockFile() {
   if (fd_ >= 0) ::close(fd_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 void BlockFile::remove() {
   if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  fd_ = lock_fd_ = -1;
   std::error_code ec;
   fs::remove(path_, ec);
 }

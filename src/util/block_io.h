@@ -78,6 +78,7 @@ class BlockFile {
   std::filesystem::path path_;
   uint64_t size_ = 0;
   int fd_ = -1;
+  int lock_fd_ = -1;  // the first descriptor, holding the flock, where fd_ is the O_DIRECT one
   bool direct_ = false;
   std::string note_;
 };

@@ -80,6 +80,12 @@ void ZOEngine::read_state(std::vector<float>& m, std::vector<float>& v) { impl_-
 void ZOEngine::write_state(const std::vector<float>& m, const std::vector<float>& v) {
   impl_->write_state(m, v);
 }
+void ZOEngine::read_state_blocks(const std::vector<int>& blocks, const StateFn& fn) {
+  impl_->read_state_blocks(blocks, fn);
+}
+void ZOEngine::write_state_blocks(const std::vector<int>& blocks, const StateFn& fn) {
+  impl_->write_state_blocks(blocks, fn);
+}
 const std::vector<float>& ZOEngine::masks() const { return impl_->mask_; }
 void ZOEngine::set_element_runs(std::vector<std::vector<tp::ElementRun>> runs) {
   Impl& i = *impl_;
@@ -359,9 +365,8 @@ void ZOEngine::Impl::enable_streaming(size_t gpu_mem) {
   // The state's master: pinned (the planes' copies are asynchronous), zero (no update yet).
   const int64_t n = model_.storage_size();
   while ((int)state_host_.size() < state_planes()) {
-    float* p = (float*)be_.alloc_host_pinned(n * sizeof(float));
-    std::fill(p, p + n, 0.f);
-    state_host_.push_back(p);
+    // Zeros that cost no memory until written (a disk tier then takes the disk blocks' part).
+    state_host_.push_back((float*)be_.alloc_host_pinned_zeroed(n * sizeof(float)));
   }
   stream_ = std::make_unique<BlockStreamer>(model_, be_, blocks, state_host_);
   fwd_.set_weights(stream_.get());  // evaluation reads the device copies too

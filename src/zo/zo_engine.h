@@ -39,11 +39,14 @@ struct ZOEngine::Impl {
   int state_planes() const;
   void read_state(std::vector<float>& m, std::vector<float>& v);
   void write_state(const std::vector<float>& m, const std::vector<float>& v);
+  void read_state_blocks(const std::vector<int>& blocks, const ZOEngine::StateFn& fn);
+  void write_state_blocks(const std::vector<int>& blocks, const ZOEngine::StateFn& fn);
   // Sparse MeZO's thresholds (mask_) from the host masters as they are now.
   void sparsity_thresholds();
-  // The optimizer state's planes block by block through the disk tier: into_engine, from
-  // whole[k] (storage layout) into the engine's planes (the blocks written back); else out.
-  void state_through_tier(float* const whole[2], bool into_engine);
+  // The optimizer state's planes of `blocks`, one block at a time through the disk tier (where
+  // there is one) and a block-sized buffer: into_engine, fn fills the buffer and it goes into
+  // the engine's planes (a disk block written back); else the engine's values go to fn.
+  void state_by_block(const std::vector<int>& blocks, bool into_engine, const ZOEngine::StateFn& fn);
 
   // One block's pass: the pending update (when apply_update) and the perturbations of `cur`
   // into plus/minus at the block's copy layout. The token table and the LM head matrix get

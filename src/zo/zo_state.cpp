@@ -26,16 +26,12 @@ int ZOEngine::Impl::state_planes() const {
 void ZOEngine::Impl::alloc_device_state() {
   ZOF_ASSERT(!stream_ && !m_ && state_planes() > 0);
   const int64_t n = model_.storage_size();
-  const std::vector<float> zeros(std::min<int64_t>(n, 1 << 20), 0.f);
+  // Zeros that cost no host memory until written (on the CPU: a disk tier's blocks never are
+  // whole in RAM, the optimizer state's part of them included).
   float* planes[2] = {nullptr, nullptr};
   try {
-    for (int k = 0; k < state_planes(); ++k) {
-      planes[k] = (float*)be_.alloc(n * sizeof(float));
-      for (int64_t i = 0; i < n; i += (int64_t)zeros.size())
-        be_.copy_to_device(planes[k] + i, zeros.data(),
-                           std::min<int64_t>((int64_t)zeros.size(), n - i) * sizeof(float), nullptr);
-    }
-    be_.synchronize(nullptr);  // the zeros are read from a host vector about to go
+    for (int k = 0; k < state_planes(); ++k)
+      planes[k] = (float*)be_.alloc_zeroed(n * sizeof(float));
   } catch (...) {
     for (float* p : planes)
       if (p) be_.free(p);
@@ -52,30 +48,47 @@ float* ZOEngine::Impl::state(int pi, int plane) {
   return (plane == 1 ? m_ : v_) + model_.params()[pi].offset;
 }
 
-void ZOEngine::Impl::state_through_tier(float* const whole[2], bool into_engine) {
+void ZOEngine::Impl::state_by_block(const std::vector<int>& blocks, bool into_engine,
+                                    const ZOEngine::StateFn& fn) {
   const int planes = state_planes();
+  if (planes == 0 || blocks.empty()) return;
+  const auto& all = model_.blocks();
+  int64_t most = 0;
+  for (int b : blocks) most = std::max<int64_t>(most, all[b].span);
+  std::vector<float> buf[2];
+  for (int k = 0; k < planes; ++k) buf[k].assign((size_t)most, 0.f);
+  float* out[2] = {buf[0].data(), planes == 2 ? buf[1].data() : nullptr};
+  // No update yet and no state written: zeros, and nothing to read.
+  if (!into_engine && !stream_ && !m_) {
+    for (int b : blocks) fn(b, out[0], out[1]);
+    return;
+  }
+  if (into_engine && !stream_ && !m_) alloc_device_state();
+  if (into_engine && stream_) stream_->sync_to_host();  // no copy in flight over the masters
   float* plane[2] = {stream_ ? state_host_[0] : m_,
                      planes == 2 ? (stream_ ? state_host_[1] : v_) : nullptr};
-  const auto& blocks = model_.blocks();
-  std::vector<int> order(blocks.size());
-  for (int b = 0; b < (int)blocks.size(); ++b) order[b] = b;
-  disk_->begin_walk(order);
-  for (int b = 0; b < (int)blocks.size(); ++b) {
-    disk_->acquire(b, false);  // its planes present (the weights too: a block travels whole)
-    const size_t off = (size_t)blocks[b].offset, bytes = (size_t)blocks[b].span * sizeof(float);
-    for (int k = 0; k < planes; ++k) {
-      if (into_engine && stream_)
-        std::memcpy(plane[k] + off, whole[k] + off, bytes);
-      else if (into_engine)
-        be_.copy_to_device(plane[k] + off, whole[k] + off, bytes, nullptr);
-      else if (stream_)
-        std::memcpy(whole[k] + off, plane[k] + off, bytes);
+  if (disk_) disk_->begin_walk(blocks);
+  for (int b : blocks) {
+    if (disk_) disk_->acquire(b, false);  // its planes present (the weights too: a block travels whole)
+    const size_t off = (size_t)all[b].offset, bytes = (size_t)all[b].span * sizeof(float);
+    for (int k = 0; k < planes && !into_engine; ++k) {
+      if (stream_)
+        std::memcpy(out[k], plane[k] + off, bytes);
       else
-        be_.copy_to_host(whole[k] + off, plane[k] + off, bytes, nullptr);
+        be_.copy_to_host(out[k], plane[k] + off, bytes, nullptr);
     }
     be_.synchronize(nullptr);
-    disk_->release(b, into_engine);
+    fn(b, out[0], out[1]);
+    for (int k = 0; k < planes && into_engine; ++k) {
+      if (stream_)
+        std::memcpy(plane[k] + off, out[k], bytes);
+      else
+        be_.copy_to_device(plane[k] + off, out[k], bytes, nullptr);
+    }
+    be_.synchronize(nullptr);
+    if (disk_) disk_->release(b, into_engine);
   }
+  if (into_engine && stream_) stream_->reload_from_host();  // the device copies from the new state
 }
 
 void ZOEngine::Impl::read_state(std::vector<float>& m, std::vector<float>& v) {
@@ -86,9 +99,13 @@ void ZOEngine::Impl::read_state(std::vector<float>& m, std::vector<float>& v) {
   v.assign(planes >= 2 ? n : 0, 0.f);
   if (planes == 0) return;
   if (disk_) {  // block by block through the tier (the gaps between blocks hold zeros)
-    if (!stream_ && !m_) return;  // no update yet: the zeros above
-    float* to[2] = {m.data(), planes == 2 ? v.data() : nullptr};
-    state_through_tier(to, false);
+    const auto& all = model_.blocks();
+    std::vector<int> order(all.size());
+    for (int b = 0; b < (int)all.size(); ++b) order[b] = b;
+    state_by_block(order, false, [&](int b, const float* bm, const float* bv) {
+      std::copy(bm, bm + all[b].span, m.data() + all[b].offset);
+      if (bv) std::copy(bv, bv + all[b].span, v.data() + all[b].offset);
+    });
     return;
   }
   if (stream_) {
@@ -109,11 +126,13 @@ void ZOEngine::Impl::write_state(const std::vector<float>& m, const std::vector<
              (int64_t)v.size() == (planes >= 2 ? n : 0));
   if (planes == 0) return;
   if (disk_) {  // block by block through the tier
-    if (stream_) stream_->sync_to_host();
-    if (!stream_ && !m_) alloc_device_state();
-    float* from[2] = {const_cast<float*>(m.data()), planes == 2 ? const_cast<float*>(v.data()) : nullptr};
-    state_through_tier(from, true);
-    if (stream_) stream_->reload_from_host();
+    const auto& all = model_.blocks();
+    std::vector<int> order(all.size());
+    for (int b = 0; b < (int)all.size(); ++b) order[b] = b;
+    state_by_block(order, true, [&](int b, float* bm, float* bv) {
+      std::copy(m.data() + all[b].offset, m.data() + all[b].offset + all[b].span, bm);
+      if (bv) std::copy(v.data() + all[b].offset, v.data() + all[b].offset + all[b].span, bv);
+    });
     return;
   }
   if (stream_) {
@@ -129,6 +148,16 @@ void ZOEngine::Impl::write_state(const std::vector<float>& m, const std::vector<
   be_.copy_to_device(m_, m.data(), n * sizeof(float), nullptr);
   if (planes == 2) be_.copy_to_device(v_, v.data(), n * sizeof(float), nullptr);
   be_.synchronize(nullptr);
+}
+
+void ZOEngine::Impl::read_state_blocks(const std::vector<int>& blocks, const ZOEngine::StateFn& fn) {
+  flush();  // the state matches the weights
+  state_by_block(blocks, false, fn);
+}
+
+void ZOEngine::Impl::write_state_blocks(const std::vector<int>& blocks,
+                                        const ZOEngine::StateFn& fn) {
+  state_by_block(blocks, true, fn);
 }
 
 }  // namespace zof

@@ -7,6 +7,8 @@
 // model.safetensors and step log at every budget and engine, through a kill and a resume, and
 // says which engine it runs.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include "zof/error.h"
 #include "zof/model.h"
 #include "cpu/sim_device.h"
+#include "hf/safetensors.h"
 #include "util/block_io.h"
 #include "zof/streaming.h"
 #include "zof/zo.h"
@@ -431,6 +434,37 @@ TEST(DiskTier, ALaidOutModelIsNotResidentUntilWritten) {
   }
 }
 
+// The optimizer state's planes come from Backend::alloc_zeroed (and alloc_host_pinned_zeroed
+// when they stream): on the host, zeros that take no memory until written, also where the
+// allocator hands out memory it used before, so that a disk tier's momentum and Adam state is
+// never whole in RAM. The simulated device's memory clears by copies (Backend's default).
+TEST(DiskTier, ZeroedHostMemoryTakesNoPagesUntilWritten) {
+  const size_t bytes = (size_t(64) << 20) + 100;
+  auto be = zof::test::cpu_backend(0);
+  zof::SimDeviceOptions so;
+  so.budget = size_t(256) << 20;
+  auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
+  for (int k = 0; k < 3; ++k) {
+    zof::Backend& b = k == 2 ? *sim : *be;
+    // Memory the allocator may hand out again, dirty.
+    char* dirty = static_cast<char*>(b.alloc(bytes));
+    std::memset(dirty, 0xab, bytes);
+    b.free(dirty);
+    char* p = static_cast<char*>(k == 1 ? b.alloc_host_pinned_zeroed(bytes) : b.alloc_zeroed(bytes));
+    if (k < 2) {
+      EXPECT_LE(resident_pages(p, bytes), 2u) << k;  // the two partial pages at most
+    }
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; ++i) nonzero += p[i] != 0;
+    EXPECT_EQ(nonzero, 0u) << k;
+    p[bytes - 1] = 1;  // writable to its last byte
+    if (k == 1)
+      b.free_host_pinned(p);
+    else
+      b.free(p);
+  }
+}
+
 // A read or a write that fails in the middle of a walk (the disk gone bad under the run): the
 // step throws one zof::Error naming the store, and the engine then goes without a crash or a
 // hang (its transfers waited for before their buffers are freed), its store removed.
@@ -505,6 +539,37 @@ class DiskTierCli : public zof::test::ShakespeareRunTest {
         "--json " + extra);
   }
   static json last_json(const std::string& out) { return zof::test::last_json(out); }
+  // checkpoint-4 of `run` keeps its disk blocks in the store (Adam's state with them): its
+  // optimizer.safetensors holds a tensor per plane for each block store.json leaves out, and
+  // nothing else, each `plain`'s state of that block (the whole planes of its checkpoint).
+  void expect_resident_state(const std::string& run, const std::string& plain) {
+    const fs::path ck = dir_ / run / "checkpoint-4";
+    const json sj = json::parse(zof::test::read_file((ck / "store.json").string()));
+    const zof::Model layout = zof::Model::load_layout(model_dir("stories260K"));
+    std::vector<bool> stored(layout.blocks().size(), false);
+    for (const auto& e : sj["blocks"]) stored[e[0].get<int>()] = true;
+    auto st = zof::safetensors::Archive::open_file((ck / "optimizer.safetensors").string());
+    auto whole = zof::safetensors::Archive::open_file(
+        (dir_ / plain / "checkpoint-4" / "optimizer.safetensors").string());
+    const int64_t n = layout.storage_size();
+    size_t expected = 0;
+    for (const char* plane : {"m", "v"}) {
+      std::vector<float> w((size_t)n);
+      zof::safetensors::to_f32(whole.require(plane, {n}), w.data());
+      for (int b = 0; b < (int)stored.size(); ++b) {
+        if (stored[b]) continue;
+        const zof::Block& blk = layout.blocks()[b];
+        std::vector<float> got((size_t)blk.span);
+        zof::safetensors::to_f32(st.require(plane + ("." + std::to_string(b)), {blk.span}),
+                                 got.data());
+        EXPECT_EQ(0, std::memcmp(got.data(), w.data() + blk.offset, got.size() * sizeof(float)))
+            << run << " " << plane << "." << b;
+        ++expected;
+      }
+    }
+    EXPECT_GT(sj["blocks"].size(), 0u);
+    EXPECT_EQ(st.names().size(), expected);
+  }
   void expect_same_run(const std::string& run, const std::string& plain) {
     for (const char* f : {"model.safetensors", "zo_log.jsonl"})
       EXPECT_EQ(zof::test::read_file((dir_ / run / f).string()),
@@ -637,10 +702,26 @@ TEST_F(DiskTierCli, AKilledRunResumesExactlyAndTooSmallABudgetIsRefused) {
   ASSERT_EQ(resumed.code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("resuming at step 2"), std::string::npos) << resumed.err;
   EXPECT_GT(last_json(resumed.out)["disk_tier"]["blocks_on_disk"].get<int>(), 0);
-  for (const char* f : {"model.safetensors", "zo_log.jsonl", "checkpoint-4/optimizer.safetensors"})
+  for (const char* f : {"model.safetensors", "zo_log.jsonl"})
     EXPECT_EQ(zof::test::read_file((dir_ / "tight" / f).string()),
               zof::test::read_file((dir_ / "plain" / f).string()))
         << f;
+  expect_resident_state("tight", "plain");
+  // Resumed at half the model, and with every block in RAM (Adam's state of the disk blocks
+  // read back from the store's slots): the same.
+  const uint64_t all = last_json(roomy.out)["disk_tier"]["all_bytes"];
+  int n = 0;
+  for (const std::string& again :
+       {"--host-mem " + std::to_string(std::max(least, all / 2)), std::string()}) {
+    const std::string run = "tight_again" + std::to_string(n++);
+    auto k = finetune(run, tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+    ASSERT_EQ(k.code, 128 + SIGKILL) << k.err;
+    auto r = zof::test::run_command(zof::test::zof_binary() + " finetune --resume " +
+                                    (dir_ / run).string() + " --json " + again);
+    ASSERT_EQ(r.code, 0) << again << ": " << r.err;
+    EXPECT_NE(r.err.find("resuming at step 2"), std::string::npos) << r.err;
+    expect_same_run(run, "plain");
+  }
   auto below = finetune("below", adam + "--host-mem " + std::to_string(least - 1));
   EXPECT_EQ(below.code, 1);
   EXPECT_NE(below.err.find("zof: error: --host-mem"), std::string::npos) << below.err;
@@ -702,6 +783,26 @@ TEST_F(DiskTierCli, CheckpointsNameTheStoreAndEveryKillResumesExactly) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("resuming at step 2"), std::string::npos) << r.err;
   expect_same_run("ck_in", "ck_plain");
+  // A store another process holds (a copy of the run directory resumed beside it): refused,
+  // naming it, with the run as it was; once it is free the run resumes.
+  {
+    auto killed = finetune("ck_locked", tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+    ASSERT_EQ(killed.code, 128 + SIGKILL) << killed.err;
+    const fs::path store = dir_ / "ck_locked" / "offload" / "zof-store.bin";
+    const int fd = ::open(store.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    auto busy = resume("ck_locked", tight);
+    ::close(fd);
+    EXPECT_EQ(busy.code, 1) << busy.err;
+    EXPECT_NE(busy.err.find("zof: error: the disk tier's store " + store.string() +
+                            " is in use by another process"),
+              std::string::npos)
+        << busy.err;
+    auto r2 = resume("ck_locked", tight);
+    ASSERT_EQ(r2.code, 0) << r2.err;
+    expect_same_run("ck_locked", "ck_plain");
+  }
   // A store flipped under the checkpoint (every 4096th byte), or cut short: refused.
   for (const bool cut : {false, true}) {
     const std::string run = cut ? "ck_cut" : "ck_flipped";
