@@ -47,6 +47,15 @@ const char* kLlama2_7b = R"({
   "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
 })";
 
+// TinyLlama-1.1B's shape (its config.json: LLaMA-2's architecture, 22 layers of width 2048,
+// GQA 32/4): a model whose Adam state (8.8 GB) outweighs its bf16 master (2.2 GB) four times.
+const char* kTinyLlama_1b = R"({
+  "model_type": "llama", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+  "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+  "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+  "hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2
+})";
+
 // LLaMA-2-13B's shape (Meta's config.json) and LLaMA-1-30B's (LLaMA-30B: 60 layers, width 6656).
 const char* kLlama2_13b = R"({
   "model_type": "llama", "vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
@@ -64,12 +73,13 @@ const char* kLlama_30b = R"({
 zof::ModelConfig config_named(const std::string& name) {
   if (name == "gpt2-124m") return zof::ModelConfig::from_json(json::parse(kGpt2_124m), name);
   if (name == "llama-125m") return zof::ModelConfig::from_json(json::parse(kLlama_125m), name);
+  if (name == "tinyllama-1b") return zof::ModelConfig::from_json(json::parse(kTinyLlama_1b), name);
   if (name == "llama2-7b") return zof::ModelConfig::from_json(json::parse(kLlama2_7b), name);
   if (name == "llama2-13b") return zof::ModelConfig::from_json(json::parse(kLlama2_13b), name);
   if (name == "llama-30b") return zof::ModelConfig::from_json(json::parse(kLlama_30b), name);
   ZOF_CHECK(std::filesystem::is_regular_file(name),
             "--model-config " + name + ": neither a built-in name (gpt2-124m, llama-125m, "
-            "llama2-7b, llama2-13b, llama-30b) nor a config.json file");
+            "tinyllama-1b, llama2-7b, llama2-13b, llama-30b) nor a config.json file");
   return zof::ModelConfig::load(name);
 }
 

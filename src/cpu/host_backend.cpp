@@ -63,8 +63,9 @@ void* aligned_host_alloc(size_t bytes) {
 
 void* aligned_host_alloc_zeroed(size_t bytes) {
   char* p = static_cast<char*>(aligned_host_alloc(bytes));
+  static const uintptr_t page = (uintptr_t)::sysconf(_SC_PAGESIZE);
   const uintptr_t a = reinterpret_cast<uintptr_t>(p), e = a + bytes;
-  const uintptr_t lo = (a + 4095) / 4096 * 4096, hi = e / 4096 * 4096;
+  const uintptr_t lo = (a + page - 1) / page * page, hi = e / page * page;
   // Private anonymous memory (all malloc hands out) reads as zeros after MADV_DONTNEED.
   if (hi > lo && ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0) {
     std::memset(p, 0, lo - a);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -542,21 +543,30 @@ void RunDir::load_optimizer_state(ZOEngine& engine, const Model& model,
     ZOF_CHECK(fs::exists(f), "checkpoint " + ckpt_.string() + " has no optimizer.safetensors: it "
               "was not written by a --optimizer " + word(optimizer) + " run");
     auto st = safetensors::Archive::open_file(f.string());
-    const CheckpointStore cs = *checkpoint_store(model, 1 + planes);
-    std::vector<int> resident;
-    for (int b = 0; b < (int)cs.slot.size(); ++b)
-      if (cs.slot[b] < 0) resident.push_back(b);
-    ZOF_CHECK(st.names().size() == resident.size() * (size_t)planes,
-              f.string() + " holds " + std::to_string(st.names().size()) + " tensors, not the " +
-                  std::to_string(resident.size() * (size_t)planes) + " (m" +
-                  (planes == 2 ? " and v" : "") + " of each block its store.json leaves out); " +
-                  kDamaged);
-    engine.write_state_blocks(resident, [&](int b, float* bm, float* bv) {
-      const int64_t span = model.blocks()[b].span;
-      safetensors::to_f32(st.require("m." + std::to_string(b), {span}), bm);
-      if (bv) safetensors::to_f32(st.require("v." + std::to_string(b), {span}), bv);
-    });
-    return;
+    const auto names = st.names();
+    // Written before the store held the state too: the whole planes (read as below).
+    const bool whole = std::find(names.begin(), names.end(), "m") != names.end();
+    if (!whole) {
+      const CheckpointStore cs = *checkpoint_store(model, 1 + planes);
+      std::vector<int> resident;
+      for (int b = 0; b < (int)cs.slot.size(); ++b)
+        if (cs.slot[b] < 0) resident.push_back(b);
+      ZOF_CHECK(names.size() == resident.size() * (size_t)planes,
+                f.string() + " holds " + std::to_string(names.size()) + " tensors, not the " +
+                    std::to_string(resident.size() * (size_t)planes) + " (m" +
+                    (planes == 2 ? " and v" : "") + " of each block its store.json leaves out); " +
+                    kDamaged);
+      // Every tensor found (name, shape) before the walk: none is missing halfway.
+      for (int b : resident)
+        for (int k = 0; k < planes; ++k)
+          (void)st.require((k == 0 ? "m." : "v.") + std::to_string(b), {model.blocks()[b].span});
+      engine.write_state_blocks(resident, [&](int b, float* bm, float* bv) {
+        const int64_t span = model.blocks()[b].span;
+        safetensors::to_f32(st.require("m." + std::to_string(b), {span}), bm);
+        if (bv) safetensors::to_f32(st.require("v." + std::to_string(b), {span}), bv);
+      });
+      return;
+    }
   }
   std::vector<float> m, v;
   if (read_optimizer_state(engine.state_planes(), model.storage_size(), optimizer, m, v))

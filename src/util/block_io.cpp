@@ -106,7 +106,8 @@ BlockFile::BlockFile(const fs::path& path, uint64_t bytes,
     }
     // One process at a time: a run resumed twice at once, or a copy of its run directory
     // resumed beside it, would write the same slots (the lock goes with the descriptor).
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    // (A file system without flock, ENOLCK or EOPNOTSUPP, goes without the lock.)
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
       const int e = errno;
       ::close(fd_);
       fd_ = -1;
@@ -213,11 +214,11 @@ BlockFile::~BlockFile() {
 }
 
 void BlockFile::remove() {
+  std::error_code ec;
+  fs::remove(path_, ec);  // gone before the lock is
   if (fd_ >= 0) ::close(fd_);
   if (lock_fd_ >= 0) ::close(lock_fd_);
   fd_ = lock_fd_ = -1;
-  std::error_code ec;
-  fs::remove(path_, ec);
 }
 
 size_t BlockFile::settle(char op, size_t n, uint64_t off, size_t done, long r) const {

@@ -67,9 +67,15 @@ void ZOEngine::Impl::state_by_block(const std::vector<int>& blocks, bool into_en
   if (into_engine && stream_) stream_->sync_to_host();  // no copy in flight over the masters
   float* plane[2] = {stream_ ? state_host_[0] : m_,
                      planes == 2 ? (stream_ ? state_host_[1] : v_) : nullptr};
-  if (disk_) disk_->begin_walk(blocks);
+  // Only the disk blocks go through the tier (a walk of resident blocks alone would drop the
+  // ring's read-ahead for nothing).
+  std::vector<int> on_disk;
+  for (int b : blocks)
+    if (disk_ && disk_->on_disk(b)) on_disk.push_back(b);
+  if (!on_disk.empty()) disk_->begin_walk(on_disk);
   for (int b : blocks) {
-    if (disk_) disk_->acquire(b, false);  // its planes present (the weights too: a block travels whole)
+    const bool through = disk_ && disk_->on_disk(b);
+    if (through) disk_->acquire(b, false);  // its planes present (a block travels whole)
     const size_t off = (size_t)all[b].offset, bytes = (size_t)all[b].span * sizeof(float);
     for (int k = 0; k < planes && !into_engine; ++k) {
       if (stream_)
@@ -86,7 +92,7 @@ void ZOEngine::Impl::state_by_block(const std::vector<int>& blocks, bool into_en
         be_.copy_to_device(plane[k] + off, out[k], bytes, nullptr);
     }
     be_.synchronize(nullptr);
-    if (disk_) disk_->release(b, into_engine);
+    if (through) disk_->release(b, into_engine);
   }
   if (into_engine && stream_) stream_->reload_from_host();  // the device copies from the new state
 }

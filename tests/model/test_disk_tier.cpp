@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <malloc.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -439,18 +441,30 @@ TEST(DiskTier, ALaidOutModelIsNotResidentUntilWritten) {
 // allocator hands out memory it used before, so that a disk tier's momentum and Adam state is
 // never whole in RAM. The simulated device's memory clears by copies (Backend's default).
 TEST(DiskTier, ZeroedHostMemoryTakesNoPagesUntilWritten) {
-  const size_t bytes = (size_t(64) << 20) + 100;
+  const size_t bytes = (size_t(16) << 20) + 100;
   auto be = zof::test::cpu_backend(0);
   zof::SimDeviceOptions so;
   so.budget = size_t(256) << 20;
   auto sim = zof::make_sim_device(zof::test::cpu_backend(0), so);
+#if !defined(__SANITIZE_ADDRESS__)
+  // Large blocks from the heap, not fresh mappings: freed memory is handed out again, dirty
+  // (ASan's allocator keeps freed memory apart instead: no reuse to see there).
+  ASSERT_EQ(::mallopt(M_MMAP_THRESHOLD, 32 << 20), 1);  // glibc's largest
+  ASSERT_EQ(::mallopt(M_TRIM_THRESHOLD, 512 << 20), 1);  // and kept, not trimmed
+#endif
   for (int k = 0; k < 3; ++k) {
     zof::Backend& b = k == 2 ? *sim : *be;
     // Memory the allocator may hand out again, dirty.
-    char* dirty = static_cast<char*>(b.alloc(bytes));
+    char* dirty = static_cast<char*>(k == 1 ? b.alloc_host_pinned(bytes) : b.alloc(bytes));
     std::memset(dirty, 0xab, bytes);
-    b.free(dirty);
+    if (k == 1)
+      b.free_host_pinned(dirty);
+    else
+      b.free(dirty);
     char* p = static_cast<char*>(k == 1 ? b.alloc_host_pinned_zeroed(bytes) : b.alloc_zeroed(bytes));
+#if !defined(__SANITIZE_ADDRESS__)
+    EXPECT_EQ(p, dirty) << k << ": the dirty memory was not handed out again";
+#endif
     if (k < 2) {
       EXPECT_LE(resident_pages(p, bytes), 2u) << k;  // the two partial pages at most
     }
@@ -710,11 +724,17 @@ TEST_F(DiskTierCli, AKilledRunResumesExactlyAndTooSmallABudgetIsRefused) {
   // Resumed at half the model, and with every block in RAM (Adam's state of the disk blocks
   // read back from the store's slots): the same.
   const uint64_t all = last_json(roomy.out)["disk_tier"]["all_bytes"];
+  // Checkpointed at half and resumed at the least (the state of blocks resident then goes
+  // through the disk now), and both on the simulated device (the state streams from host memory).
+  const std::string half = "--host-mem " + std::to_string(std::max(least, all / 2));
   int n = 0;
-  for (const std::string& again :
-       {"--host-mem " + std::to_string(std::max(least, all / 2)), std::string()}) {
+  for (const auto& [at, again] : std::vector<std::pair<std::string, std::string>>{
+           {tight, half},
+           {tight, std::string()},
+           {adam + half, "--host-mem " + std::to_string(least)},
+           {tight + " --sim-device", "--sim-device --host-mem " + std::to_string(least)}}) {
     const std::string run = "tight_again" + std::to_string(n++);
-    auto k = finetune(run, tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+    auto k = finetune(run, at, "ZOF_FAULT_KILL_AT_STEP=3 ");
     ASSERT_EQ(k.code, 128 + SIGKILL) << k.err;
     auto r = zof::test::run_command(zof::test::zof_binary() + " finetune --resume " +
                                     (dir_ / run).string() + " --json " + again);
@@ -802,6 +822,43 @@ TEST_F(DiskTierCli, CheckpointsNameTheStoreAndEveryKillResumesExactly) {
     auto r2 = resume("ck_locked", tight);
     ASSERT_EQ(r2.code, 0) << r2.err;
     expect_same_run("ck_locked", "ck_plain");
+  }
+  // And a live run holds its store's lock to the end, not only at its start (the tier reopens
+  // the store with O_DIRECT and keeps the first descriptor, which holds the lock): resumed and
+  // stopped at the start of its last step, the store cannot be locked by another.
+  {
+    auto killed = finetune("ck_live", tight, "ZOF_FAULT_KILL_AT_STEP=3 ");
+    ASSERT_EQ(killed.code, 128 + SIGKILL) << killed.err;
+    const fs::path store = dir_ / "ck_live" / "offload" / "zof-store.bin";
+    const fs::path err = dir_ / "ck_live_err.txt";
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::setenv("ZOF_FAULT_HANG_AT_STEP", "3", 1);
+      const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) ::dup2(fd, 2);
+      const std::string bin = zof::test::zof_binary(), run = (dir_ / "ck_live").string();
+      const std::string mem = std::to_string(least);
+      ::execl(bin.c_str(), bin.c_str(), "finetune", "--resume", run.c_str(), "--host-mem",
+              mem.c_str(), (char*)nullptr);
+      ::_exit(127);
+    }
+    // Step 2 done (its progress line), then the run stops at the start of step 3.
+    for (int i = 0; i < 1200 && zof::test::read_file(err.string()).find("step 3/4") ==
+                                    std::string::npos;
+         ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_NE(zof::test::read_file(err.string()).find("step 3/4"), std::string::npos)
+        << zof::test::read_file(err.string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const int fd = ::open(store.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    EXPECT_NE(::flock(fd, LOCK_EX | LOCK_NB), 0) << "the live run's store was not locked";
+    EXPECT_EQ(errno, EWOULDBLOCK);
+    ::close(fd);
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
   }
   // A store flipped under the checkpoint (every 4096th byte), or cut short: refused.
   for (const bool cut : {false, true}) {
