@@ -22,6 +22,7 @@
 #include "zof/input_file.h"
 #include "zof/model.h"
 #include "zof/runtime.h"
+#include "zof/streaming.h"
 #include "zof/text.h"
 #include "zof/tokenizer.h"
 #include "zof/trainer.h"
@@ -45,7 +46,10 @@ int read_threads(const std::string& text) {
 class PyModel {
  public:
   // threads: the keyword's text, read as the CLI reads --threads.
-  PyModel(const std::string& path, const std::string& device, const std::string& threads) {
+  // host_mem: the keyword's text ("": every block in RAM), read as --host-mem is; the blocks
+  // beyond it go into a scratch disk tier in offload_dir ("": the current directory).
+  PyModel(const std::string& path, const std::string& device, const std::string& threads,
+          const std::string& host_mem, const std::string& offload_dir) {
     // generate and eval run on the host, as on the CLI; fine-tuning takes device="cuda".
     ZOF_CHECK(device == "cpu" || device == "reference",
               "device must be cpu (or reference, the scalar oracle), not '" + device +
@@ -56,13 +60,20 @@ class PyModel {
     b.threads = read_threads(threads);
     backend_ = zof::make_backend(b);
     zof::check_model_dir("--model", path);  // as the CLI's eval and generate
-    model_ = zof::Model::load(path);
+    ZOF_CHECK(offload_dir.empty() || !host_mem.empty(),
+              "offload_dir holds the blocks that do not fit host_mem: add host_mem=SIZE, or "
+              "drop offload_dir");
+    const uint64_t budget = host_mem.empty() ? 0 : zof::parse_memory_size(host_mem, "host_mem");
+    weights_ = zof::lay_out_text_weights(path, budget, "host_mem");
+    zof::WeightPlacement p;
+    zof::read_text_weights(*weights_, path, budget, offload_dir, "offload_dir", p);
+    host_ = p.host;
   }
 
   // logits (B, T, V) of right-padded rows; positions past a row's length are 0.
   nb::ndarray<nb::numpy, float, nb::ndim<3>> logits(const std::vector<std::vector<int64_t>>& ids) {
     ZOF_CHECK(!ids.empty(), "logits: no sequences given");
-    const int64_t V = model_.config().vocab_size;
+    const int64_t V = model().config().vocab_size;
     std::vector<std::vector<int32_t>> rows;
     for (const auto& r : ids) {
       ZOF_CHECK(!r.empty(), "logits: every sequence needs a token");
@@ -78,7 +89,8 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       std::vector<float> l;
-      zof::Forward fwd(model_, *backend_, batch.B * batch.T);
+      zof::Forward fwd(model(), *backend_, batch.B * batch.T);
+      if (host_) fwd.set_host_blocks(host_);  // the disk tier's blocks, read as it walks
       fwd.logits(batch, l);
       for (int64_t b = 0; b < batch.B; ++b)
         for (int64_t t = 0; t < batch.T; ++t) {
@@ -95,6 +107,7 @@ class PyModel {
   // dtype: --dtype's word (auto resolved against this model's backend, as the CLI does).
   zof::WeightPlacement placement(const std::string& dtype) const {
     zof::WeightPlacement p;
+    p.host = host_;
     p.compute = zof::resolve_compute_dtype(
         zof::read_choice_text<zof::ComputeChoice>("--dtype", dtype), *backend_);
     return p;
@@ -111,7 +124,7 @@ class PyModel {
     const zof::WeightPlacement p = placement(dtype);
     nb::gil_scoped_release release;
     const std::string body = path ? zof::read_eval_text(*path) : text;
-    return zof::evaluate_text(model_, tokenizer(), *backend_, body,
+    return zof::evaluate_text(model(), tokenizer(), *backend_, body,
                               path ? "--text " + *path : "the text", n, b, w, p)
         .dump();
   }
@@ -121,7 +134,7 @@ class PyModel {
   std::string eval_task(const std::vector<std::pair<std::string, std::string>>& options,
                         const std::string& dtype) {
     zof::TrainOptions t;
-    t.model = model_.source();
+    t.model = model().source();
     for (const auto& [key, text] : options) zof::set_train_option(t, key, text);
     ZOF_CHECK(!t.data.empty(), "eval(task=" + std::string(zof::word(t.task)) +
                                    ") needs data=, the task's data file or directory");
@@ -130,7 +143,7 @@ class PyModel {
     const zof::WeightPlacement p = placement(dtype);
     const zof::Tokenizer& tok = tokenizer();
     nb::gil_scoped_release release;
-    return zof::evaluate_task(model_, tok, *backend_, t, p).dump();
+    return zof::evaluate_task(model(), tok, *backend_, t, p).dump();
   }
 
   std::string generate(const std::string& prompt, const std::string& max_new_tokens,
@@ -143,7 +156,7 @@ class PyModel {
     opt.seed = zof::read_seed_text("--seed", seed);
     const zof::WeightPlacement p = placement(dtype);
     nb::gil_scoped_release release;
-    return zof::generate_text(model_, tokenizer(), *backend_, prompt, opt, {}, p).dump();
+    return zof::generate_text(model(), tokenizer(), *backend_, prompt, opt, {}, p).dump();
   }
 
   static int64_t whole(const char* flag, const std::string& text) {
@@ -159,17 +172,19 @@ class PyModel {
     return v;
   }
 
-  std::string config() const { return model_.config().raw.dump(); }
-  int64_t num_params() const { return model_.num_params(); }
-  std::string source() const { return model_.source(); }
+  std::string config() const { return model().config().raw.dump(); }
+  int64_t num_params() const { return model().num_params(); }
+  std::string source() const { return model().source(); }
 
  private:
   const zof::Tokenizer& tokenizer() {
-    if (!tok_) tok_ = std::make_unique<zof::Tokenizer>(zof::Tokenizer::load(model_.source()));
+    if (!tok_) tok_ = std::make_unique<zof::Tokenizer>(zof::Tokenizer::load(model().source()));
     return *tok_;
   }
   std::unique_ptr<zof::Backend> backend_;
-  zof::Model model_;
+  zof::Model& model() const { return weights_->model; }
+  std::unique_ptr<zof::TextWeights> weights_;  // the model, and its disk tier with host_mem
+  zof::BlockAccess* host_ = nullptr;
   std::unique_ptr<zof::Tokenizer> tok_;
 };
 
@@ -302,8 +317,10 @@ NB_MODULE(_zof, m) {
   });
 
   nb::class_<PyModel>(m, "Model")
-      .def(nb::init<const std::string&, const std::string&, const std::string&>(),
-           nb::arg("path"), nb::arg("device"), nb::arg("threads"))
+      .def(nb::init<const std::string&, const std::string&, const std::string&,
+                    const std::string&, const std::string&>(),
+           nb::arg("path"), nb::arg("device"), nb::arg("threads"), nb::arg("host_mem"),
+           nb::arg("offload_dir"))
       .def("logits", &PyModel::logits, nb::arg("rows"))
       .def("eval", &PyModel::eval, nb::arg("path").none(), nb::arg("text"), nb::arg("seq_len"),
            nb::arg("batch"), nb::arg("max_windows"), nb::arg("dtype"))

@@ -113,9 +113,8 @@ void validate_eval(const EvalArgs& a) {
 // the weights, the model, and its tokenizer (no id beyond the embeddings).
 struct TextModel {
   std::unique_ptr<zof::Backend> backend;
-  zof::Model model;
+  std::unique_ptr<zof::TextWeights> weights;  // its model must not move: the tier points at it
   zof::Tokenizer tok;
-  std::unique_ptr<zof::DiskTier> tier;  // after the model: it goes first
 };
 
 // --host-mem for generate and eval: the budget, or 0 (no flag: every block in RAM). Refused
@@ -133,48 +132,24 @@ uint64_t text_host_mem(const DeviceArgs& d) {
 }
 
 // The model as a pass reads it: loaded whole, or with --host-mem laid out only (its weights
-// read by tier_weights once the TextModel is in place).
+// read by tier_weights), and its tokenizer (no id beyond the embeddings) before the weights.
 TextModel load_text_model(const std::string& dir, const DeviceArgs& where, int threads,
                           zof::WeightPlacement& place) {
   zof::check_model_dir("--model", dir);
   const uint64_t host_mem = text_host_mem(where);
   auto backend = text_backend(where, threads, place);
-  zof::Model model =
-      host_mem > 0 ? zof::Model::load_unread(dir, zof::DType::F32) : zof::Model::load(dir);
-  if (host_mem > 0) {
-    const uint64_t least =
-        zof::DiskTier::min_bytes(model, 1, zof::DiskTier::kept_blocks(model));
-    ZOF_CHECK(host_mem >= least,
-              "--host-mem " + zof::format_bytes(host_mem) + " is below this model's least of " +
-                  std::to_string(least) + " bytes (" + zof::format_bytes(least) +
-                  ": the block of a tied LM head, which stays resident, and two blocks in "
-                  "flight from disk); raise --host-mem");
-  }
+  auto weights = zof::lay_out_text_weights(dir, host_mem, "--host-mem");
   zof::Tokenizer tok = zof::Tokenizer::load(dir);
-  tok.check_ids_below(model.config().vocab_size);
-  return {std::move(backend), std::move(model), std::move(tok), nullptr};
+  tok.check_ids_below(weights->model.config().vocab_size);
+  return {std::move(backend), std::move(weights), std::move(tok)};
 }
 
-// With --host-mem: the blocks beyond it go into a disk tier on tm.model (which must not move
-// from here) as the weights are read, the rest stay in RAM; the passes read through it.
+// With --host-mem: the blocks beyond it go into a disk tier as the weights are read, the rest
+// stay in RAM; the passes read through it.
 void tier_weights(TextModel& tm, const std::string& dir, const DeviceArgs& where,
                   zof::WeightPlacement& place) {
-  const uint64_t host_mem = text_host_mem(where);
-  if (host_mem == 0) return;
-  const zof::DiskTierPlan plan =
-      zof::DiskTier::plan(tm.model, 1, host_mem, zof::DiskTier::kept_blocks(tm.model));
-  if (!plan.all_resident()) {
-    const fs::path off = where.offload_dir.empty() ? fs::path(".") : fs::path(where.offload_dir);
-    std::error_code ec;
-    ZOF_CHECK(fs::is_directory(off, ec),
-              "--offload-dir " + off.string() + " is not a directory: create it (on a local "
-              "file system with " + std::to_string(plan.store_bytes) + " bytes free), or give "
-              "another");
-    tm.tier = std::make_unique<zof::DiskTier>(tm.model, std::vector<float*>{}, plan, off, 2, true,
-                                              /*unwritten=*/true);
-  }
-  tm.model.read_weights(dir, tm.tier.get());
-  place.host = tm.tier.get();
+  zof::read_text_weights(*tm.weights, dir, text_host_mem(where), where.offload_dir,
+                         "--offload-dir", place);
 }
 
 }  // namespace
@@ -184,7 +159,8 @@ int run_generate(const GenerateArgs& a) {
   zof::WeightPlacement place;
   TextModel tm = load_text_model(a.model, a.where, a.threads, place);
   tier_weights(tm, a.model, a.where, place);
-  auto& [backend, model, tok, tier] = tm;
+  auto& [backend, weights, tok] = tm;
+  zof::Model& model = weights->model;
   zof::SampleOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
   opt.max_new_is_default = !a.max_new_given;
@@ -233,7 +209,8 @@ int run_eval_task(const EvalArgs& a) {
   zof::WeightPlacement place;
   TextModel tm = load_text_model(a.model, a.where, a.threads, place);
   tier_weights(tm, a.model, a.where, place);
-  auto& [backend, model, tok, tier] = tm;
+  auto& [backend, weights, tok] = tm;
+  zof::Model& model = weights->model;
   json j = zof::evaluate_task(model, tok, *backend, t, place);
   if (a.json) {
     std::cout << j.dump() << "\n";
@@ -263,7 +240,8 @@ int run_eval(const EvalArgs& a) {
   zof::WeightPlacement place;
   TextModel tm = load_text_model(a.model, a.where, a.threads, place);
   tier_weights(tm, a.model, a.where, place);
-  auto& [backend, model, tok, tier] = tm;
+  auto& [backend, weights, tok] = tm;
+  zof::Model& model = weights->model;
   const std::string text = zof::read_eval_text(a.text);
   json j;
   std::unique_ptr<zof::dist::Communicator> world;

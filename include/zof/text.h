@@ -3,12 +3,14 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "zof/backend.h"
+#include "zof/disk_tier.h"
 #include "zof/dist.h"
 #include "zof/generate.h"
 #include "zof/options.h"
@@ -32,6 +34,26 @@ struct WeightPlacement {
   // model is whole in RAM): the forward acquires each block through it as it walks.
   BlockAccess* host = nullptr;
 };
+
+// The model eval and generate read, with the blocks beyond a host-memory budget in a scratch
+// disk tier (zof/disk_tier.h: a model larger than RAM). The model must not move while the tier
+// lives: both are held here, the tier going first.
+struct TextWeights {
+  Model model;
+  std::unique_ptr<DiskTier> tier;
+};
+// The model of directory dir (checked as --model by the caller): loaded whole with host_mem 0,
+// else laid out only (its weights read by read_text_weights) after a check that host_mem (the
+// bytes of `flag`, --host-mem or the Python keyword) holds the model's least: zof::Error
+// naming the flag and the least.
+std::unique_ptr<TextWeights> lay_out_text_weights(const std::string& dir, uint64_t host_mem,
+                                                  const std::string& flag);
+// With host_mem: the blocks beyond it go into a disk tier in offload_dir ("": the current
+// directory; zof::Error naming `dir_flag` where it is no directory) as the weights are read
+// from dir, the rest stay in RAM; place.host is the tier (null where every block fits).
+void read_text_weights(TextWeights& w, const std::string& dir, uint64_t host_mem,
+                       const std::string& offload_dir, const std::string& dir_flag,
+                       WeightPlacement& place);
 
 // What the numbers of `zof eval` and `zof generate` accept (--seq-len and --batch as eval takes
 // them, --max-windows, --max-new-tokens, --temperature, --top-p): one rule each for the CLI and

@@ -65,11 +65,21 @@ class Model:
         self.num_params = impl.num_params()
 
     @classmethod
-    def load(cls, path, device="cpu", threads=0):
+    def load(cls, path, device="cpu", threads=0, host_mem=None, offload_dir=None):
         """Loads PATH/config.json and its safetensors, or the GGUF file PATH (llama architecture;
         F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K tensors dequantized to fp32). threads=0: all
-        cores."""
-        return cls(_zof.Model(os.fspath(path), device, _text("threads", threads)))
+        cores.
+
+        host_mem ("8GiB", "512MiB" or bytes, as `zof eval --host-mem`): the blocks that do not
+        fit it are read into a scratch file in offload_dir (default: the current directory) and
+        read back as each pass reaches them, so a model larger than RAM is evaluated and sampled
+        from; the file goes with the Model."""
+        if offload_dir is not None and host_mem is None:
+            raise TypeError("offload_dir= holds the blocks that do not fit host_mem=: give "
+                            "host_mem= too")
+        return cls(_zof.Model(os.fspath(path), device, _text("threads", threads),
+                              "" if host_mem is None else _text("host_mem", host_mem),
+                              "" if offload_dir is None else _text("offload_dir", offload_dir)))
 
     def logits(self, ids):
         """Logits at every position: ids (T) gives (T, V); rows of ids (B, T), or a list of

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 
 #include "zof/data.h"
 #include "zof/disk_tier.h"
@@ -287,6 +288,41 @@ json generate_text(const Model& model, const Tokenizer& tok, Backend& backend,
               {"tokens_per_s", out.size() / std::max(dt, 1e-9)}};
   j.update(p.describe(backend));
   return j;
+}
+
+std::unique_ptr<TextWeights> lay_out_text_weights(const std::string& dir, uint64_t host_mem,
+                                                  const std::string& flag) {
+  auto w = std::make_unique<TextWeights>(
+      TextWeights{host_mem > 0 ? Model::load_unread(dir, DType::F32) : Model::load(dir), nullptr});
+  if (host_mem > 0) {
+    const uint64_t least = DiskTier::min_bytes(w->model, 1, DiskTier::kept_blocks(w->model));
+    ZOF_CHECK(host_mem >= least,
+              flag + " " + format_bytes(host_mem) + " is below this model's least of " +
+                  std::to_string(least) + " bytes (" + format_bytes(least) +
+                  ": the block of a tied LM head, which stays resident, and two blocks in "
+                  "flight from disk); raise " + flag);
+  }
+  return w;
+}
+
+void read_text_weights(TextWeights& w, const std::string& dir, uint64_t host_mem,
+                       const std::string& offload_dir, const std::string& dir_flag,
+                       WeightPlacement& place) {
+  if (host_mem == 0) return;
+  const DiskTierPlan plan = DiskTier::plan(w.model, 1, host_mem, DiskTier::kept_blocks(w.model));
+  if (!plan.all_resident()) {
+    const std::filesystem::path off =
+        offload_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(offload_dir);
+    std::error_code ec;
+    ZOF_CHECK(std::filesystem::is_directory(off, ec),
+              dir_flag + " " + off.string() + " is not a directory: create it (on a local "
+              "file system with " + std::to_string(plan.store_bytes) + " bytes free), or give "
+              "another");
+    w.tier = std::make_unique<DiskTier>(w.model, std::vector<float*>{}, plan, off, 2, true,
+                                        /*unwritten=*/true);
+  }
+  w.model.read_weights(dir, w.tier.get());
+  place.host = w.tier.get();
 }
 
 }  // namespace zof

@@ -63,6 +63,39 @@ def test_eval_and_generate_equal_cli():
     assert isinstance(got, str) and got == want["completion"]
 
 
+def test_eval_and_generate_through_the_disk_tier_equal_in_ram(tmp_path):
+    # host_mem= as `zof eval --host-mem`: at the model's least, blocks go to a scratch file in
+    # offload_dir and each pass reads them back; logits, perplexity and tokens are the model's
+    # in RAM, and the file goes with the Model.
+    require(STORIES)
+    text = require(SHAKESPEARE.parent.parent / "tinystories" / "tinystories_sample_cs336.txt")
+    with pytest.raises(zof.Error, match=r"^host_mem 1\.00 KiB is below this model's least of "):
+        zof.Model.load(STORIES, host_mem="1KiB", offload_dir=tmp_path)
+    with pytest.raises(zof.Error) as e:
+        zof.Model.load(STORIES, host_mem="1KiB", offload_dir=tmp_path)
+    least = int(str(e.value).split("least of ")[1].split(" ")[0])
+    with pytest.raises(TypeError, match="host_mem"):
+        zof.Model.load(STORIES, offload_dir=tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(zof.Error, match="^offload_dir .*afile is not a directory"):
+        zof.Model.load(STORIES, host_mem=least, offload_dir=tmp_path / "afile")
+    ram = zof.Model.load(STORIES)
+    tier = zof.Model.load(STORIES, host_mem=least, offload_dir=tmp_path)
+    assert len(list(tmp_path.glob("zof-blocks-*.bin"))) == 1
+    ids = [[1, 5, 9, 200, 7, 3], [1, 42, 17]]
+    assert (tier.logits(ids) == ram.logits(ids)).all()
+    want, got = ram.eval(text, seq_len=64, max_windows=8), tier.eval(text, seq_len=64, max_windows=8)
+    for k in ("nll", "ppl", "tokens", "windows"):
+        assert got[k] == want[k], k
+    assert "blocks on disk" in got["disk_tier"]["describe"] and got["disk_tier"]["bytes_read"] > 0
+    assert (tier.generate("Once upon a time", max_new_tokens=20, temperature=0.8, seed=3) ==
+            ram.generate("Once upon a time", max_new_tokens=20, temperature=0.8, seed=3))
+    del tier
+    import gc
+    gc.collect()
+    assert list(tmp_path.glob("zof-blocks-*.bin")) == []
+
+
 def test_eval_task_equals_cli():
     # A task's held-out metric from Python (eval(task=, data=)) is the CLI's eval --task.
     require(STORIES)
