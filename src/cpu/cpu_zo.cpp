@@ -3,7 +3,7 @@
 // the lane-parallel z_groups16 (vectorized): the bits of the scalar z_group. Compiled with
 // -ffp-contract=off (CMakeLists.txt), as zo.cu with --fmad=false: every multiply-add that is
 // fused is an explicit fmaf, on both sides, so the host and the GPU produce the same weights.
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -65,6 +65,146 @@ inline void philox16_avx512(const ZKey& key, uint32_t tensor, uint32_t g0, uint3
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define ZOF_ZO_AVX2 1
+// The same bits on CPUs with AVX2 and FMA but no AVX-512, 8 lanes at a time: Philox with
+// vpmuludq, and Box-Muller as philox.h's zof_log_unit and zof_sincos_2pi, operation for
+// operation (IEEE +, *, /, sqrt and the same explicit fmaf; the selects as blends and sign
+// flips), which GCC does not vectorize from the portable loops on its own.
+
+// (hi, lo) of a * m for 8 u32 lanes.
+inline void mulhilo8(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// philox16's blocks g0 .. g0 + 7 (lane l: group g0 + l).
+inline void philox8_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, __m256i& o0, __m256i& o1,
+                         __m256i& o2, __m256i& o3) {
+  __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32((int)g0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i c1 = _mm256_set1_epi32((int)tensor), c2 = _mm256_set1_epi32((int)key.step),
+          c3 = _mm256_set1_epi32((int)key.query);
+  const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
+  uint32_t k0 = (uint32_t)key.seed, k1 = (uint32_t)(key.seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    __m256i hi0, lo0, hi1, lo1;
+    mulhilo8(c0, m0, hi0, lo0);
+    mulhilo8(c2, m1, hi1, lo1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32((int)k0));
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32((int)k1));
+    c1 = lo1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  o0 = c0, o1 = c1, o2 = c2, o3 = c3;
+}
+
+inline __m256 set8(float f) { return _mm256_set1_ps(f); }
+
+// zof_unit_open0 / zof_unit_closed0: (x >> 8) (+ 1) is below 2^24 + 1, so the signed
+// conversion is exact.
+inline __m256 unit_open0_8(__m256i x) {
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(x, 8), _mm256_set1_epi32(1))),
+                       set8(5.9604644775390625e-08f));
+}
+inline __m256 unit_closed0_8(__m256i x) {
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x, 8)), set8(5.9604644775390625e-08f));
+}
+
+// zof_log_unit, lane by lane.
+inline __m256 log_unit8(__m256 u) {
+  const __m256i bits = _mm256_castps_si256(u);
+  __m256i e = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xff)),
+                               _mm256_set1_epi32(127));
+  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)),
+                                                 _mm256_set1_epi32(0x3f800000)));
+  const __m256 big = _mm256_cmp_ps(m, set8(1.41421356f), _CMP_GT_OQ);
+  m = _mm256_blendv_ps(m, _mm256_mul_ps(m, set8(0.5f)), big);
+  e = _mm256_add_epi32(e, _mm256_and_si256(_mm256_castps_si256(big), _mm256_set1_epi32(1)));
+  const __m256 f = _mm256_div_ps(_mm256_sub_ps(m, set8(1.f)), _mm256_add_ps(m, set8(1.f)));
+  const __m256 f2 = _mm256_mul_ps(f, f);
+  __m256 p = _mm256_fmadd_ps(f2, set8(1.f / 11.f), set8(1.f / 9.f));
+  p = _mm256_fmadd_ps(f2, p, set8(1.f / 7.f));
+  p = _mm256_fmadd_ps(f2, p, set8(1.f / 5.f));
+  p = _mm256_fmadd_ps(f2, p, set8(1.f / 3.f));
+  p = _mm256_mul_ps(p, f2);
+  const __m256 two_f = _mm256_add_ps(f, f);
+  const __m256 logm = _mm256_fmadd_ps(two_f, p, two_f);
+  const __m256 fe = _mm256_cvtepi32_ps(e);
+  return _mm256_fmadd_ps(fe, set8(6.9313812256e-01f), _mm256_fmadd_ps(fe, set8(9.0580006145e-06f), logm));
+}
+
+// zof_sincos_2pi, lane by lane.
+inline void sincos_2pi8(__m256 x, __m256& s, __m256& c) {
+  const __m256i ki = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(x, set8(4.f)), set8(0.5f)));
+  const __m256 k = _mm256_cvtepi32_ps(ki);
+  const __m256 r = _mm256_fmadd_ps(k, set8(-0.25f), x);
+  const __m256 t = _mm256_mul_ps(r, set8(6.28318531f));
+  const __m256 t2 = _mm256_mul_ps(t, t);
+  __m256 ps = _mm256_fmadd_ps(t2, set8(-2.50521084e-08f), set8(2.75573192e-06f));
+  ps = _mm256_fmadd_ps(t2, ps, set8(-1.98412698e-04f));
+  ps = _mm256_fmadd_ps(t2, ps, set8(8.33333333e-03f));
+  ps = _mm256_fmadd_ps(t2, ps, set8(-1.66666667e-01f));
+  ps = _mm256_mul_ps(ps, t2);
+  const __m256 sn = _mm256_fmadd_ps(t, ps, t);
+  __m256 pc = _mm256_fmadd_ps(t2, set8(2.08767570e-09f), set8(-2.75573192e-07f));
+  pc = _mm256_fmadd_ps(t2, pc, set8(2.48015873e-05f));
+  pc = _mm256_fmadd_ps(t2, pc, set8(-1.38888889e-03f));
+  pc = _mm256_fmadd_ps(t2, pc, set8(4.16666667e-02f));
+  pc = _mm256_fmadd_ps(t2, pc, set8(-0.5f));
+  const __m256 cs = _mm256_fmadd_ps(t2, pc, set8(1.f));
+  const __m256i q = _mm256_and_si256(ki, _mm256_set1_epi32(3));
+  const __m256 odd = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(q, _mm256_set1_epi32(1)),
+                                                            _mm256_set1_epi32(1)));
+  const __m256 s0 = _mm256_blendv_ps(sn, cs, odd), c0 = _mm256_blendv_ps(cs, sn, odd);
+  const __m256 sign = set8(-0.f);
+  // -s0 where q & 2 (q = 2, 3); -c0 where q is 1 or 2.
+  const __m256 neg_s = _mm256_castsi256_ps(_mm256_cmpgt_epi32(q, _mm256_set1_epi32(1)));
+  const __m256 neg_c = _mm256_castsi256_ps(
+      _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_add_epi32(q, _mm256_set1_epi32(1)), _mm256_set1_epi32(2)),
+                         _mm256_set1_epi32(2)));
+  s = _mm256_xor_ps(s0, _mm256_and_ps(sign, neg_s));
+  c = _mm256_xor_ps(c0, _mm256_and_ps(sign, neg_c));
+}
+
+// out[4l + 0..3] = a[l], b[l], c[l], d[l] for the 8 lanes: philox16's element order.
+inline void interleave4x8(__m256 a, __m256 b, __m256 c, __m256 d, float* out) {
+  const __m256 ab_lo = _mm256_unpacklo_ps(a, b), ab_hi = _mm256_unpackhi_ps(a, b);  // a0 b0 a1 b1 | a4 b4 a5 b5
+  const __m256 cd_lo = _mm256_unpacklo_ps(c, d), cd_hi = _mm256_unpackhi_ps(c, d);
+  const __m256 l0 = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(ab_lo), _mm256_castps_pd(cd_lo)));  // 0 | 4
+  const __m256 l1 = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(ab_lo), _mm256_castps_pd(cd_lo)));  // 1 | 5
+  const __m256 l2 = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(ab_hi), _mm256_castps_pd(cd_hi)));  // 2 | 6
+  const __m256 l3 = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(ab_hi), _mm256_castps_pd(cd_hi)));  // 3 | 7
+  _mm256_storeu_ps(out + 0, _mm256_permute2f128_ps(l0, l1, 0x20));
+  _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(l2, l3, 0x20));
+  _mm256_storeu_ps(out + 16, _mm256_permute2f128_ps(l0, l1, 0x31));
+  _mm256_storeu_ps(out + 24, _mm256_permute2f128_ps(l2, l3, 0x31));
+}
+
+// z of 8 groups (32 elements) from their Philox blocks: box_muller16 / rademacher16's bits.
+inline void z_from_blocks8(const ZKey& key, __m256i c0, __m256i c1, __m256i c2, __m256i c3,
+                           float* out) {
+  if (key.dist == kZRademacher) {
+    auto pm1 = [](__m256i w) {  // -1 where the top bit is set, else +1
+      return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi32((int)0x80000000u)),
+                                                 _mm256_set1_epi32(0x3f800000)));
+    };
+    interleave4x8(pm1(c0), pm1(c1), pm1(c2), pm1(c3), out);
+    return;
+  }
+  const __m256 r0 = _mm256_sqrt_ps(_mm256_mul_ps(set8(-2.f), log_unit8(unit_open0_8(c0))));
+  const __m256 r1 = _mm256_sqrt_ps(_mm256_mul_ps(set8(-2.f), log_unit8(unit_open0_8(c2))));
+  __m256 s0, co0, s1, co1;
+  sincos_2pi8(unit_closed0_8(c1), s0, co0);
+  sincos_2pi8(unit_closed0_8(c3), s1, co1);
+  interleave4x8(_mm256_mul_ps(r0, co0), _mm256_mul_ps(r0, s0), _mm256_mul_ps(r1, co1),
+                _mm256_mul_ps(r1, s1), out);
+}
+#endif
+
 inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out) {
 #if defined(__AVX512F__)
   alignas(64) uint32_t c0[16], c1[16], c2[16], c3[16];
@@ -73,6 +213,12 @@ inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out)
     rademacher16(c0, c1, c2, c3, out);
   else
     box_muller16(c0, c1, c2, c3, out);
+#elif defined(ZOF_ZO_AVX2)
+  for (int h = 0; h < 2; ++h) {
+    __m256i c0, c1, c2, c3;
+    philox8_avx2(key, tensor, g0 + 8 * (uint32_t)h, c0, c1, c2, c3);
+    z_from_blocks8(key, c0, c1, c2, c3, out + 32 * h);
+  }
 #else
   z_groups16(key, tensor, g0, out);
 #endif
@@ -83,6 +229,14 @@ inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out)
 inline void round_bits64(const ZKey& round, uint32_t tensor, uint32_t g0, uint32_t* out) {
   ZKey k;
   k.seed = round.seed, k.step = round.step, k.query = kRoundQuery;
+#if defined(ZOF_ZO_AVX2)
+  for (int h = 0; h < 2; ++h) {
+    __m256i w0, w1, w2, w3;
+    philox8_avx2(k, tensor, g0 + 8 * (uint32_t)h, w0, w1, w2, w3);
+    interleave4x8(_mm256_castsi256_ps(w0), _mm256_castsi256_ps(w1), _mm256_castsi256_ps(w2),
+                  _mm256_castsi256_ps(w3), reinterpret_cast<float*>(out + 32 * h));
+  }
+#else
   alignas(64) uint32_t c[4][16];
 #if defined(__AVX512F__)
   philox16_avx512(k, tensor, g0, c[0], c[1], c[2], c[3]);
@@ -90,6 +244,7 @@ inline void round_bits64(const ZKey& round, uint32_t tensor, uint32_t g0, uint32
   philox16(k, tensor, g0, c[0], c[1], c[2], c[3]);
 #endif
   for (int l = 0; l < 64; ++l) out[l] = c[l % 4][l / 4];
+#endif
 }
 
 constexpr int64_t kChunk = 64;  // elements per z_groups16 call
@@ -305,6 +460,33 @@ void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpd
   else
     zo_pass_theta(theta.f32(), n, tensor, first, upd, n_update, lr_wd, cur, eps, plus, minus,
                   copy_t, round);
+}
+
+void z_from_words16(const ZKey& key, const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
+                    const uint32_t* c3, float* out) {
+#if defined(ZOF_ZO_AVX2)
+  for (int h = 0; h < 2; ++h) {
+    auto ld = [h](const uint32_t* w) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * h));
+    };
+    z_from_blocks8(key, ld(c0), ld(c1), ld(c2), ld(c3), out + 32 * h);
+  }
+#else
+  if (key.dist == kZRademacher)
+    rademacher16(c0, c1, c2, c3, out);
+  else
+    box_muller16(c0, c1, c2, c3, out);
+#endif
+}
+
+const char* zo_pass_isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(ZOF_ZO_AVX2)
+  return "avx2";
+#else
+  return "portable";
+#endif
 }
 
 void zo_rows(Theta theta, int64_t width, const int32_t* rows, int64_t n_rows, uint32_t tensor,

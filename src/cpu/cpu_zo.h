@@ -21,4 +21,12 @@ void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor
                      const ZOUpdateTerm* upd, int n_update, const ZOOptimizer& o,
                      const ZKey* round = nullptr);
 
+// The z of 16 Philox blocks given their words (block l's words c0[l] .. c3[l]; out[4l + i] as
+// philox.h's box_muller16 / rademacher16 by key.dist) through the host pass's own code: the
+// vector paths' math, which tests sweep over every input against the scalar z_group.
+// Which path runs here: "avx512", "avx2" or "portable".
+void z_from_words16(const ZKey& key, const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
+                    const uint32_t* c3, float* out);
+const char* zo_pass_isa();
+
 }  // namespace zof::cpu

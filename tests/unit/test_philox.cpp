@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -138,6 +139,47 @@ TEST(Philox, VectorizedPassEqualsScalarZ) {
   zof::z_groups16(zof::ZKey{5, 6, 7}, 8, 1000, a);
   for (int g = 0; g < 16; ++g) zof::z_group(zof::ZKey{5, 6, 7}, 8, 1000 + g, b + 4 * g);
   EXPECT_EQ(0, std::memcmp(a, b, sizeof a));
+}
+
+// The host pass's vector math (AVX2's intrinsics where the build has them) on every input it
+// can see: each of a block's four words swept over all 2^24 values that reach the floats (the
+// top 24 bits; the low 8 vary too), bit for bit against the scalar Box-Muller of philox.h, and
+// the Rademacher signs on both sides of the top bit.
+TEST(Philox, HostVectorMathEqualsScalarOnEveryInput) {
+  SCOPED_TRACE(std::string("host pass: ") + zof::cpu::zo_pass_isa());
+  constexpr uint32_t kValues = 1u << 24;
+  alignas(64) uint32_t c[4][16];
+  alignas(64) float got[64];
+  zof::ZKey gauss, rad;
+  rad.dist = zof::kZRademacher;
+  int64_t mismatches = 0;
+  for (uint32_t v0 = 0; v0 < kValues; v0 += 16) {
+    for (int l = 0; l < 16; ++l) {
+      const uint32_t v = v0 + (uint32_t)l;
+      c[0][l] = v << 8 | (v & 0xff);                        // u1 of the first pair: every value
+      c[1][l] = v << 8;                                     // u2 of the first pair
+      c[2][l] = (kValues - 1 - v) << 8 | 0x80;              // u1 of the second, descending
+      c[3][l] = ((v * 2654435761u) & (kValues - 1)) << 8;  // u2 of the second, permuted
+    }
+    for (const zof::ZKey& key : {gauss, rad}) {
+      if (key.dist == zof::kZRademacher && v0 % 4096 != 0) continue;  // the signs: a sample
+      zof::cpu::z_from_words16(key, c[0], c[1], c[2], c[3], got);
+      for (int l = 0; l < 16; ++l) {
+        float want[4];
+        const zof::Philox4x32 b{{c[0][l], c[1][l], c[2][l], c[3][l]}};
+        if (key.dist == zof::kZRademacher)
+          zof::zof_rademacher4(b.v, want);
+        else
+          zof::zof_box_muller4(b, want);
+        if (std::memcmp(want, got + 4 * l, sizeof want) != 0 && mismatches++ < 5)
+          ADD_FAILURE() << "words " << c[0][l] << " " << c[1][l] << " " << c[2][l] << " "
+                        << c[3][l] << " dist " << key.dist << ": " << want[0] << " " << want[1]
+                        << " " << want[2] << " " << want[3] << " vs " << got[4 * l] << " "
+                        << got[4 * l + 1] << " " << got[4 * l + 2] << " " << got[4 * l + 3];
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
 }
 
 }  // namespace
