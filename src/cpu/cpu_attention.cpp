@@ -28,14 +28,45 @@ constexpr int64_t kKeyBlock = 64;  // keys scored at once
 constexpr int64_t kFewRows = 4;    // items of at most this many rows go one row at a time
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 16 floats as one GCC/Clang vector (a zmm with AVX-512, split into halves or quarters without).
+// 16 floats: one GCC/Clang vector (a zmm) with AVX-512; without, two native 8-float vectors
+// (ymm), since GCC lowers a 64-byte vector type on AVX2 through the stack (the scores and the
+// accumulation ran at a fifth of the rate). Only the operations the tile steps use.
+#if defined(__AVX512F__)
 typedef float v16 __attribute__((vector_size(64)));
+#else
+typedef float v8 __attribute__((vector_size(32)));
+struct v16 {
+  v8 lo, hi;
+};
+inline v16 operator*(float s, v16 v) { return {s * v.lo, s * v.hi}; }
+inline v16 operator*(v16 a, v16 b) { return {a.lo * b.lo, a.hi * b.hi}; }
+inline v16& operator+=(v16& a, v16 b) {
+  a.lo += b.lo;
+  a.hi += b.hi;
+  return a;
+}
+#endif
+#if defined(__AVX512F__)
 inline v16 load16(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+#else
+// Half by half: one 32-byte copy each, so a vector is loaded straight into its register (a
+// 64-byte copy went through 16-byte stack moves that the next 32-byte read could not forward).
+inline v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline v16 load16(const float* p) { return {load8(p), load8(p + 8)}; }
+inline void store16(float* p, v16 v) {
+  std::memcpy(p, &v.lo, sizeof(v.lo));
+  std::memcpy(p + 8, &v.hi, sizeof(v.hi));
+}
+#endif
 
 // Per-thread tiles, allocated once per call.
 struct Tiles {
