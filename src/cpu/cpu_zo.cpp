@@ -1,9 +1,10 @@
 // Zeroth-order parameter passes on host memory: the pending update and the next perturbation in
-// one read of theta, with z regenerated from Philox (never stored), 64 elements at a time through
-// the lane-parallel z_groups16 (vectorized): the bits of the scalar z_group. Compiled with
+// one read of theta, with z regenerated from Philox (never stored), 64 elements at a time
+// (z_chunk64: AVX-512 or AVX2 intrinsics, else philox.h's lane-parallel z_groups16): the bits of
+// the scalar z_group. Compiled with
 // -ffp-contract=off (CMakeLists.txt), as zo.cu with --fmad=false: every multiply-add that is
 // fused is an explicit fmaf, on both sides, so the host and the GPU produce the same weights.
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -65,15 +66,21 @@ inline void philox16_avx512(const ZKey& key, uint32_t tensor, uint32_t g0, uint3
 }
 #endif
 
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-#define ZOF_ZO_AVX2 1
+#if defined(__x86_64__)
 // The same bits on CPUs with AVX2 and FMA but no AVX-512, 8 lanes at a time: Philox with
 // vpmuludq, and Box-Muller as philox.h's zof_log_unit and zof_sincos_2pi, operation for
 // operation (IEEE +, *, /, sqrt and the same explicit fmaf; the selects as blends and sign
-// flips), which GCC does not vectorize from the portable loops on its own.
+// flips), which GCC does not vectorize from the portable loops on its own. Compiled on every
+// x86 build (for AVX2 and FMA by attribute), so that a machine whose own pass is AVX-512 tests
+// this code too (z64_avx2); the pass uses it where the build is AVX2 without AVX-512.
+#define ZOF_HAVE_AVX2_Z 1
+#define ZOF_AVX2 __attribute__((target("avx2,fma"))) inline
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define ZOF_ZO_AVX2 1
+#endif
 
 // (hi, lo) of a * m for 8 u32 lanes.
-inline void mulhilo8(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+ZOF_AVX2 void mulhilo8(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
   const __m256i even = _mm256_mul_epu32(a, m);
   const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
   hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
@@ -81,7 +88,7 @@ inline void mulhilo8(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
 }
 
 // philox16's blocks g0 .. g0 + 7 (lane l: group g0 + l).
-inline void philox8_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, __m256i& o0, __m256i& o1,
+ZOF_AVX2 void philox8_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, __m256i& o0, __m256i& o1,
                          __m256i& o2, __m256i& o3) {
   __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32((int)g0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   __m256i c1 = _mm256_set1_epi32((int)tensor), c2 = _mm256_set1_epi32((int)key.step),
@@ -102,20 +109,20 @@ inline void philox8_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, __m256i&
   o0 = c0, o1 = c1, o2 = c2, o3 = c3;
 }
 
-inline __m256 set8(float f) { return _mm256_set1_ps(f); }
+ZOF_AVX2 __m256 set8(float f) { return _mm256_set1_ps(f); }
 
 // zof_unit_open0 / zof_unit_closed0: (x >> 8) (+ 1) is below 2^24 + 1, so the signed
 // conversion is exact.
-inline __m256 unit_open0_8(__m256i x) {
+ZOF_AVX2 __m256 unit_open0_8(__m256i x) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srli_epi32(x, 8), _mm256_set1_epi32(1))),
                        set8(5.9604644775390625e-08f));
 }
-inline __m256 unit_closed0_8(__m256i x) {
+ZOF_AVX2 __m256 unit_closed0_8(__m256i x) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x, 8)), set8(5.9604644775390625e-08f));
 }
 
 // zof_log_unit, lane by lane.
-inline __m256 log_unit8(__m256 u) {
+ZOF_AVX2 __m256 log_unit8(__m256 u) {
   const __m256i bits = _mm256_castps_si256(u);
   __m256i e = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xff)),
                                _mm256_set1_epi32(127));
@@ -138,7 +145,7 @@ inline __m256 log_unit8(__m256 u) {
 }
 
 // zof_sincos_2pi, lane by lane.
-inline void sincos_2pi8(__m256 x, __m256& s, __m256& c) {
+ZOF_AVX2 void sincos_2pi8(__m256 x, __m256& s, __m256& c) {
   const __m256i ki = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(x, set8(4.f)), set8(0.5f)));
   const __m256 k = _mm256_cvtepi32_ps(ki);
   const __m256 r = _mm256_fmadd_ps(k, set8(-0.25f), x);
@@ -171,7 +178,7 @@ inline void sincos_2pi8(__m256 x, __m256& s, __m256& c) {
 }
 
 // out[4l + 0..3] = a[l], b[l], c[l], d[l] for the 8 lanes: philox16's element order.
-inline void interleave4x8(__m256 a, __m256 b, __m256 c, __m256 d, float* out) {
+ZOF_AVX2 void interleave4x8(__m256 a, __m256 b, __m256 c, __m256 d, float* out) {
   const __m256 ab_lo = _mm256_unpacklo_ps(a, b), ab_hi = _mm256_unpackhi_ps(a, b);  // a0 b0 a1 b1 | a4 b4 a5 b5
   const __m256 cd_lo = _mm256_unpacklo_ps(c, d), cd_hi = _mm256_unpackhi_ps(c, d);
   const __m256 l0 = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(ab_lo), _mm256_castps_pd(cd_lo)));  // 0 | 4
@@ -184,15 +191,17 @@ inline void interleave4x8(__m256 a, __m256 b, __m256 c, __m256 d, float* out) {
   _mm256_storeu_ps(out + 24, _mm256_permute2f128_ps(l2, l3, 0x31));
 }
 
+// -1 where a word's top bit is set, else +1 (zof_rademacher4).
+ZOF_AVX2 __m256 pm1_8(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi32((int)0x80000000u)),
+                                             _mm256_set1_epi32(0x3f800000)));
+}
+
 // z of 8 groups (32 elements) from their Philox blocks: box_muller16 / rademacher16's bits.
-inline void z_from_blocks8(const ZKey& key, __m256i c0, __m256i c1, __m256i c2, __m256i c3,
+ZOF_AVX2 void z_from_blocks8(const ZKey& key, __m256i c0, __m256i c1, __m256i c2, __m256i c3,
                            float* out) {
   if (key.dist == kZRademacher) {
-    auto pm1 = [](__m256i w) {  // -1 where the top bit is set, else +1
-      return _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi32((int)0x80000000u)),
-                                                 _mm256_set1_epi32(0x3f800000)));
-    };
-    interleave4x8(pm1(c0), pm1(c1), pm1(c2), pm1(c3), out);
+    interleave4x8(pm1_8(c0), pm1_8(c1), pm1_8(c2), pm1_8(c3), out);
     return;
   }
   const __m256 r0 = _mm256_sqrt_ps(_mm256_mul_ps(set8(-2.f), log_unit8(unit_open0_8(c0))));
@@ -203,6 +212,37 @@ inline void z_from_blocks8(const ZKey& key, __m256i c0, __m256i c1, __m256i c2, 
   interleave4x8(_mm256_mul_ps(r0, co0), _mm256_mul_ps(r0, s0), _mm256_mul_ps(r1, co1),
                 _mm256_mul_ps(r1, s1), out);
 }
+
+// z of the 64 elements from 4 * g0 (z_groups16's bits).
+ZOF_AVX2 void z_chunk64_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, float* out) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i c0, c1, c2, c3;
+    philox8_avx2(key, tensor, g0 + 8 * (uint32_t)h, c0, c1, c2, c3);
+    z_from_blocks8(key, c0, c1, c2, c3, out + 32 * h);
+  }
+}
+
+// The stochastic-rounding words of those elements (round_bits64's): element l's is out[l].
+ZOF_AVX2 void round_bits64_avx2(const ZKey& k, uint32_t tensor, uint32_t g0, uint32_t* out) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i w0, w1, w2, w3;
+    philox8_avx2(k, tensor, g0 + 8 * (uint32_t)h, w0, w1, w2, w3);
+    interleave4x8(_mm256_castsi256_ps(w0), _mm256_castsi256_ps(w1), _mm256_castsi256_ps(w2),
+                  _mm256_castsi256_ps(w3), reinterpret_cast<float*>(out + 32 * h));
+  }
+}
+
+// z_from_words16 through the AVX2 math.
+ZOF_AVX2 void z_from_words16_avx2_impl(const ZKey& key, const uint32_t* c0, const uint32_t* c1,
+                                       const uint32_t* c2, const uint32_t* c3, float* out) {
+  for (int h = 0; h < 2; ++h)
+    z_from_blocks8(key, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c0 + 8 * h)),
+                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1 + 8 * h)),
+                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c2 + 8 * h)),
+                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c3 + 8 * h)), out + 32 * h);
+}
+
+bool cpu_has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #endif
 
 inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out) {
@@ -214,11 +254,7 @@ inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out)
   else
     box_muller16(c0, c1, c2, c3, out);
 #elif defined(ZOF_ZO_AVX2)
-  for (int h = 0; h < 2; ++h) {
-    __m256i c0, c1, c2, c3;
-    philox8_avx2(key, tensor, g0 + 8 * (uint32_t)h, c0, c1, c2, c3);
-    z_from_blocks8(key, c0, c1, c2, c3, out + 32 * h);
-  }
+  z_chunk64_avx2(key, tensor, g0, out);
 #else
   z_groups16(key, tensor, g0, out);
 #endif
@@ -230,12 +266,7 @@ inline void round_bits64(const ZKey& round, uint32_t tensor, uint32_t g0, uint32
   ZKey k;
   k.seed = round.seed, k.step = round.step, k.query = kRoundQuery;
 #if defined(ZOF_ZO_AVX2)
-  for (int h = 0; h < 2; ++h) {
-    __m256i w0, w1, w2, w3;
-    philox8_avx2(k, tensor, g0 + 8 * (uint32_t)h, w0, w1, w2, w3);
-    interleave4x8(_mm256_castsi256_ps(w0), _mm256_castsi256_ps(w1), _mm256_castsi256_ps(w2),
-                  _mm256_castsi256_ps(w3), reinterpret_cast<float*>(out + 32 * h));
-  }
+  round_bits64_avx2(k, tensor, g0, out);
 #else
   alignas(64) uint32_t c[4][16];
 #if defined(__AVX512F__)
@@ -462,15 +493,34 @@ void zo_pass(Theta theta, int64_t n, uint32_t tensor, int64_t first, const ZOUpd
                   copy_t, round);
 }
 
+bool z_from_words16_avx2(const ZKey& key, const uint32_t* c0, const uint32_t* c1,
+                         const uint32_t* c2, const uint32_t* c3, float* out) {
+#if defined(ZOF_HAVE_AVX2_Z)
+  if (!cpu_has_avx2_fma()) return false;
+  z_from_words16_avx2_impl(key, c0, c1, c2, c3, out);
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool z64_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, float* z, uint32_t* round_words) {
+#if defined(ZOF_HAVE_AVX2_Z)
+  if (!cpu_has_avx2_fma()) return false;
+  z_chunk64_avx2(key, tensor, g0, z);
+  ZKey k;
+  k.seed = key.seed, k.step = key.step, k.query = kRoundQuery;
+  round_bits64_avx2(k, tensor, g0, round_words);
+  return true;
+#else
+  return false;
+#endif
+}
+
 void z_from_words16(const ZKey& key, const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
                     const uint32_t* c3, float* out) {
 #if defined(ZOF_ZO_AVX2)
-  for (int h = 0; h < 2; ++h) {
-    auto ld = [h](const uint32_t* w) {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * h));
-    };
-    z_from_blocks8(key, ld(c0), ld(c1), ld(c2), ld(c3), out + 32 * h);
-  }
+  z_from_words16_avx2_impl(key, c0, c1, c2, c3, out);
 #else
   if (key.dist == kZRademacher)
     rademacher16(c0, c1, c2, c3, out);

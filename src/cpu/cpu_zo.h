@@ -28,5 +28,12 @@ void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor
 void z_from_words16(const ZKey& key, const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
                     const uint32_t* c3, float* out);
 const char* zo_pass_isa();
+// The AVX2 path's math on any x86 CPU with AVX2 and FMA, whatever path this build's pass takes
+// (an AVX-512 machine tests it too): z_from_words16's z, and z64_avx2's z of key for the 64
+// elements from 4 * g0 with their stochastic-rounding words (key's seed and step). false, and
+// nothing written, where the CPU or the build has no such path.
+bool z_from_words16_avx2(const ZKey& key, const uint32_t* c0, const uint32_t* c1,
+                         const uint32_t* c2, const uint32_t* c3, float* out);
+bool z64_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, float* z, uint32_t* round_words);
 
 }  // namespace zof::cpu

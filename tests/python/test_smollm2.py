@@ -106,9 +106,9 @@ def test_logits_fp32_match_transformers(model, golden):
 # further from fp64 than transformers' own bf16 is (up to 2x plus 2e-3 relative), and not equal
 # to fp32 (the bf16 products ran). Measured: fp32 3.5e-6 off (AVX-512 and AMX machines), 8e-6 on
 # an AVX2-only EPYC (8.4e-5 there while GCC left the cross-entropy's sums of exponentials over the
-# vocabulary scalar, one sequential fp32 sum of 49152 terms: CMakeLists.txt's
-# -fno-trapping-math), so fp32 within 2e-5, a hundredth of bf16's distance; bf16 1.9e-3 off,
-# transformers' bf16 9.8e-3.
+# vocabulary scalar, one sequential fp32 sum of 49152 terms; src/cpu/cpu_cross_entropy.cpp now
+# sums in 16 fixed lanes on every CPU), so fp32 within 2e-5, a hundredth of bf16's distance;
+# bf16 1.9e-3 off, transformers' bf16 9.8e-3.
 def test_eval_fp32_and_bf16_match_transformers(model, golden):
     meta, _ = golden
     f64 = meta["eval_nll_f64"]

@@ -145,8 +145,18 @@ TEST(Philox, VectorizedPassEqualsScalarZ) {
 // can see: each of a block's four words swept over all 2^24 values that reach the floats (the
 // top 24 bits; the low 8 vary too), bit for bit against the scalar Box-Muller of philox.h, and
 // the Rademacher signs on both sides of the top bit.
-TEST(Philox, HostVectorMathEqualsScalarOnEveryInput) {
-  SCOPED_TRACE(std::string("host pass: ") + zof::cpu::zo_pass_isa());
+// This build's pass (AVX-512, AVX2 or portable) and, on every x86 CPU with AVX2 and FMA, the
+// AVX2 code whatever the build's pass is. The Rademacher signs (one bit) on a sample.
+bool x86_with_avx2() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+void sweep_vector_math(bool avx2) {
+  SCOPED_TRACE(avx2 ? std::string("the AVX2 path") : std::string("host pass: ") + zof::cpu::zo_pass_isa());
   constexpr uint32_t kValues = 1u << 24;
   alignas(64) uint32_t c[4][16];
   alignas(64) float got[64];
@@ -163,7 +173,10 @@ TEST(Philox, HostVectorMathEqualsScalarOnEveryInput) {
     }
     for (const zof::ZKey& key : {gauss, rad}) {
       if (key.dist == zof::kZRademacher && v0 % 4096 != 0) continue;  // the signs: a sample
-      zof::cpu::z_from_words16(key, c[0], c[1], c[2], c[3], got);
+      if (avx2)
+        ASSERT_TRUE(zof::cpu::z_from_words16_avx2(key, c[0], c[1], c[2], c[3], got));
+      else
+        zof::cpu::z_from_words16(key, c[0], c[1], c[2], c[3], got);
       for (int l = 0; l < 16; ++l) {
         float want[4];
         const zof::Philox4x32 b{{c[0][l], c[1][l], c[2][l], c[3][l]}};
@@ -180,6 +193,59 @@ TEST(Philox, HostVectorMathEqualsScalarOnEveryInput) {
     }
   }
   EXPECT_EQ(mismatches, 0);
+}
+
+TEST(Philox, HostVectorMathEqualsScalarOnEveryInput) {
+  sweep_vector_math(false);
+  if (x86_with_avx2()) sweep_vector_math(true);
+}
+
+// The AVX2 Philox, normals and rounding words from keys of every field's range, at counters
+// that wrap past 2^32 groups (element 2^34), against the scalar z_group and round_bits_group:
+// on every x86 CPU with AVX2 (all this project's CI machines), whatever path the build's pass
+// takes; the pass's own path is held to the same through zo_pass below.
+TEST(Philox, Avx2PathEqualsScalarAtAnyKeyAndCounter) {
+  if (!x86_with_avx2()) GTEST_SKIP() << "no x86 CPU with AVX2 and FMA: the AVX2 path cannot run";
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&x] {  // splitmix64
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  alignas(64) float z[64];
+  alignas(64) uint32_t w[64];
+  for (int it = 0; it < 20000; ++it) {
+    zof::ZKey key{next(), (uint32_t)next(), (uint32_t)next()};
+    key.dist = it % 5 == 4 ? zof::kZRademacher : zof::kZGaussian;
+    const uint32_t tensor = (uint32_t)next();
+    const uint32_t g0 = it % 2 ? (uint32_t)next() : 0xFFFFFFFFu - (uint32_t)(it % 31);  // wraps
+    ASSERT_TRUE(zof::cpu::z64_avx2(key, tensor, g0, z, w));
+    for (int g = 0; g < 16; ++g) {
+      float want[4];
+      uint32_t bits[4];
+      zof::z_group(key, tensor, g0 + (uint32_t)g, want);
+      zof::round_bits_group(key.seed, key.step, tensor, g0 + (uint32_t)g, bits);
+      ASSERT_EQ(0, std::memcmp(want, z + 4 * g, sizeof want)) << "key " << it << " group " << g;
+      ASSERT_EQ(0, std::memcmp(bits, w + 4 * g, sizeof bits)) << "key " << it << " group " << g;
+    }
+  }
+}
+
+// The build's pass across the counter's wrap: elements around 2^34 (group 2^32) of a tensor, a
+// pass that starts there with theta = 0 and eps = 1 gives plus = z(element) for 64-bit
+// elements as z_element computes them.
+TEST(Philox, PassAcrossTheCounterWrapEqualsScalarZ) {
+  const int64_t first = (int64_t(1) << 34) - 100, n = 300;
+  std::vector<float> theta(n, 0.f), plus(n), minus(n);
+  for (uint32_t dist : {zof::kZGaussian, zof::kZRademacher}) {
+    zof::ZKey key{0x0123456789abcdefull, 4000000000u, 7};
+    key.dist = dist;
+    zof::cpu::zo_pass(theta.data(), n, 3, first, nullptr, 0, 0.f, &key, 1.f, plus.data(),
+                      minus.data());
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(plus[i], zof::z_element(key, 3, (uint64_t)(first + i))) << "element " << first + i;
+  }
 }
 
 }  // namespace
