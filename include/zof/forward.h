@@ -64,6 +64,11 @@ class Forward {
   // nll (B*T): at each position t of row b, -log p(targets[b*T+t]); targets < 0 give 0.
   // Logits are formed in chunks of rows, never all at once.
   void nll(const Batch& batch, const int32_t* targets, float* nll);
+  // nll (n): -log p(targets[i]) at position rows[i] (b*T + t) of the batch; a position may be
+  // scored for several targets (the candidates of one prompt in one row). zof::Error for a row
+  // or target out of range.
+  void nll_at(const Batch& batch, const int32_t* rows, const int32_t* targets, int64_t n,
+              float* nll);
   // Next-token NLL of the batch's own tokens: nll (B*T), position t scores token t+1.
   void next_token_nll(const Batch& batch, std::vector<float>& nll);
 
@@ -119,6 +124,10 @@ class Forward {
   // device, targets and nll on the host.
   void head_nll(const HeadWeights& w, const float* h, int64_t rows, const int32_t* targets,
                 float* nll);
+  // The same for n (row, target) pairs: nll[i] at row sel[i] of h for tg[i] (host arrays,
+  // checked by the caller).
+  void head_nll_at(const HeadWeights& w, const float* h, const int32_t* sel, const int32_t* tg,
+                   int64_t n, float* nll);
   // Device scratch of max_rows ints for a caller's row indices (the ZO head's scored rows).
   int32_t* index_buffer() { return ibuf(kSel); }
 

@@ -30,47 +30,97 @@ std::string strip_spaces(const std::string& s) {
   return s.substr(b, s.find_last_not_of(' ') - b + 1);
 }
 
-// One (example, candidate) sequence to score.
-struct Scored {
-  int64_t example, candidate;
-  TokenizedExample t;
+// One forward sequence and the (position, target) pairs it scores, each credited to a unit (a
+// candidate of an example, or a completion): pos[i] predicts target[i] for unit[i].
+struct ScoredSeq {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> pos, target;
+  std::vector<int64_t> unit;
 };
 
-// Sums of log-likelihoods of each sequence's candidate tokens: out_sum[i], out_count[i].
+// A tokenized prompt + answer as one sequence scoring the answer's tokens, for unit u.
+ScoredSeq answer_seq(const TokenizedExample& t, int64_t u) {
+  ScoredSeq s;
+  s.ids = t.ids;
+  for (int64_t i = std::max<int64_t>(t.cand_start, 1); i < (int64_t)t.ids.size(); ++i) {
+    s.pos.push_back((int32_t)(i - 1));
+    s.target.push_back(t.ids[i]);
+    s.unit.push_back(u);
+  }
+  return s;
+}
+
+// Candidates that differ only in one last token (SST-2's " great" / " terrible", RTE's and CB's
+// " Yes" / " No" / " Maybe" after the same prompt tokens) as one sequence: the shared tokens,
+// with every candidate's token scored at the last position. The same log-probabilities as one
+// sequence each (a position sees only the tokens before it), in a forward of one sequence
+// instead of one per candidate. Units first_unit + c.
+bool shared_prompt_seq(const std::vector<TokenizedExample>& c, int64_t first_unit, ScoredSeq& out) {
+  if (c.size() < 2) return false;
+  const size_t L = c[0].ids.size();
+  if (L < 2) return false;
+  for (const TokenizedExample& t : c)
+    if (t.ids.size() != L || t.cand_start != (int64_t)L - 1 ||
+        !std::equal(t.ids.begin(), t.ids.end() - 1, c[0].ids.begin()))
+      return false;
+  out = ScoredSeq{};
+  out.ids.assign(c[0].ids.begin(), c[0].ids.end() - 1);
+  for (size_t k = 0; k < c.size(); ++k) {
+    out.pos.push_back((int32_t)(L - 2));
+    out.target.push_back(c[k].ids[L - 1]);
+    out.unit.push_back(first_unit + (int64_t)k);
+  }
+  return true;
+}
+
+// Sums of log-likelihoods of each unit's scored tokens: out_sum[u], out_count[u] (n_units).
 // Packs sequences longest first into forwards of at most batch_rows tokens (B * T).
-void score_sequences(Forward& fwd, const std::vector<Scored>& seqs, int64_t batch_rows,
-                     std::vector<double>& out_sum, std::vector<int64_t>& out_count) {
-  out_sum.assign(seqs.size(), 0.0);
-  out_count.assign(seqs.size(), 0);
+void score_sequences(Forward& fwd, const std::vector<ScoredSeq>& seqs, int64_t n_units,
+                     int64_t batch_rows, std::vector<double>& out_sum,
+                     std::vector<int64_t>& out_count, int64_t* tokens = nullptr) {
+  if (tokens) {
+    *tokens = 0;
+    for (const ScoredSeq& q : seqs) *tokens += (int64_t)q.ids.size();
+  }
+  out_sum.assign(n_units, 0.0);
+  out_count.assign(n_units, 0);
   std::vector<int64_t> order(seqs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return seqs[a].t.ids.size() > seqs[b].t.ids.size();
+    return seqs[a].ids.size() > seqs[b].ids.size();
   });
   std::vector<float> nll;
+  std::vector<int32_t> rows, targets;
   size_t i0 = 0;
   while (i0 < order.size()) {
-    const int64_t T = (int64_t)seqs[order[i0]].t.ids.size();  // the longest of this forward
+    const int64_t T = (int64_t)seqs[order[i0]].ids.size();  // the longest of this forward
     ZOF_CHECK(T <= batch_rows, "a sequence of " + std::to_string(T) +
                                    " tokens does not fit the evaluation batch of " +
                                    std::to_string(batch_rows) + " tokens; raise the batch");
     const size_t B = std::min<size_t>(order.size() - i0, (size_t)(batch_rows / T));
-    const std::vector<int64_t> idx(order.begin() + i0, order.begin() + i0 + B);
-    std::vector<TokenizedExample> part;
-    std::vector<int64_t> rows;
-    for (int64_t k : idx) {
-      rows.push_back((int64_t)part.size());
-      part.push_back(seqs[k].t);
+    std::vector<std::vector<int32_t>> part;
+    rows.clear();
+    targets.clear();
+    for (size_t r = 0; r < B; ++r) {
+      const ScoredSeq& s = seqs[order[i0 + r]];
+      part.push_back(s.ids);
+      for (size_t k = 0; k < s.pos.size(); ++k) {
+        rows.push_back((int32_t)(r * T + s.pos[k]));
+        targets.push_back(s.target[k]);
+      }
     }
-    const LossBatch lb = make_loss_batch(part, rows);
-    nll.resize(lb.batch.B * lb.batch.T);
-    fwd.nll(lb.batch, lb.targets.data(), nll.data());
-    for (size_t r = 0; r < B; ++r)
-      for (int64_t t = 0; t < lb.batch.T; ++t)
-        if (lb.targets[r * lb.batch.T + t] >= 0) {
-          out_sum[idx[r]] -= (double)nll[r * lb.batch.T + t];
-          ++out_count[idx[r]];
-        }
+    const Batch batch = Batch::from_sequences(part);
+    ZOF_ASSERT(batch.T == T);
+    nll.resize(rows.size());
+    fwd.nll_at(batch, rows.data(), targets.data(), (int64_t)rows.size(), nll.data());
+    size_t at = 0;
+    for (size_t r = 0; r < B; ++r) {
+      const ScoredSeq& s = seqs[order[i0 + r]];
+      for (size_t k = 0; k < s.pos.size(); ++k, ++at) {
+        out_sum[s.unit[k]] -= (double)nll[at];
+        ++out_count[s.unit[k]];
+      }
+    }
     i0 += B;
   }
 }
@@ -272,23 +322,37 @@ std::vector<int64_t> BatchSampler::rank_slice(const std::vector<int64_t>& batch,
 
 std::vector<std::vector<double>> candidate_scores(Forward& fwd, const Tokenizer& tok,
                                                   const std::vector<Example>& examples,
-                                                  int64_t max_len, int64_t batch_rows) {
+                                                  int64_t max_len, int64_t batch_rows,
+                                                  int64_t* tokens) {
   ZOF_CHECK(batch_rows >= max_len, "the evaluation batch (" + std::to_string(batch_rows) +
                                        " tokens) must hold one sequence of --seq-len " +
                                        std::to_string(max_len));
-  std::vector<Scored> seqs;
-  for (size_t i = 0; i < examples.size(); ++i)
-    for (size_t c = 0; c < examples[i].candidates.size(); ++c)
-      seqs.push_back({(int64_t)i, (int64_t)c,
-                      tokenize_example(tok, examples[i].prompt, examples[i].candidates[c], max_len,
-                                       (int64_t)i, examples[i].where)});
+  std::vector<ScoredSeq> seqs;
+  std::vector<int64_t> first_unit(examples.size() + 1, 0);  // example i's candidates' units
+  for (size_t i = 0; i < examples.size(); ++i) {
+    first_unit[i + 1] = first_unit[i] + (int64_t)examples[i].candidates.size();
+    std::vector<TokenizedExample> c;
+    for (const std::string& cand : examples[i].candidates)
+      c.push_back(tokenize_example(tok, examples[i].prompt, cand, max_len, (int64_t)i,
+                                   examples[i].where));
+    ScoredSeq shared;
+    if (shared_prompt_seq(c, first_unit[i], shared)) {
+      seqs.push_back(std::move(shared));
+      continue;
+    }
+    for (size_t k = 0; k < c.size(); ++k) seqs.push_back(answer_seq(c[k], first_unit[i] + (int64_t)k));
+  }
   std::vector<double> sum;
   std::vector<int64_t> count;
-  score_sequences(fwd, seqs, batch_rows, sum, count);
+  score_sequences(fwd, seqs, first_unit.back(), batch_rows, sum, count, tokens);
   std::vector<std::vector<double>> scores(examples.size());
-  for (size_t i = 0; i < examples.size(); ++i) scores[i].resize(examples[i].candidates.size());
-  for (size_t k = 0; k < seqs.size(); ++k)
-    scores[seqs[k].example][seqs[k].candidate] = count[k] ? sum[k] / (double)count[k] : -INFINITY;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    scores[i].resize(examples[i].candidates.size());
+    for (size_t k = 0; k < scores[i].size(); ++k) {
+      const int64_t u = first_unit[i] + (int64_t)k;
+      scores[i][k] = count[u] ? sum[u] / (double)count[u] : -INFINITY;
+    }
+  }
   return scores;
 }
 
@@ -318,12 +382,11 @@ PerplexityResult completion_nll(Forward& fwd, const Tokenizer& tok,
                                        " tokens) must hold one sequence of --seq-len " +
                                        std::to_string(max_len));
   const auto tokenized = tokenize_examples(tok, examples, max_len);
-  std::vector<Scored> seqs;
-  for (size_t i = 0; i < tokenized.size(); ++i)
-    seqs.push_back({(int64_t)i, examples[i].label, tokenized[i]});
+  std::vector<ScoredSeq> seqs;
+  for (size_t i = 0; i < tokenized.size(); ++i) seqs.push_back(answer_seq(tokenized[i], (int64_t)i));
   std::vector<double> sum;
   std::vector<int64_t> count;
-  score_sequences(fwd, seqs, batch_rows, sum, count);
+  score_sequences(fwd, seqs, (int64_t)seqs.size(), batch_rows, sum, count);
   PerplexityResult r;
   double total = 0;
   for (size_t k = 0; k < seqs.size(); ++k) {

@@ -377,20 +377,27 @@ void Forward::head_features(const HeadWeights& w, const float* h, int64_t rows, 
 
 void Forward::head_nll(const HeadWeights& w, const float* h, int64_t rows, const int32_t* targets,
                        float* nll) {
-  const graph::Dims d = graph::Dims::of(cfg_);
-  const int64_t C = d.C, V = d.V;
-  // Only rows with a target need logits: gather them (the embedding op, with h as the table),
-  // then form logits kHeadChunk at a time.
-  const ScoredRows scored(targets, rows, V);
-  const std::vector<int32_t>&sel = scored.rows, &tg = scored.targets;
+  // Only rows with a target need logits.
+  const ScoredRows scored(targets, rows, cfg_.vocab_size);
   std::fill(nll, nll + rows, 0.f);
+  std::vector<float> out(scored.rows.size());
+  head_nll_at(w, h, scored.rows.data(), scored.targets.data(), scored.size(), out.data());
+  for (int64_t i = 0; i < scored.size(); ++i) nll[scored.rows[i]] = out[i];
+}
+
+void Forward::head_nll_at(const HeadWeights& w, const float* h, const int32_t* sel,
+                          const int32_t* tg, int64_t n_pairs, float* nll) {
+  const graph::Dims d = graph::Dims::of(cfg_);
+  const int64_t C = d.C;
+  // The rows are gathered (the embedding op, with h as the table; a row may come more than
+  // once), then logits formed kHeadChunk at a time.
   std::vector<float> out(kHeadChunk);
   graph::BackendKernels k{be_};
   k.attn = compute_;
-  for (size_t s0 = 0; s0 < sel.size(); s0 += kHeadChunk) {
-    const int64_t n = std::min<int64_t>(kHeadChunk, sel.size() - s0);
-    be_.copy_to_device(ibuf(kSel), sel.data() + s0, n * sizeof(int32_t), nullptr);
-    be_.copy_to_device(ibuf(kTargets), tg.data() + s0, n * sizeof(int32_t), nullptr);
+  for (int64_t s0 = 0; s0 < n_pairs; s0 += kHeadChunk) {
+    const int64_t n = std::min<int64_t>(kHeadChunk, n_pairs - s0);
+    be_.copy_to_device(ibuf(kSel), sel + s0, n * sizeof(int32_t), nullptr);
+    be_.copy_to_device(ibuf(kTargets), tg + s0, n * sizeof(int32_t), nullptr);
     be_.embedding(ibuf(kSel), h, buf(HS), n, C, false);
     head_logits(w, buf(HS), n, buf(LOGITS));
     graph::Frame<float> f;
@@ -400,7 +407,7 @@ void Forward::head_nll(const HeadWeights& w, const float* h, int64_t rows, const
     o.cross_entropy(graph::kNll, graph::kLogits);
     be_.copy_to_host(out.data(), buf(NLL), n * sizeof(float), nullptr);
     be_.synchronize(nullptr);
-    for (int64_t i = 0; i < n; ++i) nll[sel[s0 + i]] = out[i];
+    std::copy(out.begin(), out.begin() + n, nll + s0);
   }
 }
 
@@ -505,6 +512,24 @@ void Forward::nll(const Batch& batch, const int32_t* targets, float* nll) {
   const std::vector<int> hb = head_blocks();
   for (int b : hb) acquire(b);
   head_nll(head_weights(), buf(HID), batch.B * batch.T, targets, nll);
+  for (int b : hb) release(b);
+}
+
+void Forward::nll_at(const Batch& batch, const int32_t* rows, const int32_t* targets, int64_t n,
+                     float* nll) {
+  const int64_t total = batch.B * batch.T;
+  for (int64_t i = 0; i < n; ++i) {
+    ZOF_CHECK(rows[i] >= 0 && rows[i] < total,
+              "scored row " + std::to_string(rows[i]) + " is outside the batch's " +
+                  std::to_string(total) + " positions");
+    ZOF_CHECK(targets[i] >= 0 && targets[i] < cfg_.vocab_size,
+              "target token id " + std::to_string(targets[i]) + " is outside the vocabulary of " +
+                  std::to_string(cfg_.vocab_size));
+  }
+  hidden(batch);
+  const std::vector<int> hb = head_blocks();
+  for (int b : hb) acquire(b);
+  head_nll_at(head_weights(), buf(HID), rows, targets, n, nll);
   for (int b : hb) release(b);
 }
 

@@ -1,11 +1,13 @@
 // MeZO's evaluation on the real stories260K model: candidate scores checked against an independent
 // per-sequence computation, the model's obvious favourites predicted, and training targets that
 // score exactly the answer's tokens.
+#include <algorithm>
 #include <cmath>
 
 #include "common.h"
 #include "zof/backend.h"
 #include "zof/data.h"
+#include "zof/error.h"
 #include "zof/forward.h"
 #include "zof/model.h"
 #include "zof/perplexity.h"
@@ -86,6 +88,64 @@ TEST(Scoring, CandidateScoresMatchAHandComputation) {
   // deliberately mislabelled third example counts as wrong).
   EXPECT_EQ(pred, (std::vector<int>{0, 0, 0, 0, 0}));
   EXPECT_DOUBLE_EQ(acc, 0.8);
+}
+
+// Examples whose candidates are one token each after the same prompt tokens (MeZO's SST-2, RTE
+// and CB verbalizers) run as one sequence of the prompt, each candidate scored at its last
+// position: the same scores as each candidate's own sequence, in about half (a third) of the
+// tokens, beside examples that do not qualify (a candidate of two tokens).
+TEST(Scoring, OneTokenCandidatesShareOneForwardOfThePrompt) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  const zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  auto be = zof::test::cpu_backend(1);
+  const int64_t max_len = 32, batch_rows = 48;
+  zof::Forward fwd(model, *be, 64);
+  const std::vector<zof::Example> ex = {
+      {"Once upon a time, there was a", {" little", " big", " happy"}, 0},
+      {"Lily was very happy. She went to", {" the", " a"}, 0},
+      {"Tom fell down so ", {"he cried.", "a car."}, 0},  // several tokens: one sequence each
+      {"One day, Tim and", {" his", " her"}, 1},
+  };
+  // Which examples qualify, and the tokens the old way (one sequence per candidate) and the
+  // shared way run, from the tokenizations themselves.
+  int64_t separate = 0, shared = 0, merged = 0;
+  for (const zof::Example& e : ex) {
+    std::vector<zof::TokenizedExample> t;
+    for (const std::string& c : e.candidates)
+      t.push_back(zof::tokenize_example(tok, e.prompt, c, max_len, 0, ""));
+    bool one = true;
+    for (const auto& x : t) {
+      separate += (int64_t)x.ids.size();
+      one = one && x.ids.size() == t[0].ids.size() && x.cand_start + 1 == (int64_t)x.ids.size() &&
+            std::equal(x.ids.begin(), x.ids.end() - 1, t[0].ids.begin());
+    }
+    merged += one;
+    shared += one ? (int64_t)t[0].ids.size() - 1 : [&] {
+      int64_t n = 0;
+      for (const auto& x : t) n += (int64_t)x.ids.size();
+      return n;
+    }();
+  }
+  ASSERT_EQ(merged, 3) << "the fixture's one-token candidates are not one token in this vocabulary";
+
+  int64_t tokens = -1;
+  const auto got = zof::candidate_scores(fwd, tok, ex, max_len, batch_rows, &tokens);
+  EXPECT_EQ(tokens, shared);
+  EXPECT_LT(shared + 40, separate);  // the three shared prompts save at least their own length
+  for (size_t i = 0; i < ex.size(); ++i)
+    for (size_t c = 0; c < ex[i].candidates.size(); ++c) {
+      const double want = score_by_hand(fwd, tok, ex[i].prompt, ex[i].candidates[c]);
+      EXPECT_NEAR(got[i][c], want, 1e-5 * std::max(1.0, std::fabs(want)))
+          << "example " << i << " candidate " << c;
+    }
+  // A row or target outside the batch is refused, not read.
+  const zof::Batch b = zof::Batch::from_sequences({tok.encode("Once upon a", true)});
+  float nll = 0;
+  const int32_t bad_row = (int32_t)(b.B * b.T), ok_row = 0, bad_tok = (int32_t)model.config().vocab_size;
+  const int32_t ok_tok = 1;
+  EXPECT_THROW(fwd.nll_at(b, &bad_row, &ok_tok, 1, &nll), zof::Error);
+  EXPECT_THROW(fwd.nll_at(b, &ok_row, &bad_tok, 1, &nll), zof::Error);
 }
 
 TEST(Scoring, ModelsFavouriteIsPredicted) {

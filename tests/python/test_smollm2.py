@@ -104,7 +104,7 @@ def test_logits_fp32_match_transformers(model, golden):
 # as `zof eval` windows them) against transformers': fp32 within 1e-5 (tests/model/test_golden.cpp
 # on nll_mean), bf16 within tests/model/test_bf16.cpp's bounds: 1e-2 of the fp32 value, no
 # further from fp64 than transformers' own bf16 is (up to 2x plus 2e-3 relative), and not equal
-# to fp32 (the bf16 products ran). Measured: fp32 3.5e-6 off (AVX-512 and AMX machines), 8e-6 on
+# to fp32 (the bf16 products ran). Measured: fp32 3.5e-6 off (AVX-512 and AMX machines), 3e-6 on
 # an AVX2-only EPYC (8.4e-5 there while GCC left the cross-entropy's sums of exponentials over the
 # vocabulary scalar, one sequential fp32 sum of 49152 terms; src/cpu/cpu_cross_entropy.cpp now
 # sums in 16 fixed lanes on every CPU), so fp32 within 2e-5, a hundredth of bf16's distance;
