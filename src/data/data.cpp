@@ -51,7 +51,7 @@ ScoredSeq answer_seq(const TokenizedExample& t, int64_t u) {
 }
 
 // Candidates that differ only in one last token (SST-2's " great" / " terrible", RTE's and CB's
-// " Yes" / " No" / " Maybe" after the same prompt tokens) as one sequence: the shared tokens,
+// "Yes" / "No" / "Maybe" with GPT-2's or SmolLM2's tokenizer) as one sequence: the shared tokens,
 // with every candidate's token scored at the last position. The same log-probabilities as one
 // sequence each (a position sees only the tokens before it), in a forward of one sequence
 // instead of one per candidate. Units first_unit + c.
@@ -340,7 +340,8 @@ std::vector<std::vector<double>> candidate_scores(Forward& fwd, const Tokenizer&
       seqs.push_back(std::move(shared));
       continue;
     }
-    for (size_t k = 0; k < c.size(); ++k) seqs.push_back(answer_seq(c[k], first_unit[i] + (int64_t)k));
+    for (size_t k = 0; k < c.size(); ++k)
+      seqs.push_back(answer_seq(c[k], first_unit[i] + (int64_t)k));
   }
   std::vector<double> sum;
   std::vector<int64_t> count;
@@ -383,7 +384,8 @@ PerplexityResult completion_nll(Forward& fwd, const Tokenizer& tok,
                                        std::to_string(max_len));
   const auto tokenized = tokenize_examples(tok, examples, max_len);
   std::vector<ScoredSeq> seqs;
-  for (size_t i = 0; i < tokenized.size(); ++i) seqs.push_back(answer_seq(tokenized[i], (int64_t)i));
+  for (size_t i = 0; i < tokenized.size(); ++i)
+    seqs.push_back(answer_seq(tokenized[i], (int64_t)i));
   std::vector<double> sum;
   std::vector<int64_t> count;
   score_sequences(fwd, seqs, (int64_t)seqs.size(), batch_rows, sum, count);

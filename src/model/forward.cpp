@@ -391,7 +391,6 @@ void Forward::head_nll_at(const HeadWeights& w, const float* h, const int32_t* s
   const int64_t C = d.C;
   // The rows are gathered (the embedding op, with h as the table; a row may come more than
   // once), then logits formed kHeadChunk at a time.
-  std::vector<float> out(kHeadChunk);
   graph::BackendKernels k{be_};
   k.attn = compute_;
   for (int64_t s0 = 0; s0 < n_pairs; s0 += kHeadChunk) {
@@ -405,9 +404,8 @@ void Forward::head_nll_at(const HeadWeights& w, const float* h, const int32_t* s
     f.v[graph::kLogits] = buf(LOGITS), f.v[graph::kNll] = buf(NLL);
     graph::Primal o(k, d, f);
     o.cross_entropy(graph::kNll, graph::kLogits);
-    be_.copy_to_host(out.data(), buf(NLL), n * sizeof(float), nullptr);
+    be_.copy_to_host(nll + s0, buf(NLL), n * sizeof(float), nullptr);
     be_.synchronize(nullptr);
-    std::copy(out.begin(), out.begin() + n, nll + s0);
   }
 }
 
@@ -526,6 +524,7 @@ void Forward::nll_at(const Batch& batch, const int32_t* rows, const int32_t* tar
               "target token id " + std::to_string(targets[i]) + " is outside the vocabulary of " +
                   std::to_string(cfg_.vocab_size));
   }
+  if (n == 0) return;
   hidden(batch);
   const std::vector<int> hb = head_blocks();
   for (int b : hb) acquire(b);

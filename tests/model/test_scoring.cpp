@@ -90,10 +90,23 @@ TEST(Scoring, CandidateScoresMatchAHandComputation) {
   EXPECT_DOUBLE_EQ(acc, 0.8);
 }
 
+// The mean log-likelihood of a tokenized example's candidate tokens (its ids as they are, cut
+// on the left or not), through its own sequence.
+double score_tokenized(zof::Forward& fwd, const zof::TokenizedExample& t) {
+  const zof::Batch b = zof::Batch::from_sequences({t.ids});
+  std::vector<float> nll;
+  fwd.next_token_nll(b, nll);
+  double sum = 0;
+  int n = 0;
+  for (size_t i = std::max<int64_t>(t.cand_start, 1); i < t.ids.size(); ++i, ++n) sum -= nll[i - 1];
+  return sum / n;
+}
+
 // Examples whose candidates are one token each after the same prompt tokens (MeZO's SST-2, RTE
 // and CB verbalizers) run as one sequence of the prompt, each candidate scored at its last
-// position: the same scores as each candidate's own sequence, in about half (a third) of the
-// tokens, beside examples that do not qualify (a candidate of two tokens).
+// position: the same scores as each candidate's own sequence, beside examples that must not
+// share (candidates of several tokens, even of equal length and a common first token; a single
+// candidate) and a prompt cut on the left to fit.
 TEST(Scoring, OneTokenCandidatesShareOneForwardOfThePrompt) {
   ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
   const zof::Model model = zof::Model::load(model_dir());
@@ -101,51 +114,60 @@ TEST(Scoring, OneTokenCandidatesShareOneForwardOfThePrompt) {
   auto be = zof::test::cpu_backend(1);
   const int64_t max_len = 32, batch_rows = 48;
   zof::Forward fwd(model, *be, 64);
+  std::string long_prompt;
+  for (int i = 0; i < 6; ++i) long_prompt += "Lily was very happy. ";
+  long_prompt += "She went to";
   const std::vector<zof::Example> ex = {
       {"Once upon a time, there was a", {" little", " big", " happy"}, 0},
       {"Lily was very happy. She went to", {" the", " a"}, 0},
-      {"Tom fell down so ", {"he cried.", "a car."}, 0},  // several tokens: one sequence each
+      {"Tom fell down so ", {"he cried.", "a car."}, 0},        // several tokens each
       {"One day, Tim and", {" his", " her"}, 1},
+      {"Once upon a time, there was a", {" the big", " the happy"}, 1},  // " the" common
+      {long_prompt, {" the", " a"}, 1},                          // cut on the left
+      {"One day, Tim and", {" his"}, 0},                         // one candidate
   };
-  // Which examples qualify, and the tokens the old way (one sequence per candidate) and the
-  // shared way run, from the tokenizations themselves.
-  int64_t separate = 0, shared = 0, merged = 0;
-  for (const zof::Example& e : ex) {
-    std::vector<zof::TokenizedExample> t;
-    for (const std::string& c : e.candidates)
-      t.push_back(zof::tokenize_example(tok, e.prompt, c, max_len, 0, ""));
-    bool one = true;
-    for (const auto& x : t) {
-      separate += (int64_t)x.ids.size();
-      one = one && x.ids.size() == t[0].ids.size() && x.cand_start + 1 == (int64_t)x.ids.size() &&
-            std::equal(x.ids.begin(), x.ids.end() - 1, t[0].ids.begin());
+  const std::vector<bool> shares = {true, true, false, true, false, true, false};
+  std::vector<std::vector<zof::TokenizedExample>> t(ex.size());
+  int64_t tokens_shared = 0, tokens_separate = 0;
+  for (size_t i = 0; i < ex.size(); ++i) {
+    for (const std::string& c : ex[i].candidates) {
+      t[i].push_back(zof::tokenize_example(tok, ex[i].prompt, c, max_len, (int64_t)i, ""));
+      tokens_separate += (int64_t)t[i].back().ids.size();
     }
-    merged += one;
-    shared += one ? (int64_t)t[0].ids.size() - 1 : [&] {
-      int64_t n = 0;
-      for (const auto& x : t) n += (int64_t)x.ids.size();
-      return n;
-    }();
+    // The fixture is what it says in this vocabulary: one-token answers where they share.
+    for (const auto& x : t[i])
+      ASSERT_EQ(x.ids.size() - x.cand_start == 1, shares[i] || i == 6) << "example " << i;
+    tokens_shared += shares[i] ? (int64_t)t[i][0].ids.size() - 1
+                               : [&] {
+                                   int64_t n = 0;
+                                   for (const auto& x : t[i]) n += (int64_t)x.ids.size();
+                                   return n;
+                                 }();
   }
-  ASSERT_EQ(merged, 3) << "the fixture's one-token candidates are not one token in this vocabulary";
+  ASSERT_TRUE(t[5][0].truncated && t[5][1].truncated);
+  ASSERT_EQ(t[4][0].ids.size(), t[4][1].ids.size());
+  ASSERT_EQ(t[4][0].ids[t[4][0].cand_start], t[4][1].ids[t[4][1].cand_start]);
 
   int64_t tokens = -1;
   const auto got = zof::candidate_scores(fwd, tok, ex, max_len, batch_rows, &tokens);
-  EXPECT_EQ(tokens, shared);
-  EXPECT_LT(shared + 40, separate);  // the three shared prompts save at least their own length
+  EXPECT_EQ(tokens, tokens_shared);
+  EXPECT_LT(tokens_shared + 60, tokens_separate);
   for (size_t i = 0; i < ex.size(); ++i)
     for (size_t c = 0; c < ex[i].candidates.size(); ++c) {
-      const double want = score_by_hand(fwd, tok, ex[i].prompt, ex[i].candidates[c]);
+      const double want = i == 5 ? score_tokenized(fwd, t[i][c])
+                                 : score_by_hand(fwd, tok, ex[i].prompt, ex[i].candidates[c]);
       EXPECT_NEAR(got[i][c], want, 1e-5 * std::max(1.0, std::fabs(want)))
           << "example " << i << " candidate " << c;
     }
-  // A row or target outside the batch is refused, not read.
+  // A row or target outside the batch (or a target of -1, which nll reads as unscored) is
+  // refused, not read.
   const zof::Batch b = zof::Batch::from_sequences({tok.encode("Once upon a", true)});
   float nll = 0;
-  const int32_t bad_row = (int32_t)(b.B * b.T), ok_row = 0, bad_tok = (int32_t)model.config().vocab_size;
-  const int32_t ok_tok = 1;
+  const int32_t bad_row = (int32_t)(b.B * b.T), ok_row = 0, ok_tok = 1;
+  const int32_t bad_tok = (int32_t)model.config().vocab_size, minus_one = -1;
   EXPECT_THROW(fwd.nll_at(b, &bad_row, &ok_tok, 1, &nll), zof::Error);
   EXPECT_THROW(fwd.nll_at(b, &ok_row, &bad_tok, 1, &nll), zof::Error);
+  EXPECT_THROW(fwd.nll_at(b, &ok_row, &minus_one, 1, &nll), zof::Error);
 }
 
 TEST(Scoring, ModelsFavouriteIsPredicted) {
