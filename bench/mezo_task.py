@@ -110,39 +110,61 @@ def tokenize(tok, prompt, cand, max_len):
 
 
 class Scorer:
-    """Mean log-likelihood of each candidate's tokens, all candidates of a batch padded together."""
+    """Mean log-likelihood of each candidate's tokens, all candidates of a batch padded together.
 
-    def __init__(self, model, tok, max_len):
+    With share_prompt, candidates that differ only in one last token (SST-2's " terrible" /
+    " great", RTE's and CB's "Yes" / "No" / "Maybe" with most tokenizers) run as one sequence of
+    the shared tokens, every candidate scored at its last position: the same log-probabilities
+    (a position sees only the tokens before it) in a forward of one sequence instead of one per
+    candidate, as zof does. Either way only the scored positions go through the LM head."""
+
+    def __init__(self, model, tok, max_len, share_prompt=False):
         self.model, self.tok, self.max_len = model, tok, max_len
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.share = share_prompt
         self.forwards = 0
+        if getattr(model.config, "final_logit_softcapping", None):
+            raise SystemExit("mezo_task.py: a final logit soft-cap is not applied by this scorer")
+
+    def rows(self, prompt, cands, first_unit):
+        """The sequences an example runs as, each with its (position, target, unit) pairs."""
+        toks = [tokenize(self.tok, prompt, c, self.max_len) for c in cands]
+        L = len(toks[0][0])
+        if (self.share and len(toks) > 1 and L >= 2 and
+                all(len(s) == L and start == L - 1 and s[:-1] == toks[0][0][:-1]
+                    for s, start in toks)):
+            return [(toks[0][0][:-1], [(L - 2, s[-1], first_unit + k)
+                                       for k, (s, _) in enumerate(toks)])]
+        return [(s, [(q - 1, s[q], first_unit + k) for q in range(start, len(s))])
+                for k, (s, start) in enumerate(toks)]
 
     def scores(self, examples):
-        seqs, owners = [], []
-        for i, (prompt, cands, _) in enumerate(examples):
-            for c in cands:
-                seqs.append(tokenize(self.tok, prompt, c, self.max_len))
-                owners.append(i)
+        seqs, units = [], 0
+        for prompt, cands, _ in examples:
+            seqs += self.rows(prompt, cands, units)
+            units += len(cands)
         T = max(len(ids) for ids, _ in seqs)
         ids = torch.full((len(seqs), T), self.pad, dtype=torch.long)
         mask = torch.zeros((len(seqs), T), dtype=torch.long)
-        scored = torch.zeros((len(seqs), T), dtype=torch.bool)  # positions whose next token counts
-        for r, (s, start) in enumerate(seqs):
+        b, t, target, unit = [], [], [], []
+        for r, (s, pairs) in enumerate(seqs):
             ids[r, :len(s)] = torch.tensor(s)
             mask[r, :len(s)] = 1
-            scored[r, start - 1:len(s) - 1] = True
+            for q, y, u in pairs:
+                b.append(r), t.append(q), target.append(y), unit.append(u)
         with torch.no_grad():
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            h = self.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+            # Only the scored positions' distributions (not B x T x V logits).
+            logits = self.model.get_output_embeddings()(h[torch.tensor(b), torch.tensor(t)])
         self.forwards += 1
-        # Only the scored positions' distributions (not B x T x V of log-probabilities).
-        sel = scored[:, :-1]
-        logp = torch.log_softmax(logits[:, :-1][sel].float(), dim=-1)
-        tok_lp = torch.zeros(sel.shape)
-        tok_lp[sel] = logp.gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)
-        per_seq = tok_lp.sum(-1) / sel.sum(-1)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        tok_lp = logp.gather(-1, torch.tensor(target)[:, None]).squeeze(-1).double()
+        unit = torch.tensor(unit)
+        per_cand = (torch.zeros(units, dtype=torch.double).index_add_(0, unit, tok_lp) /
+                    torch.bincount(unit, minlength=units))
         out, k = [], 0
         for prompt, cands, label in examples:
-            out.append((per_seq[k:k + len(cands)], label))
+            out.append((per_cand[k:k + len(cands)].float(), label))
             k += len(cands)
         return out
 
@@ -222,6 +244,9 @@ def main():
                         "round away and +-eps z does not restore exactly, unlike zof's bf16 "
                         "compute over an fp32 master: not like for like)")
     p.add_argument("--threads", type=int, default=0, help="0: torch's default")
+    p.add_argument("--share-prompt", action="store_true",
+                   help="run candidates that differ only in one last token as one sequence of the "
+                        "shared tokens (as zof does; MeZO runs one sequence per candidate)")
     a = p.parse_args()
 
     if a.threads > 0:
@@ -240,11 +265,11 @@ def main():
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
     model.eval()
-    scorer = Scorer(model, tok, a.max_len)
+    scorer = Scorer(model, tok, a.max_len, a.share_prompt)
     mezo = MeZO(model, a.eps, a.lr, a.weight_decay)
     common = {"impl": "pytorch-mezo", "task": a.task, "model": a.model, "dtype": a.dtype,
               "threads": torch.get_num_threads(), "seed": a.seed, "batch": a.batch,
-              "lr": a.lr, "eps": a.eps, "train": len(train), "val": len(val), "test": len(test)}
+              "lr": a.lr, "eps": a.eps, "share_prompt": a.share_prompt, "train": len(train), "val": len(val), "test": len(test)}
 
     def report(step, t_train, **kw):
         print(json.dumps(dict(common, step=step, train_forwards=2 * step,

@@ -98,7 +98,7 @@ inline double autograd_dot_z(const zof::Model& m, const std::string& name, const
 inline double mean_loss(zof::Model& m, zof::Backend& be, const zof::LossBatch& lb) {
   zof::Forward fwd(m, be, lb.batch.B * lb.batch.T);
   std::vector<float> nll(lb.batch.B * lb.batch.T);
-  fwd.nll(lb.batch, lb.targets.data(), nll.data());
+  fwd.nll(lb.batch, lb.position_targets().data(), nll.data());
   double s = 0;
   for (float x : nll) s += x;
   return s / (double)lb.scored();

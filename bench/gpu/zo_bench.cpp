@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     // A plain forward with loss (no perturbation) of the same batch, for the step's overhead: the
     // engine's own Forward, reading the resident blocks (the pending update stays pending).
     std::vector<float> nll(static_cast<size_t>(rows));
-    auto forward = [&] { zo.forward().nll(lb.batch, lb.targets.data(), nll.data()); };
+    auto forward = [&] { zo.forward().nll(lb.batch, lb.position_targets().data(), nll.data()); };
     forward();
     const auto t1 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; ++s) forward();

@@ -110,8 +110,8 @@ std::vector<TokenizedExample> tokenize_examples(const Tokenizer& tok,
                                                 const std::vector<Example>& examples,
                                                 int64_t max_len, int64_t* truncated = nullptr);
 
-// A right-padded LossBatch of examples[indices]: position t scores ids[t+1] exactly when ids[t+1]
-// is a candidate token (t + 1 >= cand_start); every other target is -1.
+// A right-padded LossBatch of examples[indices]: position t is scored against ids[t+1] exactly
+// when ids[t+1] is a candidate token (t + 1 >= cand_start).
 LossBatch make_loss_batch(const std::vector<TokenizedExample>& examples,
                           const std::vector<int64_t>& indices, int32_t pad_id = 0);
 
@@ -121,10 +121,18 @@ std::vector<std::vector<TokenizedExample>> tokenize_candidates(
     const Tokenizer& tok, const std::vector<Example>& examples, int64_t max_len,
     int64_t* truncated = nullptr);
 // The LossBatch of examples[indices] with all their candidates, consecutive, scored as in
-// make_loss_batch, and one LossBatch::Choice per example labelled labels[i].
+// make_loss_batch, and one LossBatch::Choice per example labelled labels[i]. An example whose
+// candidates differ only in one last token runs as one sequence of the shared tokens, every
+// candidate scored at its last position (choice_length).
 LossBatch make_choice_batch(const std::vector<std::vector<TokenizedExample>>& candidates,
                             const std::vector<int>& labels, const std::vector<int64_t>& indices,
                             int32_t pad_id = 0);
+// lb right-padded to T >= lb.batch.T positions (ids pad_id; the pairs' rows at the new stride).
+LossBatch pad_loss_batch(LossBatch lb, int64_t T, int32_t pad_id = 0);
+
+// The tokens an example of candidates runs as in make_choice_batch: its longest candidate, or
+// one less where the candidates share all tokens but a last one.
+int64_t choice_length(const std::vector<TokenizedExample>& candidates);
 
 // "text": the whole file encoded without special tokens, cut into non-overlapping windows of
 // seq_len tokens: BOS (when the tokenizer has one) then seq_len - 1 text tokens (seq_len without

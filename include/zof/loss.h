@@ -12,31 +12,39 @@
 
 namespace zof {
 
-// A batch with the positions that count: targets (B*T), the token to predict at each position
-// (-1: not scored). The loss is the mean NLL over scored positions, or, with choices, MeZO's
-// classification objective (--train_as_classification): the batch's sequences are the
-// candidates of its examples, and an example's loss is the cross-entropy over its candidates of
-// their scores, each the mean log-likelihood of its scored tokens, with the correct one as the
-// label; the loss is the mean over examples.
+// A batch with what it scores: (row, target) pairs, row = b*T + t predicting token target. The
+// loss is the mean NLL over the pairs, or, with choices, MeZO's classification objective
+// (--train_as_classification): the batch scores the candidates of its examples, and an example's
+// loss is the cross-entropy over its candidates of their scores, each the mean log-likelihood of
+// its pairs, with the correct one as the label; the loss is the mean over examples. A row may be
+// scored against several targets: candidates that differ only in one last token run as one
+// sequence of the shared tokens, each candidate's token scored at its last position.
 struct LossBatch {
   struct Choice {
-    int32_t first = 0, count = 0;  // the example's candidates: sequences [first, first + count)
+    int32_t first = 0, count = 0;  // the example's candidates: [first, first + count)
     int32_t label = 0;             // the correct one, 0 <= label < count
   };
   Batch batch;
-  std::vector<int32_t> targets;
-  std::vector<Choice> choices;  // empty: language modelling on the scored tokens
-  int64_t scored() const;
-  // What the loss is a mean over: scored tokens, or examples with choices.
+  std::vector<int32_t> score_rows, score_targets;  // the pairs, in order
+  // With choices: candidate c's pairs are [c ? cand_end[c - 1] : 0, cand_end[c]).
+  std::vector<int32_t> cand_end;
+  std::vector<Choice> choices;  // empty: language modelling on the pairs
+  int64_t scored() const { return (int64_t)score_rows.size(); }
+  // What the loss is a mean over: pairs, or examples with choices.
   double units() const { return choices.empty() ? (double)scored() : (double)choices.size(); }
   // Next-token targets over every real token of the batch (language modelling).
   static LossBatch next_token(Batch b);
+  // Language modelling on per-position targets (B*T; -1: not scored).
+  static LossBatch from_positions(Batch b, const std::vector<int32_t>& targets);
+  // The pairs as per-position targets (B*T; -1: not scored), for a batch that scores no row
+  // twice (zof::Error otherwise).
+  std::vector<int32_t> position_targets() const;
 };
 
-// The batch's summed loss (LossBatch) from the NLL of each of its B*T rows (unscored rows are
-// not read): each unit's loss (a token's NLL, or an example's cross-entropy) rounded to the row
-// quantum (row_quantized, below) and added.
-double loss_sum(const LossBatch& lb, const double* row_nll);
+// The batch's summed loss (LossBatch) from the NLL of each of its pairs (pair_nll, in the order
+// of score_rows): each unit's loss (a pair's NLL, or an example's cross-entropy) rounded to the
+// row quantum (row_quantized, below) and added.
+double loss_sum(const LossBatch& lb, const double* pair_nll);
 
 // Checks micro-batches against a walk's capacity (max_rows tokens) and the model: context,
 // vocabulary, targets. zof::Error naming what is wrong; `who` names the walk ("the engine").

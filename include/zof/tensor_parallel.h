@@ -138,6 +138,10 @@ class TensorForward {
   void logits(const Batch& batch, std::vector<float>& out);
   // nll (B*T) of targets (< 0: not scored, 0) by the parallel cross-entropy.
   void nll(const Batch& batch, const int32_t* targets, float* nll);
+  // nll (n) of (row, target) pairs: -log p(targets[i]) at position rows[i] (b*T + t); a position
+  // may come more than once (as Forward::nll_at).
+  void nll_at(const Batch& batch, const int32_t* rows, const int32_t* targets, int64_t n,
+              float* nll);
   // Next-token NLL of the batch's own tokens (as Forward::next_token_nll).
   void next_token_nll(const Batch& batch, std::vector<float>& nll);
   // Bytes this rank has handed the group (each all_gather counts its `bytes` times T - 1: what
@@ -147,7 +151,7 @@ class TensorForward {
   // A pipeline stage of the slice: blocks [first, last] of the walk's (0 = the embedding,
   // 1..L = the layers, L + 1 = the head; dist::stage_blocks). A stage without the embedding
   // takes its input hidden states (rows, C) from recv, one without the head hands its output to
-  // send and nll() gives zeros (the last stage has the loss). Every stage's ranks call nll with
+  // send and nll() / nll_at() give zeros (the last stage has the loss). Every stage's ranks call nll with
   // the same batches in the same order.
   using Recv = std::function<void(float* h, int64_t n)>;
   using Send = std::function<void(const float* h, int64_t n)>;

@@ -50,12 +50,12 @@ ScoredSeq answer_seq(const TokenizedExample& t, int64_t u) {
   return s;
 }
 
-// Candidates that differ only in one last token (SST-2's " great" / " terrible", RTE's and CB's
-// "Yes" / "No" / "Maybe" with GPT-2's or SmolLM2's tokenizer) as one sequence: the shared tokens,
-// with every candidate's token scored at the last position. The same log-probabilities as one
-// sequence each (a position sees only the tokens before it), in a forward of one sequence
-// instead of one per candidate. Units first_unit + c.
-bool shared_prompt_seq(const std::vector<TokenizedExample>& c, int64_t first_unit, ScoredSeq& out) {
+// Whether candidates differ only in one last token (SST-2's " great" / " terrible", RTE's and CB's
+// "Yes" / "No" / "Maybe" with GPT-2's or SmolLM2's tokenizer); if so they run as one sequence
+// (shared_prompt_seq): the shared tokens, with every candidate's token scored at the last
+// position. The same log-probabilities as one sequence each (a position sees only the tokens
+// before it), in a forward of one sequence instead of one per candidate. Units first_unit + c.
+bool one_token_apart(const std::vector<TokenizedExample>& c) {
   if (c.size() < 2) return false;
   const size_t L = c[0].ids.size();
   if (L < 2) return false;
@@ -63,6 +63,12 @@ bool shared_prompt_seq(const std::vector<TokenizedExample>& c, int64_t first_uni
     if (t.ids.size() != L || t.cand_start != (int64_t)L - 1 ||
         !std::equal(t.ids.begin(), t.ids.end() - 1, c[0].ids.begin()))
       return false;
+  return true;
+}
+
+bool shared_prompt_seq(const std::vector<TokenizedExample>& c, int64_t first_unit, ScoredSeq& out) {
+  if (!one_token_apart(c)) return false;
+  const size_t L = c[0].ids.size();
   out = ScoredSeq{};
   out.ids.assign(c[0].ids.begin(), c[0].ids.end() - 1);
   for (size_t k = 0; k < c.size(); ++k) {
@@ -71,6 +77,34 @@ bool shared_prompt_seq(const std::vector<TokenizedExample>& c, int64_t first_uni
     out.unit.push_back(first_unit + (int64_t)k);
   }
   return true;
+}
+
+// The right-padded LossBatch of seqs, in order, with their pairs; units must come in order, each
+// unit's pairs consecutive. cand_end: where each unit's pairs end (if given).
+LossBatch batch_of(const std::vector<ScoredSeq>& seqs, int32_t pad_id,
+                   std::vector<int32_t>* cand_end) {
+  std::vector<std::vector<int32_t>> ids;
+  ids.reserve(seqs.size());
+  for (const ScoredSeq& q : seqs) ids.push_back(q.ids);
+  LossBatch lb;
+  lb.batch = Batch::from_sequences(ids, pad_id);
+  const int64_t T = lb.batch.T;
+  int64_t unit = -1;
+  for (size_t r = 0; r < seqs.size(); ++r)
+    for (size_t k = 0; k < seqs[r].pos.size(); ++k) {
+      if (cand_end && seqs[r].unit[k] != unit) {
+        ZOF_ASSERT(seqs[r].unit[k] == unit + 1);
+        unit = seqs[r].unit[k];
+        cand_end->push_back((int32_t)lb.score_rows.size());
+      }
+      lb.score_rows.push_back((int32_t)(r * T + seqs[r].pos[k]));
+      lb.score_targets.push_back(seqs[r].target[k]);
+    }
+  if (cand_end) {  // from where each unit starts to where it ends
+    cand_end->erase(cand_end->begin());
+    cand_end->push_back((int32_t)lb.score_rows.size());
+  }
+  return lb;
 }
 
 // Sums of log-likelihoods of each unit's scored tokens: out_sum[u], out_count[u] (n_units).
@@ -183,22 +217,13 @@ std::vector<TokenizedExample> tokenize_examples(const Tokenizer& tok,
 
 LossBatch make_loss_batch(const std::vector<TokenizedExample>& examples,
                           const std::vector<int64_t>& indices, int32_t pad_id) {
-  std::vector<std::vector<int32_t>> seqs;
+  std::vector<ScoredSeq> seqs;
   seqs.reserve(indices.size());
   for (int64_t i : indices) {
     ZOF_ASSERT(i >= 0 && i < (int64_t)examples.size());
-    seqs.push_back(examples[i].ids);
+    seqs.push_back(answer_seq(examples[i], 0));
   }
-  LossBatch lb;
-  lb.batch = Batch::from_sequences(seqs, pad_id);
-  const int64_t T = lb.batch.T;
-  lb.targets.assign(lb.batch.B * T, -1);
-  for (size_t r = 0; r < indices.size(); ++r) {
-    const TokenizedExample& e = examples[indices[r]];
-    for (int64_t t = std::max<int64_t>(e.cand_start, 1); t < (int64_t)e.ids.size(); ++t)
-      lb.targets[r * T + t - 1] = e.ids[t];
-  }
-  return lb;
+  return batch_of(seqs, pad_id, nullptr);
 }
 
 std::vector<std::vector<TokenizedExample>> tokenize_candidates(
@@ -225,18 +250,49 @@ std::vector<std::vector<TokenizedExample>> tokenize_candidates(
 LossBatch make_choice_batch(const std::vector<std::vector<TokenizedExample>>& candidates,
                             const std::vector<int>& labels, const std::vector<int64_t>& indices,
                             int32_t pad_id) {
-  std::vector<TokenizedExample> seqs;
+  std::vector<ScoredSeq> seqs;
   std::vector<LossBatch::Choice> choices;
+  int64_t unit = 0;
   for (int64_t i : indices) {
     ZOF_ASSERT(i >= 0 && i < (int64_t)candidates.size() && i < (int64_t)labels.size());
-    choices.push_back({(int32_t)seqs.size(), (int32_t)candidates[i].size(), labels[i]});
-    seqs.insert(seqs.end(), candidates[i].begin(), candidates[i].end());
+    const std::vector<TokenizedExample>& c = candidates[i];
+    choices.push_back({(int32_t)unit, (int32_t)c.size(), labels[i]});
+    ScoredSeq shared;
+    if (shared_prompt_seq(c, unit, shared)) {
+      seqs.push_back(std::move(shared));
+    } else {
+      for (size_t k = 0; k < c.size(); ++k) {
+        seqs.push_back(answer_seq(c[k], unit + (int64_t)k));
+        ZOF_ASSERT(!seqs.back().pos.empty());  // tokenize_example keeps a candidate token
+      }
+    }
+    unit += (int64_t)c.size();
   }
-  std::vector<int64_t> all(seqs.size());
-  for (size_t k = 0; k < all.size(); ++k) all[k] = (int64_t)k;
-  LossBatch lb = make_loss_batch(seqs, all, pad_id);
+  std::vector<int32_t> cand_end;
+  LossBatch lb = batch_of(seqs, pad_id, &cand_end);
+  lb.cand_end = std::move(cand_end);
   lb.choices = std::move(choices);
   return lb;
+}
+
+LossBatch pad_loss_batch(LossBatch lb, int64_t T, int32_t pad_id) {
+  const int64_t B = lb.batch.B, T0 = lb.batch.T;
+  if (T0 == T) return lb;
+  ZOF_ASSERT(T0 < T);
+  std::vector<int32_t> ids(B * T, pad_id);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(lb.batch.ids.begin() + b * T0, T0, ids.begin() + b * T);
+  lb.batch.ids = std::move(ids);
+  lb.batch.T = T;
+  for (int32_t& r : lb.score_rows) r = (int32_t)(r / T0 * T + r % T0);
+  return lb;
+}
+
+int64_t choice_length(const std::vector<TokenizedExample>& candidates) {
+  if (one_token_apart(candidates)) return (int64_t)candidates[0].ids.size() - 1;
+  int64_t n = 0;
+  for (const TokenizedExample& t : candidates) n = std::max<int64_t>(n, (int64_t)t.ids.size());
+  return n;
 }
 
 // ---- text ---------------------------------------------------------------------------------------

@@ -10,26 +10,6 @@
 namespace zof {
 namespace {
 
-// lb right-padded to T positions (ids pad, targets -1).
-LossBatch pad_to(LossBatch lb, int64_t T, int32_t pad) {
-  const int64_t B = lb.batch.B, T0 = lb.batch.T;
-  if (T0 == T) return lb;
-  ZOF_ASSERT(T0 < T);
-  LossBatch o;
-  o.batch.B = B;
-  o.batch.T = T;
-  o.batch.lengths = lb.batch.lengths;
-  o.choices = lb.choices;
-  o.batch.ids.assign(B * T, pad);
-  o.targets.assign(B * T, -1);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T0; ++t) {
-      o.batch.ids[b * T + t] = lb.batch.ids[b * T0 + t];
-      o.targets[b * T + t] = lb.targets[b * T0 + t];
-    }
-  return o;
-}
-
 // The micro-batches of the step: its examples (replica r of R: its rank_slice of them) split
 // into `micro` parts of near-equal size; len(i) is example i's length in tokens. Every
 // micro-batch is padded to the longest sequence of the whole step, so that each row has the
@@ -52,7 +32,7 @@ std::vector<LossBatch> step_micro_batches(BatchSampler& sampler, uint64_t step, 
   for (int64_t m = 0; m < micro; ++m) {
     const int64_t lo = B * m / micro, hi = B * (m + 1) / micro;
     LossBatch lb = make(std::vector<int64_t>(idx.begin() + lo, idx.begin() + hi));
-    out.push_back(replicas == 1 && micro == 1 ? std::move(lb) : pad_to(std::move(lb), T, pad));
+    out.push_back(replicas == 1 && micro == 1 ? std::move(lb) : pad_loss_batch(std::move(lb), T, pad));
   }
   return out;
 }
@@ -128,11 +108,7 @@ class ExampleTask : public TrainData {
     if (classify_)
       return step_micro_batches(
           sampler_, step, replica, replicas, opt_.micro_batches, pad,
-          [&](int64_t i) {
-            int64_t n = 0;
-            for (const auto& t : cands_[i]) n = std::max<int64_t>(n, (int64_t)t.ids.size());
-            return n;
-          },
+          [&](int64_t i) { return choice_length(cands_[i]); },
           [&](const std::vector<int64_t>& i) { return make_choice_batch(cands_, labels_, i, pad); });
     return step_micro_batches(
         sampler_, step, replica, replicas, opt_.micro_batches, pad,

@@ -9,30 +9,21 @@
 
 namespace zof {
 
-int64_t LossBatch::scored() const {
-  int64_t n = 0;
-  for (auto t : targets) n += t >= 0;
-  return n;
-}
-
-double loss_sum(const LossBatch& lb, const double* row_nll) {
-  const int64_t T = lb.batch.T;
+double loss_sum(const LossBatch& lb, const double* pair_nll) {
   double sum = 0;
   if (lb.choices.empty()) {
-    for (size_t i = 0; i < lb.targets.size(); ++i)
-      if (lb.targets[i] >= 0) sum += row_quantized(row_nll[i]);
+    for (int64_t i = 0; i < lb.scored(); ++i) sum += row_quantized(pair_nll[i]);
     return sum;
   }
   std::vector<double> score;
   for (const LossBatch::Choice& c : lb.choices) {
     score.assign(c.count, 0.0);
     for (int32_t k = 0; k < c.count; ++k) {
-      const int64_t b = c.first + k;
+      const int32_t cand = c.first + k;
+      const int32_t p0 = cand ? lb.cand_end[cand - 1] : 0, p1 = lb.cand_end[cand];
       double s = 0;
-      int64_t n = 0;
-      for (int64_t t = 0; t < T; ++t)
-        if (lb.targets[b * T + t] >= 0) s += row_nll[b * T + t], ++n;
-      score[k] = -s / (double)std::max<int64_t>(n, 1);  // mean log-likelihood
+      for (int32_t p = p0; p < p1; ++p) s += pair_nll[p];
+      score[k] = -s / (double)std::max(p1 - p0, 1);  // mean log-likelihood
     }
     const double top = *std::max_element(score.begin(), score.end());
     double z = 0;
@@ -44,11 +35,35 @@ double loss_sum(const LossBatch& lb, const double* row_nll) {
 
 LossBatch LossBatch::next_token(Batch b) {
   LossBatch lb;
-  lb.targets.assign(b.B * b.T, -1);
   for (int64_t i = 0; i < b.B; ++i)
-    for (int64_t t = 0; t + 1 < b.lengths[i]; ++t) lb.targets[i * b.T + t] = b.ids[i * b.T + t + 1];
+    for (int64_t t = 0; t + 1 < b.lengths[i]; ++t) {
+      lb.score_rows.push_back((int32_t)(i * b.T + t));
+      lb.score_targets.push_back(b.ids[i * b.T + t + 1]);
+    }
   lb.batch = std::move(b);
   return lb;
+}
+
+LossBatch LossBatch::from_positions(Batch b, const std::vector<int32_t>& targets) {
+  ZOF_ASSERT((int64_t)targets.size() == b.B * b.T);
+  LossBatch lb;
+  for (size_t r = 0; r < targets.size(); ++r)
+    if (targets[r] >= 0) {
+      lb.score_rows.push_back((int32_t)r);
+      lb.score_targets.push_back(targets[r]);
+    }
+  lb.batch = std::move(b);
+  return lb;
+}
+
+std::vector<int32_t> LossBatch::position_targets() const {
+  std::vector<int32_t> t(batch.B * batch.T, -1);
+  for (int64_t i = 0; i < scored(); ++i) {
+    ZOF_CHECK(t[score_rows[i]] < 0, "position " + std::to_string(score_rows[i]) +
+                                        " is scored twice; per-position targets cannot say so");
+    t[score_rows[i]] = score_targets[i];
+  }
+  return t;
 }
 
 void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& cfg,
@@ -58,29 +73,34 @@ void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& 
     const int64_t rows = lb.batch.B * lb.batch.T;
     ZOF_CHECK(rows <= max_rows, "batch of " + std::to_string(rows) + " tokens exceeds " + who +
                                     "'s capacity of " + std::to_string(max_rows));
-    ZOF_ASSERT((int64_t)lb.targets.size() == rows && (int64_t)lb.batch.ids.size() == rows);
-    int64_t next = 0;  // choices cover consecutive sequences, each with a scored token
+    ZOF_ASSERT((int64_t)lb.batch.ids.size() == rows);
+    const int64_t n = lb.scored();
+    ZOF_ASSERT((int64_t)lb.score_targets.size() == n);
+    for (int64_t i = 0; i < n; ++i) {  // a pair scores a real token's position
+      const int64_t r = lb.score_rows[i], b = r / std::max<int64_t>(lb.batch.T, 1);
+      ZOF_ASSERT(r >= 0 && r < rows && r % lb.batch.T < lb.batch.lengths[b]);
+    }
+    int32_t next = 0;  // choices cover consecutive candidates, each with a pair
     for (const LossBatch::Choice& c : lb.choices) {
-      ZOF_ASSERT(c.first == next && c.count >= 1 && c.first + c.count <= lb.batch.B &&
+      ZOF_ASSERT(c.first == next && c.count >= 1 && c.first + c.count <= (int32_t)lb.cand_end.size() &&
                  c.label >= 0 && c.label < c.count);
       next = c.first + c.count;
-      for (int32_t k = 0; k < c.count; ++k) {
-        const int32_t* t = lb.targets.data() + (int64_t)(c.first + k) * lb.batch.T;
-        ZOF_ASSERT(std::any_of(t, t + lb.batch.T, [](int32_t x) { return x >= 0; }));
-      }
     }
-    ZOF_ASSERT(lb.choices.empty() || next == lb.batch.B);
+    ZOF_ASSERT(lb.choices.empty() ||
+               (next == (int32_t)lb.cand_end.size() && lb.cand_end.back() == n));
+    for (size_t c = 0; c < lb.cand_end.size(); ++c)
+      ZOF_ASSERT(lb.cand_end[c] > (c ? lb.cand_end[c - 1] : 0));
     ZOF_CHECK(lb.batch.T <= cfg.max_position,
               "a sequence of " + std::to_string(lb.batch.T) + " tokens is beyond the model's " +
                   "context of " + std::to_string(cfg.max_position) +
                   " tokens (max_position_embeddings)");
-    for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t i = 0; i < rows; ++i)
       ZOF_CHECK(lb.batch.ids[i] >= 0 && lb.batch.ids[i] < V,
                 "token id " + std::to_string(lb.batch.ids[i]) +
                     " is outside the model's vocabulary of " + std::to_string(V));
-      ZOF_CHECK(lb.targets[i] < V, "target token id " + std::to_string(lb.targets[i]) +
-                                       " is outside the vocabulary of " + std::to_string(V));
-    }
+    for (int32_t t : lb.score_targets)
+      ZOF_CHECK(t >= 0 && t < V, "target token id " + std::to_string(t) +
+                                     " is outside the vocabulary of " + std::to_string(V));
   }
 }
 

@@ -546,31 +546,58 @@ void TensorForward::logits(const Batch& b, std::vector<float>& out) {
 }
 
 void TensorForward::nll(const Batch& b, const int32_t* targets, float* nll) {
-  hidden(b);
   const int64_t rows = b.B * b.T;
+  std::vector<int32_t> sel, tg;
+  for (int64_t r = 0; r < rows; ++r)
+    if (targets[r] >= 0) sel.push_back((int32_t)r), tg.push_back(targets[r]);
+  std::vector<float> out(sel.size());
+  nll_at(b, sel.data(), tg.data(), (int64_t)sel.size(), out.data());
+  std::fill(nll, nll + rows, 0.f);
+  for (size_t i = 0; i < sel.size(); ++i) nll[sel[i]] = out[i];
+}
+
+void TensorForward::nll_at(const Batch& b, const int32_t* sel, const int32_t* targets, int64_t n,
+                           float* nll) {
+  hidden(b);
+  const int64_t rows = b.B * b.T, C = plan_.local.hidden_size;
+  std::vector<float> h((size_t)(rows * C));
+  be_.copy_to_host(h.data(), bufs_[H], h.size() * sizeof(float), nullptr);
+  be_.synchronize(nullptr);
   if (!head_) {  // the next stage goes on from here
-    std::vector<float> h((size_t)(rows * plan_.local.hidden_size));
-    be_.copy_to_host(h.data(), bufs_[H], h.size() * sizeof(float), nullptr);
-    be_.synchronize(nullptr);
     send_(h.data(), (int64_t)h.size());
-    std::fill(nll, nll + rows, 0.f);
+    std::fill(nll, nll + n, 0.f);
     return;
   }
-  be_.copy_to_device(ibufs_[kTargets], targets, (size_t)rows * sizeof(int32_t), nullptr);
-  be_.synchronize(nullptr);
+  for (int64_t i = 0; i < n; ++i)
+    ZOF_CHECK(sel[i] >= 0 && sel[i] < rows && targets[i] >= 0 && targets[i] < plan_.vocab,
+              "pair " + std::to_string(i) + " (position " + std::to_string(sel[i]) +
+                  ", target " + std::to_string(targets[i]) + ") is outside the batch of " +
+                  std::to_string(rows) + " positions or the vocabulary of " +
+                  std::to_string(plan_.vocab));
+  // The pairs' rows gathered on the host, at most `rows` at a time (the buffers' capacity).
   Counted counted(g_, bytes_);
   graph::BackendKernels k{be_};
   const graph::Dims d = graph::Dims::of(plan_.local);
-  graph::Frame<float> f;
-  f.rows = rows, f.targets = ibufs_[kTargets];
-  f.v[graph::kHIn] = bufs_[H];
-  f.v[graph::kHn] = bufs_[XN];
-  f.set({graph::kLogitsRaw, graph::kLogits}, bufs_[LOGITS]);
-  f.v[graph::kNll] = bufs_[TMP];
-  TensorPrimal o(k, d, f, *this, counted);
-  graph::head_loss(o, d, local_.head());
-  be_.copy_to_host(nll, bufs_[TMP], (size_t)rows * sizeof(float), nullptr);
-  be_.synchronize(nullptr);
+  std::vector<float> g;
+  for (int64_t s0 = 0; s0 < n; s0 += rows) {
+    const int64_t m = std::min(rows, n - s0);
+    g.resize((size_t)(m * C));
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(h.begin() + (int64_t)sel[s0 + i] * C, C, g.begin() + i * C);
+    be_.copy_to_device(bufs_[H], g.data(), g.size() * sizeof(float), nullptr);
+    be_.copy_to_device(ibufs_[kTargets], targets + s0, (size_t)m * sizeof(int32_t), nullptr);
+    be_.synchronize(nullptr);
+    graph::Frame<float> f;
+    f.rows = m, f.targets = ibufs_[kTargets];
+    f.v[graph::kHIn] = bufs_[H];
+    f.v[graph::kHn] = bufs_[XN];
+    f.set({graph::kLogitsRaw, graph::kLogits}, bufs_[LOGITS]);
+    f.v[graph::kNll] = bufs_[TMP];
+    TensorPrimal o(k, d, f, *this, counted);
+    graph::head_loss(o, d, local_.head());
+    be_.copy_to_host(nll + s0, bufs_[TMP], (size_t)m * sizeof(float), nullptr);
+    be_.synchronize(nullptr);
+  }
 }
 
 void TensorForward::next_token_nll(const Batch& b, std::vector<float>& out) {

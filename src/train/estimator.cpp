@@ -110,8 +110,9 @@ class TensorEstimator : public SpsaEstimator {
                            &share_.stage_params());
         double& sum = sign > 0 ? ql.sum_plus[(size_t)j] : ql.sum_minus[(size_t)j];
         for (const auto& lb : micro) {
-          nll.resize((size_t)(lb.batch.B * lb.batch.T));
-          fwd_.nll(lb.batch, lb.targets.data(), nll.data());
+          nll.resize((size_t)lb.scored());
+          fwd_.nll_at(lb.batch, lb.score_rows.data(), lb.score_targets.data(), lb.scored(),
+                      nll.data());
           row.assign(nll.begin(), nll.end());
           sum += loss_sum(lb, row.data());
         }

@@ -491,8 +491,7 @@ void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
   // direction rather than keeping every chunk's logits.
   const HeadT<const T*> hw =
       head_view(block_weights(nblocks - 1, w_block_, shift_key, shift), w_emb);
-  const ScoredRows scored(lb.targets.data(), rows, d_.V);
-  const std::vector<int32_t>&sel = scored.rows, &tg = scored.targets;
+  const std::vector<int32_t>&sel = lb.score_rows, &tg = lb.score_targets;
   for (int j = 0; j < std::max(q, 1); ++j) {
     HeadT<const T*> hz;
     if (q > 0) {

@@ -453,8 +453,8 @@ double ZOEngine::Impl::loss(const std::vector<LossBatch>& micro) {
   flush();
   double sum = 0, count = 0;
   for (const auto& lb : micro) {
-    std::vector<float> nll(lb.batch.B * lb.batch.T);
-    fwd_.nll(lb.batch, lb.targets.data(), nll.data());
+    std::vector<float> nll(lb.scored());
+    fwd_.nll_at(lb.batch, lb.score_rows.data(), lb.score_targets.data(), lb.scored(), nll.data());
     const std::vector<double> row(nll.begin(), nll.end());
     sum += loss_sum(lb, row.data());
     count += lb.units();

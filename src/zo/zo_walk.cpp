@@ -280,18 +280,18 @@ void ZOEngine::Impl::perturb_rows(const ZKey& key, int64_t n_uniq) {
 void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm,
                                const LossBatch& lb, double& sum_plus, double& sum_minus) {
   const int64_t rows = lb.batch.B * lb.batch.T;
-  const int32_t* targets = lb.targets.data();
   const bool minus = hm != nullptr;  // one-sided, query > 0: the theta stream is query 0's
   const Param& lm = model_.params()[lm_];
   const int64_t V = lm.shape[0], E = lm.shape[1];
-  const ScoredRows scored(targets, rows, V);
-  const std::vector<int32_t>&sel = scored.rows, &tg = scored.targets;
+  const std::vector<int32_t>&sel = lb.score_rows, &tg = lb.score_targets;
   sum_plus = sum_minus = 0;
   const int64_t n = (int64_t)sel.size(), C = model_.config().hidden_size;
   if (n == 0) return;
   // Features of the scored rows only (gathered by the embedding op, the hidden states as its
-  // table): the LM head's GEMMs are the head's cost.
-  const bool all = n == rows;  // every row scored: no gather
+  // table; a row scored against several targets comes once for each): the LM head's GEMMs are
+  // the head's cost.
+  bool all = n == rows;  // every row scored once, in order: no gather
+  for (int64_t i = 0; all && i < n; ++i) all = sel[i] == i;
   int32_t* sel_dev = fwd_.index_buffer();
   if (!all) be_.copy_to_device(sel_dev, sel.data(), n * sizeof(int32_t), nullptr);
   be_.copy_to_device(targets_, tg.data(), n * sizeof(int32_t), nullptr);
@@ -349,13 +349,11 @@ void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm
   // logits sit near -100, where a float sum would round at 1e-5), then the batch's loss from
   // them (loss_sum: each token's or example's loss rounded to the row quantum, so that the
   // totals do not depend on how rows are split).
-  std::vector<double> nll(rows, 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    nll[sel[i]] = ((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]);
+  std::vector<double> nll(n);
+  for (int64_t i = 0; i < n; ++i) nll[i] = ((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]);
   sum_plus = loss_sum(lb, nll.data());
   if (!minus) return;
-  for (int64_t i = 0; i < n; ++i)
-    nll[sel[i]] = ((double)mm[i] - (double)tm[i]) + std::log((double)sm[i]);
+  for (int64_t i = 0; i < n; ++i) nll[i] = ((double)mm[i] - (double)tm[i]) + std::log((double)sm[i]);
   sum_minus = loss_sum(lb, nll.data());
 }
 

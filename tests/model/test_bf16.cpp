@@ -37,7 +37,7 @@ double mean_nll(const zof::Model& m, zof::Backend& be, const zof::LossBatch& lb,
   zof::Forward fwd(m, be, lb.batch.B * lb.batch.T);
   fwd.set_compute(t);
   std::vector<float> nll(lb.batch.B * lb.batch.T);
-  fwd.nll(lb.batch, lb.targets.data(), nll.data());
+  fwd.nll(lb.batch, lb.position_targets().data(), nll.data());
   double s = 0;
   for (float x : nll) s += x;
   return s / (double)lb.scored();

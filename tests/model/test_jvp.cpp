@@ -176,7 +176,7 @@ TEST(Jvp, QueriesAndMicroBatchesAdd) {
   // And the loss at theta is Forward's.
   zof::Forward fwd(m, *be, whole.batch.B * whole.batch.T);
   std::vector<float> nll(whole.batch.B * whole.batch.T);
-  fwd.nll(whole.batch, whole.targets.data(), nll.data());
+  fwd.nll(whole.batch, whole.position_targets().data(), nll.data());
   double s = 0;
   for (float x : nll) s += x;
   EXPECT_LT(rel(all.sum_loss, s), 1e-6);

@@ -3,6 +3,7 @@
 // score exactly the answer's tokens.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "common.h"
 #include "zof/backend.h"
@@ -197,12 +198,13 @@ TEST(Scoring, TrainingTargetsScoreExactlyTheAnswer) {
   const std::vector<int64_t> rows = {0, 1, 2, 3, 4};
   const zof::LossBatch lb = zof::make_loss_batch(t, rows);
   std::vector<float> nll(lb.batch.B * lb.batch.T);
-  fwd.nll(lb.batch, lb.targets.data(), nll.data());
+  const std::vector<int32_t> targets = lb.position_targets();
+  fwd.nll(lb.batch, targets.data(), nll.data());
   for (size_t i = 0; i < ex.size(); ++i) {
     double sum = 0;
     int64_t n = 0;
     for (int64_t p = 0; p < lb.batch.T; ++p)
-      if (lb.targets[i * lb.batch.T + p] >= 0) {
+      if (targets[i * lb.batch.T + p] >= 0) {
         sum += nll[i * lb.batch.T + p];
         ++n;
       }
@@ -214,7 +216,7 @@ TEST(Scoring, TrainingTargetsScoreExactlyTheAnswer) {
   // The completion metric is the same loss, averaged over all answer tokens.
   double total = 0;
   for (size_t k = 0; k < nll.size(); ++k)
-    if (lb.targets[k] >= 0) total += nll[k];
+    if (targets[k] >= 0) total += nll[k];
   const auto r = zof::completion_nll(fwd, tok, ex, 32, 64);
   EXPECT_EQ(r.tokens, lb.scored());
   EXPECT_NEAR(r.nll, total / (double)lb.scored(), 1e-5);
@@ -303,4 +305,113 @@ TEST(Scoring, ClassificationObjectiveIsTheCrossEntropyOverCandidateScores) {
     EXPECT_NEAR(got, l, 1e-5 * l) << "sign " << sign;
     EXPECT_GT(std::fabs(l - want), 1e-5) << "z should move the loss";
   }
+}
+
+// The classification objective over candidates that differ in one last token trains on one
+// sequence of the shared tokens (make_choice_batch), each candidate scored at its last position:
+// the loss at theta and at theta +/- eps z are those of one sequence per candidate (within fp32:
+// the batch's shapes differ), both the plain loss written by hand on the scalar reference, and
+// micro-batches padded to the step's longest (pad_loss_batch, as every layout of a step is) sum
+// to the one batch's losses bit for bit.
+TEST(Scoring, ClassificationOnOneTokenCandidatesTrainsOnOneSequenceOfThePrompt) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  auto ref = zof::test::reference_backend();
+  auto cpu = zof::test::cpu_backend(1);
+  std::string long_prompt;
+  for (int i = 0; i < 6; ++i) long_prompt += "Lily was very happy. ";
+  long_prompt += "She went to";
+  const std::vector<zof::Example> ex = {
+      {"Once upon a time, there was a", {" little", " big", " happy"}, 2},
+      {"Lily was very happy. She went to", {" the", " a"}, 0},
+      {"Tom fell down so ", {"he cried.", "a car."}, 0},                 // several tokens each
+      {"One day, Tim and", {" his", " her"}, 1},
+      {"Once upon a time, there was a", {" the big", " the happy"}, 1},  // " the" common
+      {long_prompt, {" the", " a"}, 1},                                  // cut on the left
+      {"One day, Tim and", {" his"}, 0},                                 // one candidate
+  };
+  const std::vector<bool> shares = {true, true, false, true, false, true, false};
+  const auto cands = zof::tokenize_candidates(tok, ex, 32);
+  std::vector<int> labels;
+  for (const auto& e : ex) labels.push_back(e.label);
+  std::vector<int64_t> all(ex.size());
+  std::iota(all.begin(), all.end(), 0);
+  const zof::LossBatch shared = zof::make_choice_batch(cands, labels, all);
+  // One sequence for each sharing example, one per candidate otherwise; each shared sequence is
+  // choice_length long and scores every candidate's last token at its last position.
+  int64_t seqs = 0;
+  for (size_t i = 0; i < ex.size(); ++i) {
+    seqs += shares[i] ? 1 : (int64_t)cands[i].size();
+    const size_t L = cands[i][0].ids.size();
+    EXPECT_EQ(zof::choice_length(cands[i]), shares[i] ? (int64_t)L - 1 : [&] {
+      int64_t n = 0;
+      for (const auto& c : cands[i]) n = std::max<int64_t>(n, (int64_t)c.ids.size());
+      return n;
+    }()) << "example " << i;
+  }
+  ASSERT_EQ(shared.batch.B, seqs);
+  ASSERT_EQ(shared.choices.size(), ex.size());
+  const int32_t c0 = shared.choices[0].first;  // example 0: three pairs at one row
+  const int32_t r0 = shared.score_rows[c0 ? shared.cand_end[c0 - 1] : 0];
+  EXPECT_EQ(r0, (int32_t)cands[0][0].ids.size() - 2);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(shared.score_rows[k], r0);
+    EXPECT_EQ(shared.score_targets[k], cands[0][k].ids.back());
+  }
+
+  // The same objective with one sequence per candidate, built plainly.
+  std::vector<zof::TokenizedExample> flat;
+  for (const auto& c : cands) flat.insert(flat.end(), c.begin(), c.end());
+  std::vector<int64_t> each(flat.size());
+  std::iota(each.begin(), each.end(), 0);
+  zof::LossBatch separate = zof::make_loss_batch(flat, each);
+  for (const auto& t : flat)
+    separate.cand_end.push_back((separate.cand_end.empty() ? 0 : separate.cand_end.back()) +
+                                (int32_t)(t.ids.size() - std::max<int64_t>(t.cand_start, 1)));
+  separate.choices = shared.choices;
+  ASSERT_EQ(separate.cand_end.back(), separate.scored());
+  ASSERT_GT(separate.batch.B * separate.batch.T, shared.batch.B * shared.batch.T + 60);
+
+  // The loss written by hand: every candidate alone on the scalar reference.
+  double want = 0;
+  {
+    zof::Forward fwd(model, *ref, 64);
+    for (size_t i = 0; i < ex.size(); ++i) {
+      std::vector<double> s;
+      for (const auto& c : cands[i]) s.push_back(score_tokenized(fwd, c));
+      const double top = *std::max_element(s.begin(), s.end());
+      double z = 0;
+      for (double x : s) z += std::exp(x - top);
+      want += top + std::log(z) - s[ex[i].label];
+    }
+    want /= (double)ex.size();
+  }
+  const int64_t rows = separate.batch.B * separate.batch.T;
+  zof::ZOStepOptions o;
+  o.eps = 1e-2f;
+  o.seed = 5;
+  zof::ZOEngine eng(model, *cpu, rows, o);
+  const double got = eng.loss({shared});
+  EXPECT_NEAR(got, want, 1e-5 * want);
+  EXPECT_NEAR(eng.loss({separate}), want, 1e-5 * want);
+  const zof::QueryLosses a = eng.perturbed_losses(0, {shared});
+  const zof::QueryLosses b = eng.perturbed_losses(0, {separate});
+  EXPECT_EQ(a.count, (double)ex.size());
+  EXPECT_EQ(b.count, a.count);
+  EXPECT_NEAR(a.sum_plus[0], b.sum_plus[0], 1e-5 * b.sum_plus[0]);
+  EXPECT_NEAR(a.sum_minus[0], b.sum_minus[0], 1e-5 * b.sum_minus[0]);
+  EXPECT_GT(std::fabs(a.sum_plus[0] - a.sum_minus[0]), 1e-4) << "z should move the loss";
+
+  // Micro-batches of the same step, padded to its longest: the one batch's sums, bit for bit.
+  const int64_t T = shared.batch.T;
+  const std::vector<zof::LossBatch> micro = {
+      zof::pad_loss_batch(zof::make_choice_batch(cands, labels, {0, 1, 5}), T),
+      zof::pad_loss_batch(zof::make_choice_batch(cands, labels, {2, 3, 4, 6}), T)};
+  ASSERT_TRUE(micro[0].batch.T == T && micro[1].batch.T == T);
+  ASSERT_LT(zof::make_choice_batch(cands, labels, {2, 3, 4, 6}).batch.T, T);  // padding moved rows
+  const zof::QueryLosses m = eng.perturbed_losses(0, micro);
+  EXPECT_EQ(m.count, a.count);
+  EXPECT_EQ(m.sum_plus[0], a.sum_plus[0]);
+  EXPECT_EQ(m.sum_minus[0], a.sum_minus[0]);
 }

@@ -71,10 +71,11 @@ TEST_F(MpiTensorParallel, TwoAndFourRanksWithinFp32OfOneProcessAndRerunsIdentica
     EXPECT_EQ(a.out.find('{'), a.out.rfind('{')) << a.out;
     // What each rank hands its group per forward (docs/parallelism.md): two all-reduces of
     // (rows, C) per layer and one for the embedding, T - 1 copies each, in fp32, plus the
-    // head's 20 bytes a row (its max in fp32, sum-exp and target logit in fp64). 8 windows of
-    // 64 tokens in 2 batches of 4: rows = 256 a batch.
-    const int64_t rows = 256, C = 64, L = 5;
-    const uint64_t per_batch = (uint64_t)(T - 1) * (uint64_t)((2 * L + 1) * rows * C * 4 + rows * 20);
+    // head's 20 bytes a scored row (its max in fp32, sum-exp and target logit in fp64). 8
+    // windows of 64 tokens in 2 batches of 4: rows = 256 a batch, 4 x 63 of them scored.
+    const int64_t rows = 256, scored = 4 * 63, C = 64, L = 5;
+    const uint64_t per_batch =
+        (uint64_t)(T - 1) * (uint64_t)((2 * L + 1) * rows * C * 4 + scored * 20);
     EXPECT_EQ(ja["exchanged_bytes_per_rank"].get<uint64_t>(), 2 * per_batch);
   }
 }
@@ -179,10 +180,10 @@ TEST_F(MpiTensorFinetune, TwoAndFourRanksWithinFp32OfOneProcessRerunsIdenticalAn
     EXPECT_GT(s["dist"]["bytes_per_step"].get<double>(), 0.0);
     // What each rank hands its group a step (docs/parallelism.md): 2q forwards of 4 windows of
     // 32 tokens (rows = 128), each two all-reduces of (rows, C) fp32 a layer and one for the
-    // embedding, T - 1 copies, plus the loss's 20 bytes a row.
-    const double rows = 128, C = 64, L = 5, q = 2;
+    // embedding, T - 1 copies, plus the loss's 20 bytes a scored row (4 x 31).
+    const double rows = 128, scored = 4 * 31, C = 64, L = 5, q = 2;
     EXPECT_DOUBLE_EQ(s["dist"]["tensor_bytes_per_step_per_rank"].get<double>(),
-                     2 * q * (T - 1) * ((2 * L + 1) * rows * C * 4 + rows * 20));
+                     2 * q * (T - 1) * ((2 * L + 1) * rows * C * 4 + scored * 20));
     expect_within_fp32(one, a);
     // The grid's bits, every run.
     ASSERT_EQ(run_command(mpirun(T) + args(b, 12, t)).code, 0);

@@ -418,11 +418,12 @@ TEST(DataTokenize, TargetsScoreExactlyTheCandidate) {
   const auto lb = zof::make_loss_batch(t, {1, 0});
   ASSERT_EQ(lb.batch.B, 2);
   const int64_t T = lb.batch.T;
+  const std::vector<int32_t> targets = lb.position_targets();
   for (int64_t r = 0; r < 2; ++r) {
     const auto& e = t[r == 0 ? 1 : 0];
     std::vector<int32_t> scored;
     for (int64_t p = 0; p < T; ++p) {
-      const int32_t tgt = lb.targets[r * T + p];
+      const int32_t tgt = targets[r * T + p];
       if (tgt < 0) continue;
       EXPECT_EQ(tgt, lb.batch.ids[r * T + p + 1]);  // next token, never padding
       EXPECT_GE(p + 1, e.cand_start);
@@ -486,7 +487,8 @@ TEST(DataText, WindowsAndHeldOut) {
     }
   EXPECT_EQ(joined, all);  // windows tile the text in order, eval last
   const auto lb = zof::make_text_batch(td.train, {1, 0});
-  EXPECT_EQ(lb.targets[0], td.train[1][1]);
+  EXPECT_EQ(lb.score_rows[0], 0);
+  EXPECT_EQ(lb.score_targets[0], td.train[1][1]);
   EXPECT_EQ(lb.scored(), (int64_t)(td.train[0].size() + td.train[1].size() - 2));
   const std::string m = error_of([&] { zof::load_text(d.write("s.txt", "Hi"), tok, 32); });
   EXPECT_NE(m.find("s.txt"), std::string::npos) << m;
