@@ -123,8 +123,10 @@ class Scorer:
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         self.share = share_prompt
         self.forwards = 0
-        if getattr(model.config, "final_logit_softcapping", None):
-            raise SystemExit("mezo_task.py: a final logit soft-cap is not applied by this scorer")
+        # Gemma 2's final soft-cap, which the model's own forward applies after its LM head.
+        self.cap = getattr(model.config, "final_logit_softcapping", None)
+        if getattr(model.config, "logit_scale", None) or getattr(model.config, "logits_scaling", None):
+            raise SystemExit("mezo_task.py: this scorer does not scale logits after the LM head")
 
     def rows(self, prompt, cands, first_unit):
         """The sequences an example runs as, each with its (position, target, unit) pairs."""
@@ -156,6 +158,8 @@ class Scorer:
             h = self.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
             # Only the scored positions' distributions (not B x T x V logits).
             logits = self.model.get_output_embeddings()(h[torch.tensor(b), torch.tensor(t)])
+            if self.cap:
+                logits = torch.tanh(logits / self.cap) * self.cap
         self.forwards += 1
         logp = torch.log_softmax(logits.float(), dim=-1)
         tok_lp = logp.gather(-1, torch.tensor(target)[:, None]).squeeze(-1).double()

@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
     // A plain forward with loss (no perturbation) of the same batch, for the step's overhead: the
     // engine's own Forward, reading the resident blocks (the pending update stays pending).
     std::vector<float> nll(static_cast<size_t>(rows));
-    auto forward = [&] { zo.forward().nll(lb.batch, lb.position_targets().data(), nll.data()); };
+    const std::vector<int32_t> targets = lb.position_targets();
+    auto forward = [&] { zo.forward().nll(lb.batch, targets.data(), nll.data()); };
     forward();
     const auto t1 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; ++s) forward();

@@ -100,7 +100,7 @@ LossBatch batch_of(const std::vector<ScoredSeq>& seqs, int32_t pad_id,
       lb.score_rows.push_back((int32_t)(r * T + seqs[r].pos[k]));
       lb.score_targets.push_back(seqs[r].target[k]);
     }
-  if (cand_end) {  // from where each unit starts to where it ends
+  if (cand_end && !cand_end->empty()) {  // from where each unit starts to where it ends
     cand_end->erase(cand_end->begin());
     cand_end->push_back((int32_t)lb.score_rows.size());
   }

@@ -76,9 +76,13 @@ void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& 
     ZOF_ASSERT((int64_t)lb.batch.ids.size() == rows);
     const int64_t n = lb.scored();
     ZOF_ASSERT((int64_t)lb.score_targets.size() == n);
+    ZOF_CHECK(n <= max_rows, "batch scoring " + std::to_string(n) + " (position, target) pairs "
+                             "exceeds " + who + "'s capacity of " + std::to_string(max_rows));
     for (int64_t i = 0; i < n; ++i) {  // a pair scores a real token's position
-      const int64_t r = lb.score_rows[i], b = r / std::max<int64_t>(lb.batch.T, 1);
-      ZOF_ASSERT(r >= 0 && r < rows && r % lb.batch.T < lb.batch.lengths[b]);
+      const int64_t r = lb.score_rows[i];
+      ZOF_CHECK(r >= 0 && r < rows && r % lb.batch.T < lb.batch.lengths[r / lb.batch.T],
+                "pair " + std::to_string(i) + " scores position " + std::to_string(r) +
+                    ", which is not a token of the batch");
     }
     int32_t next = 0;  // choices cover consecutive candidates, each with a pair
     for (const LossBatch::Choice& c : lb.choices) {

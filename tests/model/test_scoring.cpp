@@ -352,6 +352,18 @@ TEST(Scoring, ClassificationOnOneTokenCandidatesTrainsOnOneSequenceOfThePrompt) 
   }
   ASSERT_EQ(shared.batch.B, seqs);
   ASSERT_EQ(shared.choices.size(), ex.size());
+  // The sequences built are as long as choice_length says (what the step pads every layout to).
+  int64_t longest = 0;
+  for (size_t i = 0, row = 0; i < ex.size(); ++i) {
+    longest = std::max(longest, zof::choice_length(cands[i]));
+    if (shares[i]) {
+      EXPECT_EQ(shared.batch.lengths[row++], zof::choice_length(cands[i])) << "example " << i;
+      continue;
+    }
+    for (const auto& c : cands[i])
+      EXPECT_EQ(shared.batch.lengths[row++], (int32_t)c.ids.size()) << "example " << i;
+  }
+  EXPECT_EQ(shared.batch.T, longest);
   const int32_t c0 = shared.choices[0].first;  // example 0: three pairs at one row
   const int32_t r0 = shared.score_rows[c0 ? shared.cand_end[c0 - 1] : 0];
   EXPECT_EQ(r0, (int32_t)cands[0][0].ids.size() - 2);

@@ -91,9 +91,26 @@ zof::Batch batch_of(int64_t vocab) {
 
 // Each rank's full logits (gathered) and NLL of the batch's next tokens, from T ranks.
 struct TpOut {
-  std::vector<float> logits, nll;
+  std::vector<float> logits, nll, pair_nll;
   uint64_t bytes = 0;
 };
+
+// (row, target) pairs over the batch's real positions, every row twice with two targets: more
+// pairs than rows (the head in several passes) and rows scored more than once (shared prompts).
+struct Pairs {
+  std::vector<int32_t> rows, targets;
+};
+Pairs pairs_of(const zof::Batch& b, int64_t vocab) {
+  Pairs p;
+  for (int64_t r = 0; r < b.B; ++r)
+    for (int64_t t = 0; t < b.lengths[(size_t)r]; ++t)
+      for (int k = 0; k < 2; ++k) {
+        p.rows.push_back((int32_t)(r * b.T + t));
+        p.targets.push_back((int32_t)((r * b.T + t) * (7 + 6 * k) + 1 + 4 * k) % (int32_t)vocab);
+      }
+  EXPECT_GT((int64_t)p.rows.size(), b.B * b.T);
+  return p;
+}
 TpOut tp_run(const zof::Model& full, int T, const zof::Batch& b, const zof::ZKey* key = nullptr,
              float scale = 0.f) {
   std::vector<TpOut> outs((size_t)T);
@@ -112,16 +129,20 @@ TpOut tp_run(const zof::Model& full, int T, const zof::Batch& b, const zof::ZKey
     o.nll.resize(b.ids.size());
     f.nll(b, targets.data(), o.nll.data());
     o.bytes = f.bytes_exchanged();
+    const Pairs pr = pairs_of(b, full.config().vocab_size);
+    o.pair_nll.resize(pr.rows.size());
+    f.nll_at(b, pr.rows.data(), pr.targets.data(), (int64_t)pr.rows.size(), o.pair_nll.data());
   });
   for (int r = 1; r < T; ++r) {  // every rank holds the same numbers
     EXPECT_EQ(outs[(size_t)r].logits, outs[0].logits) << "rank " << r;
     EXPECT_EQ(outs[(size_t)r].nll, outs[0].nll) << "rank " << r;
+    EXPECT_EQ(outs[(size_t)r].pair_nll, outs[0].pair_nll) << "rank " << r;
   }
   return outs[0];
 }
 
 struct Single {
-  std::vector<float> logits, nll;
+  std::vector<float> logits, nll, pair_nll;
 };
 Single single_run(const zof::Model& m, const zof::Batch& b) {
   auto be = zof::test::reference_backend();
@@ -129,6 +150,9 @@ Single single_run(const zof::Model& m, const zof::Batch& b) {
   Single s;
   f.logits(b, s.logits);
   f.next_token_nll(b, s.nll);
+  const Pairs pr = pairs_of(b, m.config().vocab_size);
+  s.pair_nll.resize(pr.rows.size());
+  f.nll_at(b, pr.rows.data(), pr.targets.data(), (int64_t)pr.rows.size(), s.pair_nll.data());
   return s;
 }
 
@@ -160,9 +184,11 @@ TEST_P(TensorParallel, LogitsAndLossWithinFp32OfOneProcessAndRerunsIdentical) {
     }
     EXPECT_LT(rel_diff(a.logits, one.logits), 2e-6);
     EXPECT_LT(rel_diff(a.nll, one.nll), 2e-6);
+    EXPECT_LT(rel_diff(a.pair_nll, one.pair_nll), 2e-6);
     const TpOut again = tp_run(full, T, b);
     EXPECT_EQ(again.logits, a.logits);  // bit-identical for the grid
     EXPECT_EQ(again.nll, a.nll);
+    EXPECT_EQ(again.pair_nll, a.pair_nll);
     if (T > 1) {
       EXPECT_GT(a.bytes, 0u);
     }
