@@ -53,14 +53,14 @@ echo "raw: $OUTDIR" >&2
 import json, os, sys
 out, tasks, base = sys.argv[1], sys.argv[2].split(), sys.argv[3] == "1"
 print("| task | run | s/step | peak RSS MB | zof's speed-up over it |")
-print("|---|---|---:|---:|---:|")
+print("|---|---|---:|---:|---:|")  # MB: 10^6 bytes (time's %M is KiB; the peer's are MB)
 for t in tasks:
     z = json.load(open(f"{out}/zof-{t}.json"))
-    rows = [("zof", z["train_s"] / z["steps"], int(open(f"{out}/zof-{t}.rss").read()) / 1024)]
+    rows = [("zof", z["train_s"] / z["steps"], int(open(f"{out}/zof-{t}.rss").read()) * 1024 / 1e6)]
     if base:
         b = json.load(open(f"{out}/baseline-{t}.json"))
         rows.append(("zof baseline (ZOF_BASELINE)", b["train_s"] / b["steps"],
-                     int(open(f"{out}/baseline-{t}.rss").read()) / 1024))
+                     int(open(f"{out}/baseline-{t}.rss").read()) * 1024 / 1e6))
     for mode, name in (("plain", "MeZO (PyTorch), one sequence per candidate"),
                        ("share", "MeZO (PyTorch) --share-prompt")):
         p = json.load(open(f"{out}/torch-{mode}-{t}.json"))
