@@ -21,6 +21,8 @@ OUTDIR=${ZOF_BENCH_OUT:-$(mktemp -d /tmp/zof-task-step.XXXXXX)}
 mkdir -p "$OUTDIR"
 [ -x build/zof ] || { echo "task_step.sh: build/zof is missing: run scripts/setup.sh" >&2; exit 1; }
 [ -d "$MODEL" ] || { echo "task_step.sh: MODEL $MODEL is not a directory (scripts/get_smollm2.sh makes SmolLM2's)" >&2; exit 1; }
+[ -x /usr/bin/time ] || { echo "task_step.sh: needs GNU time for peak RSS (apt-get install time)" >&2; exit 1; }
+"$PY" -c "import torch, transformers" 2>/dev/null || { echo "task_step.sh: $PY lacks torch or transformers (ZOF_PY_FULL=1 bash scripts/setup.sh installs them)" >&2; exit 1; }
 torch_dtype=$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)
 common=(--lr 1e-6 --eps 1e-3 --batch 16 --seed 0 --train-examples 1000)
 
@@ -37,6 +39,7 @@ for task in $TASKS; do
       --task "$task" --data "$ASSETS/data/$task" --objective classification --steps "$STEPS" \
       "${common[@]}" --eval-examples 32 --threads "$THREADS" --seq-len 256 --dtype "$DTYPE" \
       --out "$OUTDIR/run-$task-$which" --no-report --json | tail -n 1 >"$OUTDIR/$which-$task.json"
+    rm -rf "$OUTDIR/run-$task-$which"  # the saved model: not what is measured
   done
   for mode in plain share; do
     echo "== $task: PyTorch MeZO ($mode)" >&2

@@ -2,7 +2,7 @@
 # Tensor parallel's traffic at real widths: zof finetune --tensor-parallel T under mpirun on
 # random-weight models with LLaMA-2-7B's layer (hidden 4096, 32 heads, FFN 11008) and LLaMA-2-70B's
 # (hidden 8192, 64 heads, 8 KV heads, FFN 28672), a few layers each and stories260K's tokenizer
-# (vocabulary 512: the exchange does not depend on the vocabulary, 20 bytes a scored row whatever it
+# (vocabulary 512: the exchange does not depend on the vocabulary, 20 bytes a scored (position, target) pair whatever it
 # is). Each run's summary gives the bytes each rank's all-gathers carried a step
 # (dist.tensor_bytes_per_step_per_rank) and the bytes all ranks sent (dist.bytes_per_step, the
 # communicator's counter); the table sets them beside docs/parallelism.md's formula, then the

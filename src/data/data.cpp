@@ -54,7 +54,7 @@ ScoredSeq answer_seq(const TokenizedExample& t, int64_t u) {
 // "Yes" / "No" / "Maybe" with GPT-2's or SmolLM2's tokenizer); if so they run as one sequence
 // (shared_prompt_seq): the shared tokens, with every candidate's token scored at the last
 // position. The same log-probabilities as one sequence each (a position sees only the tokens
-// before it), in a forward of one sequence instead of one per candidate. Units first_unit + c.
+// before it), in a forward of one sequence instead of one per candidate.
 bool one_token_apart(const std::vector<TokenizedExample>& c) {
   if (c.size() < 2) return false;
   const size_t L = c[0].ids.size();
@@ -66,6 +66,7 @@ bool one_token_apart(const std::vector<TokenizedExample>& c) {
   return true;
 }
 
+// The shared sequence of candidates one_token_apart, candidate c credited to unit first_unit + c.
 bool shared_prompt_seq(const std::vector<TokenizedExample>& c, int64_t first_unit, ScoredSeq& out) {
   if (!one_token_apart(c)) return false;
   const size_t L = c[0].ids.size();

@@ -1,6 +1,7 @@
-// The rows a loss scores: the positions with a target (>= 0), in order, and their targets. Every
-// head (Forward's evaluation, the ZO walk's perturbed head, the JVP walk's) forms logits for these
-// rows only, gathered from the hidden states.
+// The rows per-position targets score: the positions with a target (>= 0), in order, and their
+// targets, as (row, target) pairs for the heads that take per-position targets (Forward::nll,
+// head_nll). A LossBatch holds its pairs already (score_rows, score_targets); every head forms
+// logits for the pairs' rows only, gathered from the hidden states.
 #pragma once
 #include <cstdint>
 #include <string>
