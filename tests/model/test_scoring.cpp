@@ -103,6 +103,29 @@ double score_tokenized(zof::Forward& fwd, const zof::TokenizedExample& t) {
   return sum / n;
 }
 
+namespace {
+
+// Examples that share one sequence of the prompt (one-token candidates after the same prompt
+// tokens) beside ones that must not (candidates of several tokens, even of equal length and a
+// common first token; a single candidate), and a prompt cut on the left at 32 tokens.
+std::vector<zof::Example> mixed_examples() {
+  std::string long_prompt;
+  for (int i = 0; i < 6; ++i) long_prompt += "Lily was very happy. ";
+  long_prompt += "She went to";
+  return {
+      {"Once upon a time, there was a", {" little", " big", " happy"}, 0},
+      {"Lily was very happy. She went to", {" the", " a"}, 0},
+      {"Tom fell down so ", {"he cried.", "a car."}, 0},                 // several tokens each
+      {"One day, Tim and", {" his", " her"}, 1},
+      {"Once upon a time, there was a", {" the big", " the happy"}, 1},  // " the" common
+      {long_prompt, {" the", " a"}, 1},                                  // cut on the left
+      {"One day, Tim and", {" his"}, 0},                                 // one candidate
+  };
+}
+const std::vector<bool> kMixedShares = {true, true, false, true, false, true, false};
+
+}  // namespace
+
 // Examples whose candidates are one token each after the same prompt tokens (MeZO's SST-2, RTE
 // and CB verbalizers) run as one sequence of the prompt, each candidate scored at its last
 // position: the same scores as each candidate's own sequence, beside examples that must not
@@ -115,19 +138,8 @@ TEST(Scoring, OneTokenCandidatesShareOneForwardOfThePrompt) {
   auto be = zof::test::cpu_backend(1);
   const int64_t max_len = 32, batch_rows = 48;
   zof::Forward fwd(model, *be, 64);
-  std::string long_prompt;
-  for (int i = 0; i < 6; ++i) long_prompt += "Lily was very happy. ";
-  long_prompt += "She went to";
-  const std::vector<zof::Example> ex = {
-      {"Once upon a time, there was a", {" little", " big", " happy"}, 0},
-      {"Lily was very happy. She went to", {" the", " a"}, 0},
-      {"Tom fell down so ", {"he cried.", "a car."}, 0},        // several tokens each
-      {"One day, Tim and", {" his", " her"}, 1},
-      {"Once upon a time, there was a", {" the big", " the happy"}, 1},  // " the" common
-      {long_prompt, {" the", " a"}, 1},                          // cut on the left
-      {"One day, Tim and", {" his"}, 0},                         // one candidate
-  };
-  const std::vector<bool> shares = {true, true, false, true, false, true, false};
+  const std::vector<zof::Example> ex = mixed_examples();
+  const std::vector<bool>& shares = kMixedShares;
   std::vector<std::vector<zof::TokenizedExample>> t(ex.size());
   int64_t tokens_shared = 0, tokens_separate = 0;
   for (size_t i = 0; i < ex.size(); ++i) {
@@ -319,19 +331,9 @@ TEST(Scoring, ClassificationOnOneTokenCandidatesTrainsOnOneSequenceOfThePrompt) 
   const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
   auto ref = zof::test::reference_backend();
   auto cpu = zof::test::cpu_backend(1);
-  std::string long_prompt;
-  for (int i = 0; i < 6; ++i) long_prompt += "Lily was very happy. ";
-  long_prompt += "She went to";
-  const std::vector<zof::Example> ex = {
-      {"Once upon a time, there was a", {" little", " big", " happy"}, 2},
-      {"Lily was very happy. She went to", {" the", " a"}, 0},
-      {"Tom fell down so ", {"he cried.", "a car."}, 0},                 // several tokens each
-      {"One day, Tim and", {" his", " her"}, 1},
-      {"Once upon a time, there was a", {" the big", " the happy"}, 1},  // " the" common
-      {long_prompt, {" the", " a"}, 1},                                  // cut on the left
-      {"One day, Tim and", {" his"}, 0},                                 // one candidate
-  };
-  const std::vector<bool> shares = {true, true, false, true, false, true, false};
+  std::vector<zof::Example> ex = mixed_examples();
+  ex[0].label = 2;
+  const std::vector<bool>& shares = kMixedShares;
   const auto cands = zof::tokenize_candidates(tok, ex, 32);
   std::vector<int> labels;
   for (const auto& e : ex) labels.push_back(e.label);
