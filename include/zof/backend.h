@@ -126,7 +126,10 @@ class Backend {
 
   // y(M,N) = x(M,K) · w(N,K)^T + bias(N); bias may be null. w is in nn.Linear layout (out, in),
   // of type wt: F32 (strict fp32, no TF32) or BF16 (x is rounded to bf16, nearest even, and the
-  // products of bf16 values accumulate in fp32). x, bias and y are fp32.
+  // products of bf16 values accumulate in fp32). x, bias and y are fp32. On the CPU a row's
+  // outputs have the same bits whatever M and the thread count, except that M = 1 (decoding)
+  // runs its own faster path: callers that must match a row among others bit for bit (the
+  // training walk's head) never ask for one row alone.
   virtual void matmul(const float* x, const void* w, DType wt, const float* bias, float* y,
                       int64_t M, int64_t N, int64_t K, Stream* s = nullptr) = 0;
   void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,

@@ -129,6 +129,9 @@ LossBatch make_choice_batch(const std::vector<std::vector<TokenizedExample>>& ca
                             int32_t pad_id = 0);
 // lb right-padded to T >= lb.batch.T positions (ids pad_id; the pairs' rows at the new stride).
 LossBatch pad_loss_batch(LossBatch lb, int64_t T, int32_t pad_id = 0);
+// lb packed (Batch::pack: its sequences back to back, no padding; the pairs' rows moved with
+// them): the training walk's layout.
+LossBatch pack_loss_batch(LossBatch lb);
 
 // The tokens an example of candidates runs as in make_choice_batch: its longest candidate, or
 // one less where the candidates share all tokens but a last one.

@@ -12,13 +12,25 @@
 
 namespace zof {
 
-// A right-padded batch of token sequences. Row b holds lengths[b] real tokens, then padding.
+// A batch of B token sequences in one of two layouts:
+//   padded (starts empty): sequence b at rows b*T .., lengths[b] real tokens, then padding;
+//   packed (starts set): sequence b at rows starts[b] .. starts[b] + lengths[b] - 1, back to
+//     back with no padding (T is then the longest length). Every matrix product runs over real
+//     tokens only and attention runs per sequence at its own length, so a sequence's values do
+//     not depend on what else the batch holds or how long it is (the training walk's layout).
 struct Batch {
   int64_t B = 0, T = 0;
-  std::vector<int32_t> ids;      // (B, T)
+  std::vector<int32_t> ids;      // (rows())
   std::vector<int32_t> lengths;  // (B)
+  std::vector<int32_t> starts;   // packed: (B + 1), starts[B] = rows(); padded: empty
+  bool packed() const { return !starts.empty(); }
+  int64_t rows() const { return packed() ? starts.back() : B * T; }
+  // The row of sequence b's token t.
+  int64_t row(int64_t b, int64_t t) const { return (packed() ? starts[size_t(b)] : b * T) + t; }
   // Builds a batch from sequences, padding with pad_id. Sequences must be non-empty.
   static Batch from_sequences(const std::vector<std::vector<int32_t>>& seqs, int32_t pad_id = 0);
+  // The same sequences packed (a packed batch is returned as it is).
+  Batch pack() const;
 };
 
 // Keys and values of every layer for incremental decoding. (B, capacity, Hkv, D) per layer.
@@ -27,8 +39,10 @@ struct DeviceInputs {
   const int32_t* ids = nullptr;        // (rows) token ids, in range
   const int32_t* pos = nullptr;        // (rows) positions (RoPE)
   const int32_t* embed_pos = nullptr;  // (rows) rows of a learned position table (OPT: pos + 2)
-  const uint8_t* key_mask = nullptr;   // (rows) 1 for a real token, 0 for padding
+  const uint8_t* key_mask = nullptr;   // (rows) 1 for a real token, 0 for padding; packed: null
   int64_t B = 0, T = 0;
+  int64_t rows = 0;                    // B * T, or a packed batch's tokens
+  const int32_t* starts = nullptr;     // host memory: a packed batch's Batch::starts, else null
 };
 
 class BlockStreamer;  // streaming.h
@@ -59,17 +73,17 @@ class Forward {
   Forward(const Forward&) = delete;
   Forward& operator=(const Forward&) = delete;
 
-  // logits (B*T, V) at every position of the batch (padding positions hold garbage).
+  // logits (rows(), V) at every position of the batch (padding positions hold garbage).
   void logits(const Batch& batch, std::vector<float>& out);
-  // nll (B*T): at each position t of row b, -log p(targets[b*T+t]); targets < 0 give 0.
+  // nll (rows()): at each row r of the batch, -log p(targets[r]); targets < 0 give 0.
   // Logits are formed in chunks of rows, never all at once.
   void nll(const Batch& batch, const int32_t* targets, float* nll);
-  // nll (n): -log p(targets[i]) at position rows[i] (b*T + t) of the batch; a position may be
+  // nll (n): -log p(targets[i]) at row rows[i] (Batch::row) of the batch; a position may be
   // scored for several targets (the candidates of one prompt in one row). zof::Error for a row
   // or target out of range.
   void nll_at(const Batch& batch, const int32_t* rows, const int32_t* targets, int64_t n,
               float* nll);
-  // Next-token NLL of the batch's own tokens: nll (B*T), position t scores token t+1.
+  // Next-token NLL of the batch's own tokens: nll (rows()), position t scores token t+1.
   void next_token_nll(const Batch& batch, std::vector<float>& nll);
 
   // Incremental decoding: runs ids (B, T) at positions cache.length.., appends to the cache and
@@ -109,11 +123,11 @@ class Forward {
   // h (B*T, C) = embeddings of ids at embed_pos (DeviceInputs' arrays).
   void embed(const EmbedWeights& w, const int32_t* ids, const int32_t* embed_pos, int64_t rows,
              float* h);
-  // One transformer layer in place on h (B, T, C). key_mask (B, Tk) or null; with a cache (host
-  // backends), the layer appends its keys/values at cache.length and attends to all Tk =
-  // length + T keys.
-  void layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t T, const int32_t* pos,
-             const uint8_t* key_mask, KVCache* cache);
+  // One transformer layer in place on h (in.rows, C), the batch's inputs as upload() left them;
+  // with a cache (host backends), the layer appends its keys/values at cache.length and attends
+  // to all length + T keys.
+  void layer(int li, const LayerWeights& w, float* h, const DeviceInputs& in,
+             KVCache* cache = nullptr);
   // Final norm and projection: rows of h (rows, C) -> logits (rows, V).
   void head_logits(const HeadWeights& w, const float* h, int64_t rows, float* logits);
   // Final norm and OPT's project_out without the LM head: h (rows, C) -> x (rows, E), E the
@@ -140,8 +154,7 @@ class Forward {
   int32_t* ibuf(int i) { return ibufs_[i]; }
   // The batch through the embedding and every layer at the model's weights, into buf(HID).
   void hidden(const Batch& batch);
-  void walk_blocks(const int32_t* ids, const int32_t* embed_pos, const int32_t* pos,
-                   const uint8_t* key_mask, int64_t B, int64_t T, KVCache* cache);
+  void walk_blocks(const DeviceInputs& in, KVCache* cache);
   // Weight views of the walk's blocks: acquire/release are no-ops without a streamer.
   void acquire(int block);
   void release(int block);
@@ -184,6 +197,7 @@ class Forward {
   std::vector<float*> bufs_;
   std::vector<int32_t*> ibufs_;
   uint8_t* mask_ = nullptr;
+  std::vector<int32_t> starts_;  // the uploaded batch's Batch::starts (DeviceInputs::starts)
   BlockStreamer* weights_ = nullptr;
   BlockAccess* host_ = nullptr;
   // Frees the bf16 copies and the fp32 scratch (made again, in the new layout, when next read).

@@ -46,6 +46,10 @@ struct LossBatch {
 // row quantum (row_quantized, below) and added.
 double loss_sum(const LossBatch& lb, const double* pair_nll);
 
+// Checks a batch's layout: B lengths from 1 to T, ids for every row, a packed batch's starts
+// consistent with its lengths. zof::Error naming what is wrong.
+void check_batch_layout(const Batch& b);
+
 // Checks micro-batches against a walk's capacity (max_rows tokens) and the model: context,
 // vocabulary, targets. zof::Error naming what is wrong; `who` names the walk ("the engine").
 void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& cfg,

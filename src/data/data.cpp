@@ -289,6 +289,18 @@ LossBatch pad_loss_batch(LossBatch lb, int64_t T, int32_t pad_id) {
   return lb;
 }
 
+LossBatch pack_loss_batch(LossBatch lb) {
+  if (lb.batch.packed()) return lb;
+  const int64_t T = lb.batch.T;
+  Batch p = lb.batch.pack();
+  for (int32_t& r : lb.score_rows) {
+    ZOF_ASSERT(r % T < lb.batch.lengths[size_t(r / T)]);
+    r = (int32_t)p.row(r / T, r % T);
+  }
+  lb.batch = std::move(p);
+  return lb;
+}
+
 int64_t choice_length(const std::vector<TokenizedExample>& candidates) {
   if (one_token_apart(candidates)) return (int64_t)candidates[0].ids.size() - 1;
   int64_t n = 0;

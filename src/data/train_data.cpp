@@ -11,28 +11,21 @@ namespace zof {
 namespace {
 
 // The micro-batches of the step: its examples (replica r of R: its rank_slice of them) split
-// into `micro` parts of near-equal size; len(i) is example i's length in tokens. Every
-// micro-batch is padded to the longest sequence of the whole step, so that each row has the
-// same padded length in every layout: a row's losses depend on it in the last bits (the
-// kernels' blocking follows the sequence length), and with it each row is computed exactly as
-// in one process (only the number of rows differs), so R replicas reproduce the single-process
-// losses and weights bit for bit, with micro-batches too (tests/mpi). One process with one
-// micro-batch has that length already.
-template <class Len, class Make>
+// into `micro` parts of near-equal size, each packed (pack_loss_batch): every sequence runs at
+// its own length, its tokens only, so each is computed exactly as in any other layout (only the
+// number of rows differs) and R replicas reproduce the single-process losses and weights bit
+// for bit, with micro-batches too (tests/mpi).
+template <class Make>
 std::vector<LossBatch> step_micro_batches(BatchSampler& sampler, uint64_t step, int replica,
-                                          int replicas, int64_t micro, int32_t pad, Len len,
-                                          Make make) {
+                                          int replicas, int64_t micro, Make make) {
   const std::vector<int64_t> all = sampler.batch((int64_t)step);
   const std::vector<int64_t> idx =
       replicas == 1 ? all : BatchSampler::rank_slice(all, replica, replicas);
-  int64_t T = 0;
-  for (int64_t i : all) T = std::max<int64_t>(T, len(i));
   std::vector<LossBatch> out;
   const int64_t B = (int64_t)idx.size();
   for (int64_t m = 0; m < micro; ++m) {
     const int64_t lo = B * m / micro, hi = B * (m + 1) / micro;
-    LossBatch lb = make(std::vector<int64_t>(idx.begin() + lo, idx.begin() + hi));
-    out.push_back(replicas == 1 && micro == 1 ? std::move(lb) : pad_loss_batch(std::move(lb), T, pad));
+    out.push_back(pack_loss_batch(make(std::vector<int64_t>(idx.begin() + lo, idx.begin() + hi))));
   }
   return out;
 }
@@ -54,8 +47,7 @@ class TextTask : public TrainData {
   }
   std::vector<LossBatch> batch(uint64_t step, int replica, int replicas) override {
     return step_micro_batches(
-        sampler_, step, replica, replicas, opt_.micro_batches, 0,
-        [&](int64_t i) { return (int64_t)data_.train[i].size(); },
+        sampler_, step, replica, replicas, opt_.micro_batches,
         [&](const std::vector<int64_t>& i) { return make_text_batch(data_.train, i); });
   }
   Metric evaluate(Forward& fwd) override {
@@ -107,12 +99,10 @@ class ExampleTask : public TrainData {
     const int32_t pad = std::max(0, tok_.pad_id());
     if (classify_)
       return step_micro_batches(
-          sampler_, step, replica, replicas, opt_.micro_batches, pad,
-          [&](int64_t i) { return choice_length(cands_[i]); },
+          sampler_, step, replica, replicas, opt_.micro_batches,
           [&](const std::vector<int64_t>& i) { return make_choice_batch(cands_, labels_, i, pad); });
     return step_micro_batches(
-        sampler_, step, replica, replicas, opt_.micro_batches, pad,
-        [&](int64_t i) { return (int64_t)train_[i].ids.size(); },
+        sampler_, step, replica, replicas, opt_.micro_batches,
         [&](const std::vector<int64_t>& i) { return make_loss_batch(train_, i, pad); });
   }
   Metric evaluate(Forward& fwd) override {

@@ -34,6 +34,20 @@ Batch Batch::from_sequences(const std::vector<std::vector<int32_t>>& seqs, int32
   return b;
 }
 
+Batch Batch::pack() const {
+  if (packed()) return *this;
+  Batch p;
+  p.B = B, p.T = 0, p.lengths = lengths;
+  p.starts.assign(size_t(B + 1), 0);
+  for (int64_t i = 0; i < B; ++i) {
+    ZOF_ASSERT(lengths[size_t(i)] > 0 && lengths[size_t(i)] <= T);
+    p.T = std::max<int64_t>(p.T, lengths[size_t(i)]);
+    p.starts[size_t(i + 1)] = p.starts[size_t(i)] + lengths[size_t(i)];
+    p.ids.insert(p.ids.end(), ids.begin() + i * T, ids.begin() + i * T + lengths[size_t(i)]);
+  }
+  return p;
+}
+
 Forward::Forward(const Model& model, Backend& backend, int64_t max_rows)
     : model_(model), cfg_(model.config()), be_(backend), max_rows_(max_rows) {
   const int64_t C = cfg_.hidden_size, E = std::max(C, cfg_.word_embed_proj_dim);
@@ -228,7 +242,8 @@ void Forward::convert(int block, bool tied_head) {
 }
 
 DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
-  const int64_t rows = b.B * b.T, V = cfg_.vocab_size;
+  const int64_t rows = b.rows(), V = cfg_.vocab_size;
+  ZOF_ASSERT((int64_t)b.ids.size() == rows && (int64_t)b.lengths.size() == b.B);
   ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
                                    " tokens exceeds this forward's capacity of " +
                                    std::to_string(max_rows_));
@@ -243,10 +258,10 @@ DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
   std::vector<uint8_t> mask(rows);
   const int32_t offset = cfg_.arch == Arch::OPT ? 2 : 0;  // OPTLearnedPositionalEmbedding's
   for (int64_t i = 0; i < b.B; ++i)
-    for (int64_t t = 0; t < b.T; ++t) {
-      pos[i * b.T + t] = (int32_t)t;
-      embed_pos[i * b.T + t] = (int32_t)t + offset;
-      mask[i * b.T + t] = t < b.lengths[i];
+    for (int64_t t = 0; t < (b.packed() ? b.lengths[size_t(i)] : b.T); ++t) {
+      pos[b.row(i, t)] = (int32_t)t;
+      embed_pos[b.row(i, t)] = (int32_t)t + offset;
+      mask[b.row(i, t)] = t < b.lengths[size_t(i)];
     }
   // From pageable host memory: the copies are staged before the calls return, so the vectors
   // may go at the end of this function.
@@ -254,17 +269,21 @@ DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
   be_.copy_to_device(dids, ids ? ids : b.ids.data(), rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibuf(kPos), pos.data(), rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibuf(kEmbedPos), embed_pos.data(), rows * sizeof(int32_t), nullptr);
-  be_.copy_to_device(mask_, mask.data(), rows, nullptr);
+  if (!b.packed()) be_.copy_to_device(mask_, mask.data(), rows, nullptr);
   be_.synchronize(nullptr);
-  return DeviceInputs{dids, ibuf(kPos), ibuf(kEmbedPos), mask_, b.B, b.T};
+  starts_ = b.starts;
+  return DeviceInputs{dids,       ibuf(kPos), ibuf(kEmbedPos),
+                      b.packed() ? nullptr : mask_,
+                      b.B,        b.T,        rows,
+                      b.packed() ? starts_.data() : nullptr};
 }
 
 namespace {
 // Forward's buffers for one layer: the hidden state updated in place, one normed copy, the
 // attention's q/k/v/out, one projection output and the FFN's two halves (the fused QKV shares the
 // first; an ungated activation runs in place); RoPE's table.
-graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float* h, int64_t B,
-                                int64_t T, const int32_t* pos, const uint8_t* key_mask) {
+graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float* h,
+                                const DeviceInputs& in) {
   graph::Frame<float> f;
   using namespace graph;
   f.set({kHIn, kH1, kH2, kHOut}, h);
@@ -276,7 +295,8 @@ graph::Frame<float> layer_frame(const graph::Dims& d, float* const* bufs, float*
   f.v[kQ] = bufs[Q], f.v[kK] = bufs[K], f.v[kV] = bufs[V], f.v[kAtt] = bufs[ATT];
   f.v[kQp] = bufs[Q], f.v[kKp] = bufs[K];  // Qwen3's q_norm and k_norm run in place
   f.v[kF2] = bufs[FF2];
-  f.rows = B * T, f.B = B, f.S = T, f.pos = pos, f.key_mask = key_mask;
+  f.rows = in.rows, f.B = in.B, f.S = in.T, f.pos = in.pos, f.key_mask = in.key_mask;
+  f.starts = in.starts;
   f.inv_freq = bufs[ROPE];
   f.inv_freq_local = bufs[ROPE_LOCAL];
   return f;
@@ -326,11 +346,11 @@ void Forward::embed(const EmbedWeights& w, const int32_t* ids, const int32_t* em
   graph::embed(o, d, w);
 }
 
-void Forward::layer(int li, const LayerWeights& w, float* h, int64_t B, int64_t T,
-                    const int32_t* pos, const uint8_t* key_mask, KVCache* cache) {
-  ZOF_ASSERT(B * T <= max_rows_);
+void Forward::layer(int li, const LayerWeights& w, float* h, const DeviceInputs& in,
+                    KVCache* cache) {
+  ZOF_ASSERT(in.rows <= max_rows_ && (!cache || !in.starts));
   const graph::Dims d = graph::Dims::of(cfg_, li);
-  graph::Frame<float> f = layer_frame(d, bufs_.data(), h, B, T, pos, key_mask);
+  graph::Frame<float> f = layer_frame(d, bufs_.data(), h, in);
   graph::BackendKernels k{be_};
   k.attn = compute_;
   if (cache) {
@@ -394,9 +414,13 @@ void Forward::head_nll_at(const HeadWeights& w, const float* h, const int32_t* s
   graph::BackendKernels k{be_};
   k.attn = compute_;
   for (int64_t s0 = 0; s0 < n_pairs; s0 += kHeadChunk) {
-    const int64_t n = std::min<int64_t>(kHeadChunk, n_pairs - s0);
-    be_.copy_to_device(ibuf(kSel), sel + s0, n * sizeof(int32_t), nullptr);
-    be_.copy_to_device(ibuf(kTargets), tg + s0, n * sizeof(int32_t), nullptr);
+    const int64_t m = std::min<int64_t>(kHeadChunk, n_pairs - s0);
+    // A lone pair runs twice: a product of one row is the backends' decoding path, whose sums
+    // may differ in the last bits from the same row among others (Backend::matmul).
+    const int64_t n = std::max<int64_t>(m, 2);
+    const int32_t one_sel[2] = {sel[s0], sel[s0]}, one_tg[2] = {tg[s0], tg[s0]};
+    be_.copy_to_device(ibuf(kSel), m == 1 ? one_sel : sel + s0, n * sizeof(int32_t), nullptr);
+    be_.copy_to_device(ibuf(kTargets), m == 1 ? one_tg : tg + s0, n * sizeof(int32_t), nullptr);
     be_.embedding(ibuf(kSel), h, buf(HS), n, C, false);
     head_logits(w, buf(HS), n, buf(LOGITS));
     graph::Frame<float> f;
@@ -404,7 +428,7 @@ void Forward::head_nll_at(const HeadWeights& w, const float* h, const int32_t* s
     f.v[graph::kLogits] = buf(LOGITS), f.v[graph::kNll] = buf(NLL);
     graph::Primal o(k, d, f);
     o.cross_entropy(graph::kNll, graph::kLogits);
-    be_.copy_to_host(nll + s0, buf(NLL), n * sizeof(float), nullptr);
+    be_.copy_to_host(nll + s0, buf(NLL), m * sizeof(float), nullptr);
     be_.synchronize(nullptr);
   }
 }
@@ -457,8 +481,7 @@ std::vector<int> Forward::head_blocks() const {
 
 // The embedding and every layer into buf(HID), reading the model's storage, or block by block
 // from the streamer (a device backend); with a cache, attention over it (decode_step).
-void Forward::walk_blocks(const int32_t* ids, const int32_t* embed_pos, const int32_t* pos,
-                          const uint8_t* key_mask, int64_t B, int64_t T, KVCache* cache) {
+void Forward::walk_blocks(const DeviceInputs& in, KVCache* cache) {
   float* h = buf(HID);
   if (per_block()) {
     std::vector<int> order;
@@ -470,18 +493,18 @@ void Forward::walk_blocks(const int32_t* ids, const int32_t* embed_pos, const in
       host_->begin_walk(std::move(order));
   }
   acquire(0);
-  embed(embed_weights(), ids, embed_pos, B * T, h);
+  embed(embed_weights(), in.ids, in.embed_pos, in.rows, h);
   release(0);
   for (int i = 0; i < cfg_.num_layers; ++i) {
     acquire(i + 1);
-    layer(i, layer_weights(i), h, B, T, pos, key_mask, cache);
+    layer(i, layer_weights(i), h, in, cache);
     release(i + 1);
   }
 }
 
 void Forward::hidden(const Batch& batch) {
   const DeviceInputs in = upload(batch);
-  walk_blocks(in.ids, in.embed_pos, in.pos, in.key_mask, batch.B, batch.T, nullptr);
+  walk_blocks(in, nullptr);
 }
 
 void Forward::logits_to_host(const float* h, int64_t n, float* out) {
@@ -500,7 +523,7 @@ void Forward::logits_to_host(const float* h, int64_t n, float* out) {
 
 void Forward::logits(const Batch& batch, std::vector<float>& out) {
   hidden(batch);
-  const int64_t rows = batch.B * batch.T;
+  const int64_t rows = batch.rows();
   out.resize(rows * cfg_.vocab_size);
   logits_to_host(buf(HID), rows, out.data());
 }
@@ -509,13 +532,13 @@ void Forward::nll(const Batch& batch, const int32_t* targets, float* nll) {
   hidden(batch);
   const std::vector<int> hb = head_blocks();
   for (int b : hb) acquire(b);
-  head_nll(head_weights(), buf(HID), batch.B * batch.T, targets, nll);
+  head_nll(head_weights(), buf(HID), batch.rows(), targets, nll);
   for (int b : hb) release(b);
 }
 
 void Forward::nll_at(const Batch& batch, const int32_t* rows, const int32_t* targets, int64_t n,
                      float* nll) {
-  const int64_t total = batch.B * batch.T;
+  const int64_t total = batch.rows();
   for (int64_t i = 0; i < n; ++i) {
     ZOF_CHECK(rows[i] >= 0 && rows[i] < total,
               "scored row " + std::to_string(rows[i]) + " is outside the batch's " +
@@ -533,11 +556,11 @@ void Forward::nll_at(const Batch& batch, const int32_t* rows, const int32_t* tar
 }
 
 void Forward::next_token_nll(const Batch& batch, std::vector<float>& out) {
-  std::vector<int32_t> targets(batch.B * batch.T, -1);
+  std::vector<int32_t> targets(batch.rows(), -1);
   for (int64_t b = 0; b < batch.B; ++b)
     for (int64_t t = 0; t + 1 < batch.lengths[b]; ++t)
-      targets[b * batch.T + t] = batch.ids[b * batch.T + t + 1];
-  out.resize(batch.B * batch.T);
+      targets[batch.row(b, t)] = batch.ids[batch.row(b, t + 1)];
+  out.resize(batch.rows());
   nll(batch, targets.data(), out.data());
 }
 
@@ -600,7 +623,10 @@ void Forward::decode_step(const int32_t* ids, int64_t B, int64_t T, KVCache& cac
   be_.copy_to_device(ibuf(kIds), ids, rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibuf(kPos), pos.data(), rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibuf(kEmbedPos), embed_pos.data(), rows * sizeof(int32_t), nullptr);
-  walk_blocks(ibuf(kIds), ibuf(kEmbedPos), ibuf(kPos), nullptr, B, T, &cache);
+  DeviceInputs in;
+  in.ids = ibuf(kIds), in.pos = ibuf(kPos), in.embed_pos = ibuf(kEmbedPos);
+  in.B = B, in.T = T, in.rows = rows;
+  walk_blocks(in, &cache);
   float* h = buf(HID);
   cache.length += T;
   // Each row's last position.

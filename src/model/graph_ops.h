@@ -19,8 +19,9 @@ namespace zof::graph {
 template <class T>
 struct Frame {
   T* v[kNumValues] = {};
-  int64_t rows = 0;                    // B * S
-  int64_t B = 0, S = 0;                // attention's sequences
+  int64_t rows = 0;                    // B * S, or a packed batch's tokens
+  int64_t B = 0, S = 0;                // attention's sequences (packed: S is the longest)
+  const int32_t* starts = nullptr;     // host: packed sequences' first rows (B + 1), else null
   const int32_t* ids = nullptr;        // gather's rows (token ids)
   const int32_t* embed_pos = nullptr;  // gather_add's rows (a learned position table's)
   const int32_t* pos = nullptr;        // RoPE positions
@@ -41,6 +42,16 @@ void add_into(K& k, T* y, const T* a, const T* b, int64_t n) {
   if (y == b) return k.add(y, a, n);
   k.copy(y, a, n);
   k.add(y, b, n);
+}
+
+// Runs f(first row, B, S, key mask) over attention's sequences: the whole padded batch in one
+// call, or each packed sequence on its own at its own length (Batch::starts).
+template <class T, class F>
+void for_sequences(const Frame<T>& fr, F&& f) {
+  if (!fr.starts) return f(int64_t(0), fr.B, fr.S, fr.key_mask);
+  for (int64_t b = 0; b < fr.B; ++b)
+    f(int64_t(fr.starts[b]), int64_t(1), int64_t(fr.starts[b + 1] - fr.starts[b]),
+      static_cast<const uint8_t*>(nullptr));
 }
 
 // The attention's score scale: the config's (Gemma's query_pre_attn_scalar^-1/2), else the
@@ -84,8 +95,11 @@ class Primal {
     k_.rope(v(x), f_.pos, f_.rows, heads, d_.D, d_.Dr, table);
   }
   void attention(Value out, Value q, Value kk, Value vv) {
-    k_.attention(v(q), v(kk), v(vv), v(out), f_.key_mask, f_.B, f_.S, d_.H, d_.Hkv, d_.D,
-                 attn_scale<K>(d_), d_.window, d_.attn_softcap);
+    for_sequences(f_, [&](int64_t r0, int64_t B, int64_t S, const uint8_t* mask) {
+      const int64_t qo = r0 * d_.Hq, ko = r0 * d_.Hk;
+      k_.attention(v(q) + qo, v(kk) + ko, v(vv) + ko, v(out) + qo, mask, B, S, d_.H, d_.Hkv,
+                   d_.D, attn_scale<K>(d_), d_.window, d_.attn_softcap);
+    });
   }
   void activation(Value out, Value f1, Value f2) {
     const int64_t n = f_.rows * d_.I;
@@ -168,8 +182,12 @@ class Tangent {
     k_.rope(t(x), p_.pos, p_.rows, heads, d_.D, d_.Dr, table);
   }
   void attention(Value out, Value q, Value kk, Value vv) {
-    k_.attention_jvp(p(q), t(q), p(kk), t(kk), p(vv), t(vv), t(out), p_.key_mask, p_.B, p_.S,
-                     d_.H, d_.Hkv, d_.D, attn_scale<K>(d_), d_.window, d_.attn_softcap);
+    for_sequences(p_, [&](int64_t r0, int64_t B, int64_t S, const uint8_t* mask) {
+      const int64_t qo = r0 * d_.Hq, ko = r0 * d_.Hk;
+      k_.attention_jvp(p(q) + qo, t(q) + qo, p(kk) + ko, t(kk) + ko, p(vv) + ko, t(vv) + ko,
+                       t(out) + qo, mask, B, S, d_.H, d_.Hkv, d_.D, attn_scale<K>(d_), d_.window,
+                       d_.attn_softcap);
+    });
   }
   void activation(Value out, Value f1, Value f2) {
     const int64_t n = p_.rows * d_.I;

@@ -37,15 +37,15 @@ LossBatch LossBatch::next_token(Batch b) {
   LossBatch lb;
   for (int64_t i = 0; i < b.B; ++i)
     for (int64_t t = 0; t + 1 < b.lengths[i]; ++t) {
-      lb.score_rows.push_back((int32_t)(i * b.T + t));
-      lb.score_targets.push_back(b.ids[i * b.T + t + 1]);
+      lb.score_rows.push_back((int32_t)b.row(i, t));
+      lb.score_targets.push_back(b.ids[b.row(i, t + 1)]);
     }
   lb.batch = std::move(b);
   return lb;
 }
 
 LossBatch LossBatch::from_positions(Batch b, const std::vector<int32_t>& targets) {
-  ZOF_ASSERT((int64_t)targets.size() == b.B * b.T);
+  ZOF_ASSERT((int64_t)targets.size() == b.rows());
   LossBatch lb;
   for (size_t r = 0; r < targets.size(); ++r)
     if (targets[r] >= 0) {
@@ -57,7 +57,7 @@ LossBatch LossBatch::from_positions(Batch b, const std::vector<int32_t>& targets
 }
 
 std::vector<int32_t> LossBatch::position_targets() const {
-  std::vector<int32_t> t(batch.B * batch.T, -1);
+  std::vector<int32_t> t(batch.rows(), -1);
   for (int64_t i = 0; i < scored(); ++i) {
     ZOF_CHECK(t[score_rows[i]] < 0, "position " + std::to_string(score_rows[i]) +
                                         " is scored twice; per-position targets cannot say so");
@@ -66,11 +66,37 @@ std::vector<int32_t> LossBatch::position_targets() const {
   return t;
 }
 
+void check_batch_layout(const Batch& b) {
+  ZOF_CHECK(b.B >= 0 && b.T >= 0 && (int64_t)b.lengths.size() == b.B,
+            "batch of " + std::to_string(b.B) + " sequences has " +
+                std::to_string(b.lengths.size()) + " lengths");
+  for (int64_t i = 0; i < b.B; ++i)
+    ZOF_CHECK(b.lengths[size_t(i)] >= 1 && b.lengths[size_t(i)] <= b.T,
+              "sequence " + std::to_string(i) + " of the batch has length " +
+                  std::to_string(b.lengths[size_t(i)]) + "; lengths run from 1 to T = " +
+                  std::to_string(b.T));
+  if (b.packed()) {
+    ZOF_CHECK((int64_t)b.starts.size() == b.B + 1 && b.starts[0] == 0,
+              "a packed batch of " + std::to_string(b.B) + " sequences needs " +
+                  std::to_string(b.B + 1) + " starts from 0");
+    for (int64_t i = 0; i < b.B; ++i)
+      ZOF_CHECK(b.starts[size_t(i + 1)] - b.starts[size_t(i)] == b.lengths[size_t(i)],
+                "packed sequence " + std::to_string(i) + " starts at row " +
+                    std::to_string(b.starts[size_t(i)]) + " and its successor at " +
+                    std::to_string(b.starts[size_t(i + 1)]) + ", not its length " +
+                    std::to_string(b.lengths[size_t(i)]) + " later");
+  }
+  ZOF_CHECK((int64_t)b.ids.size() == b.rows(),
+            "batch holds " + std::to_string(b.ids.size()) + " token ids for " +
+                std::to_string(b.rows()) + " rows");
+}
+
 void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& cfg,
                         int64_t max_rows, const char* who) {
   const int64_t V = cfg.vocab_size;
   for (const LossBatch& lb : micro) {
-    const int64_t rows = lb.batch.B * lb.batch.T;
+    check_batch_layout(lb.batch);
+    const int64_t rows = lb.batch.rows();
     ZOF_CHECK(rows <= max_rows, "batch of " + std::to_string(rows) + " tokens exceeds " + who +
                                     "'s capacity of " + std::to_string(max_rows));
     ZOF_ASSERT((int64_t)lb.batch.ids.size() == rows);
@@ -80,7 +106,8 @@ void check_loss_batches(const std::vector<LossBatch>& micro, const ModelConfig& 
                              "exceeds " + who + "'s capacity of " + std::to_string(max_rows));
     for (int64_t i = 0; i < n; ++i) {  // a pair scores a real token's position
       const int64_t r = lb.score_rows[i];
-      ZOF_CHECK(r >= 0 && r < rows && r % lb.batch.T < lb.batch.lengths[r / lb.batch.T],
+      ZOF_CHECK(r >= 0 && r < rows &&
+                    (lb.batch.packed() || r % lb.batch.T < lb.batch.lengths[r / lb.batch.T]),
                 "pair " + std::to_string(i) + " scores position " + std::to_string(r) +
                     ", which is not a token of the batch");
     }

@@ -434,7 +434,7 @@ TensorForward::~TensorForward() {
 
 void TensorForward::hidden(const Batch& b) {
   const ModelConfig& c = plan_.local;
-  const int64_t rows = b.B * b.T;
+  const int64_t rows = b.rows();
   ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
                                    " tokens exceeds this forward's capacity of " +
                                    std::to_string(max_rows_));
@@ -447,9 +447,9 @@ void TensorForward::hidden(const Batch& b) {
   std::vector<int32_t> pos((size_t)rows);
   std::vector<uint8_t> mask((size_t)rows);
   for (int64_t i = 0; i < b.B; ++i)
-    for (int64_t t = 0; t < b.T; ++t) {
-      pos[(size_t)(i * b.T + t)] = (int32_t)t;
-      mask[(size_t)(i * b.T + t)] = t < b.lengths[(size_t)i];
+    for (int64_t t = 0; t < (b.packed() ? b.lengths[(size_t)i] : b.T); ++t) {
+      pos[(size_t)b.row(i, t)] = (int32_t)t;
+      mask[(size_t)b.row(i, t)] = t < b.lengths[(size_t)i];
     }
   be_.copy_to_device(ibufs_[kIds], b.ids.data(), (size_t)rows * sizeof(int32_t), nullptr);
   be_.copy_to_device(ibufs_[kPos], pos.data(), (size_t)rows * sizeof(int32_t), nullptr);
@@ -483,7 +483,9 @@ void TensorForward::hidden(const Batch& b) {
     f.v[kQ] = f.v[kQp] = B[Q], f.v[kK] = f.v[kKp] = B[K], f.v[kV] = B[V], f.v[kAtt] = B[ATT];
     f.set({kAttOut, kFfnOut, kAttN, kFfnN}, B[TMP]);
     f.v[kF1] = B[FF1], f.v[kF2] = B[FF2], f.v[kAct] = B[ACT];
-    f.rows = rows, f.B = b.B, f.S = b.T, f.pos = ibufs_[kPos], f.key_mask = mask_;
+    f.rows = rows, f.B = b.B, f.S = b.T, f.pos = ibufs_[kPos];
+    f.key_mask = b.packed() ? nullptr : mask_;
+    f.starts = b.packed() ? b.starts.data() : nullptr;
     f.inv_freq = B[ROPE], f.inv_freq_local = B[ROPE_LOCAL];
     TensorPrimal o(k, d, f, *this, counted);
     graph::layer(o, d, local_.layer(li));
@@ -505,7 +507,7 @@ void TensorForward::set_stage(int first, int last, Recv recv, Send send) {
 void TensorForward::local_logits(const Batch& b, std::vector<float>& out) {
   ZOF_ASSERT(embed_ && head_);  // the whole model's walk
   hidden(b);
-  const int64_t rows = b.B * b.T, Vt = plan_.local.vocab_size;
+  const int64_t rows = b.rows(), Vt = plan_.local.vocab_size;
   Counted counted(g_, bytes_);
   graph::BackendKernels k{be_};
   const graph::Dims d = graph::Dims::of(plan_.local);
@@ -526,7 +528,7 @@ void TensorForward::logits(const Batch& b, std::vector<float>& out) {
   local_logits(b, mine);
   // Slices differ in width by one at most: each is gathered padded to the widest.
   const int T = plan_.size;
-  const int64_t rows = b.B * b.T, Vfull = plan_.vocab, Vt = plan_.local.vocab_size;
+  const int64_t rows = b.rows(), Vfull = plan_.vocab, Vt = plan_.local.vocab_size;
   std::vector<int64_t> begin((size_t)T + 1);
   for (int t = 0; t <= T; ++t) begin[(size_t)t] = lo(Vfull, t, T);
   int64_t widest = 0;
@@ -546,7 +548,7 @@ void TensorForward::logits(const Batch& b, std::vector<float>& out) {
 }
 
 void TensorForward::nll(const Batch& b, const int32_t* targets, float* nll) {
-  const int64_t rows = b.B * b.T;
+  const int64_t rows = b.rows();
   std::vector<int32_t> sel, tg;
   for (int64_t r = 0; r < rows; ++r)
     if (targets[r] >= 0) sel.push_back((int32_t)r), tg.push_back(targets[r]);
@@ -559,7 +561,7 @@ void TensorForward::nll(const Batch& b, const int32_t* targets, float* nll) {
 void TensorForward::nll_at(const Batch& b, const int32_t* sel, const int32_t* targets, int64_t n,
                            float* nll) {
   hidden(b);
-  const int64_t rows = b.B * b.T, C = plan_.local.hidden_size;
+  const int64_t rows = b.rows(), C = plan_.local.hidden_size;
   std::vector<float> h((size_t)(rows * C));
   be_.copy_to_host(h.data(), bufs_[H], h.size() * sizeof(float), nullptr);
   be_.synchronize(nullptr);
@@ -601,11 +603,11 @@ void TensorForward::nll_at(const Batch& b, const int32_t* sel, const int32_t* ta
 }
 
 void TensorForward::next_token_nll(const Batch& b, std::vector<float>& out) {
-  std::vector<int32_t> targets((size_t)(b.B * b.T), -1);
+  std::vector<int32_t> targets((size_t)b.rows(), -1);
   for (int64_t r = 0; r < b.B; ++r)
     for (int64_t t = 0; t + 1 < b.lengths[(size_t)r]; ++t)
-      targets[(size_t)(r * b.T + t)] = b.ids[(size_t)(r * b.T + t + 1)];
-  out.resize((size_t)(b.B * b.T));
+      targets[(size_t)b.row(r, t)] = b.ids[(size_t)b.row(r, t + 1)];
+  out.resize((size_t)b.rows());
   nll(b, targets.data(), out.data());
 }
 

@@ -369,26 +369,30 @@ class JVPWalk {
     f.v[kLogitsRaw] = (tangent ? draw_logits_ : raw_logits_).data();
     return f;
   }
-  void set_inputs(Frame& f, int64_t B, int64_t S) {
-    f.rows = B * S, f.B = B, f.S = S;
+  // The batch's inputs (upload's), its sequences (a packed batch's starts are host memory).
+  void set_inputs(Frame& f, const Batch& b) {
+    f.rows = b.rows(), f.B = b.B, f.S = b.T;
     f.ids = ids_.data(), f.embed_pos = tok_pos_.data(), f.pos = pos_.data();
     f.inv_freq = inv_freq_.data(), f.inv_freq_local = inv_freq_local_.data();
-    f.key_mask = mask_.data();
+    f.key_mask = b.packed() ? nullptr : mask_.data();
+    f.starts = b.packed() ? b.starts.data() : nullptr;
   }
 
   // ---- the head: rows hs (n, C) -> logits (n, V) -> nll; with z, their tangents ----
   // Returns the sum of nll; *dsum gets the sum of its tangent when z is given.
-  double head_chunk(const HeadT<const T*>& w, const HeadT<const T*>* z, int64_t n, double* dsum) {
+  // The first `used` rows are summed.
+  double head_chunk(const HeadT<const T*>& w, const HeadT<const T*>* z, int64_t n, int64_t used,
+                    double* dsum) {
     Frame p = head_frame(false);
     p.rows = n, p.targets = tg_.data();
     graph::Primal<K> po(k_, d_, p);
     graph::head_loss(po, d_, w);
-    const double s = sum_of(nll_.data(), n);
+    const double s = sum_of(nll_.data(), used);
     if (!z) return s;
     Frame t = head_frame(true);
     graph::Tangent<K> to(k_, d_, p, t);
     graph::head_loss(to, d_, dual(w, *z));
-    *dsum = sum_of(dnll_.data(), n);
+    *dsum = sum_of(dnll_.data(), used);
     return s;
   }
 
@@ -431,14 +435,14 @@ class JVPWalk {
 // A micro-batch's ids, positions and key mask to the backend (staged before the calls return).
 template <class K>
 void JVPWalk<K>::upload(const Batch& b) {
-  const int64_t rows = b.B * b.T;
+  const int64_t rows = b.rows();
   std::vector<int32_t> pos(rows), tok_pos(rows);
   std::vector<uint8_t> mask(rows);
   for (int64_t i = 0; i < b.B; ++i)
-    for (int64_t t = 0; t < b.T; ++t) {
-      pos[i * b.T + t] = (int32_t)t;
-      tok_pos[i * b.T + t] = (int32_t)t + (cfg_.arch == Arch::OPT ? 2 : 0);  // OPT's offset
-      mask[i * b.T + t] = t < b.lengths[i];
+    for (int64_t t = 0; t < (b.packed() ? b.lengths[size_t(i)] : b.T); ++t) {
+      pos[b.row(i, t)] = (int32_t)t;
+      tok_pos[b.row(i, t)] = (int32_t)t + (cfg_.arch == Arch::OPT ? 2 : 0);  // OPT's offset
+      mask[b.row(i, t)] = t < b.lengths[size_t(i)];
     }
   be_.copy_to_device(ids_.data(), b.ids.data(), size_t(rows) * 4, nullptr);
   be_.copy_to_device(pos_.data(), pos.data(), size_t(rows) * 4, nullptr);
@@ -450,13 +454,13 @@ template <class K>
 void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
                              const ZKey* shift_key, double shift, const T* w_emb, JVPSums& out) {
   const Batch& b = lb.batch;
-  const int64_t rows = b.B * b.T;
+  const int64_t rows = b.rows();
   const int q = (int)keys.size();
   const int nblocks = (int)model_.blocks().size();
   upload(b);
   // Block 0: the embedding, its primal then each direction's tangent.
   Frame p = layer_primal_frame();
-  set_inputs(p, b.B, b.T);
+  set_inputs(p, b);
   const EmbedT<const T*> ew = embed_view(w_emb);
   {
     graph::Primal<K> po(k_, d_, p);
@@ -464,7 +468,7 @@ void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
   }
   for (int j = 0; j < q; ++j) {
     Frame t = layer_tangent_frame(dh_[j].data());
-    set_inputs(t, b.B, b.T);
+    set_inputs(t, b);
     graph::Tangent<K> to(k_, d_, p, t);
     graph::embed(to, d_, dual(ew, embed_view(z_embed_[j].data())));
   }
@@ -481,7 +485,7 @@ void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
     for (int j = 0; j < q; ++j) {
       block_z(li + 1, keys[j], z_block_);
       Frame t = layer_tangent_frame(dh_[j].data());
-      set_inputs(t, b.B, b.T);
+      set_inputs(t, b);
       graph::Tangent<K> to(k_, dl, p, t);
       graph::layer(to, dl, dual(w, layer_view(li, z_block_.data())));
     }
@@ -499,14 +503,18 @@ void JVPWalk<K>::micro_batch(const LossBatch& lb, const std::vector<ZKey>& keys,
       hz = head_view(z_block_.data(), z_embed_[j].data());
     }
     for (size_t s0 = 0; s0 < sel.size(); s0 += kHeadChunk) {
-      const int64_t n = std::min<int64_t>(kHeadChunk, (int64_t)(sel.size() - s0));
+      const int64_t m = std::min<int64_t>(kHeadChunk, (int64_t)(sel.size() - s0));
+      // A lone pair runs twice, its copy not summed: a product of one row is the backends'
+      // decoding path (Backend::matmul), and a micro-batch must score a pair as the whole batch.
+      const int64_t n = std::max<int64_t>(m, 2);
+      const int32_t one_sel[2] = {sel[s0], sel[s0]}, one_tg[2] = {tg[s0], tg[s0]};
       // The chunk's rows gathered by the embedding op (the hidden states as its table).
-      be_.copy_to_device(sel_.data(), sel.data() + s0, size_t(n) * 4, nullptr);
-      be_.copy_to_device(tg_.data(), tg.data() + s0, size_t(n) * 4, nullptr);
+      be_.copy_to_device(sel_.data(), m == 1 ? one_sel : sel.data() + s0, size_t(n) * 4, nullptr);
+      be_.copy_to_device(tg_.data(), m == 1 ? one_tg : tg.data() + s0, size_t(n) * 4, nullptr);
       k_.embedding(sel_.data(), h_.data(), hs_.data(), n, d_.C, false);
       if (q > 0) k_.embedding(sel_.data(), dh_[j].data(), dhs_.data(), n, d_.C, false);
       double ds = 0;
-      const double s = head_chunk(hw, q > 0 ? &hz : nullptr, n, &ds);
+      const double s = head_chunk(hw, q > 0 ? &hz : nullptr, n, m, &ds);
       if (j == 0) out.sum_loss += s;
       if (q > 0) out.sum_dir[j] += ds;
     }

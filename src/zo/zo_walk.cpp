@@ -279,14 +279,20 @@ void ZOEngine::Impl::perturb_rows(const ZKey& key, int64_t n_uniq) {
 
 void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm,
                                const LossBatch& lb, double& sum_plus, double& sum_minus) {
-  const int64_t rows = lb.batch.B * lb.batch.T;
+  const int64_t rows = lb.batch.rows();
   const bool minus = hm != nullptr;  // one-sided, query > 0: the theta stream is query 0's
   const Param& lm = model_.params()[lm_];
   const int64_t V = lm.shape[0], E = lm.shape[1];
-  const std::vector<int32_t>&sel = lb.score_rows, &tg = lb.score_targets;
   sum_plus = sum_minus = 0;
+  if (lb.score_rows.empty()) return;
+  // A lone pair runs twice (its second copy unused): a product of one row is the backends'
+  // decoding path, whose sums may differ in the last bits from the same row among others
+  // (Backend::matmul), and a replica or micro-batch must score a pair as the whole batch does.
+  const bool lone = lb.score_rows.size() == 1 && max_rows_ >= 2;
+  const std::vector<int32_t> lone_sel(2, lb.score_rows[0]), lone_tg(2, lb.score_targets[0]);
+  const std::vector<int32_t>&sel = lone ? lone_sel : lb.score_rows,
+                        &tg = lone ? lone_tg : lb.score_targets;
   const int64_t n = (int64_t)sel.size(), C = model_.config().hidden_size;
-  if (n == 0) return;
   // Features of the scored rows only (gathered by the embedding op, the hidden states as its
   // table; a row scored against several targets comes once for each): the LM head's GEMMs are
   // the head's cost.
@@ -349,7 +355,7 @@ void ZOEngine::Impl::head_sums(const ZKey& key, const float* hp, const float* hm
   // logits sit near -100, where a float sum would round at 1e-5), then the batch's loss from
   // them (loss_sum: each token's or example's loss rounded to the row quantum, so that the
   // totals do not depend on how rows are split).
-  std::vector<double> nll(n);
+  std::vector<double> nll(n);  // loss_sum reads the first lb.scored()
   for (int64_t i = 0; i < n; ++i) nll[i] = ((double)mp[i] - (double)tp[i]) + std::log((double)sp[i]);
   sum_plus = loss_sum(lb, nll.data());
   if (!minus) return;
@@ -374,7 +380,7 @@ ZOEngine::Impl::StepWalk ZOEngine::Impl::step_walk(uint32_t step) const {
 // without it receives the 2q streams instead).
 void ZOEngine::Impl::walk_embed(const StepWalk& w, const DeviceInputs& in, int64_t n_uniq,
                                 bool first, bool dirty) {
-  const int64_t rows = in.B * in.T, C = model_.config().hidden_size;
+  const int64_t rows = in.rows, C = model_.config().hidden_size;
   const int q = (int)w.keys.size();
   if (!w.has_embed) {
     for (int j = 0; j < q; ++j) {
@@ -415,11 +421,9 @@ void ZOEngine::Impl::walk_layers(const StepWalk& w, const DeviceInputs& in, bool
       else
         block_pass(li + 1, first && j == 0, &w.keys[j], blk_plus_,
                    has_minus(j) ? blk_minus_ : nullptr);
-      fwd_.layer(li, model_.layer(li, copy_locator(blk_plus_, nullptr)), h_plus_[j], in.B, in.T,
-                 in.pos, in.key_mask, nullptr);
+      fwd_.layer(li, model_.layer(li, copy_locator(blk_plus_, nullptr)), h_plus_[j], in);
       if (has_minus(j))
-        fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], in.B,
-                   in.T, in.pos, in.key_mask, nullptr);
+        fwd_.layer(li, model_.layer(li, copy_locator(blk_minus_, nullptr)), h_minus_[j], in);
     }
     release(li + 1, win ? first && wb_close_ && !wb_window_.empty() : dirty);
   }
@@ -429,7 +433,7 @@ void ZOEngine::Impl::walk_layers(const StepWalk& w, const DeviceInputs& in, bool
 // stage without it sends the 2q streams on). A tied LM head is the embedding block's token table.
 void ZOEngine::Impl::walk_head(const StepWalk& w, const LossBatch& lb, bool first, bool dirty,
                                QueryLosses& out) {
-  const int64_t rows = lb.batch.B * lb.batch.T, C = model_.config().hidden_size;
+  const int64_t rows = lb.batch.rows(), C = model_.config().hidden_size;
   const int q = (int)w.keys.size(), last = w.nblocks - 1;
   if (!w.has_head) {
     for (int j = 0; j < q; ++j) {
@@ -492,7 +496,7 @@ QueryLosses ZOEngine::Impl::perturbed_losses(uint32_t step, const std::vector<Lo
     const Batch& b = micro[mb].batch;
     // The embedding reads a compact table of the batch's rows: its ids index that.
     if (w.has_embed) {
-      token_rows(b.ids.data(), b.B * b.T, uniq, local);
+      token_rows(b.ids.data(), b.rows(), uniq, local);
       be_.copy_to_device(uniq_dev_, uniq.data(), uniq.size() * sizeof(int32_t), nullptr);
       uniq_host_ = uniq;
     }

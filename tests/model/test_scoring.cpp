@@ -323,8 +323,8 @@ TEST(Scoring, ClassificationObjectiveIsTheCrossEntropyOverCandidateScores) {
 // sequence of the shared tokens (make_choice_batch), each candidate scored at its last position:
 // the loss at theta and at theta +/- eps z are those of one sequence per candidate (within fp32:
 // the batch's shapes differ), both the plain loss written by hand on the scalar reference, and
-// micro-batches padded to the step's longest (pad_loss_batch, as every layout of a step is) sum
-// to the one batch's losses bit for bit.
+// packed micro-batches (pack_loss_batch, the training walk's layout) sum to the one packed
+// batch's losses bit for bit, and padded ones (pad_loss_batch) to the one padded batch's.
 TEST(Scoring, ClassificationOnOneTokenCandidatesTrainsOnOneSequenceOfThePrompt) {
   ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
   zof::Model model = zof::Model::load(model_dir());
@@ -354,7 +354,7 @@ TEST(Scoring, ClassificationOnOneTokenCandidatesTrainsOnOneSequenceOfThePrompt) 
   }
   ASSERT_EQ(shared.batch.B, seqs);
   ASSERT_EQ(shared.choices.size(), ex.size());
-  // The sequences built are as long as choice_length says (what the step pads every layout to).
+  // The sequences built are as long as choice_length says.
   int64_t longest = 0;
   for (size_t i = 0, row = 0; i < ex.size(); ++i) {
     longest = std::max(longest, zof::choice_length(cands[i]));
@@ -428,4 +428,13 @@ TEST(Scoring, ClassificationOnOneTokenCandidatesTrainsOnOneSequenceOfThePrompt) 
   EXPECT_EQ(m.count, a.count);
   EXPECT_EQ(m.sum_plus[0], a.sum_plus[0]);
   EXPECT_EQ(m.sum_minus[0], a.sum_minus[0]);
+  // Packed, each sequence at its own length: the one packed batch's sums, bit for bit.
+  const zof::QueryLosses pa = eng.perturbed_losses(0, {zof::pack_loss_batch(shared)});
+  const zof::QueryLosses pm = eng.perturbed_losses(
+      0, {zof::pack_loss_batch(zof::make_choice_batch(cands, labels, {6, 1, 5})),
+          zof::pack_loss_batch(zof::make_choice_batch(cands, labels, {2, 0, 4, 3}))});
+  EXPECT_EQ(pm.count, a.count);
+  EXPECT_EQ(pm.sum_plus[0], pa.sum_plus[0]);
+  EXPECT_EQ(pm.sum_minus[0], pa.sum_minus[0]);
+  EXPECT_NEAR(pa.sum_plus[0], b.sum_plus[0], 1e-5 * b.sum_plus[0]);
 }

@@ -4,8 +4,8 @@
 //
 // Why bit-identical is the right bar: every rank regenerates z from the seed, so the weights
 // stay identical if the per-step scalars do. Each rank's per-example NLLs are computed as one
-// process computes them (a replica pads its examples to the step's longest, so rows keep their
-// length; only the number of rows differs, and oneDNN's fp32 products here give each row the
+// process computes them (a replica packs its examples, each at its own length, so rows keep
+// their length; only the number of rows differs, and oneDNN's fp32 products here give each row the
 // same bits at any row count), and the loss sums are added in rank order, as one process adds
 // its micro-batches. If a oneDNN version ever made a row depend on the row count, the
 // data-parallel comparisons would need a tolerance (about 1e-6 relative on the losses); the
@@ -116,7 +116,7 @@ TEST_F(Mpi, DataParallelTwoAndFourRanksEqualOneProcess) {
 }
 
 TEST_F(Mpi, DataParallelWithPaddedExamplesEqualsOneProcess) {
-  // SST-2 examples differ in length: each replica pads to the step's longest example.
+  // SST-2 examples differ in length: each replica packs its examples, each at its own length.
   ZOF_REQUIRE_PATH(zof::test::assets_dir() + "/data/sst2/train.tsv");
   const std::string a = "finetune --model " + stories() + " --task sst2 --data " +
                         zof::test::assets_dir() + "/data/sst2 --steps 5 --batch 8 --seq-len 64 "
@@ -128,9 +128,9 @@ TEST_F(Mpi, DataParallelWithPaddedExamplesEqualsOneProcess) {
   auto r4 = run_command(mpirun(4) + " " + a + four.string());
   ASSERT_EQ(r4.code, 0) << r4.err;
   expect_same_run(one, four);
-  // With micro-batches: every micro-batch is padded to the step's longest example in every
-  // layout (a row's bits depend on its padded length), so 2 replicas of 2 micro-batches each
-  // are one process's 2 micro-batches.
+  // With micro-batches: every micro-batch is packed, each example at its own length in every
+  // layout (a row's bits depend on the length it is computed at), so 2 replicas of 2
+  // micro-batches each are one process's 2 micro-batches.
   const std::string m = a.substr(0, a.size() - 6) + "--micro-batches 2 --out ";
   const fs::path one_m = dir_ / "one_m", two_m = dir_ / "two_m";
   auto m1 = run_command(zof() + " " + m + one_m.string());

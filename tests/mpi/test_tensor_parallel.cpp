@@ -328,7 +328,7 @@ TEST_F(MpiTensorFinetune, AdamStateIsGatheredIntoCheckpointsAndSlicedOnResume) {
   expect_within_fp32(ref, other, 10, 1e-4, 1e-4);
 }
 
-// MeZO's classification objective on SST-2 (examples padded to the step's longest), two
+// MeZO's classification objective on SST-2 (examples packed, each at its own length), two
 // micro-batches and two directions a step, and a model saved in bf16: the tensor-parallel run is
 // one process's within fp32, and 2 x 2 replicas are one group's bit for bit.
 TEST_F(MpiTensorFinetune, ClassificationWithMicroBatchesAndABf16Save) {
