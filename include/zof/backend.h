@@ -129,7 +129,8 @@ class Backend {
   // products of bf16 values accumulate in fp32). x, bias and y are fp32. On the CPU a row's
   // outputs have the same bits whatever M and the thread count, except that M = 1 (decoding)
   // runs its own faster path: callers that must match a row among others bit for bit (the
-  // training walk's head) never ask for one row alone.
+  // training walk's heads) run a lone row as two. (GPU libraries choose kernels by shape, M
+  // included: no such promise there.)
   virtual void matmul(const float* x, const void* w, DType wt, const float* bias, float* y,
                       int64_t M, int64_t N, int64_t K, Stream* s = nullptr) = 0;
   void matmul(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,

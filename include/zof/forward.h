@@ -16,8 +16,9 @@ namespace zof {
 //   padded (starts empty): sequence b at rows b*T .., lengths[b] real tokens, then padding;
 //   packed (starts set): sequence b at rows starts[b] .. starts[b] + lengths[b] - 1, back to
 //     back with no padding (T is then the longest length). Every matrix product runs over real
-//     tokens only and attention runs per sequence at its own length, so a sequence's values do
-//     not depend on what else the batch holds or how long it is (the training walk's layout).
+//     tokens only and attention runs per sequence at its own length, so on the CPU a sequence's
+//     values do not depend on what else the batch holds (Backend::matmul: unless a product has
+//     one row) or how long the others are: the training walk's layout.
 struct Batch {
   int64_t B = 0, T = 0;
   std::vector<int32_t> ids;      // (rows())

@@ -12,7 +12,8 @@
 
 namespace zof {
 
-// A batch with what it scores: (row, target) pairs, row = b*T + t predicting token target. The
+// A batch with what it scores: (row, target) pairs, row = batch.row(b, t) predicting token
+// target. The
 // loss is the mean NLL over the pairs, or, with choices, MeZO's classification objective
 // (--train_as_classification): the batch scores the candidates of its examples, and an example's
 // loss is the cross-entropy over its candidates of their scores, each the mean log-likelihood of
@@ -34,9 +35,9 @@ struct LossBatch {
   double units() const { return choices.empty() ? (double)scored() : (double)choices.size(); }
   // Next-token targets over every real token of the batch (language modelling).
   static LossBatch next_token(Batch b);
-  // Language modelling on per-position targets (B*T; -1: not scored).
+  // Language modelling on per-position targets (rows(); -1: not scored).
   static LossBatch from_positions(Batch b, const std::vector<int32_t>& targets);
-  // The pairs as per-position targets (B*T; -1: not scored), for a batch that scores no row
+  // The pairs as per-position targets (rows(); -1: not scored), for a batch that scores no row
   // twice (zof::Error otherwise).
   std::vector<int32_t> position_targets() const;
 };

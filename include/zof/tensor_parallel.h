@@ -132,13 +132,13 @@ class TensorForward {
   TensorForward(const TensorForward&) = delete;
   TensorForward& operator=(const TensorForward&) = delete;
 
-  // This rank's logits (B*T, vocab_end - vocab_begin).
+  // This rank's logits (rows(), vocab_end - vocab_begin).
   void local_logits(const Batch& batch, std::vector<float>& out);
-  // The full logits (B*T, V), every rank's slice gathered: for checks, not for the loss.
+  // The full logits (rows(), V), every rank's slice gathered: for checks, not for the loss.
   void logits(const Batch& batch, std::vector<float>& out);
-  // nll (B*T) of targets (< 0: not scored, 0) by the parallel cross-entropy.
+  // nll (rows()) of targets (< 0: not scored, 0) by the parallel cross-entropy.
   void nll(const Batch& batch, const int32_t* targets, float* nll);
-  // nll (n) of (row, target) pairs: -log p(targets[i]) at position rows[i] (b*T + t); a position
+  // nll (n) of (row, target) pairs: -log p(targets[i]) at position rows[i] (Batch::row); a position
   // may come more than once (as Forward::nll_at).
   void nll_at(const Batch& batch, const int32_t* rows, const int32_t* targets, int64_t n,
               float* nll);

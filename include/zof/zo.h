@@ -128,7 +128,7 @@ class BlockStreamer;  // streaming.h
 
 class ZOEngine {
  public:
-  // max_rows: the most tokens (B*T) and the most (position, target) pairs a micro-batch brings
+  // max_rows: the most tokens (Batch::rows) and the most (position, target) pairs a micro-batch brings
   // (a shared prompt scores one position once per candidate); buffers are sized for it.
   ZOEngine(Model& model, Backend& backend, int64_t max_rows, ZOStepOptions opt);
   ~ZOEngine();

@@ -109,7 +109,7 @@ LossBatch batch_of(const std::vector<ScoredSeq>& seqs, int32_t pad_id,
 }
 
 // Sums of log-likelihoods of each unit's scored tokens: out_sum[u], out_count[u] (n_units).
-// Packs sequences longest first into forwards of at most batch_rows tokens (B * T).
+// Groups sequences longest first into padded forwards of at most batch_rows tokens (B * T).
 void score_sequences(Forward& fwd, const std::vector<ScoredSeq>& seqs, int64_t n_units,
                      int64_t batch_rows, std::vector<double>& out_sum,
                      std::vector<int64_t>& out_count, int64_t* tokens = nullptr) {

@@ -10,6 +10,7 @@
 #include "model/graph_ops.h"
 #include "model/scored_rows.h"
 #include "zof/error.h"
+#include "zof/loss.h"
 #include "zof/streaming.h"
 
 namespace zof {
@@ -242,8 +243,8 @@ void Forward::convert(int block, bool tied_head) {
 }
 
 DeviceInputs Forward::upload(const Batch& b, const int32_t* ids) {
+  check_batch_layout(b);
   const int64_t rows = b.rows(), V = cfg_.vocab_size;
-  ZOF_ASSERT((int64_t)b.ids.size() == rows && (int64_t)b.lengths.size() == b.B);
   ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
                                    " tokens exceeds this forward's capacity of " +
                                    std::to_string(max_rows_));

@@ -12,6 +12,7 @@
 #include "model/graph_ops.h"
 #include "util/philox.h"
 #include "zof/error.h"
+#include "zof/loss.h"
 
 namespace zof::tp {
 
@@ -434,6 +435,7 @@ TensorForward::~TensorForward() {
 
 void TensorForward::hidden(const Batch& b) {
   const ModelConfig& c = plan_.local;
+  check_batch_layout(b);
   const int64_t rows = b.rows();
   ZOF_CHECK(rows <= max_rows_, "batch of " + std::to_string(rows) +
                                    " tokens exceeds this forward's capacity of " +
@@ -582,12 +584,17 @@ void TensorForward::nll_at(const Batch& b, const int32_t* sel, const int32_t* ta
   const graph::Dims d = graph::Dims::of(plan_.local);
   std::vector<float> g;
   for (int64_t s0 = 0; s0 < n; s0 += rows) {
-    const int64_t m = std::min(rows, n - s0);
+    const int64_t used = std::min(rows, n - s0);
+    // A lone pair runs twice where the buffers hold two rows: a product of one row is the
+    // backends' decoding path (Backend::matmul), and a replica must score it as the whole batch.
+    const int64_t m = used == 1 && rows >= 2 ? 2 : used;
     g.resize((size_t)(m * C));
     for (int64_t i = 0; i < m; ++i)
-      std::copy_n(h.begin() + (int64_t)sel[s0 + i] * C, C, g.begin() + i * C);
+      std::copy_n(h.begin() + (int64_t)sel[s0 + std::min(i, used - 1)] * C, C, g.begin() + i * C);
+    const int32_t tg2[2] = {targets[s0], targets[s0]};
     be_.copy_to_device(bufs_[H], g.data(), g.size() * sizeof(float), nullptr);
-    be_.copy_to_device(ibufs_[kTargets], targets + s0, (size_t)m * sizeof(int32_t), nullptr);
+    be_.copy_to_device(ibufs_[kTargets], m > used ? tg2 : targets + s0,
+                       (size_t)m * sizeof(int32_t), nullptr);
     be_.synchronize(nullptr);
     graph::Frame<float> f;
     f.rows = m, f.targets = ibufs_[kTargets];
@@ -597,7 +604,7 @@ void TensorForward::nll_at(const Batch& b, const int32_t* sel, const int32_t* ta
     f.v[graph::kNll] = bufs_[TMP];
     TensorPrimal o(k, d, f, *this, counted);
     graph::head_loss(o, d, local_.head());
-    be_.copy_to_host(nll + s0, bufs_[TMP], (size_t)m * sizeof(float), nullptr);
+    be_.copy_to_host(nll + s0, bufs_[TMP], (size_t)used * sizeof(float), nullptr);
     be_.synchronize(nullptr);
   }
 }

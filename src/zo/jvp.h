@@ -42,7 +42,7 @@ struct JvpBackendKernels;
 
 class JVPEstimator {
  public:
-  // max_rows: the most tokens (B*T) of one micro-batch. directions: the per-direction buffers
+  // max_rows: the most tokens (Batch::rows) of one micro-batch. directions: the per-direction buffers
   // allocated up front (a walk with more directions allocates the rest; on a device, allocate
   // everything before the streamer plans its share of the memory). products: F32 or BF16, the
   // matrix products' precision (bf16 adds two scratch copies of the largest tensor, 2 bytes an

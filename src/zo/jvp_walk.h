@@ -98,7 +98,7 @@ class JVPWalk {
   using T = typename K::T;
   static constexpr bool kFp32 = std::is_same_v<T, float>;
 
-  // max_rows: the most tokens (B*T) of one micro-batch; directions: the per-direction buffers
+  // max_rows: the most tokens (Batch::rows) of one micro-batch; directions: the per-direction buffers
   // allocated up front. k: the kernel set (its backend is `backend`).
   JVPWalk(const Model& model, Backend& backend, int64_t max_rows, int directions, K k)
       : model_(model), cfg_(model.config()), be_(backend), k_(std::move(k)), max_rows_(max_rows),

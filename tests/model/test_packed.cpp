@@ -101,6 +101,15 @@ TEST(Packed, InconsistentLayoutsAreRefused) {
   b = good;
   b.T = 2;
   refused(b, "a length past T");
+  // The forward's own entry checks the layout before writing positions by it.
+  auto be = zof::test::cpu_backend(1);
+  zof::Forward fwd(model, *be, 64);
+  b = good;
+  b.starts = {0, 1, 2, 3}, b.ids.resize(3);  // rows 3, lengths 3 + 1 + 2
+  std::vector<float> nll;
+  EXPECT_THROW(fwd.next_token_nll(b, nll), zof::Error);
+  fwd.next_token_nll(good, nll);
+  EXPECT_EQ((int64_t)nll.size(), good.rows());
 }
 
 // Forward: each sequence's NLL in a packed batch equals its NLL alone, bit for bit, in fp32 and

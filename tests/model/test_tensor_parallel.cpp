@@ -105,10 +105,10 @@ Pairs pairs_of(const zof::Batch& b, int64_t vocab) {
   for (int64_t r = 0; r < b.B; ++r)
     for (int64_t t = 0; t < b.lengths[(size_t)r]; ++t)
       for (int k = 0; k < 2; ++k) {
-        p.rows.push_back((int32_t)(r * b.T + t));
+        p.rows.push_back((int32_t)b.row(r, t));  // the targets as in the padded layout
         p.targets.push_back((int32_t)((r * b.T + t) * (7 + 6 * k) + 1 + 4 * k) % (int32_t)vocab);
       }
-  EXPECT_GT((int64_t)p.rows.size(), b.B * b.T);
+  EXPECT_GT((int64_t)p.rows.size(), b.rows());
   return p;
 }
 TpOut tp_run(const zof::Model& full, int T, const zof::Batch& b, const zof::ZKey* key = nullptr,
@@ -192,6 +192,44 @@ TEST_P(TensorParallel, LogitsAndLossWithinFp32OfOneProcessAndRerunsIdentical) {
     if (T > 1) {
       EXPECT_GT(a.bytes, 0u);
     }
+  }
+}
+
+// The training walk's packed layout on the CPU kernels: a pair scored alone (the head's lone-row
+// case) has the bits it has among all the pairs, on 1 and 2 ranks, and the padded batch gives the
+// same NLL within fp32.
+TEST_P(TensorParallel, PackedBatchAndALonePairOnTheCpuKernels) {
+  const std::string dir = model_dir(GetParam());
+  ZOF_REQUIRE_PATH(dir + "/model.safetensors");
+  const zof::Model full = zof::Model::load(dir);
+  const int64_t V = full.config().vocab_size;
+  const zof::Batch padded = batch_of(V), packed = padded.pack();
+  ASSERT_LT(packed.rows(), padded.rows());
+  const Pairs pp = pairs_of(packed, V), pd = pairs_of(padded, V);
+  for (int T : {1, 2}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    std::vector<std::vector<float>> all((size_t)T), pad((size_t)T), lone((size_t)T);
+    run_ranks(T, [&](int r, zof::tp::Group& g) {
+      const zof::tp::Plan p = zof::tp::plan(full.config(), r, T);
+      zof::Model local = zof::tp::slice(full, p);
+      auto be = zof::test::cpu_backend(1);
+      zof::tp::TensorForward f(local, p, *be, g, padded.rows());
+      std::vector<float>& a = all[(size_t)r];
+      a.resize(pp.rows.size());
+      f.nll_at(packed, pp.rows.data(), pp.targets.data(), (int64_t)a.size(), a.data());
+      std::vector<float>& d = pad[(size_t)r];
+      d.resize(pd.rows.size());
+      f.nll_at(padded, pd.rows.data(), pd.targets.data(), (int64_t)d.size(), d.data());
+      for (size_t i = 0; i < pp.rows.size(); i += 7) {
+        float x = 0;
+        f.nll_at(packed, &pp.rows[i], &pp.targets[i], 1, &x);
+        lone[(size_t)r].push_back(x);
+      }
+    });
+    for (size_t i = 0, k = 0; i < pp.rows.size(); i += 7, ++k)
+      EXPECT_EQ(lone[0][k], all[0][i]) << "pair " << i;
+    EXPECT_LT(rel_diff(pad[0], all[0]), 2e-6);
+    if (T == 2) EXPECT_EQ(all[1], all[0]);
   }
 }
 
