@@ -194,6 +194,21 @@ class Backend {
     attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, 0, 0.f, DType::F32,
               s);
   }
+  // attention over a packed batch (Batch::starts): sequence b's queries, keys and values are
+  // rows starts[b] .. starts[b + 1] - 1 of q (rows, H, D), k and v (rows, Hkv, D), and it
+  // attends causally to its own keys from position 0, no mask. starts (B + 1) is host memory.
+  // The same result as one attention() call per sequence, which is what this default runs; the
+  // CPU backend runs all the sequences' heads in one parallel region, with the same bits.
+  virtual void attention_packed(const float* q, const float* k, const float* v, float* out,
+                                const int32_t* starts, int64_t B, int64_t H, int64_t Hkv,
+                                int64_t D, float scale, int64_t window, float softcap, DType t,
+                                Stream* s = nullptr) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t r = starts[b], len = starts[b + 1] - starts[b];
+      attention(q + r * H * D, k + r * Hkv * D, v + r * Hkv * D, out + r * H * D, nullptr, 1,
+                len, len, H, Hkv, D, 0, scale, window, softcap, t, s);
+    }
+  }
   // out(n) = silu(gate) * up. out may alias gate or up.
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n,
                         Stream* s = nullptr) = 0;

@@ -310,8 +310,8 @@ inline void pairs_bf16(const float* a, const float* b, uint16_t* y, int64_t n) {
   }
 }
 
-// Makes keys [first, last) of (b, hk) (first even; last rounded up to even) ready in kv: k and
-// v (B, Tk, Hkv, D).
+// Makes keys [first, last) of (sequence b, kv head hk) (first even; last rounded up to even)
+// ready in kv: k and v the sequence's own (Tk, Hkv, D), key_mask its own (Tk) or null.
 void fill_kv(Bf16Kv& kv, const float* k, const float* v, const uint8_t* key_mask, int64_t b,
              int64_t hk, int64_t Tk, int64_t Hkv, int64_t D, int64_t first, int64_t last) {
   if (kv.b != b || kv.hk != hk || first < kv.lo || first > kv.hi) {
@@ -319,10 +319,10 @@ void fill_kv(Bf16Kv& kv, const float* k, const float* v, const uint8_t* key_mask
   }
   last = (last + 1) / 2 * 2;  // whole pairs of keys
   if (last <= kv.hi) return;
-  auto row = [&](int64_t j) { return ((b * Tk + j) * Hkv + hk) * D; };
+  auto row = [&](int64_t j) { return (j * Hkv + hk) * D; };
   for (int64_t j = kv.hi; j < std::min(last, Tk); ++j)
     to_bf16(k + row(j), 1.0f, kv.kh.data() + j * kv.D2, D);
-  auto seen = [&](int64_t j) { return j < Tk && (!key_mask || key_mask[b * Tk + j] != 0); };
+  auto seen = [&](int64_t j) { return j < Tk && (!key_mask || key_mask[j] != 0); };
   for (int64_t jp = kv.hi / 2; jp < last / 2; ++jp)
     pairs_bf16(seen(2 * jp) ? v + row(2 * jp) : nullptr,
                seen(2 * jp + 1) ? v + row(2 * jp + 1) : nullptr, kv.vp.data() + jp * 2 * D, D);
@@ -510,12 +510,20 @@ inline void accumulate_block_bf16(Tiles& t, Bf16Tiles& bt, const uint16_t* vp, i
 #endif
 }
 
-}  // namespace
+// One sequence of a call: its queries (Tq, H, D) and output, its keys and values (Tk, Hkv, D),
+// its key mask (Tk) or null, and the position of its first query.
+struct Seq {
+  const float *q, *k, *v;
+  float* out;
+  const uint8_t* mask;
+  int64_t Tq, Tk, q_offset;
+};
 
-void attention(const float* q, const float* k, const float* v, float* out,
-               const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
-               float softcap, int threads, DType dtype) {
+// The attention of every sequence in seqs. A work item is (sequence, kv head, block of rows), and
+// what an item computes depends on its sequence alone, so a sequence has the same bits whatever
+// the call holds besides it and however the items fall to threads.
+void attend(const std::vector<Seq>& seqs, int64_t H, int64_t Hkv, int64_t D, float scale,
+            int64_t window, float softcap, int threads, DType dtype) {
   ZOF_CHECK(dtype == DType::F32 || dtype == DType::BF16,
             std::string("attention computes on fp32 or bf16 inputs, not ") + dtype_name(dtype));
   const bool bf16 = dtype == DType::BF16;
@@ -523,16 +531,25 @@ void attention(const float* q, const float* k, const float* v, float* out,
   const int64_t group = H / Hkv;
   // Row r of kv head hk is query i = r / group of head hk * group + r % group: for one position
   // the group's query heads are adjacent in memory, and they all read the same keys.
-  const int64_t rows = Tq * group;
-  const int64_t row_blocks = (rows + kRows - 1) / kRows;
-  const int64_t items = B * Hkv * row_blocks;
   const int64_t kv_stride = Hkv * D;  // between consecutive keys of one head
-  const int64_t work = B * H * Tq * std::min(Tk, q_offset + Tq) * D;
+  const int64_t n_seqs = (int64_t)seqs.size();
+  std::vector<int64_t> first_item(size_t(n_seqs + 1), 0);  // sequence b's items start here
+  int64_t work = 0, max_tk = 0;
+  for (int64_t b = 0; b < n_seqs; ++b) {
+    const Seq& s = seqs[size_t(b)];
+    const int64_t row_blocks = (s.Tq * group + kRows - 1) / kRows;
+    first_item[size_t(b + 1)] = first_item[size_t(b)] + Hkv * row_blocks;
+    work += H * s.Tq * std::min(s.Tk, s.q_offset + s.Tq) * D;
+    max_tk = std::max(max_tk, s.Tk);
+  }
+  const int64_t items = first_item.back();
+  if (items == 0) return;
   // Work per item grows with the query position (causal), hence the dynamic schedule. A bf16
   // call hands out a kv head's items together where there are enough heads to go round (four a
   // thread), so that one thread rounds each head's keys and values once.
+  const int64_t row_blocks_avg = std::max<int64_t>(1, items / (n_seqs * Hkv));
   const int64_t chunk =
-      bf16 ? std::max<int64_t>(1, std::min(row_blocks, items / (4 * int64_t(threads)))) : 1;
+      bf16 ? std::max<int64_t>(1, std::min(row_blocks_avg, items / (4 * int64_t(threads)))) : 1;
 #pragma omp parallel num_threads(threads) if (work >= kMinParallelWork)
   {
     Tiles t;
@@ -542,7 +559,7 @@ void attention(const float* q, const float* k, const float* v, float* out,
     t.lim.resize(size_t(kRows));
     t.lo.resize(size_t(kRows));
     Bf16Tiles bt;
-    Bf16Kv kv(bf16 ? Tk : 0, D);
+    Bf16Kv kv(bf16 ? max_tk : 0, D);
     std::vector<uint16_t> qh;  // a query row, scaled and rounded
     if (bf16) {
       bt.qp.resize(size_t(kv.D2 / 2 * kRows));
@@ -553,43 +570,49 @@ void attention(const float* q, const float* k, const float* v, float* out,
     std::vector<float> qrow(bf16 ? size_t(D) : 0);
 #pragma omp for schedule(dynamic, chunk)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t b = item / (Hkv * row_blocks);
-      const int64_t hk = item / row_blocks % Hkv;
-      const int64_t r0 = item % row_blocks * kRows;
+      const int64_t b =
+          std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1;
+      const Seq& sq = seqs[size_t(b)];
+      const int64_t Tk = sq.Tk, q_offset = sq.q_offset;
+      const int64_t row_blocks = (sq.Tq * group + kRows - 1) / kRows;
+      const int64_t rows = sq.Tq * group;
+      const int64_t local = item - first_item[size_t(b)];
+      const int64_t hk = local / row_blocks;
+      const int64_t r0 = local % row_blocks * kRows;
       const int64_t n_rows = std::min(kRows, rows - r0);
-      const float* kb = k + (b * Tk * Hkv + hk) * D;  // key j at kb + j * kv_stride
-      const float* vb = v + (b * Tk * Hkv + hk) * D;
-      const uint8_t* mask = key_mask ? key_mask + b * Tk : nullptr;
-      auto q_row = [&](int64_t r) { return ((b * Tq + r / group) * H + hk * group + r % group) * D; };
+      const float* kb = sq.k + hk * D;  // key j at kb + j * kv_stride
+      const float* vb = sq.v + hk * D;
+      const uint8_t* mask = sq.mask;
+      auto q_row = [&](int64_t r) { return ((r / group) * H + hk * group + r % group) * D; };
       if (n_rows <= kFewRows) {
         for (int64_t r = r0; r < r0 + n_rows; ++r) {
           const int64_t p = q_offset + r / group;  // the query's position
           const int64_t n_keys = std::min(Tk, p + 1);
           const int64_t first = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
           if (bf16) {
-            to_bf16(q + q_row(r), scale, qh.data(), D);
+            to_bf16(sq.q + q_row(r), scale, qh.data(), D);
             for (int64_t d = 0; d < D; ++d) qrow[d] = bf16_to_f32(qh[d]);
-            fill_kv(kv, k, v, key_mask, b, hk, Tk, Hkv, D, first & ~int64_t(1), n_keys);
+            fill_kv(kv, sq.k, sq.v, mask, b, hk, Tk, Hkv, D, first & ~int64_t(1), n_keys);
             attend_row_bf16(qrow.data(), kv, mask, first, n_keys, D, softcap, t.o.data(),
-                            out + q_row(r));
+                            sq.out + q_row(r));
             continue;
           }
-          attend_row(q + q_row(r), kb, vb, mask, kv_stride, first, n_keys, D, scale, softcap,
-                     t.o.data(), out + q_row(r));
+          attend_row(sq.q + q_row(r), kb, vb, mask, kv_stride, first, n_keys, D, scale, softcap,
+                     t.o.data(), sq.out + q_row(r));
         }
         continue;
       }
 
       // Gather the rows' queries, scaled, transposed; padding rows are zero and see no key.
       if (bf16) {
-        const float* rows[kRows];
-        for (int64_t rr = 0; rr < n_rows; ++rr) rows[rr] = q + q_row(r0 + rr);
-        pack_queries(bt, rows, n_rows, D, kv.D2, scale, qh.data());
+        const float* rows_q[kRows];
+        for (int64_t rr = 0; rr < n_rows; ++rr) rows_q[rr] = sq.q + q_row(r0 + rr);
+        pack_queries(bt, rows_q, n_rows, D, kv.D2, scale, qh.data());
         std::fill(bt.ob.begin(), bt.ob.end(), 0.0f);
       } else {
         std::fill(t.qt.begin(), t.qt.end(), 0.0f);
         for (int64_t rr = 0; rr < n_rows; ++rr) {
-          const float* qr = q + q_row(r0 + rr);
+          const float* qr = sq.q + q_row(r0 + rr);
           for (int64_t d = 0; d < D; ++d) t.qt[d * kRows + rr] = qr[d] * scale;
         }
       }
@@ -606,7 +629,7 @@ void attention(const float* q, const float* k, const float* v, float* out,
       // Keys before first_key are outside every row's window, keys from all_lo on inside all.
       const int64_t first_key = t.lo[0], all_lo = t.lo[n_rows - 1];
       if (bf16)
-        fill_kv(kv, k, v, key_mask, b, hk, Tk, Hkv, D, first_key & ~int64_t(1), n_keys);
+        fill_kv(kv, sq.k, sq.v, mask, b, hk, Tk, Hkv, D, first_key & ~int64_t(1), n_keys);
       else
         std::fill(t.o.begin(), t.o.end(), 0.0f);
 
@@ -629,7 +652,7 @@ void attention(const float* q, const float* k, const float* v, float* out,
       }
       for (int64_t rr = 0; rr < n_rows; ++rr) {
         const float inv = t.l[rr] > 0.0f ? 1.0f / t.l[rr] : 0.0f;  // no visible key: zeros
-        float* dst = out + q_row(r0 + rr);
+        float* dst = sq.out + q_row(r0 + rr);
         if (bf16)
           for (int64_t d = 0; d < D; ++d) dst[d] = bt.ob[rr * D + d] * inv;
         else
@@ -637,6 +660,33 @@ void attention(const float* q, const float* k, const float* v, float* out,
       }
     }
   }
+}
+
+}  // namespace
+
+void attention(const float* q, const float* k, const float* v, float* out,
+               const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+               int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
+               float softcap, int threads, DType dtype) {
+  std::vector<Seq> seqs(size_t(std::max<int64_t>(B, 0)));
+  for (int64_t b = 0; b < B; ++b)
+    seqs[size_t(b)] = {q + b * Tq * H * D,  k + b * Tk * Hkv * D,
+                       v + b * Tk * Hkv * D, out + b * Tq * H * D,
+                       key_mask ? key_mask + b * Tk : nullptr, Tq, Tk, q_offset};
+  attend(seqs, H, Hkv, D, scale, window, softcap, threads, dtype);
+}
+
+void attention_packed(const float* q, const float* k, const float* v, float* out,
+                      const int32_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                      float scale, int64_t window, float softcap, int threads, DType dtype) {
+  std::vector<Seq> seqs(size_t(std::max<int64_t>(B, 0)));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r = starts[b], len = starts[b + 1] - starts[b];
+    ZOF_ASSERT(len > 0);
+    seqs[size_t(b)] = {q + r * H * D, k + r * Hkv * D, v + r * Hkv * D, out + r * H * D,
+                       nullptr,       len,             len,             0};
+  }
+  attend(seqs, H, Hkv, D, scale, window, softcap, threads, dtype);
 }
 
 }  // namespace zof::cpu

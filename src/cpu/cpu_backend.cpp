@@ -43,6 +43,11 @@ class CpuBackend final : public HostBackend {
     cpu::attention(q, k, v, out, key_mask, B, Tq, Tk, H, Hkv, D, q_offset, scale, window, softcap,
                    threads_, t);
   }
+  void attention_packed(const float* q, const float* k, const float* v, float* out,
+                        const int32_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                        float scale, int64_t window, float softcap, DType t, Stream*) override {
+    cpu::attention_packed(q, k, v, out, starts, B, H, Hkv, D, scale, window, softcap, threads_, t);
+  }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n, Stream*) override {
     cpu::silu_mul(gate, up, out, n, threads_);
   }

@@ -37,6 +37,11 @@ void attention(const float* q, const float* k, const float* v, float* out,
                const uint8_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                int64_t Hkv, int64_t D, int64_t q_offset, float scale, int64_t window,
                float softcap, int threads, DType dtype = DType::F32);
+// attention over a packed batch (Backend::attention_packed): sequence b's rows starts[b] ..
+// starts[b + 1] - 1, each attending causally to its own keys; the same bits as one call each.
+void attention_packed(const float* q, const float* k, const float* v, float* out,
+                      const int32_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                      float scale, int64_t window, float softcap, int threads, DType dtype);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n, int threads);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n, int threads);
 void mul_scalar(float* x, float a, int64_t n, int threads);

@@ -286,6 +286,20 @@ class SimDeviceImpl final : public SimDevice {
                           softcap, t, nullptr);
            });
   }
+  void attention_packed(const float* q, const float* k, const float* v, float* out,
+                        const int32_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                        float scale, int64_t window, float softcap, DType t, Stream* s) override {
+    // starts is host memory the caller may reuse once this returns: the work keeps a copy.
+    auto st = std::make_shared<std::vector<int32_t>>(starts, starts + B + 1);
+    const int64_t rows = st->back();
+    submit(s,
+           {R(q, rows * H * D * F), R(k, rows * Hkv * D * F), R(v, rows * Hkv * D * F),
+            W(out, rows * H * D * F)},
+           [=, h = host_.get()] {
+             h->attention_packed(q, k, v, out, st->data(), B, H, Hkv, D, scale, window, softcap,
+                                 t, nullptr);
+           });
+  }
   void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n,
                      Stream* s) override {
     submit(s, {R(gate, n * F), R(up, n * F), W(out, n * F)},

@@ -95,6 +95,11 @@ class Primal {
     k_.rope(v(x), f_.pos, f_.rows, heads, d_.D, d_.Dr, table);
   }
   void attention(Value out, Value q, Value kk, Value vv) {
+    // Kernels that take a packed batch whole run its sequences in one call (the same values).
+    if constexpr (requires { &K::attention_packed; })
+      if (f_.starts)
+        return k_.attention_packed(v(q), v(kk), v(vv), v(out), f_.starts, f_.B, d_.H, d_.Hkv,
+                                   d_.D, attn_scale<K>(d_), d_.window, d_.attn_softcap);
     for_sequences(f_, [&](int64_t r0, int64_t B, int64_t S, const uint8_t* mask) {
       const int64_t qo = r0 * d_.Hq, ko = r0 * d_.Hk;
       k_.attention(v(q) + qo, v(kk) + ko, v(vv) + ko, v(out) + qo, mask, B, S, d_.H, d_.Hkv,
@@ -273,6 +278,11 @@ struct BackendKernels {
                  const uint8_t* mask, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                  float scale, int64_t window, float softcap) {
     be.attention(q, k, v, out, mask, B, S, S, H, Hkv, D, 0, scale, window, softcap, attn);
+  }
+  void attention_packed(const float* q, const float* k, const float* v, float* out,
+                        const int32_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                        float scale, int64_t window, float softcap) {
+    be.attention_packed(q, k, v, out, starts, B, H, Hkv, D, scale, window, softcap, attn);
   }
   void attention_jvp(const float* q, const float* dq, const float* k, const float* dk,
                      const float* v, const float* dv, float* dout, const uint8_t* mask,

@@ -766,6 +766,57 @@ TEST(OpsConform, AttentionBf16) {
               worst_fp32);
 }
 
+// Backend::attention_packed (a packed batch, Batch::starts): each sequence attends to its own
+// keys only, and gets the bits of one attention() call on it alone, on every backend (the
+// reference runs the default loop; the CPU backend one parallel region over every sequence's
+// heads), in fp32 and bf16, with GQA and MQA (a thread goes from one sequence's kv head to the
+// next sequence's same head), a window and a cap, on 1 and 2 threads; the CPU's values are the
+// reference's within the ops' tolerances.
+TEST(OpsConform, AttentionPackedIsEachSequenceAlone) {
+  const std::vector<int32_t> lens = {1, 5, 17, 40, 3, 70, 2};
+  std::vector<int32_t> starts = {0};
+  for (int32_t n : lens) starts.push_back(starts.back() + n);
+  const int64_t B = (int64_t)lens.size(), rows = starts.back(), D = 32;
+  const float scale = 1.0f / std::sqrt(float(D));
+  auto part = [](const std::vector<float>& x, int64_t r0, int64_t n, int64_t width) {
+    return std::vector<float>(x.begin() + r0 * width, x.begin() + (r0 + n) * width);
+  };
+  for (auto [H, Hkv] : {std::pair<int64_t, int64_t>{6, 2}, {4, 1}}) {
+    const auto q = uniform(size_t(rows * H * D), -2, 2, 71);
+    const auto k = uniform(size_t(rows * Hkv * D), -2, 2, 72);
+    const auto v = uniform(size_t(rows * Hkv * D), -1, 1, 73);
+    for (zof::DType t : {zof::DType::F32, zof::DType::BF16})
+      for (auto [window, cap] : {std::pair<int64_t, float>{0, 0.f}, {5, 2.5f}}) {
+        const std::string what = "H " + std::to_string(H) + " Hkv " + std::to_string(Hkv) + ", " +
+                                 zof::dtype_name(t) + ", window " + std::to_string(window) +
+                                 " cap " + std::to_string(cap);
+        std::vector<float> ref_out;
+        for (auto& bc : all_backends()) {
+          auto be = bc.make();
+          Device dev(*be);
+          float* out = dev.output(size_t(rows * H * D));
+          be->attention_packed(dev.put(q), dev.put(k), dev.put(v), out, starts.data(), B, H, Hkv,
+                               D, scale, window, cap, t);
+          const std::vector<float> got = dev.get(out, size_t(rows * H * D));
+          for (int64_t b = 0; b < B; ++b) {
+            const AttnShape s{1, lens[b], lens[b], H, Hkv, D, 0};
+            const std::vector<float> alone =
+                run_attention(*be, part(q, starts[b], lens[b], H * D),
+                              part(k, starts[b], lens[b], Hkv * D),
+                              part(v, starts[b], lens[b], Hkv * D), {}, s, window, cap, scale, t);
+            EXPECT_EQ(part(got, starts[b], lens[b], H * D), alone)
+                << bc.label << ", " << what << ": sequence " << b;
+          }
+          if (ref_out.empty())
+            ref_out = got;  // the reference comes first
+          else
+            EXPECT_TRUE(close(ref_out, got, t == zof::DType::F32 ? kTol : kAttnBf16))
+                << bc.label << ", " << what;
+        }
+      }
+  }
+}
+
 // A window can leave a query no visible key where causality and the mask alone would not: the
 // right-padded positions whose last `window` keys are all padding. They get zeros, not NaN, on
 // both kernel paths, with and without a cap; without the window the same rows read real keys.
