@@ -229,7 +229,9 @@ TEST_P(TensorParallel, PackedBatchAndALonePairOnTheCpuKernels) {
     for (size_t i = 0, k = 0; i < pp.rows.size(); i += 7, ++k)
       EXPECT_EQ(lone[0][k], all[0][i]) << "pair " << i;
     EXPECT_LT(rel_diff(pad[0], all[0]), 2e-6);
-    if (T == 2) EXPECT_EQ(all[1], all[0]);
+    if (T == 2) {
+      EXPECT_EQ(all[1], all[0]);
+    }
   }
 }
 
