@@ -83,7 +83,8 @@ class PyModel {
                                        std::to_string(V - 1) + ")");
       rows.emplace_back(r.begin(), r.end());
     }
-    zof::Batch batch = zof::Batch::from_sequences(rows);
+    // Packed, as every walk runs: on the CPU a sequence's logits do not depend on the others.
+    const zof::Batch batch = zof::Batch::from_sequences(rows).pack();
     auto* out = new float[(size_t)(batch.B * batch.T * V)];
     nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
     {
@@ -96,7 +97,7 @@ class PyModel {
         for (int64_t t = 0; t < batch.T; ++t) {
           float* dst = out + (b * batch.T + t) * V;
           if (t < batch.lengths[b])
-            std::memcpy(dst, l.data() + (b * batch.T + t) * V, V * sizeof(float));
+            std::memcpy(dst, l.data() + batch.row(b, t) * V, V * sizeof(float));
           else
             std::memset(dst, 0, V * sizeof(float));
         }

@@ -181,11 +181,12 @@ class BatchSampler {
 // Average log-likelihood of each candidate's tokens given the prompt: scores[i][c] = mean over
 // the candidate tokens of log p(token | preceding tokens), tokenised by tokenize_example.
 // batch_rows: the most tokens (B*T) per forward; fwd must have been built with max_rows at least
-// that, and batch_rows >= max_len. Sequences are packed longest first. An example whose
-// candidates differ only in one last token (SST-2's, RTE's, CB's verbalizers) runs as one
-// sequence of the shared tokens, every candidate scored at its last position: one forward
-// instead of one per candidate, the same log-probabilities. tokens (may be null): the tokens the
-// forwards ran, padding excluded.
+// that, and batch_rows >= max_len. Sequences go longest first into packed forwards (no padding,
+// Batch::pack's layout), so on the CPU an example scores the same bits whatever else is
+// evaluated with it. An example whose candidates differ only in one last token (SST-2's, RTE's,
+// CB's verbalizers) runs as one sequence of the shared tokens, every candidate scored at its
+// last position: one forward instead of one per candidate, the same log-probabilities. tokens
+// (may be null): the tokens the forwards ran.
 std::vector<std::vector<double>> candidate_scores(Forward& fwd, const Tokenizer& tok,
                                                   const std::vector<Example>& examples,
                                                   int64_t max_len, int64_t batch_rows,

@@ -109,7 +109,9 @@ LossBatch batch_of(const std::vector<ScoredSeq>& seqs, int32_t pad_id,
 }
 
 // Sums of log-likelihoods of each unit's scored tokens: out_sum[u], out_count[u] (n_units).
-// Groups sequences longest first into padded forwards of at most batch_rows tokens (B * T).
+// Packs sequences, longest first, into forwards of at most batch_rows tokens, back to back with
+// no padding (Batch::pack's layout, the training walk's): on the CPU a sequence's scores are then
+// the same bits whatever else is evaluated with it.
 void score_sequences(Forward& fwd, const std::vector<ScoredSeq>& seqs, int64_t n_units,
                      int64_t batch_rows, std::vector<double>& out_sum,
                      std::vector<int64_t>& out_count, int64_t* tokens = nullptr) {
@@ -132,31 +134,36 @@ void score_sequences(Forward& fwd, const std::vector<ScoredSeq>& seqs, int64_t n
     ZOF_CHECK(T <= batch_rows, "a sequence of " + std::to_string(T) +
                                    " tokens does not fit the evaluation batch of " +
                                    std::to_string(batch_rows) + " tokens; raise the batch");
-    const size_t B = std::min<size_t>(order.size() - i0, (size_t)(batch_rows / T));
-    std::vector<std::vector<int32_t>> part;
+    Batch batch;
+    batch.T = T;
+    batch.starts.push_back(0);
     rows.clear();
     targets.clear();
-    for (size_t r = 0; r < B; ++r) {
-      const ScoredSeq& s = seqs[order[i0 + r]];
-      part.push_back(s.ids);
+    size_t i1 = i0;
+    for (; i1 < order.size(); ++i1) {
+      const ScoredSeq& s = seqs[order[i1]];
+      const int32_t at = batch.starts.back();
+      if (at + (int64_t)s.ids.size() > batch_rows) break;
+      batch.ids.insert(batch.ids.end(), s.ids.begin(), s.ids.end());
+      batch.lengths.push_back((int32_t)s.ids.size());
+      batch.starts.push_back(at + (int32_t)s.ids.size());
       for (size_t k = 0; k < s.pos.size(); ++k) {
-        rows.push_back((int32_t)(r * T + s.pos[k]));
+        rows.push_back(at + s.pos[k]);
         targets.push_back(s.target[k]);
       }
     }
-    const Batch batch = Batch::from_sequences(part);
-    ZOF_ASSERT(batch.T == T);
+    batch.B = (int64_t)(i1 - i0);
     nll.resize(rows.size());
     fwd.nll_at(batch, rows.data(), targets.data(), (int64_t)rows.size(), nll.data());
     size_t at = 0;
-    for (size_t r = 0; r < B; ++r) {
-      const ScoredSeq& s = seqs[order[i0 + r]];
+    for (size_t r = i0; r < i1; ++r) {
+      const ScoredSeq& s = seqs[order[r]];
       for (size_t k = 0; k < s.pos.size(); ++k, ++at) {
         out_sum[s.unit[k]] -= (double)nll[at];
         ++out_count[s.unit[k]];
       }
     }
-    i0 += B;
+    i0 = i1;
   }
 }
 
@@ -492,11 +499,11 @@ PerplexityResult windows_nll(Forward& fwd, const std::vector<std::vector<int32_t
                                    " tokens does not fit the evaluation batch of " +
                                    std::to_string(batch_rows) + " tokens");
     std::vector<std::vector<int32_t>> part(windows.begin() + w0, windows.begin() + w1);
-    const Batch b = Batch::from_sequences(part);
+    const Batch b = Batch::from_sequences(part).pack();  // the short last window unpadded
     fwd.next_token_nll(b, nll);
     for (int64_t i = 0; i < b.B; ++i)
       for (int64_t t = 0; t + 1 < b.lengths[i]; ++t) {
-        total += nll[i * b.T + t];
+        total += nll[b.row(i, t)];
         ++r.tokens;
       }
     w0 = w1;

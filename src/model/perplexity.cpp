@@ -45,11 +45,11 @@ PerplexityResult perplexity(const NextTokenNll& next_token_nll,
   for (size_t w0 = 0; w0 < windows.size(); w0 += batch) {
     const size_t w1 = std::min(windows.size(), w0 + batch);
     std::vector<std::vector<int32_t>> part(windows.begin() + w0, windows.begin() + w1);
-    Batch b = Batch::from_sequences(part);
+    const Batch b = Batch::from_sequences(part).pack();  // the short last window unpadded
     next_token_nll(b, nll);
     for (int64_t i = 0; i < b.B; ++i)
       for (int64_t t = 0; t + 1 < b.lengths[i]; ++t) {
-        sum += nll[i * b.T + t];
+        sum += nll[b.row(i, t)];
         // With no BOS the first token is never predicted; with BOS every text token is.
         ++r.tokens;
       }

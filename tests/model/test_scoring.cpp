@@ -183,6 +183,35 @@ TEST(Scoring, OneTokenCandidatesShareOneForwardOfThePrompt) {
   EXPECT_THROW(fwd.nll_at(b, &ok_row, &minus_one, 1, &nll), zof::Error);
 }
 
+// Evaluation packs its forwards as the training walk does: on the CPU an example's candidate
+// scores are the same bits evaluated alone, among the others, reordered, or in a forward of
+// another size, in fp32 and bf16 products and on 1 and 2 threads (`zof eval --eval-examples 32`
+// scores its examples as the full set does).
+TEST(Scoring, AnExampleScoresTheSameBitsWhateverIsEvaluatedWithIt) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  const zof::Model model = zof::Model::load(model_dir());
+  const zof::Tokenizer tok = zof::Tokenizer::load(model_dir());
+  const int64_t max_len = 32;
+  const std::vector<zof::Example> ex = mixed_examples();
+  std::vector<zof::Example> reversed(ex.rbegin(), ex.rend());
+  for (zof::DType ct : {zof::DType::F32, zof::DType::BF16})
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::string(zof::dtype_name(ct)) + ", " + std::to_string(threads) + " threads");
+      auto be = zof::test::cpu_backend(threads);
+      zof::Forward fwd(model, *be, 96);
+      fwd.set_compute(ct);
+      int64_t tokens = 0;
+      const auto all = zof::candidate_scores(fwd, tok, ex, max_len, 96, &tokens);
+      ASSERT_GT(tokens, 96);  // several forwards, each holding several sequences
+      const auto rev = zof::candidate_scores(fwd, tok, reversed, max_len, 40);
+      for (size_t i = 0; i < ex.size(); ++i) {
+        const auto alone = zof::candidate_scores(fwd, tok, {ex[i]}, max_len, 32);
+        EXPECT_EQ(all[i], alone[0]) << "example " << i << " alone";
+        EXPECT_EQ(rev[ex.size() - 1 - i], alone[0]) << "example " << i << " reordered";
+      }
+    }
+}
+
 TEST(Scoring, ModelsFavouriteIsPredicted) {
   ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
   const zof::Model model = zof::Model::load(model_dir());
