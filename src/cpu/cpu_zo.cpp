@@ -64,6 +64,104 @@ inline void philox16_avx512(const ZKey& key, uint32_t tensor, uint32_t g0, uint3
   _mm512_storeu_si512(o2, c2);
   _mm512_storeu_si512(o3, c3);
 }
+
+// Box-Muller on 16 lanes: philox.h's zof_log_unit and zof_sincos_2pi operation for operation
+// (IEEE +, *, /, sqrt and the same explicit fmaf; the selects as masked moves and sign flips),
+// as the AVX2 path below does on 8. GCC vectorizes box_muller16's portable loops only 8 lanes
+// wide (and the copy the linker keeps may come from a file built without 512-bit vectors).
+inline __m512 set16(float f) { return _mm512_set1_ps(f); }
+inline __m512 unit_open0_16(__m512i x) {
+  return _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_srli_epi32(x, 8), _mm512_set1_epi32(1))),
+      set16(5.9604644775390625e-08f));
+}
+inline __m512 unit_closed0_16(__m512i x) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(x, 8)), set16(5.9604644775390625e-08f));
+}
+inline __m512 log_unit16(__m512 u) {
+  const __m512i bits = _mm512_castps_si512(u);
+  __m512i e = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(0xff)),
+                               _mm512_set1_epi32(127));
+  __m512 m = _mm512_castsi512_ps(_mm512_or_si512(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x007fffff)), _mm512_set1_epi32(0x3f800000)));
+  const __mmask16 big = _mm512_cmp_ps_mask(m, set16(1.41421356f), _CMP_GT_OQ);
+  m = _mm512_mask_mul_ps(m, big, m, set16(0.5f));
+  e = _mm512_mask_add_epi32(e, big, e, _mm512_set1_epi32(1));
+  const __m512 f = _mm512_div_ps(_mm512_sub_ps(m, set16(1.f)), _mm512_add_ps(m, set16(1.f)));
+  const __m512 f2 = _mm512_mul_ps(f, f);
+  __m512 p = _mm512_fmadd_ps(f2, set16(1.f / 11.f), set16(1.f / 9.f));
+  p = _mm512_fmadd_ps(f2, p, set16(1.f / 7.f));
+  p = _mm512_fmadd_ps(f2, p, set16(1.f / 5.f));
+  p = _mm512_fmadd_ps(f2, p, set16(1.f / 3.f));
+  p = _mm512_mul_ps(p, f2);
+  const __m512 two_f = _mm512_add_ps(f, f);
+  const __m512 logm = _mm512_fmadd_ps(two_f, p, two_f);
+  const __m512 fe = _mm512_cvtepi32_ps(e);
+  return _mm512_fmadd_ps(fe, set16(6.9313812256e-01f),
+                         _mm512_fmadd_ps(fe, set16(9.0580006145e-06f), logm));
+}
+inline void sincos_2pi16(__m512 x, __m512& s, __m512& c) {
+  const __m512i ki = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(x, set16(4.f)), set16(0.5f)));
+  const __m512 k = _mm512_cvtepi32_ps(ki);
+  const __m512 r = _mm512_fmadd_ps(k, set16(-0.25f), x);
+  const __m512 t = _mm512_mul_ps(r, set16(6.28318531f));
+  const __m512 t2 = _mm512_mul_ps(t, t);
+  __m512 ps = _mm512_fmadd_ps(t2, set16(-2.50521084e-08f), set16(2.75573192e-06f));
+  ps = _mm512_fmadd_ps(t2, ps, set16(-1.98412698e-04f));
+  ps = _mm512_fmadd_ps(t2, ps, set16(8.33333333e-03f));
+  ps = _mm512_fmadd_ps(t2, ps, set16(-1.66666667e-01f));
+  ps = _mm512_mul_ps(ps, t2);
+  const __m512 sn = _mm512_fmadd_ps(t, ps, t);
+  __m512 pc = _mm512_fmadd_ps(t2, set16(2.08767570e-09f), set16(-2.75573192e-07f));
+  pc = _mm512_fmadd_ps(t2, pc, set16(2.48015873e-05f));
+  pc = _mm512_fmadd_ps(t2, pc, set16(-1.38888889e-03f));
+  pc = _mm512_fmadd_ps(t2, pc, set16(4.16666667e-02f));
+  pc = _mm512_fmadd_ps(t2, pc, set16(-0.5f));
+  const __m512 cs = _mm512_fmadd_ps(t2, pc, set16(1.f));
+  const __m512i q = _mm512_and_si512(ki, _mm512_set1_epi32(3));
+  const __mmask16 odd = _mm512_test_epi32_mask(q, _mm512_set1_epi32(1));
+  const __m512 s0 = _mm512_mask_blend_ps(odd, sn, cs), c0 = _mm512_mask_blend_ps(odd, cs, sn);
+  // -s0 where q & 2 (q = 2, 3); -c0 where q is 1 or 2 ((q + 1) & 2).
+  const __mmask16 neg_s = _mm512_test_epi32_mask(q, _mm512_set1_epi32(2));
+  const __mmask16 neg_c =
+      _mm512_test_epi32_mask(_mm512_add_epi32(q, _mm512_set1_epi32(1)), _mm512_set1_epi32(2));
+  const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+  s = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(s0), neg_s,
+                                                _mm512_castps_si512(s0), sign));
+  c = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(c0), neg_c,
+                                                _mm512_castps_si512(c0), sign));
+}
+
+// z of 16 Philox blocks from their words (box_muller16's bits): out[4l + 0..3] from block l.
+inline void box_muller16_avx512(const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
+                                const uint32_t* c3, float* out) {
+  const __m512 r0 = _mm512_sqrt_ps(
+      _mm512_mul_ps(set16(-2.f), log_unit16(unit_open0_16(_mm512_loadu_si512(c0)))));
+  const __m512 r1 = _mm512_sqrt_ps(
+      _mm512_mul_ps(set16(-2.f), log_unit16(unit_open0_16(_mm512_loadu_si512(c2)))));
+  __m512 s0, co0, s1, co1;
+  sincos_2pi16(unit_closed0_16(_mm512_loadu_si512(c1)), s0, co0);
+  sincos_2pi16(unit_closed0_16(_mm512_loadu_si512(c3)), s1, co1);
+  const __m512 a = _mm512_mul_ps(r0, co0), b = _mm512_mul_ps(r0, s0);
+  const __m512 c = _mm512_mul_ps(r1, co1), d = _mm512_mul_ps(r1, s1);
+  // Interleave: element 4l + j is lane l of (a, b, c, d)[j].
+  const __m512 ab_lo = _mm512_unpacklo_ps(a, b), ab_hi = _mm512_unpackhi_ps(a, b);
+  const __m512 cd_lo = _mm512_unpacklo_ps(c, d), cd_hi = _mm512_unpackhi_ps(c, d);
+  // Per 128-bit lane k: groups 4k, 4k+1 (l0), 4k+2, 4k+3 (l1) ... as in interleave4x8.
+  const __m512 g0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab_lo), _mm512_castps_pd(cd_lo)));
+  const __m512 g1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab_lo), _mm512_castps_pd(cd_lo)));
+  const __m512 g2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab_hi), _mm512_castps_pd(cd_hi)));
+  const __m512 g3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab_hi), _mm512_castps_pd(cd_hi)));
+  // 128-bit lane k of g_j holds block 4k + j: store blocks 4k .. 4k+3 contiguously.
+  alignas(64) float t[4][16];
+  _mm512_store_ps(t[0], g0);
+  _mm512_store_ps(t[1], g1);
+  _mm512_store_ps(t[2], g2);
+  _mm512_store_ps(t[3], g3);
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 4; ++j)
+      _mm_storeu_ps(out + 16 * k + 4 * j, _mm_load_ps(&t[j][4 * k]));
+}
 #endif
 
 #if defined(__x86_64__)
@@ -252,7 +350,7 @@ inline void z_chunk64(const ZKey& key, uint32_t tensor, uint32_t g0, float* out)
   if (key.dist == kZRademacher)
     rademacher16(c0, c1, c2, c3, out);
   else
-    box_muller16(c0, c1, c2, c3, out);
+    box_muller16_avx512(c0, c1, c2, c3, out);
 #elif defined(ZOF_ZO_AVX2)
   z_chunk64_avx2(key, tensor, g0, out);
 #else
@@ -519,7 +617,12 @@ bool z64_avx2(const ZKey& key, uint32_t tensor, uint32_t g0, float* z, uint32_t*
 
 void z_from_words16(const ZKey& key, const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
                     const uint32_t* c3, float* out) {
-#if defined(ZOF_ZO_AVX2)
+#if defined(__AVX512F__)
+  if (key.dist == kZRademacher)
+    rademacher16(c0, c1, c2, c3, out);
+  else
+    box_muller16_avx512(c0, c1, c2, c3, out);
+#elif defined(ZOF_ZO_AVX2)
   z_from_words16_avx2_impl(key, c0, c1, c2, c3, out);
 #else
   if (key.dist == kZRademacher)
