@@ -245,6 +245,19 @@ class TimingBackend : public zof::Backend {
                     s);
     });
   }
+  void attention_packed(const float* q, const float* k, const float* v, float* out,
+                        const int32_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                        float scale, int64_t window, float softcap, zof::DType t,
+                        zof::Stream* s) override {
+    double flop = 0;  // as attention(), sequence by sequence
+    for (int64_t b = 0; b < B; ++b) {
+      const double T = starts[b + 1] - starts[b];
+      flop += 4.0 * H * D * (T * (T + 1) / 2.0);
+    }
+    timed("attention", flop, [&] {
+      in_.attention_packed(q, k, v, out, starts, B, H, Hkv, D, scale, window, softcap, t, s);
+    });
+  }
   void silu_mul(const float* g, const float* u, float* o, int64_t n, zof::Stream* s) override {
     timed("silu_mul", 0, [&] { in_.silu_mul(g, u, o, n, s); });
   }

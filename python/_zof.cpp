@@ -90,7 +90,7 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       std::vector<float> l;
-      zof::Forward fwd(model(), *backend_, batch.B * batch.T);
+      zof::Forward fwd(model(), *backend_, std::max<int64_t>(batch.rows(), 2));
       if (host_) fwd.set_host_blocks(host_);  // the disk tier's blocks, read as it walks
       fwd.logits(batch, l);
       for (int64_t b = 0; b < batch.B; ++b)

@@ -180,10 +180,11 @@ class BatchSampler {
 
 // Average log-likelihood of each candidate's tokens given the prompt: scores[i][c] = mean over
 // the candidate tokens of log p(token | preceding tokens), tokenised by tokenize_example.
-// batch_rows: the most tokens (B*T) per forward; fwd must have been built with max_rows at least
-// that, and batch_rows >= max_len. Sequences go longest first into packed forwards (no padding,
-// Batch::pack's layout), so on the CPU an example scores the same bits whatever else is
-// evaluated with it. An example whose candidates differ only in one last token (SST-2's, RTE's,
+// batch_rows: the most tokens (summed lengths) per forward; fwd must have been built with
+// max_rows at least that, and batch_rows >= max_len. Sequences go longest first into packed
+// forwards (no padding, Batch::pack's layout), so on the CPU an example scores the same bits
+// whatever else is evaluated with it (a forward of one token runs as two: Backend::matmul's
+// one-row path has other bits). An example whose candidates differ only in one last token (SST-2's, RTE's,
 // CB's verbalizers) runs as one sequence of the shared tokens, every candidate scored at its
 // last position: one forward instead of one per candidate, the same log-probabilities. tokens
 // (may be null): the tokens the forwards ran.

@@ -26,7 +26,8 @@ PerplexityResult perplexity(Forward& fwd, const std::vector<std::vector<int32_t>
                             int32_t bos, int64_t seq_len, int64_t batch, int64_t max_windows = 0);
 
 // The same with the batch's next-token NLL from any walk (a tensor-parallel forward's):
-// next_token_nll(batch, nll) fills nll (B*T) as Forward::next_token_nll does.
+// next_token_nll(batch, nll) fills nll (batch.rows(), a packed batch's) as
+// Forward::next_token_nll does.
 using NextTokenNll = std::function<void(const Batch&, std::vector<float>&)>;
 PerplexityResult perplexity(const NextTokenNll& next_token_nll,
                             const std::vector<std::vector<int32_t>>& documents, int32_t bos,

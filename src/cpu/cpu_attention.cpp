@@ -251,8 +251,9 @@ inline void accumulate_block(Tiles& t, const float* vb, const uint8_t* mask, int
 }
 
 // ---- bf16 ------------------------------------------------------------------------------------
-// One kv head's keys and values in bf16, a thread's own, filled as its items reach them: kh
-// (Tk + 8, D2) the keys with D2 = D rounded up to even (a zero pad), so a key's elements d, d+1
+// One kv head's keys and values in bf16, a thread's own, filled as its items reach them (Tk: the
+// longest sequence of the call; rows past a shorter sequence's own keys are left over from
+// another and never read as keys): kh (Tk + 8, D2) the keys with D2 = D rounded up to even (a zero pad), so a key's elements d, d+1
 // are one 32-bit word, and eight keys after the last for score_block_bf16 to read past; vp
 // (Tk2 / 2, D, 2) with Tk2 = Tk rounded up to even, the values in pairs of keys: keys 2jp and
 // 2jp + 1 of one d are one word. A masked key's values (and the pad) are 0: its probability is
@@ -546,7 +547,8 @@ void attend(const std::vector<Seq>& seqs, int64_t H, int64_t Hkv, int64_t D, flo
   if (items == 0) return;
   // Work per item grows with the query position (causal), hence the dynamic schedule. A bf16
   // call hands out a kv head's items together where there are enough heads to go round (four a
-  // thread), so that one thread rounds each head's keys and values once.
+  // thread), so that one thread rounds each head's keys and values once (a packed call's
+  // sequences differ in length: chunks of their average row blocks, efficiency only).
   const int64_t row_blocks_avg = std::max<int64_t>(1, items / (n_seqs * Hkv));
   const int64_t chunk =
       bf16 ? std::max<int64_t>(1, std::min(row_blocks_avg, items / (4 * int64_t(threads)))) : 1;

@@ -289,6 +289,7 @@ class SimDeviceImpl final : public SimDevice {
   void attention_packed(const float* q, const float* k, const float* v, float* out,
                         const int32_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                         float scale, int64_t window, float softcap, DType t, Stream* s) override {
+    if (B <= 0) return;
     // starts is host memory the caller may reuse once this returns: the work keeps a copy.
     auto st = std::make_shared<std::vector<int32_t>>(starts, starts + B + 1);
     const int64_t rows = st->back();

@@ -153,6 +153,12 @@ void score_sequences(Forward& fwd, const std::vector<ScoredSeq>& seqs, int64_t n
       }
     }
     batch.B = (int64_t)(i1 - i0);
+    if (batch.starts.back() == 1) {  // one token: run it twice, the products at two rows
+      batch.ids.push_back(batch.ids[0]);
+      batch.lengths.push_back(1);
+      batch.starts.push_back(2);
+      batch.B = 2;
+    }
     nll.resize(rows.size());
     fwd.nll_at(batch, rows.data(), targets.data(), (int64_t)rows.size(), nll.data());
     size_t at = 0;

@@ -515,8 +515,11 @@ void Forward::logits_to_host(const float* h, int64_t n, float* out) {
   const HeadWeights w = head_weights();
   for (int64_t r0 = 0; r0 < n; r0 += kHeadChunk) {
     const int64_t m = std::min(kHeadChunk, n - r0);
-    head_logits(w, h + r0 * cfg_.hidden_size, m, buf(LOGITS));
-    be_.copy_to_host(out + r0 * V, buf(LOGITS), m * V * sizeof(float), nullptr);
+    // A last chunk of one row runs with the row before it: a product of one row is the
+    // backends' decoding path (Backend::matmul), with other bits than the row has in any batch.
+    const int64_t lead = m == 1 && r0 > 0 ? 1 : 0;
+    head_logits(w, h + (r0 - lead) * cfg_.hidden_size, m + lead, buf(LOGITS));
+    be_.copy_to_host(out + r0 * V, buf(LOGITS) + lead * V, m * V * sizeof(float), nullptr);
   }
   be_.synchronize(nullptr);
   for (int b : hb) release(b);

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "common.h"
+#include "model/scored_rows.h"
 #include "zo/jvp.h"
 #include "zof/backend.h"
 #include "zof/data.h"
@@ -156,6 +157,32 @@ TEST(Packed, ASequenceIsComputedAsItselfInAnyBatch) {
     std::vector<float> q = rows_of(padded, p, i), k = rows_of(packed, a, i);
     q.pop_back(), k.pop_back();  // the last token predicts nothing
     EXPECT_EQ(q, k) << "sequence " << i;
+  }
+}
+
+// Forward::logits: a batch whose last head chunk holds one row (kHeadChunk + 1 rows) gives that
+// row the logits it has in any other batch; a product of one row is the matmul's decoding path,
+// so the chunk runs it with the row before it.
+TEST(Packed, ALoneRowInTheLastHeadChunkHasItsLogitsOfAnyBatch) {
+  ZOF_REQUIRE_PATH(model_dir() + "/model.safetensors");
+  zof::Model model = zof::Model::load(model_dir());
+  const auto& cfg = model.config();
+  const auto s = assorted(cfg.vocab_size, cfg.max_position);
+  std::vector<int32_t> a(s[5].begin(), s[5].begin() + zof::kHeadChunk);  // fills one chunk
+  const zof::Batch first = zof::Batch::from_sequences({a, s[2]}).pack();  // s[2]: one token
+  const zof::Batch second = zof::Batch::from_sequences({s[2], s[0]}).pack();
+  ASSERT_EQ(first.rows(), zof::kHeadChunk + 1);
+  for (zof::DType ct : {zof::DType::F32, zof::DType::BF16}) {
+    SCOPED_TRACE(zof::dtype_name(ct));
+    auto be = zof::test::cpu_backend(2);
+    zof::Forward fwd(model, *be, first.rows());
+    fwd.set_compute(ct);
+    std::vector<float> l1, l2;
+    fwd.logits(first, l1);
+    fwd.logits(second, l2);
+    const int64_t V = cfg.vocab_size, r = first.row(1, 0);
+    EXPECT_EQ(std::vector<float>(l1.begin() + r * V, l1.begin() + (r + 1) * V),
+              std::vector<float>(l2.begin(), l2.begin() + V));
   }
 }
 
