@@ -134,30 +134,25 @@ void score_sequences(Forward& fwd, const std::vector<ScoredSeq>& seqs, int64_t n
     ZOF_CHECK(T <= batch_rows, "a sequence of " + std::to_string(T) +
                                    " tokens does not fit the evaluation batch of " +
                                    std::to_string(batch_rows) + " tokens; raise the batch");
-    Batch batch;
-    batch.T = T;
-    batch.starts.push_back(0);
-    rows.clear();
-    targets.clear();
+    std::vector<std::vector<int32_t>> part;
+    int64_t used = 0;
     size_t i1 = i0;
     for (; i1 < order.size(); ++i1) {
-      const ScoredSeq& s = seqs[order[i1]];
-      const int32_t at = batch.starts.back();
-      if (at + (int64_t)s.ids.size() > batch_rows) break;
-      batch.ids.insert(batch.ids.end(), s.ids.begin(), s.ids.end());
-      batch.lengths.push_back((int32_t)s.ids.size());
-      batch.starts.push_back(at + (int32_t)s.ids.size());
+      const std::vector<int32_t>& ids = seqs[order[i1]].ids;
+      if (used + (int64_t)ids.size() > batch_rows) break;
+      part.push_back(ids);
+      used += (int64_t)ids.size();
+    }
+    if (used == 1) part.push_back(part[0]);  // one token: run it twice, the products at two rows
+    const Batch batch = Batch::from_sequences(part).pack();
+    rows.clear();
+    targets.clear();
+    for (size_t r = i0; r < i1; ++r) {
+      const ScoredSeq& s = seqs[order[r]];
       for (size_t k = 0; k < s.pos.size(); ++k) {
-        rows.push_back(at + s.pos[k]);
+        rows.push_back((int32_t)batch.row((int64_t)(r - i0), s.pos[k]));
         targets.push_back(s.target[k]);
       }
-    }
-    batch.B = (int64_t)(i1 - i0);
-    if (batch.starts.back() == 1) {  // one token: run it twice, the products at two rows
-      batch.ids.push_back(batch.ids[0]);
-      batch.lengths.push_back(1);
-      batch.starts.push_back(2);
-      batch.B = 2;
     }
     nll.resize(rows.size());
     fwd.nll_at(batch, rows.data(), targets.data(), (int64_t)rows.size(), nll.data());
