@@ -60,6 +60,7 @@ struct Matmul::Impl {
 };
 
 Matmul::Matmul(int threads) : impl_(std::make_unique<Impl>(Impl{threads})) {}
+Matmul::Matmul(int threads, size_t) : Matmul(threads) {}  // no kernels' layout to lay out
 Matmul::~Matmul() = default;
 
 Backend::ComputeInfo Matmul::compute_info() {

@@ -2,6 +2,7 @@
 // the number of OpenMP threads to use. Every output element is computed by one thread in a fixed
 // order, so results do not depend on the thread count (matmul: see cpu_matmul.cpp).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -14,6 +15,9 @@ namespace zof::cpu {
 class Matmul {
  public:
   explicit Matmul(int threads);
+  // Weights of more bytes than max_laid_out_bytes are not laid out for the kernels (the
+  // default: kMaxLaidOutBytes in cpu_matmul.cpp, 128 MiB); tests set another.
+  Matmul(int threads, size_t max_laid_out_bytes);
   ~Matmul();
   // w of type wt: F32 (strict fp32) or BF16 (x rounded to bf16 first, fp32 accumulation).
   void run(const float* x, const void* w, DType wt, const float* bias, float* y, int64_t M,
@@ -26,6 +30,12 @@ class Matmul {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Strip `strip` (64 columns) of a block's weights w (`cols` rows of K values of type t: F32 or
+// BF16) in the layout oneDNN's brgemm kernels read (cpu_matmul.cpp): ceil(K / D) * D * 64
+// values, D = 32 (bf16) or 16 (fp32). `portable`: the scalar loops, not AVX-512's.
+void lay_out_strip(const void* w, DType t, int64_t cols, int64_t K, int64_t strip, void* out,
+                   bool portable = false);
 
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps,
               float w_offset, int threads);

@@ -13,8 +13,12 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#if ZOF_WITH_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
 
 #include "common.h"
+#include "cpu/cpu_ops.h"
 #include "cpu/sim_device.h"
 #include "zof/backend.h"
 #include "zof/config.h"
@@ -485,7 +489,7 @@ TEST(OpsConform, Matmul) {
   };
   for (Shape s : {Shape{1, 1, 1}, Shape{1, 17, 33}, Shape{2, 3, 5}, Shape{7, 5, 3}, Shape{16, 16, 16},
                   Shape{33, 65, 127}, Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{100, 130, 70},
-                  Shape{3, 7, 0}}) {
+                  Shape{3, 7, 0}, Shape{70, 4097, 40}}) {
     for (bool has_bias : {false, true}) {
       auto x = uniform(size_t(s.M * s.K), -1, 1, 1);
       auto w = uniform(size_t(s.N * s.K), -1, 1, 2);
@@ -1128,12 +1132,13 @@ TEST(OpsConform, MatmulBf16) {
   struct Shape {
     int64_t M, N, K;
   };
-  // The CPU backend's blocks (cpu_matmul.cpp): M=520, five row blocks of 104 rows; N=1000 with
-  // a few rows, column blocks of 334 and a shorter last (their weights, bias and output at an
-  // offset); M=300 N=600, three row blocks of 100 rows x two column blocks of 300.
+  // The CPU backend's blocks (cpu_matmul.cpp): 64 rows, the last padded (M=520: nine); on AVX2
+  // N=1000 and 600 in column blocks (their weights, bias and output at an offset); where the
+  // weights are laid out for brgemm kernels (AVX-512, AMX), N=4097 in two column blocks of 2049
+  // and 2048 (33 and 32 strips of 64, the last of one column), written through a buffer.
   for (Shape s : {Shape{1, 1, 1}, Shape{2, 3, 5}, Shape{16, 16, 16}, Shape{33, 65, 127},
                   Shape{1, 300, 1000}, Shape{64, 48, 768}, Shape{3, 7, 0}, Shape{520, 40, 96},
-                  Shape{5, 1000, 64}, Shape{300, 600, 40}}) {
+                  Shape{5, 1000, 64}, Shape{300, 600, 40}, Shape{70, 4097, 40}}) {
     for (bool has_bias : {false, true}) {
       auto x = uniform(size_t(s.M * s.K), -1, 1, 41);
       auto w = to_bf16(uniform(size_t(s.N * s.K), -1, 1, 42));
@@ -1320,6 +1325,84 @@ TEST(Ops, CpuThreadCountIndependenceBf16Blocks) {
     return run_attention(be, q, k, v, {}, s, 0, 0.f, 0.f, zof::DType::BF16);
   });
 }
+
+#if ZOF_WITH_DNNL
+// The CPU matmul lays its weights out itself for oneDNN's brgemm kernels (cpu_matmul.cpp,
+// lay_out_strip): bf16 as BA16a64b2a, fp32 as BA16a64b. Both its versions (AVX-512 and the
+// portable loops) must write the bytes oneDNN's own reorder writes, padding included, on shapes
+// with a short last strip, K past and short of a block, a lone column and a lone K. oneDNN's
+// reorder runs on any CPU, so this holds on every machine, whatever its kernels read.
+TEST(Ops, CpuMatmulLaysOutWeightsAsOneDnnReorders) {
+  using tag = dnnl::memory::format_tag;
+#if defined(__AVX512F__) && defined(__AVX512BW__)  // as src/cpu/cpu_matmul.cpp is built
+  constexpr bool kVectorBuild = true;
+#else
+  constexpr bool kVectorBuild = false;
+#endif
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  std::mt19937 rng(91);
+  struct Shape {
+    int64_t cols, K;
+  };
+  for (zof::DType t : {zof::DType::BF16, zof::DType::F32}) {
+    const bool bf = t == zof::DType::BF16;
+    const size_t es = bf ? 2 : 4;
+    const int64_t D = bf ? 32 : 16;
+    for (Shape sh : {Shape{100, 70}, Shape{64, 32}, Shape{192, 576}, Shape{1, 1}, Shape{130, 17},
+                     Shape{65, 33}, Shape{256, 1536}}) {
+      // Every bit pattern but NaNs' (a reorder may quiet them): random halves of fp32 values.
+      std::vector<uint32_t> w(size_t(sh.cols * sh.K) * es / 4 + 1);
+      for (auto& v : w) v = rng() & 0xbfffbfffu;
+      const dnnl::memory::desc plain({sh.K, sh.cols}, bf ? dnnl::memory::data_type::bf16
+                                                        : dnnl::memory::data_type::f32,
+                                     dnnl::memory::dims{1, sh.K});
+      const dnnl::memory::desc laid({sh.K, sh.cols}, plain.data_type(),
+                                    bf ? tag::BA16a64b2a : tag::BA16a64b);
+      dnnl::memory from(plain, engine, w.data()), to(laid, engine);
+      std::memset(to.get_data_handle(), 0x5a, laid.get_size());
+      dnnl::reorder(from, to).execute(stream, from, to);
+      stream.wait();
+      const int64_t strips = (sh.cols + 63) / 64;
+      const size_t strip_bytes = size_t((sh.K + D - 1) / D * D * 64) * es;
+      ASSERT_EQ(laid.get_size(), size_t(strips) * strip_bytes);
+      for (bool portable : {false, true}) {
+        std::vector<char> mine(laid.get_size(), 0x3c);
+        for (int64_t st = 0; st < strips; ++st)
+          zof::cpu::lay_out_strip(w.data(), t, sh.cols, sh.K, st,
+                                  mine.data() + size_t(st) * strip_bytes, portable);
+        EXPECT_EQ(0, std::memcmp(mine.data(), to.get_data_handle(), mine.size()))
+            << (bf ? "bf16" : "fp32") << " cols=" << sh.cols << " K=" << sh.K
+            << (portable ? " portable" : kVectorBuild ? " AVX-512" : " (no AVX-512 build)");
+      }
+    }
+  }
+}
+
+// Weights too large to lay out (Matmul's bound) go to the same dense blocks plain, and oneDNN's
+// kernels copy them into the layout zof would have written: the same bits, so the bound (a
+// matter of memory) never changes a result. On AVX2 both are the plain path.
+TEST(Ops, CpuMatmulLaidOutWeightsGiveThePlainWeightsBits) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (int threads : {1, 2})
+    for (Shape sh : {Shape{200, 4097, 40}, Shape{130, 576, 576}, Shape{65, 100, 33}}) {
+      zof::cpu::Matmul laid(threads), plain(threads, 0);
+      auto x = uniform(size_t(sh.M * sh.K), -1, 1, 92);
+      auto w = uniform(size_t(sh.N * sh.K), -1, 1, 93), bias = uniform(size_t(sh.N), -1, 1, 94);
+      const std::vector<uint16_t> wb = to_bf16(w);
+      for (zof::DType t : {zof::DType::BF16, zof::DType::F32}) {
+        const void* wt = t == zof::DType::BF16 ? (const void*)wb.data() : (const void*)w.data();
+        std::vector<float> a(size_t(sh.M * sh.N)), b(a.size());
+        laid.run(x.data(), wt, t, bias.data(), a.data(), sh.M, sh.N, sh.K);
+        plain.run(x.data(), wt, t, bias.data(), b.data(), sh.M, sh.N, sh.K);
+        EXPECT_TRUE(bit_identical(a, b)) << zof::dtype_name(t) << " M=" << sh.M << " N=" << sh.N
+                                         << " K=" << sh.K << ", " << threads << " threads";
+      }
+    }
+}
+#endif
 
 // Gemma's ops on 1, 2, 3 and 8 threads: the same bits. Every attention item (up to 16 rows of
 // one kv head) and every elementwise block runs on one thread, whatever the schedule.
