@@ -54,6 +54,8 @@ struct ComputeProbe {
   int64_t weights = 0;    // the products' weights: multiply-adds a row
   double fp32_gflops = 0, bf16_gflops = 0;
   int shapes = 0;         // distinct shapes timed
+  int skipped = 0;        // distinct shapes left untimed when the probe ran out of its budget
+  double budget_s = 0;    // that budget
   double seconds = 0;     // the probe's own time
   nlohmann::json to_json() const;
 };
@@ -66,13 +68,22 @@ inline constexpr double kBf16ProbeMargin = 1.3;
 // (a 15M-parameter model's forward is ~30 MFLOP a token), bf16 would round for nothing, and a
 // timing of products this small is noise that could make two runs of one command differ.
 inline constexpr int64_t kProbeMinWeights = 16'000'000;
+// The probe's wall-clock budget: on a quiet 2-core machine a large model's probe takes well under
+// a second, but its work is fixed, and a CPU starved by other work stretched it to 30 s. Past
+// this budget it stops after the shape it is timing and decides from the shapes timed so far
+// (at least one), smallest first; its record says how many it left (ComputeProbe::skipped).
+inline constexpr double kProbeBudgetSeconds = 5.0;
 // --dtype auto on a unit that is not known to be fast in bf16 (AMX CPUs and tensor cores are):
 // fp32 for a model below kProbeMinWeights; otherwise times each of `shapes` (rows capped at 256,
-// columns and depth at 8192: a short probe, well under a second) in fp32 and in bf16, and chooses bf16
-// when its rate is kBf16ProbeMargin times fp32's.
+// columns and depth at 8192: a short probe, well under a second) in fp32 and in bf16, within
+// budget_s (above), and chooses bf16 when its rate is kBf16ProbeMargin times fp32's.
 // fp32 and bf16 as asked; the probe's numbers in *probe.
 DType resolve_compute_dtype(ComputeChoice choice, Backend& be,
-                            const std::vector<MatmulShape>& shapes, ComputeProbe* probe);
+                            const std::vector<MatmulShape>& shapes, ComputeProbe* probe,
+                            double budget_s = kProbeBudgetSeconds);
+// The probe itself, whatever the unit: both dtypes' rates at `shapes`, within budget_s.
+ComputeProbe measure_compute(Backend& be, const std::vector<MatmulShape>& shapes,
+                             double budget_s = kProbeBudgetSeconds);
 // The flag's word for a compute dtype: "fp32" or "bf16"; and its choice.
 const char* compute_dtype_word(DType t);
 ComputeChoice compute_choice(DType t);

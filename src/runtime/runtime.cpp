@@ -95,8 +95,12 @@ double time_matmul(Backend& be, const float* x, const void* w, DType wt, float* 
   return best;
 }
 
-void measure(Backend& be, std::vector<MatmulShape> shapes, ComputeProbe& probe) {
+void measure(Backend& be, std::vector<MatmulShape> shapes, ComputeProbe& probe, double budget_s) {
   const auto t0 = std::chrono::steady_clock::now();
+  probe.budget_s = budget_s;
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   for (MatmulShape& s : shapes)
     s = {std::min<int64_t>(s.M, 256), std::min<int64_t>(s.N, 8192), std::min<int64_t>(s.K, 8192)};
   std::sort(shapes.begin(), shapes.end(), [](const MatmulShape& a, const MatmulShape& b) {
@@ -108,6 +112,10 @@ void measure(Backend& be, std::vector<MatmulShape> shapes, ComputeProbe& probe) 
     if (s.M <= 0 || s.N <= 0 || s.K <= 0) continue;
     if (i > 0 && s.M == shapes[i - 1].M && s.N == shapes[i - 1].N && s.K == shapes[i - 1].K)
       continue;
+    if (probe.shapes > 0 && elapsed() >= budget_s) {  // out of time: count what is left
+      ++probe.skipped;
+      continue;
+    }
     std::vector<float> x(s.M * s.K), w(s.N * s.K);
     std::vector<uint16_t> wb(w.size());
     for (size_t k = 0; k < x.size(); ++k) x[k] = 0.01f * float(int(k * 7 % 13) - 6);
@@ -132,13 +140,22 @@ void measure(Backend& be, std::vector<MatmulShape> shapes, ComputeProbe& probe) 
   probe.measured = probe.shapes > 0;
   probe.fp32_gflops = t32 > 0 ? flops / t32 * 1e-9 : 0;
   probe.bf16_gflops = t16 > 0 ? flops / t16 * 1e-9 : 0;
-  probe.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  probe.seconds = elapsed();
 }
 
 }  // namespace
 
+ComputeProbe measure_compute(Backend& be, const std::vector<MatmulShape>& shapes,
+                             double budget_s) {
+  ComputeProbe p;
+  for (const MatmulShape& s : shapes) p.weights += std::max<int64_t>(s.N, 0) * std::max<int64_t>(s.K, 0);
+  measure(be, shapes, p, budget_s);
+  return p;
+}
+
 DType resolve_compute_dtype(ComputeChoice choice, Backend& be,
-                            const std::vector<MatmulShape>& shapes, ComputeProbe* probe) {
+                            const std::vector<MatmulShape>& shapes, ComputeProbe* probe,
+                            double budget_s) {
   ComputeProbe local;
   ComputeProbe& p = probe ? *probe : local;
   p = ComputeProbe{};
@@ -157,7 +174,7 @@ DType resolve_compute_dtype(ComputeChoice choice, Backend& be,
     return DType::F32;  // no bf16 products here
   }
   try {
-    measure(be, shapes, p);
+    measure(be, shapes, p, budget_s);
   } catch (const Error&) {  // no memory for the probe's buffers: fp32, unmeasured
     p = ComputeProbe{};
     return DType::F32;
@@ -170,6 +187,8 @@ nlohmann::json ComputeProbe::to_json() const {
   return {{"fp32_gflops", std::round(fp32_gflops * 10) / 10},
           {"bf16_gflops", std::round(bf16_gflops * 10) / 10},
           {"shapes", shapes},
+          {"shapes_skipped", skipped},
+          {"budget_s", budget_s},
           {"weights", weights},
           {"seconds", std::round(seconds * 1000) / 1000},
           {"bf16_margin", kBf16ProbeMargin}};

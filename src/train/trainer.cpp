@@ -60,10 +60,16 @@ std::vector<MatmulShape> matmul_shapes(const Model& model, int64_t rows) {
 std::string probe_words(const ComputeProbe& p) {
   if (p.small) return "; auto: fp32, the model's products are too small for bf16 to pay";
   if (!p.measured) return "";
-  char buf[160];
+  char buf[240];
   std::snprintf(buf, sizeof buf, "; auto: fp32 %.0f GFLOP/s, bf16 %.0f at this model's shapes",
                 p.fp32_gflops, p.bf16_gflops);
-  return buf;
+  std::string s = buf;
+  if (p.skipped > 0) {
+    std::snprintf(buf, sizeof buf, " (%d of %d, the probe's %.0f s spent)", p.shapes,
+                  p.shapes + p.skipped, p.budget_s);
+    s += buf;
+  }
+  return s;
 }
 
 // Ranks other than 0 report nothing.

@@ -97,4 +97,26 @@ TEST(ComputeProbe, ALargeModelIsDecidedByItsOwnNumbers) {
   EXPECT_EQ(j["weights"], p.weights);
 }
 
+// The probe keeps to its wall-clock budget: on a starved CPU its fixed work once took 30 s.
+// Past the budget it stops after the shape it is timing, always times at least one, and says
+// how many it left; with time enough it times them all. The shapes go smallest first.
+TEST(ComputeProbe, ItStopsAtItsBudgetAndSaysWhatItLeft) {
+  auto be = zof::make_cpu_backend(0);
+  const std::vector<MatmulShape> shapes{{64, 1024, 1024}, {64, 512, 512}, {64, 768, 512},
+                                        {64, 512, 512}};  // three distinct
+  const ComputeProbe cut = zof::measure_compute(*be, shapes, 0.0);
+  EXPECT_TRUE(cut.measured);
+  EXPECT_EQ(cut.shapes, 1);
+  EXPECT_EQ(cut.skipped, 2);
+  EXPECT_EQ(cut.budget_s, 0.0);
+  EXPECT_GT(cut.fp32_gflops, 0);
+  EXPECT_GT(cut.bf16_gflops, 0);
+  EXPECT_EQ(cut.to_json()["shapes_skipped"], 2);
+  const ComputeProbe whole = zof::measure_compute(*be, shapes, 600.0);
+  EXPECT_EQ(whole.shapes, 3);
+  EXPECT_EQ(whole.skipped, 0);
+  EXPECT_EQ(whole.weights, 2 * 512 * 512 + 1024 * 1024 + 768 * 512);
+  EXPECT_EQ(whole.to_json()["budget_s"], 600.0);
+}
+
 }  // namespace
