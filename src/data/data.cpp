@@ -487,18 +487,19 @@ PerplexityResult windows_nll(Forward& fwd, const std::vector<std::vector<int32_t
   std::vector<float> nll;
   size_t w0 = 0;
   while (w0 < windows.size()) {
-    int64_t T = 0;
+    int64_t rows = 0;
     size_t w1 = w0;
-    // Greedy packing in order; windows share one length except possibly the last.
+    // Greedy packing in order: as many windows as their tokens fit the batch's rows (a packed
+    // batch has no padding, so a short last window takes only its own).
     while (w1 < windows.size()) {
-      const int64_t T1 = std::max<int64_t>(T, (int64_t)windows[w1].size());
-      if (T1 * (int64_t)(w1 - w0 + 1) > batch_rows && w1 > w0) break;
-      T = T1;
+      const int64_t T = (int64_t)windows[w1].size();
+      ZOF_CHECK(T <= batch_rows, "a window of " + std::to_string(T) +
+                                     " tokens does not fit the evaluation batch of " +
+                                     std::to_string(batch_rows) + " tokens");
+      if (rows + T > batch_rows && w1 > w0) break;
+      rows += T;
       ++w1;
     }
-    ZOF_CHECK(T <= batch_rows, "a window of " + std::to_string(T) +
-                                   " tokens does not fit the evaluation batch of " +
-                                   std::to_string(batch_rows) + " tokens");
     std::vector<std::vector<int32_t>> part(windows.begin() + w0, windows.begin() + w1);
     const Batch b = Batch::from_sequences(part).pack();  // the short last window unpadded
     fwd.next_token_nll(b, nll);

@@ -291,6 +291,11 @@ TEST(Scoring, HeldOutWindowsMatchPerplexity) {
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_EQ(got.windows, want.windows);
   EXPECT_NEAR(got.nll, want.nll, 1e-5);
+  // Each window is a sequence of its own in a packed batch: one window a forward, or as many as
+  // fit 4 x 64 rows (the short last one with its neighbours), the same bits.
+  const auto alone = zof::windows_nll(fwd, td.eval, 64);
+  EXPECT_EQ(alone.tokens, got.tokens);
+  EXPECT_EQ(alone.nll, got.nll);
   // A trained model on its own kind of text (about 3.5 on plain TinyStories; this sample's
   // "<|endoftext|>" markers are spelled out in bytes), far below the 512-token vocabulary.
   EXPECT_LT(got.ppl, 30.0);
