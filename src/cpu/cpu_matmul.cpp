@@ -89,15 +89,14 @@ constexpr size_t kMaxCached = 256;
 // (its outputs through a scratch, the padding's dropped); a single row (decoding) runs alone.
 // Columns are split by N alone, into at most kColBlocks blocks of at least kMinBlockCols, so
 // that a few rows still spread over threads (decoding's single rows, and everywhere on AVX2).
-// Where the kernels are oneDNN's brgemm (AVX-512,
-// AMX), zof lays each column block's weights out once per product in the layout the kernels
-// read (lay_out_strip), which they would otherwise copy into once per row block; their blocks
-// write dense rows (a strided destination makes oneDNN fall back to its plain gemm), through a
-// buffer when a block is not whole rows of y, so they split N into blocks of at least
-// kMinLaidOutCols: on AMX, SmolLM2's RTE step ran 9-14% faster with its 1536-wide products
-// whole than in 6 column blocks (bench/RESULTS.md), though a product of 64 rows or fewer and N
-// under 4096 then runs on one thread. x is rounded to bf16 once, in the same parallel
-// region, before the blocks.
+// Where the kernels are oneDNN's brgemm (AVX-512, AMX), zof lays each column block's weights
+// out once per product in the layout the kernels read (lay_out_strip), which they would
+// otherwise copy into once per row block; their blocks write dense rows (a strided destination
+// makes oneDNN fall back to its plain gemm), through a buffer when a block is not whole rows of
+// y, so they split N into blocks of at least kMinLaidOutCols: on AMX, SmolLM2's RTE step ran
+// 9-14% faster with its 1536-wide products whole than in 6 column blocks (bench/RESULTS.md),
+// though a product of 64 rows or fewer and N under 4096 then runs on one thread. x is rounded
+// to bf16 once, in the same parallel region, before the blocks.
 constexpr int64_t kBlockRows = 64;
 constexpr int64_t kMinBlockCols = 256;
 constexpr int64_t kMinLaidOutCols = 2048;
