@@ -326,19 +326,17 @@ struct Matmul::Impl {
   // a layout zof does not know; the blocks then get the plain weights. Asked once per type: what
   // oneDNN picks follows the ISA (checked on each block's primitive, dense_block).
   dnnl::memory::format_tag layout(DType wt) {
+    const auto tag = wt == DType::BF16 ? dnnl::memory::format_tag::BA16a64b2a
+                                       : dnnl::memory::format_tag::BA16a64b;
     int& known = wt == DType::BF16 ? layout_bf16 : layout_f32;
     if (known < 0) {
-      const auto tag = wt == DType::BF16 ? dnnl::memory::format_tag::BA16a64b2a
-                                         : dnnl::memory::format_tag::BA16a64b;
       const int64_t n = 128;
       dnnl::matmul::primitive_desc pd =
           make_pd(kBlockRows, n, n, false, wt,
                   dnnl::memory::desc({n, n}, of(wt), dnnl::memory::format_tag::any), n, 1);
       known = pd.weights_desc() == dnnl::memory::desc({n, n}, of(wt), tag);
     }
-    return known ? (wt == DType::BF16 ? dnnl::memory::format_tag::BA16a64b2a
-                                      : dnnl::memory::format_tag::BA16a64b)
-                 : dnnl::memory::format_tag::undef;
+    return known ? tag : dnnl::memory::format_tag::undef;
   }
   int layout_bf16 = -1, layout_f32 = -1;
 
@@ -450,9 +448,8 @@ struct Matmul::Impl {
     const size_t lay_stride = size_t(strips) * strip_bytes;
     const int64_t full_strips = laid_ct[0] ? strips * (n_cols - 1) : 0;
     const int64_t n_strips = full_strips + (laid_ct[1] ? tail_strips : 0);
-    if (n_strips &&
-        laid_bytes < lay_stride * size_t(n_cols - 1) + size_t(tail_strips) * strip_bytes) {
-      const size_t need = lay_stride * size_t(n_cols - 1) + size_t(tail_strips) * strip_bytes;
+    const size_t need = lay_stride * size_t(n_cols - 1) + size_t(tail_strips) * strip_bytes;
+    if (n_strips && laid_bytes < need) {
       laid_w.reset(aligned_host_alloc(need));
       laid_bytes = need;
     }

@@ -71,6 +71,13 @@ DType resolve_compute_dtype(ComputeChoice choice, Backend& be) {
 
 namespace {
 
+// The weights of a model's products: multiply-adds a row.
+int64_t product_weights(const std::vector<MatmulShape>& shapes) {
+  int64_t w = 0;
+  for (const MatmulShape& s : shapes) w += std::max<int64_t>(s.N, 0) * std::max<int64_t>(s.K, 0);
+  return w;
+}
+
 // Backend memory for the probe, freed on every path.
 struct ProbeBuffers {
   Backend& be;
@@ -148,7 +155,7 @@ void measure(Backend& be, std::vector<MatmulShape> shapes, ComputeProbe& probe, 
 ComputeProbe measure_compute(Backend& be, const std::vector<MatmulShape>& shapes,
                              double budget_s) {
   ComputeProbe p;
-  for (const MatmulShape& s : shapes) p.weights += std::max<int64_t>(s.N, 0) * std::max<int64_t>(s.K, 0);
+  p.weights = product_weights(shapes);
   measure(be, shapes, p, budget_s);
   return p;
 }
@@ -163,7 +170,7 @@ DType resolve_compute_dtype(ComputeChoice choice, Backend& be,
   // AMX and tensor cores; a unit without bf16 products gives fp32 for auto.
   const DType unit = resolve_compute_dtype(choice, be);
   if (choice != ComputeChoice::Auto || unit == DType::BF16 || shapes.empty()) return unit;
-  for (const MatmulShape& s : shapes) p.weights += std::max<int64_t>(s.N, 0) * std::max<int64_t>(s.K, 0);
+  p.weights = product_weights(shapes);
   if (p.weights < kProbeMinWeights) {
     p.small = true;
     return DType::F32;
