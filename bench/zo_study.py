@@ -37,6 +37,9 @@ VARIANTS = [
     ("momentum", "--lr 2e-5 --optimizer momentum --beta1 0.9", lambda q: 2 * q),
     ("adam", "--lr 1e-3 --optimizer adam --beta1 0.9 --beta2 0.999", lambda q: 2 * q),
     ("jvp", "--lr 1e-4 --estimator jvp", lambda q: q),
+    # LOZO: each matrix's z of rank 2 (or 8), V redrawn every 50 steps
+    ("low-rank-2", "--lr 1e-4 --low-rank 2", lambda q: 2 * q),
+    ("low-rank-8", "--lr 1e-4 --low-rank 8", lambda q: 2 * q),
 ]
 
 

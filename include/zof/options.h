@@ -59,6 +59,8 @@ struct TrainOptions {
   ZChoice z = ZChoice::Gaussian;
   bool one_sided = false;             // (L(theta + eps z) - L(theta)) / eps
   float sparsity = 0.f;               // Sparse MeZO: fraction of each matrix left unperturbed
+  int64_t low_rank = 0;               // LOZO: rank of each matrix's z (0: dense)
+  int64_t low_rank_every = 50;        // LOZO: steps between draws of the factor V
   OptimizerChoice optimizer = OptimizerChoice::Sgd;
   float beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
   int64_t warmup = 0;                 // steps of linear warm-up

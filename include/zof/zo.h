@@ -98,7 +98,25 @@ struct ZOStepOptions {
   // closes the window. ZO-SGD with round_every 1 on the host backend (no streaming); without a
   // disk tier it does nothing.
   int write_back_every = 1;
+  // Low-rank directions (LOZO, Chen et al. 2024; --low-rank): 0, z drawn element by element;
+  // r > 0, each weight matrix's z is U V^T / sqrt(r) with Gaussian factors U (rows x r, new
+  // every step) and V (cols x r, new every low_rank_every steps; LOZO's lazy V), vectors
+  // dense (zkey.h, philox.h's z_lowrank_element). The estimate and the update are MeZO's with
+  // that z: a direction in the span of few rank-one matrices, regenerated from the seed as
+  // any z is.
+  uint32_t low_rank = 0;
+  uint32_t low_rank_every = 50;
 };
+
+// The key of direction j of a step under the options (its dist and low rank; the per-tensor
+// fields, a mask and a matrix's width, are set where a tensor's pass takes it).
+inline ZKey direction_key(const ZOStepOptions& o, uint32_t step, uint32_t j) {
+  ZKey k{o.seed, step, j};
+  k.dist = o.dist;
+  k.rank = o.low_rank;
+  k.rank_every = o.low_rank_every;
+  return k;
+}
 
 // The update waiting to be applied. ZO-SGD: theta -= sum_j coef_j z_j + lr_wd theta (decayed
 // tensors), coef_j = lr g_j / q; in a bf16 master's rounding window (round_every > 1) the terms

@@ -12,7 +12,9 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/cpu_zo.h"
 #include "util/philox.h"
@@ -378,6 +380,137 @@ inline void round_bits64(const ZKey& round, uint32_t tensor, uint32_t g0, uint32
 
 constexpr int64_t kChunk = 64;  // elements per z_groups16 call
 
+// ---- low-rank z (philox.h's z_lowrank_element) from factor tables --------------------------
+
+// Factor elements [i0, i0 + count) of one side of a low-rank key, the bits of z_factor_group:
+// a dense z of the key's seed and query under the side's step, of the tensor id with the
+// side's bit, 64 at a time through the pass's own z_chunk64.
+void fill_factors(const ZKey& key, uint32_t tensor, uint32_t side, int64_t i0, int64_t count,
+                  float* out) {
+  ZKey k;
+  k.seed = key.seed, k.query = key.query, k.dist = kZGaussian;
+  k.step = side == kZFactorV ? key.step / (key.rank_every ? key.rank_every : 1u) : key.step;
+  alignas(64) float t[kChunk];
+  for (int64_t a = i0 & ~(kChunk - 1); a < i0 + count; a += kChunk) {
+    z_chunk64(k, tensor | side, (uint32_t)(a >> 2), t);
+    const int64_t lo = std::max(a, i0), hi = std::min(a + kChunk, i0 + count);
+    for (int64_t i = lo; i < hi; ++i) out[i - i0] = t[i - a];
+  }
+}
+
+// V of a low-rank key, transposed (vt[k * cols + j] = V[j][k]) so that a row's elements read it
+// in order. It is the same for every pass over a tensor under one (seed, query, step /
+// rank_every), and the token table's rows, the LM head's chunks and the held passes each cover
+// a part of a tensor, so the calling thread keeps the last few it drew.
+std::shared_ptr<const std::vector<float>> v_table(const ZKey& key, uint32_t tensor) {
+  struct Entry {
+    uint64_t seed;
+    uint32_t vstep, query, rank, cols, tensor;
+    std::shared_ptr<const std::vector<float>> vt;
+  };
+  thread_local std::vector<Entry> cache;  // most recent last
+  const uint32_t vstep = key.step / (key.rank_every ? key.rank_every : 1u);
+  for (size_t i = 0; i < cache.size(); ++i) {
+    const Entry& e = cache[i];
+    if (e.seed == key.seed && e.vstep == vstep && e.query == key.query && e.rank == key.rank &&
+        e.cols == key.cols && e.tensor == tensor) {
+      Entry hit = e;
+      cache.erase(cache.begin() + (std::ptrdiff_t)i);
+      cache.push_back(hit);
+      return hit.vt;
+    }
+  }
+  const int64_t r = key.rank, cols = key.cols;
+  std::vector<float> v(size_t(cols * r));
+  fill_factors(key, tensor, kZFactorV, 0, cols * r, v.data());
+  auto vt = std::make_shared<std::vector<float>>(v.size());
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t k = 0; k < r; ++k) (*vt)[size_t(k * cols + j)] = v[size_t(j * r + k)];
+  constexpr size_t kKept = 4;
+  if (cache.size() == kKept) cache.erase(cache.begin());
+  cache.push_back({key.seed, vstep, key.query, key.rank, key.cols, tensor, vt});
+  return vt;
+}
+
+// The z of one key over one pass's elements [first, first + n): z_chunk64 for a dense key; for
+// a low-rank key, U's rows that the range reaches and V (v_table) drawn before the pass, and
+// each element's fmaf chain over k = 0 .. r-1 from them, times 1 / sqrt(r): the bits of the
+// scalar z_lowrank_element (the chain runs k-major across a row's elements, each element's own
+// sum in k order).
+class ZSource {
+ public:
+  ZSource() = default;
+  ZSource(const ZKey& key, uint32_t tensor, int64_t first, int64_t n) : key_(&key) {
+    if (!z_lowrank(key) || n <= 0) return;
+    const int64_t r = key.rank, cols = key.cols;
+    row0_ = first / cols;
+    const int64_t rows = (first + n - 1) / cols - row0_ + 1;
+    u_.resize(size_t(rows * r));
+    fill_factors(key, tensor, kZFactorU, row0_ * r, rows * r, u_.data());
+    vt_ = v_table(key, tensor);
+  }
+  const ZKey& key() const { return *key_; }
+
+  // z of chunk c's elements [l0, l1) into z[l0 .. l1).
+  void chunk(uint32_t tensor, int64_t c, int64_t l0, int64_t l1, float* z) const {
+    if (!vt_) {
+      z_chunk64(*key_, tensor, (uint32_t)(c * (kChunk / 4)), z);
+      return;
+    }
+    const int64_t r = key_->rank, cols = key_->cols;
+    const float scale = z_lowrank_scale(key_->rank);
+    const float* vt = vt_->data();
+    int64_t e = c * kChunk + l0;
+    for (int64_t l = l0; l < l1;) {  // one row's run of the chunk at a time
+      const int64_t i = e / cols, j = e % cols;
+      const int64_t len = std::min(l1 - l, cols - j);
+      const float* u = &u_[size_t((i - row0_) * r)];
+      float* out = z + l;
+      for (int64_t t = 0; t < len; ++t) out[t] = 0.f;
+      for (int64_t k = 0; k < r; ++k) {
+        const float uk = u[k];
+        const float* v = vt + k * cols + j;
+        for (int64_t t = 0; t < len; ++t) out[t] = fmaf(uk, v[t], out[t]);
+      }
+      for (int64_t t = 0; t < len; ++t) out[t] *= scale;
+      l += len, e += len;
+    }
+  }
+
+ private:
+  const ZKey* key_ = nullptr;
+  int64_t row0_ = 0;
+  std::vector<float> u_;                          // rows x r, from row row0_
+  std::shared_ptr<const std::vector<float>> vt_;  // null: a dense key
+};
+
+// The sources of a pass's update terms and of its perturbation (last), built before the
+// chunks run in parallel.
+std::vector<ZSource> z_sources(const ZOUpdateTerm* upd, int n_update, const ZKey* cur,
+                               uint32_t tensor, int64_t first, int64_t n) {
+  std::vector<ZSource> s;
+  s.reserve(size_t(n_update) + 1);
+  for (int j = 0; j < n_update; ++j) s.emplace_back(upd[j].key, tensor, first, n);
+  s.emplace_back();
+  if (cur) s.back() = ZSource(*cur, tensor, first, n);
+  return s;
+}
+
+// Elements a pass takes at once: all of them with dense keys; with low-rank ones, bands of
+// rows whose U tables stay near 1 MB per key (a pass over part of a tensor has the bits of
+// the whole tensor's pass, so the bands change nothing else).
+int64_t z_band(const ZOUpdateTerm* upd, int n_update, const ZKey* cur, int64_t n) {
+  int64_t band = n;
+  auto take = [&](const ZKey& k) {
+    if (!z_lowrank(k)) return;
+    const int64_t rows = std::max<int64_t>(1, (int64_t(1) << 18) / k.rank);
+    band = std::min(band, std::max<int64_t>(rows * k.cols, kChunk));
+  };
+  for (int j = 0; j < n_update; ++j) take(upd[j].key);
+  if (cur) take(*cur);
+  return std::max<int64_t>(band, 1);
+}
+
 // A master's element as fp32, and back: fp32, or bf16 (uint16_t; what is stored back is a
 // stochastically rounded value, a bf16 value already, so the store is exact).
 inline float load(const float* p) { return *p; }
@@ -392,17 +525,19 @@ constexpr int64_t kStreamingStoreMin = int64_t(1) << 21;  // elements (8 MB per 
 // over any sub-range gives the same bits as a pass over the whole tensor.
 // The copies are of type C: float, or uint16_t holding bf16 (the float value rounded to
 // nearest even).
+// src: z_sources' (the terms', then cur's).
 template <class C, class T>
 inline void zo_chunk(T* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
                      uint32_t tensor, const ZOUpdateTerm* upd, int n_update, float lr_wd,
-                     const ZKey* round, const ZKey* cur, float eps, C* plus, C* minus,
-                     bool stream) {
+                     const ZKey* round, const ZKey* cur, const ZSource* src, float eps, C* plus,
+                     C* minus, bool stream) {
   alignas(64) float th[kChunk], z[kChunk];
   const int64_t base = c * kChunk - first;  // theta[base + l] is the chunk's element l
-  // z of the chunk under key; Sparse MeZO zeroes it where |theta| (th before this pass's
-  // update) exceeds the key's mask.
-  auto gen = [&](const ZKey& key) {
-    z_chunk64(key, tensor, (uint32_t)(c * (kChunk / 4)), z);
+  // z of the chunk under source s's key; Sparse MeZO zeroes it where |theta| (th before this
+  // pass's update) exceeds the key's mask.
+  auto gen = [&](const ZSource& s) {
+    const ZKey& key = s.key();
+    s.chunk(tensor, c, l0, l1, z);
     if (key.mask < __builtin_inff())
       for (int64_t l = l0; l < l1; ++l) z[l] = std::fabs(th[l]) > key.mask ? 0.f : z[l];
   };
@@ -411,7 +546,7 @@ inline void zo_chunk(T* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
     alignas(64) float acc[kChunk];
     for (int64_t l = l0; l < l1; ++l) acc[l] = lr_wd * th[l];
     for (int j = 0; j < n_update; ++j) {
-      gen(upd[j].key);
+      gen(src[j]);
       const float k = upd[j].coef;
       for (int64_t l = l0; l < l1; ++l) acc[l] = fmaf(k, z[l], acc[l]);
     }
@@ -427,7 +562,7 @@ inline void zo_chunk(T* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
     }
   }
   if (cur) {
-    gen(*cur);
+    gen(src[n_update]);
     if constexpr (std::is_same_v<C, uint16_t>) {
       if (plus)
         for (int64_t l = l0; l < l1; ++l) plus[base + l] = f32_to_bf16(zo_perturbed(th[l], z[l], eps));
@@ -462,8 +597,9 @@ inline void zo_chunk(T* theta, int64_t first, int64_t c, int64_t l0, int64_t l1,
 // Elements [l0, l1) of chunk c through optimizer state (Backend::zo_update_state).
 template <class T>
 inline void zo_state_chunk(T* theta, float* m, float* v, int64_t first, int64_t c, int64_t l0,
-                           int64_t l1, uint32_t tensor, const ZOUpdateTerm* upd, int n_update,
-                           const ZOOptimizer& o, const ZKey* round) {
+                           int64_t l1, uint32_t tensor, const ZOUpdateTerm* upd,
+                           const ZSource* src, int n_update, const ZOOptimizer& o,
+                           const ZKey* round) {
   alignas(64) float th[kChunk], z[kChunk], gh[kChunk];
   const int64_t base = c * kChunk - first;
   for (int64_t l = l0; l < l1; ++l) {
@@ -471,7 +607,7 @@ inline void zo_state_chunk(T* theta, float* m, float* v, int64_t first, int64_t 
     gh[l] = 0.f;
   }
   for (int j = 0; j < n_update; ++j) {
-    z_chunk64(upd[j].key, tensor, (uint32_t)(c * (kChunk / 4)), z);
+    src[j].chunk(tensor, c, l0, l1, z);
     const float mk = upd[j].key.mask, k = upd[j].coef;
     for (int64_t l = l0; l < l1; ++l) gh[l] = fmaf(k, std::fabs(th[l]) > mk ? 0.f : z[l], gh[l]);
   }
@@ -504,17 +640,28 @@ inline void zo_state_chunk(T* theta, float* m, float* v, int64_t first, int64_t 
 
 namespace {
 template <class T>
-void zo_update_state_typed(T* theta, float* m, float* v, int64_t n, uint32_t tensor,
-                           int64_t first, const ZOUpdateTerm* upd, int n_update,
-                           const ZOOptimizer& o, const ZKey* round) {
+void zo_update_state_band(T* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                          int64_t first, const ZOUpdateTerm* upd, int n_update,
+                          const ZOOptimizer& o, const ZKey* round) {
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
+  const std::vector<ZSource> src = z_sources(upd, n_update, nullptr, tensor, first, n);
 #pragma omp parallel for schedule(static) if (c_hi - c_lo > 64)
   for (int64_t c = c_lo; c < c_hi; ++c) {
     const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
     const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
-    zo_state_chunk(theta, m, v, first, c, l0, l1, tensor, upd, n_update, o, round);
+    zo_state_chunk(theta, m, v, first, c, l0, l1, tensor, upd, src.data(), n_update, o, round);
   }
+}
+
+template <class T>
+void zo_update_state_typed(T* theta, float* m, float* v, int64_t n, uint32_t tensor,
+                           int64_t first, const ZOUpdateTerm* upd, int n_update,
+                           const ZOOptimizer& o, const ZKey* round) {
+  const int64_t band = z_band(upd, n_update, nullptr, n);
+  for (int64_t b = 0; b < n; b += band)
+    zo_update_state_band(theta + b, m + b, v ? v + b : nullptr, std::min(band, n - b), tensor,
+                         first + b, upd, n_update, o, round);
 }
 
 void check_theta(const Theta& theta, int n_update, const ZKey* round) {
@@ -538,27 +685,38 @@ void zo_update_state(Theta theta, float* m, float* v, int64_t n, uint32_t tensor
 
 namespace {
 template <class C, class T>
-void zo_pass_typed(T* theta, int64_t n, uint32_t tensor, int64_t first,
-                   const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
-                   const ZKey* cur, float eps, C* plus, C* minus) {
+void zo_pass_band(T* theta, int64_t n, uint32_t tensor, int64_t first,
+                  const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
+                  const ZKey* cur, float eps, C* plus, C* minus) {
   const int64_t end = first + n;
   const int64_t c_lo = first / kChunk, c_hi = (end + kChunk - 1) / kChunk;
   // Copies too big for the caches go out with streaming stores; smaller ones (an LM-head chunk
   // read right away by its GEMM) stay in cache.
   const bool stream = n >= kStreamingStoreMin;
+  const std::vector<ZSource> src = z_sources(upd, n_update, cur, tensor, first, n);
 #pragma omp parallel if (c_hi - c_lo > 64)
   {
 #pragma omp for schedule(static)
     for (int64_t c = c_lo; c < c_hi; ++c) {
       const int64_t l0 = std::max<int64_t>(first - c * kChunk, 0);
       const int64_t l1 = std::min<int64_t>(end - c * kChunk, kChunk);
-      zo_chunk(theta, first, c, l0, l1, tensor, upd, n_update, lr_wd, round, cur, eps, plus,
-               minus, stream);
+      zo_chunk(theta, first, c, l0, l1, tensor, upd, n_update, lr_wd, round, cur, src.data(),
+               eps, plus, minus, stream);
     }
 #if defined(__AVX512F__)
     _mm_sfence();  // each thread's streaming stores are visible before the copies are read
 #endif
   }
+}
+
+template <class C, class T>
+void zo_pass_typed(T* theta, int64_t n, uint32_t tensor, int64_t first,
+                   const ZOUpdateTerm* upd, int n_update, float lr_wd, const ZKey* round,
+                   const ZKey* cur, float eps, C* plus, C* minus) {
+  const int64_t band = z_band(upd, n_update, cur, n);
+  for (int64_t b = 0; b < n; b += band)
+    zo_pass_band(theta + b, std::min(band, n - b), tensor, first + b, upd, n_update, lr_wd,
+                 round, cur, eps, plus ? plus + b : nullptr, minus ? minus + b : nullptr);
 }
 }  // namespace
 

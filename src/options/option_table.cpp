@@ -33,6 +33,8 @@ const FlagRule kTrainRules[] = {
     {"--sparsity",
      {.lo = 0, .hi = 1, .hi_open = true,
       .note = "the fraction of each weight matrix left unperturbed"}},
+    {"--low-rank", {.whole = true, .lo = 0, .hi = 64, .note = "0: dense directions"}},
+    {"--low-rank-every", {.whole = true, .lo = 1, .hi = 4294967295.0}},
     {"--beta1", {.lo = 0, .hi = 1, .hi_open = true}},
     {"--beta2", {.lo = 0, .hi = 1, .hi_open = true}},
     {"--adam-eps", {.lo = 0, .lo_open = true}},
@@ -119,6 +121,15 @@ const std::vector<OptionSpec>& options_table() {
       {"sparsity", &O::sparsity,
        "Sparse MeZO: fraction of each weight matrix (largest |theta|) left unperturbed and "
        "unchanged; 0: dense"},
+      // Runs from before --low-rank drew dense directions.
+      {"low_rank", &O::low_rank,
+       "LOZO: each weight matrix's z is U V^T / sqrt(R), Gaussian factors of rank R (vectors "
+       "dense): directions in the span of few rank-one matrices; 0: dense (MeZO)",
+       {}, true, 0},
+      {"low_rank_every", &O::low_rank_every,
+       "With --low-rank: draw V (the factor along a matrix's columns) anew every N steps, U every "
+       "step (LOZO's lazy V)",
+       {}, true, 50},
       {"optimizer", &O::optimizer,
        "sgd (MeZO) | momentum (ZO-SGD with momentum) | adam (ZO-Adam; state in memory, saved with "
        "checkpoints)"},

@@ -141,6 +141,8 @@ std::unique_ptr<Estimator> make_estimator(const TrainOptions& opt, ZOEngine& eng
                                           const Model& model, Backend& backend, int64_t max_rows) {
   // opt.dtype is resolved by now (auto: what this machine computes fast).
   ZOF_ASSERT(opt.dtype == ComputeChoice::Fp32 || opt.dtype == ComputeChoice::Bf16);
+  // The JVP walk draws dense tangents; the engine would apply a low-rank update of its g.
+  ZOF_ASSERT(opt.estimator != EstimatorChoice::Jvp || opt.low_rank == 0);
   if (opt.estimator == EstimatorChoice::Jvp)
     return std::make_unique<JvpEstimator>(engine, model, backend, max_rows, opt.queries, opt.seed,
                                           opt.dtype == ComputeChoice::Bf16 ? DType::BF16

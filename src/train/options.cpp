@@ -55,10 +55,25 @@ void validate_options(const TrainOptions& o, bool new_run) {
     refuse_unless(o.dtype != ComputeChoice::Bf16 && o.master != MasterChoice::Bf16,
                   "computes and keeps its master in fp32 for now",
                   "drop --dtype bf16 and --master bf16");
-    refuse_unless(!o.one_sided && o.sparsity == 0.f,
-                  "draws dense, two-sided directions for now", "drop --one-sided and --sparsity");
+    refuse_unless(!o.one_sided && o.sparsity == 0.f && o.low_rank == 0,
+                  "draws dense, two-sided directions for now",
+                  "drop --one-sided, --sparsity and --low-rank");
     ZOF_CHECK(o.host_mem.empty(),
               t + " holds each rank's slice in host memory: drop --host-mem (the disk tier)");
+  }
+  check_whole("--low-rank", o.low_rank, rule_of("--low-rank"));
+  check_whole("--low-rank-every", o.low_rank_every, rule_of("--low-rank-every"));
+  if (o.low_rank > 0) {  // LOZO's factors are Gaussian, drawn where the engine's walk passes
+    const std::string r = "--low-rank " + std::to_string(o.low_rank);
+    ZOF_CHECK(!jvp, r + " is a direction of the SPSA estimator; the JVP estimator draws dense "
+                        "Gaussian tangents: drop --low-rank, or use --estimator spsa");
+    ZOF_CHECK(o.z == ZChoice::Gaussian,
+              r + " draws Gaussian factors U and V, and --z rademacher +-1 elements: drop "
+                  "--z rademacher, or drop --low-rank");
+  } else {
+    ZOF_CHECK(!new_run || o.low_rank_every == TrainOptions().low_rank_every,
+              "--low-rank-every sets how often --low-rank draws its factor V, and --low-rank is "
+              "0 (dense directions): add --low-rank R, or drop --low-rank-every");
   }
   check_real("--beta1", o.beta1, rule_of("--beta1"));
   check_real("--beta2", o.beta2, rule_of("--beta2"));
@@ -246,6 +261,8 @@ ZOStepOptions zo_step_options(const TrainOptions& o) {
   zo.dist = o.z == ZChoice::Rademacher ? kZRademacher : kZGaussian;
   zo.one_sided = o.one_sided;
   zo.sparsity = o.sparsity;
+  zo.low_rank = (uint32_t)o.low_rank;
+  zo.low_rank_every = (uint32_t)o.low_rank_every;
   zo.optimizer = o.optimizer == OptimizerChoice::Adam       ? ZOStepOptions::Optimizer::Adam
                  : o.optimizer == OptimizerChoice::Momentum ? ZOStepOptions::Optimizer::Momentum
                                                             : ZOStepOptions::Optimizer::SGD;

@@ -144,8 +144,9 @@ ZOF_HD void zof_rademacher4(const uint32_t w[4], float out[4]) {
   for (int i = 0; i < 4; ++i) out[i] = (w[i] >> 31) ? -1.f : 1.f;
 }
 
-// Elements 4g..4g+3 of tensor `tensor` under key: counter (g, tensor, step, query), key = seed.
-ZOF_HD void z_group(const ZKey& key, uint32_t tensor, uint32_t group, float out[4]) {
+// Elements 4g..4g+3 of tensor `tensor` under key, element by element (key.rank ignored):
+// counter (g, tensor, step, query), key = seed.
+ZOF_HD void z_group_dense(const ZKey& key, uint32_t tensor, uint32_t group, float out[4]) {
   const Philox4x32 b = philox4x32_10(group, tensor, key.step, key.query, (uint32_t)key.seed,
                                      (uint32_t)(key.seed >> 32));
   if (key.dist == kZRademacher) {
@@ -156,7 +157,8 @@ ZOF_HD void z_group(const ZKey& key, uint32_t tensor, uint32_t group, float out[
 }
 
 // 16 consecutive groups (64 elements from 4*g0) at once, written lane by lane so that the
-// compiler vectorizes it: the same operations as z_group, so the same bits. Split in two so a
+// compiler vectorizes it: the same operations as z_group_dense, so the same bits (a dense z:
+// key.rank is not read here; the CPU pass builds low-rank z from its factors). Split in two so a
 // backend can swap in its own integer Philox (e.g. AVX-512 intrinsics) and keep the float math.
 // out[4*l + j] is element 4*(g0 + l) + j.
 ZOF_HD void philox16(const ZKey& key, uint32_t tensor, uint32_t g0, uint32_t* c0, uint32_t* c1,
@@ -219,8 +221,85 @@ ZOF_HD void z_groups16(const ZKey& key, uint32_t tensor, uint32_t g0, float* out
     box_muller16(c0, c1, c2, c3, out);
 }
 
+// ---- low-rank directions (LOZO, Chen et al. 2024; --low-rank) --------------------------------
+// A matrix of width cols = key.cols draws z = U V^T / sqrt(r), r = key.rank: element (i, j) is
+// sum_k U[i][k] V[j][k] (explicit fmaf, k = 0 .. r-1) times 1 / sqrt(r) (unit variance, as a
+// dense z's, so --lr and --eps keep their meaning). U and V are standard normals of their own
+// counters: U[i][k] is factor element i*r + k under (tensor | kZFactorU, step, query), V[j][k]
+// element j*r + k under (tensor | kZFactorV, step / rank_every, query), so V is the same for
+// rank_every steps (LOZO's lazy V) and neither meets a dense z (tensor ids stay below 2^30) nor
+// the rounding bits (kRoundQuery). A pure function of (seed, step, query, tensor, element), as
+// every z: the CPU pass draws U's rows and V into tables (cpu_zo.cpp) and gets these bits.
+constexpr uint32_t kZFactorU = 1u << 30, kZFactorV = 1u << 31;
+
+// Factor element `index` of a low-rank key: side kZFactorU (under the key's step) or kZFactorV
+// (under step / rank_every).
+ZOF_HD void z_factor_group(const ZKey& key, uint32_t tensor, uint32_t side, uint32_t group,
+                           float out[4]) {
+  ZKey k = key;
+  k.dist = kZGaussian;
+  if (side == kZFactorV) k.step = key.step / (key.rank_every ? key.rank_every : 1u);
+  z_group_dense(k, tensor | side, group, out);
+}
+ZOF_HD float z_factor(const ZKey& key, uint32_t tensor, uint32_t side, uint64_t index) {
+  float g[4];
+  z_factor_group(key, tensor, side, (uint32_t)(index >> 2), g);
+  return g[index & 3];
+}
+ZOF_HD float z_lowrank_scale(uint32_t rank) { return 1.f / sqrtf((float)rank); }
+ZOF_HD bool z_lowrank(const ZKey& key) { return key.rank > 0 && key.cols > 0; }
+
+// The low-rank z of element e = i * cols + j (scalar: references and tests; z_lowrank_group
+// below for the GPU, the CPU pass from its factor tables: the same fmaf chain, the same bits).
+ZOF_HD float z_lowrank_element(const ZKey& key, uint32_t tensor, uint64_t e) {
+  const uint64_t i = e / key.cols, j = e % key.cols;
+  float s = 0.f;
+  for (uint32_t k = 0; k < key.rank; ++k)
+    s = fmaf(z_factor(key, tensor, kZFactorU, i * key.rank + k),
+             z_factor(key, tensor, kZFactorV, j * key.rank + k), s);
+  return s * z_lowrank_scale(key.rank);
+}
+
+// Elements 4g..4g+3 of a low-rank key, z_lowrank_element's bits: each side's factors read
+// through a cache of one Philox block (4 factor elements), which consecutive elements share (a
+// row's U, neighbouring columns' V), so a group of 4 costs a few blocks at small ranks, not 8r.
+ZOF_HD void z_lowrank_group(const ZKey& key, uint32_t tensor, uint32_t group, float out[4]) {
+  uint32_t ug = 0, vg = 0;  // the blocks held, once have_u / have_v
+  bool have_u = false, have_v = false;
+  float ub[4] = {0.f, 0.f, 0.f, 0.f}, vb[4] = {0.f, 0.f, 0.f, 0.f};
+  const float scale = z_lowrank_scale(key.rank);
+  for (int l = 0; l < 4; ++l) {
+    const uint64_t e = 4 * (uint64_t)group + (uint64_t)l;
+    const uint64_t i = e / key.cols, j = e % key.cols;
+    float s = 0.f;
+    for (uint32_t k = 0; k < key.rank; ++k) {
+      const uint64_t iu = i * key.rank + k, iv = j * key.rank + k;
+      if (!have_u || (uint32_t)(iu >> 2) != ug) {
+        ug = (uint32_t)(iu >> 2), have_u = true;
+        z_factor_group(key, tensor, kZFactorU, ug, ub);
+      }
+      if (!have_v || (uint32_t)(iv >> 2) != vg) {
+        vg = (uint32_t)(iv >> 2), have_v = true;
+        z_factor_group(key, tensor, kZFactorV, vg, vb);
+      }
+      s = fmaf(ub[iu & 3], vb[iv & 3], s);
+    }
+    out[l] = s * scale;
+  }
+}
+
+// Elements 4g..4g+3 of tensor `tensor` under key, dense or low-rank.
+ZOF_HD void z_group(const ZKey& key, uint32_t tensor, uint32_t group, float out[4]) {
+  if (z_lowrank(key)) {
+    z_lowrank_group(key, tensor, group, out);
+    return;
+  }
+  z_group_dense(key, tensor, group, out);
+}
+
 // z of one element (slow path: tests and scalar references).
 ZOF_HD float z_element(const ZKey& key, uint32_t tensor, uint64_t element) {
+  if (z_lowrank(key)) return z_lowrank_element(key, tensor, element);
   float g[4];
   z_group(key, tensor, (uint32_t)(element >> 2), g);
   return g[element & 3];

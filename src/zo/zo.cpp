@@ -91,7 +91,7 @@ void ZOEngine::set_element_runs(std::vector<std::vector<tp::ElementRun>> runs) {
   Impl& i = *impl_;
   ZOF_ASSERT(runs.size() == i.model_.params().size() && !i.opt_.perturb && !i.stream_ &&
              !i.disk_ && i.opt_.master == DType::F32 && i.model_.storage_dtype() == DType::F32 &&
-             i.opt_.sparsity == 0.f);
+             i.opt_.sparsity == 0.f && i.opt_.low_rank == 0);
   for (size_t pi = 0; pi < runs.size(); ++pi) {
     int64_t n = 0;
     for (const tp::ElementRun& r : runs[pi]) n += r.n;

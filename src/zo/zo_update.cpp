@@ -16,9 +16,8 @@ PendingUpdate ZOEngine::make_update(const ZOStepOptions& opt, uint32_t step, flo
   const double q = (double)g.size();
   const bool sgd = opt.optimizer == ZOStepOptions::Optimizer::SGD;
   for (size_t j = 0; j < g.size(); ++j) {
-    ZKey k{opt.seed, step, (uint32_t)j};
-    k.dist = opt.dist;
-    u.terms.push_back(ZOUpdateTerm{k, (float)((sgd ? lr : 1.0) * g[j] / q)});
+    u.terms.push_back(ZOUpdateTerm{direction_key(opt, step, (uint32_t)j),
+                                   (float)((sgd ? lr : 1.0) * g[j] / q)});
   }
   if (sgd) {
     u.lr_wd = lr * opt.weight_decay;

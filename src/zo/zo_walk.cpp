@@ -17,9 +17,7 @@
 namespace zof {
 
 ZKey ZOEngine::Impl::key(uint32_t step, int j) const {
-  ZKey k{opt_.seed, step, (uint32_t)j};
-  k.dist = opt_.dist;
-  return k;
+  return direction_key(opt_, step, (uint32_t)j);
 }
 
 std::vector<tp::ElementRun> ZOEngine::Impl::element_runs(int pi) const {
@@ -30,6 +28,9 @@ std::vector<tp::ElementRun> ZOEngine::Impl::element_runs(int pi) const {
 ZKey ZOEngine::Impl::masked(const ZKey& k, int pi) const {
   ZKey m = k;
   m.mask = mask_[pi];
+  // A low-rank direction draws a matrix's z from factors of its width; vectors stay dense.
+  const Param& p = model_.params()[pi];
+  m.cols = p.shape.size() >= 2 ? (uint32_t)p.shape.back() : 0;
   return m;
 }
 
@@ -61,7 +62,7 @@ void ZOEngine::Impl::held_pass(const Theta& th, int64_t n, int pi, int64_t first
                                void* plus, void* minus, DType ct, void* theta_out) {
   const Param& p = model_.params()[pi];
   std::vector<ZOUpdateTerm> terms = pending_.terms;
-  for (auto& t : terms) t.key.mask = mask_[pi];
+  for (auto& t : terms) t.key = masked(t.key, pi);
   const float lr_wd = p.decay ? pending_.lr_wd : 0.f;
   const int64_t cs = (int64_t)dtype_size(ct);
   for (int64_t k = 0; k < n; k += held_n_) {
@@ -104,7 +105,7 @@ void ZOEngine::Impl::block_pass(int block, bool apply_update, const ZKey* cur, f
     const Theta th = theta(pi);
     if (upd) {
       terms = pending_.terms;
-      for (auto& t : terms) t.key.mask = mask_[pi];
+      for (auto& t : terms) t.key = masked(t.key, pi);
     }
     // A bf16 master: each update in fp32, rounded back stochastically in the same pass, before
     // any copy is made from it.
@@ -176,7 +177,7 @@ void ZOEngine::Impl::window_passes(const Theta& t, int64_t n, int pi, int64_t fi
     if (s < k) {
       const PendingUpdate& u = wb_window_[s];
       terms = u.terms;
-      for (auto& t2 : terms) t2.key.mask = mask_[pi];
+      for (auto& t2 : terms) t2.key = masked(t2.key, pi);
       lr_wd = p.decay ? u.lr_wd : 0.f;
       rk.seed = u.terms[0].key.seed;
       rk.step = u.terms[0].key.step;

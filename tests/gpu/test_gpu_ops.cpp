@@ -800,6 +800,55 @@ TEST(GpuZO, SubRangeRademacherMaskAndOptimizerStateEqualHost) {
   }
 }
 
+// LOZO's low-rank z on the device (philox.h's z_lowrank_group, each group of 4 from its
+// factors' Philox blocks) against the host pass (its factor tables), bit for bit: a matrix of an
+// odd width at sub-ranges that cut rows, ranks 1, 2 and 8, update terms under another V (step
+// 3 of rank_every 2 against step 5), with a mask, and through momentum state.
+TEST(GpuZO, LowRankEqualsHost) {
+  ZOF_REQUIRE_GPU();
+  auto be = gpu();
+  const int64_t cols = 301, total = 1003 * cols;
+  for (uint32_t rank : {1u, 2u, 8u}) {
+    for (auto [first, n] : {std::pair<int64_t, int64_t>{0, total}, {3, 1001}, {129, 200000}}) {
+      const auto theta0 = uniform(size_t(total), -0.1f, 0.1f, 43);
+      auto key = [&](uint32_t step, uint32_t q) {
+        zof::ZKey k{7, step, q};
+        k.rank = rank, k.rank_every = 2, k.cols = (uint32_t)cols, k.mask = 0.09f;
+        return k;
+      };
+      std::vector<zof::ZOUpdateTerm> upd{{key(3, 0), 2e-3f}, {key(3, 1), -1e-3f}};
+      const zof::ZKey cur = key(5, 0);
+      const std::string what = "rank " + std::to_string(rank) + " first=" +
+                               std::to_string(first) + " n=" + std::to_string(n);
+      auto th_host = theta0;
+      std::vector<float> ph(static_cast<size_t>(n)), mh(static_cast<size_t>(n));
+      zof::cpu::zo_pass(th_host.data() + first, n, 9, first, upd.data(), 2, 1e-5f, &cur, 1e-3f,
+                        ph.data(), mh.data());
+      Device dev(*be);
+      float* th = dev.put(theta0);
+      float* plus = dev.output(size_t(n));
+      float* minus = dev.output(size_t(n));
+      be->zo_pass(th + first, n, 9, first, upd.data(), 2, 1e-5f, &cur, 1e-3f, plus, minus);
+      EXPECT_TRUE(bit_identical(th_host, dev.get(th, size_t(total)))) << "theta " << what;
+      EXPECT_TRUE(bit_identical(ph, dev.get(plus, size_t(n)))) << "plus " << what;
+      EXPECT_TRUE(bit_identical(mh, dev.get(minus, size_t(n)))) << "minus " << what;
+      zof::ZOOptimizer o;
+      o.kind = zof::ZOOptimizer::Momentum;
+      o.lr = 1e-3f, o.wd = 0.01f;
+      auto t_host = theta0;
+      std::vector<float> m_host(size_t(total), 0.f);
+      float* t_dev = dev.put(theta0);
+      float* m_dev = dev.put(m_host);
+      zof::cpu::zo_update_state(t_host.data() + first, m_host.data() + first, nullptr, n, 9,
+                                first, upd.data(), 2, o);
+      be->zo_update_state(t_dev + first, m_dev + first, nullptr, n, 9, first, upd.data(), 2, o,
+                          nullptr);
+      EXPECT_TRUE(bit_identical(t_host, dev.get(t_dev, size_t(total)))) << "momentum " << what;
+      EXPECT_TRUE(bit_identical(m_host, dev.get(m_dev, size_t(total)))) << "momentum " << what;
+    }
+  }
+}
+
 // The token-table rows a batch reads, perturbed in one launch, bit for bit against the host.
 TEST(GpuZO, RowPassEqualsHost) {
   ZOF_REQUIRE_GPU();

@@ -903,6 +903,24 @@ TEST_F(DiskTierCli, SparsityThresholdsAreTheLoadedWeights) {
   }
 }
 
+// LOZO's low-rank directions through the tier: at the least budget, and with a write-back window
+// whose walks rebuild a block from its terms' keys (each term's own U and V), the plain run's
+// model and step log.
+TEST_F(DiskTierCli, LowRankDirectionsThroughTheTierAndItsWriteBackWindow) {
+  const std::string lozo = "--low-rank 2 --low-rank-every 2";
+  auto plain = finetune("lr_plain", lozo);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  auto roomy = finetune("lr_roomy", lozo + " --host-mem 1TiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  const uint64_t least = last_json(roomy.out)["disk_tier"]["least_bytes"];
+  for (const std::string& extra : {std::string(), std::string(" --write-back-every 3")}) {
+    const std::string run = "lr_least" + std::to_string(extra.size());
+    auto d = finetune(run, lozo + " --host-mem " + std::to_string(least) + extra);
+    ASSERT_EQ(d.code, 0) << d.err;
+    expect_same_run(run, "lr_plain");
+  }
+}
+
 // --host-mem's default: the free host memory (ZOF_FAULT_MEM_AVAILABLE stands in for it) less a
 // margin of 1 GiB and a tenth of it. Where the model fits, no tier and no word of one; where it
 // does not, the tier at that budget, said in the header, and the plain run's model; where even

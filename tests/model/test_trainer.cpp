@@ -241,7 +241,11 @@ TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
                                              // of N, evaluations, checkpoints and the end
                                              "--master bf16 --weight-decay 0.1 --queries 2",
                                              "--master bf16 --round-every 3 --eval-every 4 "
-                                             "--one-sided --sparsity 0.5 --dtype bf16"};
+                                             "--one-sided --sparsity 0.5 --dtype bf16",
+                                             // LOZO in a rounding window: the held passes
+                                             // rebuild theta from low-rank terms
+                                             "--master bf16 --round-every 3 --low-rank 2 "
+                                             "--low-rank-every 4 --dtype bf16"};
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE(variants[v]);
     const std::string n = std::to_string(v);
@@ -263,6 +267,51 @@ TEST_F(Finetune, OptimizersResumeAndReplayExactly) {
     EXPECT_TRUE(weights(a) == weights(r)) << "replayed weights differ";
     EXPECT_NE(weights(a), zof::test::read_file(stories() + "/model.safetensors"));
   }
+}
+
+// LOZO's low-rank directions (--low-rank) are a pure function of (seed, step, query, tensor,
+// element) like any z: a run on the host, streamed through the simulated device at a budget that
+// holds two blocks, killed and resumed, and replayed from its step log gives the same model bytes;
+// the option is saved in run.json and changes what is learned (not the dense run's model).
+TEST_F(Finetune, LowRankDirectionsStreamResumeAndReplayExactly) {
+  const fs::path a = dir_ / "lr-host", b = dir_ / "lr-streamed", c = dir_ / "lr-resumed",
+                 r = dir_ / "lr-replayed", d = dir_ / "dense";
+  const std::string extra = " --low-rank 2 --low-rank-every 3 --queries 2 --dtype bf16";
+  auto ra = run_command(zof::test::zof_binary() + " " + args(a.string(), 12) + extra);
+  ASSERT_EQ(ra.code, 0) << ra.err;
+  // The simulated device at the least budget its roomy run reports: every block streams.
+  const fs::path roomy = dir_ / "lr-roomy";
+  auto r0 = run_command(zof::test::zof_binary() + " " + args(roomy.string(), 2) + extra +
+                        " --sim-device --gpu-mem 256MiB");
+  ASSERT_EQ(r0.code, 0) << r0.err;
+  const uint64_t least = json::parse(zof::test::read_file((roomy / "summary.json").string()))
+      ["streaming"]["min_bytes"];
+  auto rb = run_command(zof::test::zof_binary() + " " + args(b.string(), 12) + extra +
+                        " --sim-device --gpu-mem " + std::to_string(least));
+  ASSERT_EQ(rb.code, 0) << rb.err;
+  const json sb = json::parse(zof::test::read_file((b / "summary.json").string()));
+  EXPECT_GT(sb["streaming"]["streamed_blocks"].get<int64_t>(), 0) << sb.dump();
+  EXPECT_EQ(steps_of(a), steps_of(b));
+  EXPECT_TRUE(weights(a) == weights(b)) << "the streamed run's model differs";
+  auto rc = run_command("ZOF_FAULT_KILL_AT_STEP=8 " + zof::test::zof_binary() + " " +
+                        args(c.string(), 12) + extra);
+  ASSERT_EQ(rc.code, 128 + SIGKILL) << rc.err;
+  auto rc2 = run_command(zof::test::zof_binary() + " finetune --resume " + c.string());
+  ASSERT_EQ(rc2.code, 0) << rc2.err;
+  EXPECT_EQ(steps_of(a), steps_of(c));
+  EXPECT_TRUE(weights(a) == weights(c)) << "the resumed run's model differs";
+  auto rr = run_command(zof::test::zof_binary() + " replay --model " + stories() + " --log " +
+                        a.string() + " --out " + r.string() + " --json");
+  ASSERT_EQ(rr.code, 0) << rr.err;
+  EXPECT_TRUE(weights(a) == weights(r)) << "the replayed model differs";
+  const json ja = json::parse(zof::test::read_file((a / "run.json").string()));
+  EXPECT_EQ(ja["options"]["low_rank"], 2) << ja.dump();
+  EXPECT_EQ(ja["options"]["low_rank_every"], 3) << ja.dump();
+  auto rd = run_command(zof::test::zof_binary() + " " + args(d.string(), 12) +
+                        " --queries 2 --dtype bf16");
+  ASSERT_EQ(rd.code, 0) << rd.err;
+  EXPECT_NE(weights(a), weights(d));
+  EXPECT_NE(weights(a), zof::test::read_file(stories() + "/model.safetensors"));
 }
 
 // --master bf16 holds the weights in 2 bytes a parameter (the model's storage in bf16), on the

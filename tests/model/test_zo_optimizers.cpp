@@ -115,6 +115,7 @@ struct Variant {
   Opt optimizer = Opt::SGD;
   int queries = 1;
   float lr = 1e-3f, wd = 0.f;
+  uint32_t low_rank = 0, low_rank_every = 50;  // LOZO
 };
 
 class ZOOptionsVsReference : public ::testing::TestWithParam<Variant> {};
@@ -135,6 +136,8 @@ TEST_P(ZOOptionsVsReference, ThreeStepsAgree) {
   o.dist = c.dist;
   o.one_sided = c.one_sided;
   o.sparsity = c.sparsity;
+  o.low_rank = c.low_rank;
+  o.low_rank_every = c.low_rank_every;
   o.optimizer = c.optimizer;
   o.beta1 = 0.8f;
   o.beta2 = 0.95f;
@@ -162,8 +165,23 @@ TEST_P(ZOOptionsVsReference, ThreeStepsAgree) {
     }
   const int64_t S = ref.storage_size();
   std::vector<double> mom(S, 0.0), vel(S, 0.0);
+  // LOZO written plainly: a matrix's z is sum_k U[i][k] V[j][k] / sqrt(r) in double, U and V
+  // dense normals of their own streams (tensor ids with bit 30 or 31 set; V's step is the
+  // step / low_rank_every), drawn through the dense z_element.
+  auto factor = [&](const zof::ZKey& key, size_t pi, uint32_t side, uint32_t step, uint64_t i) {
+    zof::ZKey f{key.seed, step, key.query};
+    return (double)zof::z_element(f, (uint32_t)pi | side, i);
+  };
   auto z_of = [&](const zof::ZKey& key, size_t pi, int64_t e, float theta) -> double {
     if (std::fabs(theta) > thr[pi]) return 0.0;
+    if (c.low_rank > 0 && params[pi].shape.size() >= 2) {
+      const int64_t cols = params[pi].shape.back(), i = e / cols, j = e % cols;
+      double s = 0;
+      for (uint32_t k = 0; k < c.low_rank; ++k)
+        s += factor(key, pi, 1u << 30, key.step, (uint64_t)i * c.low_rank + k) *
+             factor(key, pi, 1u << 31, key.step / c.low_rank_every, (uint64_t)j * c.low_rank + k);
+      return s / std::sqrt((double)c.low_rank);
+    }
     return zof::z_element(key, (uint32_t)pi, (uint64_t)e);
   };
   for (uint32_t step = 0; step < 3; ++step) {
@@ -301,7 +319,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"momentum_wd", zof::kZGaussian, false, 0.f, Opt::Momentum, 1, 1e-3f, 0.1f},
                       Variant{"adam_q2", zof::kZGaussian, false, 0.f, Opt::Adam, 2, 1e-4f},
                       Variant{"adam_sparse_rademacher_one_sided", zof::kZRademacher, true, 0.5f,
-                              Opt::Adam, 1, 1e-4f, 0.05f}),
+                              Opt::Adam, 1, 1e-4f, 0.05f},
+                      // LOZO: V drawn at steps 0 and 2 (every 2), U every step
+                      Variant{"low_rank2_q2", zof::kZGaussian, false, 0.f, Opt::SGD, 2, 1e-3f,
+                              0.f, 2, 2},
+                      Variant{"low_rank1_momentum_wd", zof::kZGaussian, true, 0.f, Opt::Momentum,
+                              1, 1e-3f, 0.1f, 1, 50}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -164,6 +164,18 @@ TEST_F(Mpi, PipelineStagesEqualOneProcess) {
   EXPECT_NE(bad.err.find("--pipeline-stages 3"), std::string::npos) << bad.err;
 }
 
+// LOZO's low-rank directions over two pipeline stages x two replicas: each stage draws its
+// blocks' factors from the same counters one process would, so the same run.
+TEST_F(Mpi, LowRankOnStagesAndReplicasEqualsOneProcess) {
+  const fs::path one = dir_ / "lr-one", p2x2 = dir_ / "lr-p2x2";
+  const std::string opts = "--queries 2 --low-rank 2 --low-rank-every 5 ";
+  auto r1 = run_command(zof() + " " + args(one, 12, opts));
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  auto r4 = run_command(mpirun(4) + " " + args(p2x2, 12, opts + "--pipeline-stages 2"));
+  ASSERT_EQ(r4.code, 0) << r4.err;
+  expect_same_run(one, p2x2);
+}
+
 TEST_F(Mpi, KilledRankStopsTheJobAndTheRunResumesOnMoreRanks) {
   const fs::path ref = dir_ / "ref", run = dir_ / "run";
   ASSERT_EQ(run_command(zof() + " " + args(ref, 24)).code, 0);

@@ -557,3 +557,173 @@ TEST(StochasticRounding, FusedPassEqualsUpdateThenRoundThenCopies) {
 }
 
 }  // namespace
+
+namespace {
+
+zof::ZKey low_rank_key(uint64_t seed, uint32_t step, uint32_t query, uint32_t rank,
+                       uint32_t every, uint32_t cols) {
+  zof::ZKey k{seed, step, query};
+  k.rank = rank, k.rank_every = every, k.cols = cols;
+  return k;
+}
+
+// LOZO's z (philox.h): element (i, j) of a matrix is sum_k U[i][k] V[j][k] / sqrt(r), the
+// factors dense normals of their own counters (checked here in double against z_element of a
+// dense key, the oracle of the whole stream); V is the same for rank_every steps and U new every
+// step; a key without a rank or without a width (a vector) draws the dense z.
+TEST(LowRank, ZIsTheProductOfItsFactors) {
+  const uint32_t rows = 7, cols = 13, r = 3, tensor = 9;
+  for (uint32_t step : {0u, 4u, 5u, 4000000001u}) {
+    const zof::ZKey key = low_rank_key(0xfeedull << 32 | 7, step, 2, r, 5, cols);
+    const zof::ZKey u_key{key.seed, step, 2}, v_key{key.seed, step / 5, 2};
+    for (uint32_t i = 0; i < rows; ++i)
+      for (uint32_t j = 0; j < cols; ++j) {
+        double want = 0;
+        for (uint32_t k = 0; k < r; ++k)
+          want += (double)zof::z_element(u_key, tensor | (1u << 30), i * r + k) *
+                  zof::z_element(v_key, tensor | (1u << 31), j * r + k);
+        want /= std::sqrt(3.0);
+        const float got = zof::z_element(key, tensor, i * cols + j);
+        ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want))) << "step " << step << " (" << i
+                                                              << ", " << j << ")";
+        float g[4];
+        zof::z_group(key, tensor, (i * cols + j) / 4, g);
+        ASSERT_EQ(g[(i * cols + j) % 4], got);
+      }
+  }
+  // V is shared by steps 5..9 of rank_every 5, U is not: the z of two such steps differ, but
+  // their column factors agree.
+  const zof::ZKey a = low_rank_key(1, 5, 0, 2, 5, cols), b = low_rank_key(1, 9, 0, 2, 5, cols),
+                  c = low_rank_key(1, 10, 0, 2, 5, cols);
+  EXPECT_EQ(zof::z_factor(a, tensor, zof::kZFactorV, 3), zof::z_factor(b, tensor, zof::kZFactorV, 3));
+  EXPECT_NE(zof::z_factor(a, tensor, zof::kZFactorV, 3), zof::z_factor(c, tensor, zof::kZFactorV, 3));
+  EXPECT_NE(zof::z_factor(a, tensor, zof::kZFactorU, 3), zof::z_factor(b, tensor, zof::kZFactorU, 3));
+  EXPECT_NE(zof::z_element(a, tensor, 17), zof::z_element(b, tensor, 17));
+  // Dense where there is no rank or no width.
+  const zof::ZKey dense{1, 5, 0};
+  for (uint64_t e : {0ull, 17ull, 1000ull}) {
+    EXPECT_EQ(zof::z_element(low_rank_key(1, 5, 0, 2, 5, 0), tensor, e),
+              zof::z_element(dense, tensor, e));
+    EXPECT_EQ(zof::z_element(low_rank_key(1, 5, 0, 0, 5, cols), tensor, e),
+              zof::z_element(dense, tensor, e));
+  }
+}
+
+// The 1 / sqrt(r) keeps a low-rank z's entries at unit variance (the dense z's: --lr and --eps
+// mean the same), and a rank-1 z is exactly rank one: every 2 x 2 minor vanishes.
+TEST(LowRank, EntriesHaveUnitVarianceAndTheRank) {
+  const int64_t rows = 512, cols = 384;
+  for (uint32_t r : {1u, 2u, 8u}) {
+    const zof::ZKey key = low_rank_key(42, 3, 0, r, 50, cols);
+    double s1 = 0, s2 = 0;
+    for (int64_t e = 0; e < rows * cols; ++e) {
+      const double z = zof::z_element(key, 4, (uint64_t)e);
+      s1 += z, s2 += z * z;
+    }
+    const double n = double(rows * cols);
+    // mean z^2 is a product of two sample variances of 512 and 384 normals (about 7% each):
+    // 0.3 is over 3 of their standard deviations.
+    EXPECT_NEAR(s2 / n, 1.0, 0.3) << "rank " << r;
+    EXPECT_NEAR(s1 / n, 0.0, 0.05) << "rank " << r;
+  }
+  const zof::ZKey one = low_rank_key(42, 3, 0, 1, 50, cols);
+  auto z = [&](int64_t i, int64_t j) { return (double)zof::z_element(one, 4, uint64_t(i * cols + j)); };
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i + 1 < 40; ++i)
+    for (int64_t j = 0; j + 1 < 40; ++j) {
+      worst = std::max(worst, std::fabs(z(i, j) * z(i + 1, j + 1) - z(i, j + 1) * z(i + 1, j)));
+      scale = std::max(scale, std::fabs(z(i, j) * z(i + 1, j + 1)));
+    }
+  EXPECT_LT(worst, 1e-6 * scale);
+  const zof::ZKey dense{42, 3, 0};
+  EXPECT_GT(std::fabs(zof::z_element(dense, 4, 0) * zof::z_element(dense, 4, cols + 1) -
+                      zof::z_element(dense, 4, 1) * zof::z_element(dense, 4, cols)),
+            1e-3);
+}
+
+// The CPU pass's low-rank z (its factors drawn once per pass into tables) is the scalar
+// z_element's, bit for bit, over any sub-range (rows cut anywhere, chunks of 64 cut anywhere),
+// with update terms of other steps (another V) and a perturbation, fp32 and bf16 copies, and
+// through the optimizer-state pass.
+TEST(LowRank, CpuPassEqualsScalarZAtAnyRange) {
+  const int64_t rows = 37, cols = 29, total = rows * cols;
+  const uint32_t tensor = 6;
+  const zof::ZKey cur = low_rank_key(77, 3, 1, 2, 2, (uint32_t)cols);
+  const zof::ZOUpdateTerm upd[2] = {{low_rank_key(77, 1, 0, 2, 2, (uint32_t)cols), 0.25f},
+                                    {low_rank_key(77, 1, 1, 2, 2, (uint32_t)cols), -0.5f}};
+  std::vector<float> theta0(total);
+  for (int64_t i = 0; i < total; ++i) theta0[i] = 0.001f * (float)(i % 97) - 0.03f;
+  const float lr_wd = 0.01f, eps = 0.1f;
+  for (auto [first, n] : {std::pair<int64_t, int64_t>{0, total}, {1, 3}, {3, 70}, {63, 2},
+                          {28, 31}, {130, 517}, {total - 1, 1}}) {
+    SCOPED_TRACE(std::to_string(first) + "+" + std::to_string(n));
+    std::vector<float> th = theta0, p(total, 7.f), m(total, 7.f);
+    zof::cpu::zo_pass(th.data() + first, n, tensor, first, upd, 2, lr_wd, &cur, eps,
+                      p.data() + first, m.data() + first);
+    std::vector<uint16_t> pb(total, 0), mb(total, 0);
+    std::vector<float> thb = theta0;
+    zof::cpu::zo_pass(zof::Theta(thb.data() + first), n, tensor, first, upd, 2, lr_wd, &cur, eps,
+                      pb.data() + first, mb.data() + first, zof::DType::BF16);
+    for (int64_t i = first; i < first + n; ++i) {
+      const uint64_t e = (uint64_t)i;
+      // The pass's order: acc = lr_wd theta, then each term's fmaf, theta - acc.
+      float acc = lr_wd * theta0[i];
+      for (const auto& t : upd) acc = fmaf(t.coef, zof::z_element(t.key, tensor, e), acc);
+      const float want = theta0[i] - acc;
+      ASSERT_EQ(th[i], want) << i;
+      ASSERT_EQ(thb[i], want) << i;
+      const float z = zof::z_element(cur, tensor, e);
+      ASSERT_EQ(p[i], zof::zo_perturbed(want, z, eps)) << i;
+      ASSERT_EQ(m[i], zof::zo_perturbed(want, z, -eps)) << i;
+      ASSERT_EQ(pb[i], zof::f32_to_bf16(zof::zo_perturbed(want, z, eps))) << i;
+      ASSERT_EQ(mb[i], zof::f32_to_bf16(zof::zo_perturbed(want, z, -eps))) << i;
+    }
+    for (int64_t i = 0; i < total; ++i) {
+      if (i < first || i >= first + n) {
+        ASSERT_EQ(th[i], theta0[i]) << i;
+      }
+    }
+    // Momentum through the state pass: gh = sum coef z, m = beta1 m + (gh + wd theta).
+    zof::ZOOptimizer o;
+    o.kind = zof::ZOOptimizer::Momentum;
+    o.lr = 0.5f, o.beta1 = 0.8f, o.wd = 0.1f;
+    std::vector<float> ts = theta0, ms(total, 0.25f);
+    zof::cpu::zo_update_state(zof::Theta(ts.data() + first), ms.data() + first, nullptr, n,
+                              tensor, first, upd, 2, o, nullptr);
+    for (int64_t i = first; i < first + n; ++i) {
+      float gh = 0.f;
+      for (const auto& t : upd) gh = fmaf(t.coef, zof::z_element(t.key, tensor, (uint64_t)i), gh);
+      const float mm = fmaf(o.beta1, 0.25f, fmaf(o.wd, theta0[i], gh));
+      ASSERT_EQ(ms[i], mm) << i;
+      ASSERT_EQ(ts[i], fmaf(-o.lr, mm, theta0[i])) << i;
+    }
+  }
+}
+
+// A pass large enough to run in bands of rows (the U tables' bound: 2^18 / r rows) and across
+// the OpenMP team, after passes over other tensors and queries (the thread's cache of V tables):
+// the scalar bits at the bands' edges and throughout.
+TEST(LowRank, BandsAndThreadsGiveTheScalarBits) {
+  const int64_t cols = 24, rows = 2 * (int64_t(1) << 18) / 8 + 77, total = rows * cols;
+  std::vector<float> theta((size_t)total, 0.f), plus((size_t)total), other((size_t)total);
+  for (uint32_t q : {0u, 1u}) {
+    const zof::ZKey key = low_rank_key(5, 9, q, 8, 4, (uint32_t)cols);
+    // Another tensor first, with the same key: its V must not be this one's.
+    zof::cpu::zo_pass(theta.data(), total, 2, 0, nullptr, 0, 0.f, &key, 1.f, other.data(),
+                      nullptr);
+    zof::cpu::zo_pass(theta.data(), total, 3, 0, nullptr, 0, 0.f, &key, 1.f, plus.data(),
+                      nullptr);
+    const int64_t band = (int64_t(1) << 18) / 8 * cols;
+    std::vector<int64_t> at;
+    for (int64_t e = 0; e < total; e += 997) at.push_back(e);
+    for (int64_t b : {band, 2 * band})
+      for (int64_t d = -70; d < 70; ++d) at.push_back(b + d);
+    at.push_back(total - 1);
+    for (int64_t e : at) {
+      ASSERT_EQ(plus[size_t(e)], zof::z_element(key, 3, (uint64_t)e)) << "query " << q << " at " << e;
+      ASSERT_EQ(other[size_t(e)], zof::z_element(key, 2, (uint64_t)e)) << "query " << q << " at " << e;
+    }
+  }
+}
+
+}  // namespace
