@@ -597,7 +597,7 @@ void RunDir::start(const TrainOptions& opt, const json& model_id, const std::str
     json run{{"options", opt.to_json()},         {"model_id", model_id},
              {"base_fingerprint", fingerprint},  {"data_fingerprint", data_fingerprint_},
              {"compute", compute},               {"zof_version", version()},
-             {"format", kRunJsonFormat}};
+             {"format", run_json_format(opt)}};
     // Sealed: a resume or replay refuses a run.json edited since (check_run_seal).
     run_seal_ = run_json_seal(run);
     run["seal"] = run_seal_;

@@ -118,8 +118,13 @@ void reopen_window(const std::string& log, ZOEngine& engine, const TrainOptions&
 TrainOptions parse_run_options(const nlohmann::json& run_json, const std::string& file);
 
 // run.json's format: 2 is sealed ("format": 2 and "seal"); a run.json without "format" is an
-// older zof's, unsealed.
+// older zof's, unsealed. 3 is format 2 for a run that a zof reading only 2 would get silently
+// wrong, since it drops the options it does not know: a --low-rank run (it would resume and
+// replay it with dense directions). Only such runs are written as 3 (run_json_format), so
+// every other run stays readable by the zofs before.
 constexpr int kRunJsonFormat = 2;
+constexpr int kRunJsonFormatNewest = 3;
+int run_json_format(const TrainOptions& o);
 // run.json's seal: the ByteHash of the canonical dump (keys sorted, no spaces) of its fields but
 // "seal" itself and the options that only say where the inputs and the run are (options.model,
 // options.data, options.out: what they hold is fingerprinted, base_fingerprint and

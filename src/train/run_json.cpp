@@ -170,6 +170,8 @@ std::string run_json_seal(const json& run_json) {
   return h.text();
 }
 
+int run_json_format(const TrainOptions& o) { return o.low_rank > 0 ? 3 : kRunJsonFormat; }
+
 void check_run_seal(const json& run_json, const std::string& file) {
   if (!run_json.is_object()) return;  // parse_run_options says so
   const auto format = run_json.find("format");
@@ -178,14 +180,14 @@ void check_run_seal(const json& run_json, const std::string& file) {
   if (format != run_json.end()) {
     const json& f = *format;
     ZOF_CHECK(!f.is_number_integer() ||
-                  (f.is_number_unsigned() ? f.get<uint64_t>() <= (uint64_t)kRunJsonFormat
-                                          : f.get<int64_t>() <= kRunJsonFormat),
+                  (f.is_number_unsigned() ? f.get<uint64_t>() <= (uint64_t)kRunJsonFormatNewest
+                                          : f.get<int64_t>() <= kRunJsonFormatNewest),
               file + " is \"format\" " + f.dump() + ", newer than this zof reads (" +
-                  std::to_string(kRunJsonFormat) + "): the run was written by a newer zof; "
+                  std::to_string(kRunJsonFormatNewest) + "): the run was written by a newer zof; "
                   "resume or replay it with that zof");
-    ZOF_CHECK(f.is_number_integer() && f.get<int64_t>() == kRunJsonFormat,
+    ZOF_CHECK(f.is_number_integer() && f.get<int64_t>() >= kRunJsonFormat,
               file + ": \"format\" is " + shown(f) + ", not " + std::to_string(kRunJsonFormat) +
-                  "; " + kDamaged);
+                  " to " + std::to_string(kRunJsonFormatNewest) + "; " + kDamaged);
   }
   ZOF_CHECK(seal != run_json.end(),
             file + " was edited after the run started: its \"seal\" was removed (a run.json of "

@@ -122,9 +122,9 @@ std::vector<Case> hostile3_run_cases() {
        R"(^.*/run/run\.json was edited after the run started: .* that .*/run/summary\.json records of it \(run_seal\), )" +
            kEditedFix},
       {"ResumeOfANewerFormat",
-       [](Sandbox& s) { s.edit_json(killed_run(s) / "run.json", [](json& j) { j["format"] = 3; }); },
+       [](Sandbox& s) { s.edit_json(killed_run(s) / "run.json", [](json& j) { j["format"] = 4; }); },
        "finetune --resume {S}/killed", 1,
-       R"(^.*/killed/run\.json is "format" 3, newer than this zof reads \(2\): the run was written by a newer zof; resume or replay it with that zof$)"},
+       R"(^.*/killed/run\.json is "format" 4, newer than this zof reads \(3\): the run was written by a newer zof; resume or replay it with that zof$)"},
       // ---- a step record made shorter is a changed log, not a cut one -------------------------
       {"ReplayOfALogWithARecordMadeShorter",
        [](Sandbox& s) { shorten_record(s, s.run(), 2); },

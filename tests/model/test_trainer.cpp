@@ -307,11 +307,15 @@ TEST_F(Finetune, LowRankDirectionsStreamResumeAndReplayExactly) {
   const json ja = json::parse(zof::test::read_file((a / "run.json").string()));
   EXPECT_EQ(ja["options"]["low_rank"], 2) << ja.dump();
   EXPECT_EQ(ja["options"]["low_rank_every"], 3) << ja.dump();
+  // Format 3: a zof that reads only format 2 (and drops options it does not know) refuses the
+  // run instead of resuming or replaying it with dense directions; the dense run stays 2.
   auto rd = run_command(zof::test::zof_binary() + " " + args(d.string(), 12) +
                         " --queries 2 --dtype bf16");
   ASSERT_EQ(rd.code, 0) << rd.err;
   EXPECT_NE(weights(a), weights(d));
   EXPECT_NE(weights(a), zof::test::read_file(stories() + "/model.safetensors"));
+  EXPECT_EQ(ja["format"], 3);
+  EXPECT_EQ(json::parse(zof::test::read_file((d / "run.json").string()))["format"], 2);
 }
 
 // --master bf16 holds the weights in 2 bytes a parameter (the model's storage in bf16), on the
