@@ -141,6 +141,11 @@ class Scorer:
                 for k, (s, start) in enumerate(toks)]
 
     def scores(self, examples):
+        with torch.no_grad():
+            return self.candidate_scores(examples)
+
+    def candidate_scores(self, examples):
+        """scores() with autograd wherever the caller has it on (bench/adamw_anchor.py)."""
         seqs, units = [], 0
         for prompt, cands, _ in examples:
             seqs += self.rows(prompt, cands, units)
@@ -154,12 +159,11 @@ class Scorer:
             mask[r, :len(s)] = 1
             for q, y, u in pairs:
                 b.append(r), t.append(q), target.append(y), unit.append(u)
-        with torch.no_grad():
-            h = self.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
-            # Only the scored positions' distributions (not B x T x V logits).
-            logits = self.model.get_output_embeddings()(h[torch.tensor(b), torch.tensor(t)])
-            if self.cap:
-                logits = torch.tanh(logits / self.cap) * self.cap
+        h = self.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        # Only the scored positions' distributions (not B x T x V logits).
+        logits = self.model.get_output_embeddings()(h[torch.tensor(b), torch.tensor(t)])
+        if self.cap:
+            logits = torch.tanh(logits / self.cap) * self.cap
         self.forwards += 1
         logp = torch.log_softmax(logits.float(), dim=-1)
         tok_lp = logp.gather(-1, torch.tensor(target)[:, None]).squeeze(-1).double()
@@ -173,9 +177,14 @@ class Scorer:
         return out
 
     def loss(self, examples):
-        s = self.scores(examples)
-        return float(sum(torch.nn.functional.cross_entropy(v[None], torch.tensor([l]))
-                         for v, l in s) / len(s))
+        return float(self.loss_tensor(self.scores(examples)))
+
+    @staticmethod
+    def loss_tensor(scored):
+        """MeZO's classification objective: the mean cross-entropy over each example's
+        candidates' scores, the correct one as the label."""
+        return sum(torch.nn.functional.cross_entropy(v[None], torch.tensor([l]))
+                   for v, l in scored) / len(scored)
 
     def accuracy(self, examples, batch):
         if not examples:
@@ -220,6 +229,21 @@ class MeZO:
         return lp, lm, grad
 
 
+def sample_examples(task, data, seed, n_train, n_val, n_eval):
+    """MeZO's samples: n_train training and n_val validation examples from the task's training
+    file, n_eval test examples (or all there are) from its validation file, drawn by a
+    random.Random(seed), which is returned for the batch order."""
+    train_file, test_file = (os.path.join(data, f) for f in TASKS[task][1:])
+    pool = read_examples(task, train_file)
+    test = read_examples(task, test_file)
+    rng = random.Random(seed)
+    pick = rng.sample(range(len(pool)), min(len(pool), n_train + n_val))
+    train = [pool[i] for i in pick[:n_train]]
+    val = [pool[i] for i in pick[n_train:]]
+    test = [test[i] for i in sorted(rng.sample(range(len(test)), min(len(test), n_eval)))]
+    return train, val, test, rng
+
+
 def rss_peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 * 1.048576
 
@@ -255,14 +279,8 @@ def main():
 
     if a.threads > 0:
         torch.set_num_threads(a.threads)
-    train_file, test_file = (os.path.join(a.data, f) for f in TASKS[a.task][1:])
-    pool = read_examples(a.task, train_file)
-    test = read_examples(a.task, test_file)
-    rng = random.Random(a.seed)
-    pick = rng.sample(range(len(pool)), min(len(pool), a.train_examples + a.val_examples))
-    train = [pool[i] for i in pick[:a.train_examples]]
-    val = [pool[i] for i in pick[a.train_examples:]]
-    test = [test[i] for i in sorted(rng.sample(range(len(test)), min(len(test), a.eval_examples)))]
+    train, val, test, rng = sample_examples(a.task, a.data, a.seed, a.train_examples,
+                                            a.val_examples, a.eval_examples)
 
     torch.manual_seed(a.seed)
     dtype = getattr(torch, a.dtype)
