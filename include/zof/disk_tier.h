@@ -93,9 +93,15 @@ class DiskTier : public BlockAccess {
   // The blocks a tier keeps resident: the block holding a tied LM head (the embedding's table,
   // which a walk reads first and last), none for an untied one.
   static std::vector<int> kept_blocks(const Model& m);
-  // The blocks kept resident: `keep`, then the others from block 0 while the budget, less a
-  // ring of two slots of the largest block left out, holds them; the ring as large as the rest
-  // of the budget allows. budget >= min_bytes.
+  // The ring a walk keeps busy: the most bytes of three blocks in a row of the walk's order
+  // (block order, wrapping into the next walk; `keep` skipped), and no less than min_bytes'
+  // two slots of the largest. Three: the block the walk computes, the next read ahead and
+  // the last written behind. With two, the read of the next waits for the last one's write.
+  static uint64_t flight_bytes(const Model& m, int planes, const std::vector<int>& keep);
+  // The blocks kept resident: `keep`, then the others from block 0 while the budget, less the
+  // ring (flight_bytes where the budget holds it with `keep`, else min_bytes' two slots of the
+  // largest), holds them; the ring as large as the rest of the budget allows.
+  // budget >= min_bytes.
   static DiskTierPlan plan(const Model& m, int planes, uint64_t budget,
                            const std::vector<int>& keep);
 

@@ -436,6 +436,69 @@ TEST(DiskTier, ALaidOutModelIsNotResidentUntilWritten) {
   }
 }
 
+// The plan's ring: three blocks in flight (the one computed, the next read ahead, the last
+// written behind) where the budget holds them besides the kept blocks, else two slots of the
+// largest; the blocks resident are what fits in the rest, first fit in block order. Tied (the
+// token table kept resident: three layers in a row) and untied (the LM head, the token table
+// and the first layer in a row across the walk's wrap: more than two of the largest).
+TEST(DiskTier, ThePlanKeepsThreeBlocksInFlightWhereTheBudgetHoldsThem) {
+  ZOF_REQUIRE_PATH(model_dir("stories260K"));
+  zof::ModelConfig cfg = zof::ModelConfig::load(model_dir("stories260K") + "/config.json");
+  cfg.vocab_size = 2048;  // the token table and head larger than a layer
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    cfg.tie_embeddings = tied;
+    const zof::Model m = zof::Model::zeros(cfg, true, zof::DType::F32);
+    for (const int planes : {1, 3}) {
+      const std::vector<int> keep = zof::DiskTier::kept_blocks(m);
+      EXPECT_EQ(keep.empty(), !tied);
+      std::vector<uint64_t> walk;
+      uint64_t kept = 0, largest = 0;
+      for (int b = 0; b < (int)m.blocks().size(); ++b) {
+        const uint64_t bytes = zof::DiskTier::block_bytes(m, b, planes);
+        if (std::find(keep.begin(), keep.end(), b) != keep.end()) {
+          kept += bytes;
+          continue;
+        }
+        walk.push_back(bytes);
+        largest = std::max(largest, bytes);
+      }
+      uint64_t three = 0;
+      for (size_t i = 0; i < walk.size(); ++i)
+        three = std::max(three, walk[i] + walk[(i + 1) % walk.size()] + walk[(i + 2) % walk.size()]);
+      ASSERT_GT(three, 2 * largest);
+      const uint64_t flight = zof::DiskTier::flight_bytes(m, planes, keep);
+      EXPECT_EQ(flight, three);
+      const uint64_t least = zof::DiskTier::min_bytes(m, planes, keep);
+      EXPECT_EQ(least, kept + 2 * largest);
+      // What stays resident besides the kept blocks at a budget leaving `room` beyond the ring.
+      auto first_fit = [&](uint64_t room) {
+        uint64_t r = 0;
+        for (uint64_t bytes : walk)
+          if (bytes <= room) {
+            room -= bytes;
+            r += bytes;
+          }
+        return r;
+      };
+      const uint64_t all = zof::DiskTier::all_bytes(m, planes);
+      for (const uint64_t extra : {uint64_t(0), walk[0] / 2, walk[0], walk[1] + walk[1] / 3 + 7}) {
+        SCOPED_TRACE("extra " + std::to_string(extra));
+        ASSERT_LT(kept + flight + extra, all);  // some blocks on disk
+        const zof::DiskTierPlan deep = zof::DiskTier::plan(m, planes, kept + flight + extra, keep);
+        EXPECT_EQ(deep.resident_bytes, kept + first_fit(extra));
+        EXPECT_GE(deep.ring_bytes, flight);
+        EXPECT_GE(deep.ring, 2);
+        if (least + extra < kept + flight) {  // only two slots fit: the old ring
+          const zof::DiskTierPlan two = zof::DiskTier::plan(m, planes, least + extra, keep);
+          EXPECT_EQ(two.resident_bytes, kept + first_fit(extra));
+          EXPECT_GE(two.ring_bytes, 2 * largest);
+        }
+      }
+    }
+  }
+}
+
 // The optimizer state's planes come from Backend::alloc_zeroed (and alloc_host_pinned_zeroed
 // when they stream): on the host, zeros that take no memory until written, also where the
 // allocator hands out memory it used before, so that a disk tier's momentum and Adam state is
