@@ -389,7 +389,7 @@ void fill_factors(const ZKey& key, uint32_t tensor, uint32_t side, int64_t i0, i
                   float* out) {
   ZKey k;
   k.seed = key.seed, k.query = key.query, k.dist = kZGaussian;
-  k.step = side == kZFactorV ? key.step / (key.rank_every ? key.rank_every : 1u) : key.step;
+  k.step = z_factor_step(key, side);
   alignas(64) float t[kChunk];
   for (int64_t a = i0 & ~(kChunk - 1); a < i0 + count; a += kChunk) {
     z_chunk64(k, tensor | side, (uint32_t)(a >> 2), t);
@@ -409,7 +409,7 @@ std::shared_ptr<const std::vector<float>> v_table(const ZKey& key, uint32_t tens
     std::shared_ptr<const std::vector<float>> vt;
   };
   thread_local std::vector<Entry> cache;  // most recent last
-  const uint32_t vstep = key.step / (key.rank_every ? key.rank_every : 1u);
+  const uint32_t vstep = z_factor_step(key, kZFactorV);
   for (size_t i = 0; i < cache.size(); ++i) {
     const Entry& e = cache[i];
     if (e.seed == key.seed && e.vstep == vstep && e.query == key.query && e.rank == key.rank &&

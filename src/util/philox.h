@@ -232,13 +232,18 @@ ZOF_HD void z_groups16(const ZKey& key, uint32_t tensor, uint32_t g0, float* out
 // every z: the CPU pass draws U's rows and V into tables (cpu_zo.cpp) and gets these bits.
 constexpr uint32_t kZFactorU = 1u << 30, kZFactorV = 1u << 31;
 
-// Factor element `index` of a low-rank key: side kZFactorU (under the key's step) or kZFactorV
-// (under step / rank_every).
+// The step a factor side draws under: U the key's, V step / rank_every (LOZO's lazy V).
+ZOF_HD uint32_t z_factor_step(const ZKey& key, uint32_t side) {
+  return side == kZFactorV ? key.step / (key.rank_every ? key.rank_every : 1u) : key.step;
+}
+
+// Factor element `index` of a low-rank key: side kZFactorU or kZFactorV, under
+// z_factor_step.
 ZOF_HD void z_factor_group(const ZKey& key, uint32_t tensor, uint32_t side, uint32_t group,
                            float out[4]) {
   ZKey k = key;
   k.dist = kZGaussian;
-  if (side == kZFactorV) k.step = key.step / (key.rank_every ? key.rank_every : 1u);
+  k.step = z_factor_step(key, side);
   z_group_dense(k, tensor | side, group, out);
 }
 ZOF_HD float z_factor(const ZKey& key, uint32_t tensor, uint32_t side, uint64_t index) {
