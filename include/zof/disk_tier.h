@@ -93,17 +93,23 @@ class DiskTier : public BlockAccess {
   // The blocks a tier keeps resident: the block holding a tied LM head (the embedding's table,
   // which a walk reads first and last), none for an untied one.
   static std::vector<int> kept_blocks(const Model& m);
-  // The ring a walk keeps busy: the most bytes of three blocks in a row of the walk's order
-  // (block order, wrapping into the next walk; `keep` skipped), and no less than min_bytes'
-  // two slots of the largest. Three: the block the walk computes, the next read ahead and
-  // the last written behind. With two, the read of the next waits for the last one's write.
+  // The ring a walk that writes back keeps busy: the most bytes of three blocks in a row of
+  // the walk's order (block order, wrapping into the next walk; `keep` skipped), and no less
+  // than min_bytes' two slots of the largest. Three: the block the walk computes, the next
+  // read ahead and the last written behind; with two, the read of the next waits for the
+  // last one's write. Taken over every block that could be on disk, before the plan knows
+  // which are: where some of them stay resident, three disk blocks in a row may be more
+  // (then they take the ring's two slots, a speed matter only).
   static uint64_t flight_bytes(const Model& m, int planes, const std::vector<int>& keep);
   // The blocks kept resident: `keep`, then the others from block 0 while the budget, less the
-  // ring (flight_bytes where the budget holds it with `keep`, else min_bytes' two slots of the
-  // largest), holds them; the ring as large as the rest of the budget allows.
+  // ring, holds them; the ring as large as the rest of the budget allows. The ring set aside
+  // is flight_bytes where writes_back (a training walk) and the budget holds it with `keep`,
+  // else min_bytes' two slots of the largest (evaluation and generation, which only read).
+  // So a budget that just reaches kept + flight_bytes keeps fewer blocks resident than one a
+  // byte below it: the third slot is worth a block more on disk (bench/RESULTS.md).
   // budget >= min_bytes.
   static DiskTierPlan plan(const Model& m, int planes, uint64_t budget,
-                           const std::vector<int>& keep);
+                           const std::vector<int>& keep, bool writes_back);
 
   // Moves the plan's disk blocks out: creates DIR/zof-blocks-<pid>.bin (space reserved:
   // a full file system is refused here), whose slots are written as the first walk releases

@@ -309,7 +309,9 @@ void read_text_weights(TextWeights& w, const std::string& dir, uint64_t host_mem
                        const std::string& offload_dir, const std::string& dir_flag,
                        WeightPlacement& place) {
   if (host_mem == 0) return;
-  const DiskTierPlan plan = DiskTier::plan(w.model, 1, host_mem, DiskTier::kept_blocks(w.model));
+  // Evaluation and generation only read: no block is written behind, two slots suffice.
+  const DiskTierPlan plan =
+      DiskTier::plan(w.model, 1, host_mem, DiskTier::kept_blocks(w.model), /*writes_back=*/false);
   if (!plan.all_resident()) {
     const std::filesystem::path off =
         offload_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(offload_dir);

@@ -90,7 +90,7 @@ std::vector<int> DiskTier::kept_blocks(const Model& m) {
 }
 
 DiskTierPlan DiskTier::plan(const Model& m, int planes, uint64_t budget,
-                            const std::vector<int>& keep) {
+                            const std::vector<int>& keep, bool writes_back) {
   const int n = (int)m.blocks().size();
   DiskTierPlan p;
   p.on_disk.assign(n, false);
@@ -102,10 +102,10 @@ DiskTierPlan DiskTier::plan(const Model& m, int planes, uint64_t budget,
   ZOF_ASSERT(budget >= least);
   uint64_t kept = 0;
   for (int b : keep) kept += block_bytes(m, b, planes);
-  // The ring first: three blocks in flight where the budget holds them, else two slots of the
-  // largest. (Measured, LLaMA-2-7B's shape with a quarter in RAM: the walk waited 6-7.5 s a
-  // step on reads with two, none with three; bench/RESULTS.md.)
-  const uint64_t flight = flight_bytes(m, planes, keep);
+  // The ring first: three blocks in flight where the walk writes back and the budget holds
+  // them, else two slots of the largest. (Measured, LLaMA-2-7B's shape with a quarter in RAM:
+  // the walk waited 5.9-7.5 s a step on reads with two, none with three; bench/RESULTS.md.)
+  const uint64_t flight = writes_back ? flight_bytes(m, planes, keep) : least - kept;
   uint64_t avail = budget >= kept + flight ? budget - kept - flight : budget - least;
   p.resident_bytes = kept;
   for (int b = 0; b < n; ++b) {

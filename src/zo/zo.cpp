@@ -68,7 +68,8 @@ uint64_t ZOEngine::disk_tier_minimum() const {
 }
 DiskTierPlan ZOEngine::disk_tier_plan(uint64_t host_mem) const {
   impl_->check_disk_budget(host_mem);
-  return DiskTier::plan(impl_->model_, 1 + impl_->state_planes(), host_mem, impl_->disk_keep());
+  return DiskTier::plan(impl_->model_, 1 + impl_->state_planes(), host_mem, impl_->disk_keep(),
+                        /*writes_back=*/true);
 }
 size_t ZOEngine::buffer_bytes() const { return impl_->buffer_bytes_; }
 void ZOEngine::add_buffer_bytes(size_t bytes) { impl_->buffer_bytes_ += bytes; }
@@ -390,7 +391,8 @@ void ZOEngine::Impl::enable_disk_tier(uint64_t host_mem, const std::string& dir,
   ZOF_ASSERT(!disk_);
   check_disk_budget(host_mem);
   const int planes = 1 + state_planes();
-  const DiskTierPlan plan = DiskTier::plan(model_, planes, host_mem, disk_keep());
+  const DiskTierPlan plan =
+      DiskTier::plan(model_, planes, host_mem, disk_keep(), /*writes_back=*/true);
   const bool adopting =
       store && std::any_of(store->adopt.begin(), store->adopt.end(), [](int s) { return s >= 0; });
   if (plan.all_resident() && !adopting) return;

@@ -485,16 +485,29 @@ TEST(DiskTier, ThePlanKeepsThreeBlocksInFlightWhereTheBudgetHoldsThem) {
       for (const uint64_t extra : {uint64_t(0), walk[0] / 2, walk[0], walk[1] + walk[1] / 3 + 7}) {
         SCOPED_TRACE("extra " + std::to_string(extra));
         ASSERT_LT(kept + flight + extra, all);  // some blocks on disk
-        const zof::DiskTierPlan deep = zof::DiskTier::plan(m, planes, kept + flight + extra, keep);
+        const zof::DiskTierPlan deep =
+            zof::DiskTier::plan(m, planes, kept + flight + extra, keep, /*writes_back=*/true);
         EXPECT_EQ(deep.resident_bytes, kept + first_fit(extra));
         EXPECT_GE(deep.ring_bytes, flight);
         EXPECT_GE(deep.ring, 2);
+        // A walk that only reads (evaluation, generation) keeps the two slots at any budget.
+        const zof::DiskTierPlan reads =
+            zof::DiskTier::plan(m, planes, kept + flight + extra, keep, /*writes_back=*/false);
+        EXPECT_EQ(reads.resident_bytes, kept + first_fit(flight - 2 * largest + extra));
         if (least + extra < kept + flight) {  // only two slots fit: the old ring
-          const zof::DiskTierPlan two = zof::DiskTier::plan(m, planes, least + extra, keep);
+          const zof::DiskTierPlan two =
+              zof::DiskTier::plan(m, planes, least + extra, keep, /*writes_back=*/true);
           EXPECT_EQ(two.resident_bytes, kept + first_fit(extra));
           EXPECT_GE(two.ring_bytes, 2 * largest);
         }
       }
+      // Two blocks that can be on disk (the rest kept): no three in a row, two slots of the
+      // larger.
+      std::vector<int> all_but_two;
+      for (int b = 2; b < (int)m.blocks().size(); ++b) all_but_two.push_back(b);
+      const uint64_t b0 = zof::DiskTier::block_bytes(m, 0, planes),
+                     b1 = zof::DiskTier::block_bytes(m, 1, planes);
+      EXPECT_EQ(zof::DiskTier::flight_bytes(m, planes, all_but_two), 2 * std::max(b0, b1));
     }
   }
 }
