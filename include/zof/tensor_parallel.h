@@ -48,6 +48,7 @@ struct ParamSplit {
   Split split = Split::Replicated;
   int64_t rows = 0, cols = 1;  // the full tensor as held (Linear weights (out, in); vectors (n, 1))
   int64_t begin = 0, end = 0;  // Columns: the columns held; Replicated: [0, rows)
+  int64_t width = 0;  // a matrix's full width (its low-rank z's V rows, zkey.h); 0: a vector
   std::vector<std::pair<int64_t, int64_t>> ranges;  // Rows: the row ranges held, in local order
   int64_t numel() const;       // elements held
 };
@@ -96,6 +97,11 @@ void gather(const Plan& p, Group& g, const Model& local, Model& full);
 struct ElementRun {
   int64_t local = 0, global = 0, n = 0;
 };
+// key as parameter pi's passes take it: with the full matrix's width (key.cols), so that a
+// low-rank direction's factors are the whole matrix's (U's rows and V's rows at global indices)
+// wherever the slice's elements lie.
+ZKey param_key(const Plan& p, int pi, const ZKey& key);
+
 // Parameter pi's local elements as runs of global ones, in local order: one run a row range
 // for Rows (three for Phi-3's fused qkv_proj, two for gate_up_proj), one for Replicated, one a
 // row for Columns. A ZO pass over each run at its global first element
@@ -109,8 +115,8 @@ std::vector<ElementRun> element_runs(const Plan& p, int pi);
 void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& key, float eps,
                     int sign, float* out, const std::vector<int>* params = nullptr);
 
-// z of parameter pi's local elements (out: local numel), each z_element(key, pi, its global
-// element): the single process's z of the same elements, bit for bit.
+// z of parameter pi's local elements (out: local numel), each z_element(param_key(p, pi, key),
+// pi, its global element): the single process's z of the same elements, bit for bit.
 void slice_z(const Plan& p, const Model& local, const ZKey& key, int pi, float* out);
 // Every parameter of local moved by scale * z as the ZO passes move it (theta + scale * z,
 // one fmaf): the single process's perturbed weights on the elements this rank holds.

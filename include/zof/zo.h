@@ -274,12 +274,13 @@ class ZOEngine {
   void write_state_blocks(const std::vector<int>& blocks, const StateFn& fn);
   // Sparse MeZO's threshold of each parameter (infinity: dense).
   const std::vector<float>& masks() const;
-  // The model is a tensor-parallel slice (zof/tensor_parallel.h): runs[pi] says which global
-  // elements parameter pi's local ones are, and every update draws z at those, so the slice
-  // takes exactly the single process's update on the elements it holds. Only for an engine that
-  // applies updates (ZOStepOptions::perturb off, dense z, fp32 master, no streaming or disk
+  // The model is the tensor-parallel slice `plan` holds (zof/tensor_parallel.h): every update
+  // draws z at the global elements the slice's are (tp::element_runs; a low-rank direction
+  // from the whole matrix's factors, tp::param_key), so the slice takes exactly the single
+  // process's update on the elements it holds. Only for an engine that applies updates
+  // (ZOStepOptions::perturb off, no Sparse MeZO mask, fp32 master, no streaming or disk
   // tier): the perturbed passes of a slice are the tensor-parallel forward's.
-  void set_element_runs(std::vector<std::vector<tp::ElementRun>> runs);
+  void set_tensor_slice(const tp::Plan& plan);
 
  private:
   // The walk's state, its device buffers and helpers (src/zo/zo_engine.h).

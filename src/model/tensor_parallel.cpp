@@ -121,6 +121,7 @@ Plan plan(const ModelConfig& c, int rank, int T) {
     ParamSplit s;
     s.rows = q.shape[0];
     s.cols = q.shape.size() > 1 ? q.shape[1] : 1;
+    s.width = q.shape.size() > 1 ? q.shape.back() : 0;
     auto rows = [&](int64_t b, int64_t e) { s.split = Split::Rows, s.ranges.push_back({b, e}); };
     auto cols = [&](int64_t b, int64_t e) { s.split = Split::Columns, s.begin = b, s.end = e; };
     const std::string& n = q.name;
@@ -243,6 +244,12 @@ std::vector<ElementRun> element_runs(const Plan& p, int pi) {
   return runs;
 }
 
+ZKey param_key(const Plan& p, int pi, const ZKey& key) {
+  ZKey k = key;
+  k.cols = (uint32_t)p.params[(size_t)pi].width;
+  return k;
+}
+
 void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& key, float eps,
                     int sign, float* out, const std::vector<int>* params) {
   ZOF_ASSERT(local.storage_dtype() == DType::F32 && (sign == 1 || sign == -1));
@@ -254,8 +261,9 @@ void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& 
   for (int pi : *params) {
     const Param& q = local.params()[(size_t)pi];
     float* dst = out + q.offset;
+    const ZKey k = param_key(p, pi, key);
     for (const ElementRun& r : element_runs(p, pi))
-      be.zo_pass(Theta(q.data + r.local), r.n, (uint32_t)pi, r.global, nullptr, 0, 0.f, &key, eps,
+      be.zo_pass(Theta(q.data + r.local), r.n, (uint32_t)pi, r.global, nullptr, 0, 0.f, &k, eps,
                  sign > 0 ? dst + r.local : nullptr, sign < 0 ? dst + r.local : nullptr,
                  DType::F32);
   }
@@ -264,7 +272,8 @@ void perturbed_copy(const Plan& p, Backend& be, const Model& local, const ZKey& 
 
 void slice_z(const Plan& p, const Model& local, const ZKey& key, int pi, float* out) {
   const int64_t n = local.params()[(size_t)pi].numel;
-  for (int64_t j = 0; j < n; ++j) out[j] = z_element(key, (uint32_t)pi, (uint64_t)p.global_element(pi, j));
+  const ZKey k = param_key(p, pi, key);
+  for (int64_t j = 0; j < n; ++j) out[j] = z_element(k, (uint32_t)pi, (uint64_t)p.global_element(pi, j));
 }
 
 void perturb(const Plan& p, Model& local, const ZKey& key, float scale) {

@@ -103,8 +103,7 @@ class TensorEstimator : public SpsaEstimator {
     std::vector<float> nll;
     std::vector<double> row;
     for (int j = 0; j < o.queries; ++j) {
-      ZKey key{o.seed, step, (uint32_t)j};
-      key.dist = o.dist;
+      const ZKey key = direction_key(o, step, (uint32_t)j);
       for (int sign : {1, -1}) {
         tp::perturbed_copy(share_.plan(), be_, share_.local(), key, o.eps, sign, work_.storage(),
                            &share_.stage_params());

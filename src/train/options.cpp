@@ -55,9 +55,9 @@ void validate_options(const TrainOptions& o, bool new_run) {
     refuse_unless(o.dtype != ComputeChoice::Bf16 && o.master != MasterChoice::Bf16,
                   "computes and keeps its master in fp32 for now",
                   "drop --dtype bf16 and --master bf16");
-    refuse_unless(!o.one_sided && o.sparsity == 0.f && o.low_rank == 0,
-                  "draws dense, two-sided directions for now",
-                  "drop --one-sided, --sparsity and --low-rank");
+    refuse_unless(!o.one_sided && o.sparsity == 0.f,
+                  "draws two-sided directions without Sparse MeZO's mask for now",
+                  "drop --one-sided and --sparsity");
     ZOF_CHECK(o.host_mem.empty(),
               t + " holds each rank's slice in host memory: drop --host-mem (the disk tier)");
   }

@@ -71,12 +71,6 @@ void TensorShare::wire(tp::TensorForward& fwd) {
   fwd.set_stage(first, last, std::move(recv), std::move(send));
 }
 
-std::vector<std::vector<tp::ElementRun>> TensorShare::element_runs() const {
-  std::vector<std::vector<tp::ElementRun>> runs;
-  for (int pi = 0; pi < (int)local_.params().size(); ++pi)
-    runs.push_back(tp::element_runs(plan_, pi));
-  return runs;
-}
 
 void TensorShare::gather_to_root(Model& full) { gather_storage_to_root(local_.storage(), full); }
 

@@ -22,8 +22,6 @@ class TensorShare {
   const tp::Plan& plan() const { return plan_; }
   tp::Group& group() { return *group_; }
   const ModelConfig& config() const { return config_; }
-  // Every parameter's element runs (ZOEngine::set_element_runs).
-  std::vector<std::vector<tp::ElementRun>> element_runs() const;
   // The parameters this rank's pipeline stage reads (every one without stages): its blocks',
   // and a tied LM head's token table on the head's stage (whose engine keeps that block
   // current too: ZOEngine::owns_block).

@@ -515,7 +515,7 @@ json finetune(TrainOptions opt, TrainSink* user_sink, const GivenOptions* given)
   ZOStepOptions zo = zo_step_options(opt);
   if (share) zo.perturb = false;  // its perturbed passes are the tensor-parallel forward's
   ZOEngine engine(share ? share->local() : model, *backend, data->max_rows(), zo);
-  if (share) engine.set_element_runs(share->element_runs());
+  if (share) engine.set_tensor_slice(share->plan());
   auto estimator = share ? make_tensor_estimator(engine, *share, *backend, data->max_rows())
                          : make_estimator(opt, engine, model, *backend, data->max_rows());
   job.wire_pipeline(engine, (int)model.config().num_layers);

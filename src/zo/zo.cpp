@@ -88,17 +88,20 @@ void ZOEngine::write_state_blocks(const std::vector<int>& blocks, const StateFn&
   impl_->write_state_blocks(blocks, fn);
 }
 const std::vector<float>& ZOEngine::masks() const { return impl_->mask_; }
-void ZOEngine::set_element_runs(std::vector<std::vector<tp::ElementRun>> runs) {
+void ZOEngine::set_tensor_slice(const tp::Plan& plan) {
   Impl& i = *impl_;
-  ZOF_ASSERT(runs.size() == i.model_.params().size() && !i.opt_.perturb && !i.stream_ &&
-             !i.disk_ && i.opt_.master == DType::F32 && i.model_.storage_dtype() == DType::F32 &&
-             i.opt_.sparsity == 0.f && i.opt_.low_rank == 0);
-  for (size_t pi = 0; pi < runs.size(); ++pi) {
+  const int np = (int)i.model_.params().size();
+  ZOF_ASSERT((int)plan.params.size() == np && !i.opt_.perturb && !i.stream_ && !i.disk_ &&
+             i.opt_.master == DType::F32 && i.model_.storage_dtype() == DType::F32 &&
+             i.opt_.sparsity == 0.f);
+  i.element_runs_.clear();
+  i.slice_ = &plan;
+  for (int pi = 0; pi < np; ++pi) {
+    i.element_runs_.push_back(tp::element_runs(plan, pi));
     int64_t n = 0;
-    for (const tp::ElementRun& r : runs[pi]) n += r.n;
+    for (const tp::ElementRun& r : i.element_runs_.back()) n += r.n;
     ZOF_ASSERT(n == i.model_.params()[pi].numel);
   }
-  i.element_runs_ = std::move(runs);
 }
 
 // ---- the engine ----------------------------------------------------------------------------

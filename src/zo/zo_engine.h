@@ -92,10 +92,11 @@ struct ZOEngine::Impl {
   // The type of parameter pi's perturbed copies: the compute dtype for matrices, else fp32.
   DType copy_dtype(int pi) const;
   void release_buffers();  // frees every buffer allocated so far
-  // Parameter pi's elements as runs of the elements z is drawn at: the runs set_element_runs
-  // gave (a tensor-parallel slice), else one run of the whole tensor at element 0.
+  // Parameter pi's elements as runs of the elements z is drawn at: a tensor-parallel slice's
+  // (set_tensor_slice), else one run of the whole tensor at element 0.
   std::vector<tp::ElementRun> element_runs(int pi) const;
   std::vector<std::vector<tp::ElementRun>> element_runs_;  // per parameter; empty: the identity
+  const tp::Plan* slice_ = nullptr;  // set_tensor_slice's plan (its owner outlives the engine)
   // The key of query j at step with this engine's distribution, and a key's copy with tensor
   // pi's Sparse MeZO mask.
   ZKey key(uint32_t step, int j) const;

@@ -28,7 +28,9 @@ std::vector<tp::ElementRun> ZOEngine::Impl::element_runs(int pi) const {
 ZKey ZOEngine::Impl::masked(const ZKey& k, int pi) const {
   ZKey m = k;
   m.mask = mask_[pi];
-  // A low-rank direction draws a matrix's z from factors of its width; vectors stay dense.
+  // A low-rank direction draws a matrix's z from factors of its width (a slice's: the whole
+  // matrix's); vectors stay dense.
+  if (slice_) return tp::param_key(*slice_, pi, m);
   const Param& p = model_.params()[pi];
   m.cols = p.shape.size() >= 2 ? (uint32_t)p.shape.back() : 0;
   return m;

@@ -86,7 +86,7 @@ std::vector<Case> flag_cases() {
       {"FlagTensorParallelBf16", {}, kRun + " --tensor-parallel 4 --dtype bf16", 1,
        R"(^--tensor-parallel 4 computes and keeps its master in fp32 for now: drop --dtype bf16 and --master bf16$)"},
       {"FlagTensorParallelSparse", {}, kRun + " --tensor-parallel 2 --sparsity 0.5", 1,
-       R"(^--tensor-parallel 2 draws dense, two-sided directions for now: drop --one-sided, --sparsity and --low-rank$)"},
+       R"(^--tensor-parallel 2 draws two-sided directions without Sparse MeZO's mask for now: drop --one-sided and --sparsity$)"},
       // A resumed run's choices are its run.json's: the fix is to resume without the flag.
       {"FlagTensorParallelResumesABf16MasterRun",
        [](Sandbox& s) { s.run("bf16run", "--master bf16"); },
@@ -177,8 +177,6 @@ std::vector<Case> flag_cases() {
        R"(^--low-rank 2 is a direction of the SPSA estimator; the JVP estimator draws dense Gaussian tangents: drop --low-rank, or use --estimator spsa$)"},
       {"FlagLowRankRademacher", {}, kRun + " --low-rank 2 --z rademacher", 1,
        R"(^--low-rank 2 draws Gaussian factors U and V, and --z rademacher \+-1 elements: drop --z rademacher, or drop --low-rank$)"},
-      {"FlagTensorParallelLowRank", {}, kRun + " --tensor-parallel 2 --low-rank 2", 1,
-       R"(^--tensor-parallel 2 draws dense, two-sided directions for now: drop --one-sided, --sparsity and --low-rank$)"},
       {"FlagSeedNegative", {}, kRun + " --seed -1", 1,
        R"(^--seed must be a whole number from 0 to 18446744073709551615, not -1$)"},
       {"FlagSeedBeyondUint64", {}, kRun + " --seed 18446744073709551616", 1,

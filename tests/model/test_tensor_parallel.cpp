@@ -306,90 +306,98 @@ TEST_P(TensorParallel, PerturbedSlicesAreTheSingleProcessPerturbedModel) {
 // What finetune --tensor-parallel runs on a rank: tp::perturbed_copy's two streams, and the
 // ZO engine's updates over the slice's element runs (SGD with weight decay, momentum, Adam, two
 // steps each so that the state carries over), are the single process's on the elements the
-// slice holds, bit for bit.
+// slice holds, bit for bit; with dense directions and with low-rank ones (--low-rank 2, V new
+// every 2 steps: the two steps draw different U and the same V), whose factors are the whole
+// matrix's, also where a row-parallel slice holds a part of each row.
 TEST_P(TensorParallel, ASlicesCopiesAndUpdatesAreTheSingleProcessOnesBitForBit) {
   const std::string dir = model_dir(GetParam());
   ZOF_REQUIRE_PATH(dir + "/model.safetensors");
   const zof::Model full = zof::Model::load(dir);
   auto be = zof::test::cpu_backend(1);
-  zof::ZKey key{99, 3, 1, zof::kZGaussian};
-  const float eps = 1e-3f;
-  for (int sign : {1, -1}) {
-    zof::Model one = zof::Model::load(dir);  // the single process's stream, whole
-    for (int pi = 0; pi < (int)one.params().size(); ++pi) {
-      zof::Param& q = one.params()[(size_t)pi];
-      std::vector<float> out((size_t)q.numel);
-      be->zo_pass(zof::Theta(q.data), q.numel, (uint32_t)pi, 0, nullptr, 0, 0.f, &key, eps,
-                  sign > 0 ? out.data() : nullptr, sign < 0 ? out.data() : nullptr);
-      be->synchronize(nullptr);
-      std::memcpy(q.data, out.data(), out.size() * sizeof(float));
-    }
-    for (int T : {2, 4})
-      for (int r = 0; r < T; ++r) {
-        const zof::tp::Plan p = zof::tp::plan(full.config(), r, T);
-        const zof::Model mine = zof::tp::slice(full, p);
-        zof::Model copy = zof::Model::zeros(p.local);
-        zof::tp::perturbed_copy(p, *be, mine, key, eps, sign, copy.storage());
-        const zof::Model want = zof::tp::slice(one, p);
-        EXPECT_EQ(0, std::memcmp(copy.storage(), want.storage(),
-                                 want.storage_size() * sizeof(float)))
-            << "sign " << sign << " T=" << T << " rank " << r;
+  for (const uint32_t rank : {0u, 2u}) {
+    SCOPED_TRACE("low rank " + std::to_string(rank));
+    zof::ZKey key{99, 3, 1, zof::kZGaussian};
+    key.rank = rank;
+    key.rank_every = 2;
+    const float eps = 1e-3f;
+    for (int sign : {1, -1}) {
+      zof::Model one = zof::Model::load(dir);  // the single process's stream, whole
+      for (int pi = 0; pi < (int)one.params().size(); ++pi) {
+        zof::Param& q = one.params()[(size_t)pi];
+        std::vector<float> out((size_t)q.numel);
+        zof::ZKey k = key;  // a matrix's width, as the engine's walk sets it
+        k.cols = q.shape.size() >= 2 ? (uint32_t)q.shape.back() : 0;
+        be->zo_pass(zof::Theta(q.data), q.numel, (uint32_t)pi, 0, nullptr, 0, 0.f, &k, eps,
+                    sign > 0 ? out.data() : nullptr, sign < 0 ? out.data() : nullptr);
+        be->synchronize(nullptr);
+        std::memcpy(q.data, out.data(), out.size() * sizeof(float));
       }
-  }
-  using Opt = zof::ZOStepOptions::Optimizer;
-  for (Opt o : {Opt::SGD, Opt::Momentum, Opt::Adam}) {
-    zof::ZOStepOptions opt;
-    opt.perturb = false;
-    opt.optimizer = o;
-    opt.weight_decay = 0.1f;
-    opt.queries = 2;
-    opt.seed = 5;
-    auto steps = [&](zof::ZOEngine& e) {
-      e.schedule_update(0, 1e-2f, {0.7, -1.3});
-      e.flush();
-      e.schedule_update(1, 1e-2f, {-0.4, 2.1});
-      e.flush();
-    };
-    zof::Model one = zof::Model::load(dir);
-    std::vector<float> m1, v1;
-    {
-      zof::ZOEngine e(one, *be, 8, opt);
-      steps(e);
-      e.read_state(m1, v1);
-    }
-    for (int T : {2, 4})
-      for (int r = 0; r < T; ++r) {
-        const zof::tp::Plan p = zof::tp::plan(full.config(), r, T);
-        zof::Model mine = zof::tp::slice(full, p);
-        std::vector<std::vector<zof::tp::ElementRun>> runs;
-        for (int pi = 0; pi < (int)mine.params().size(); ++pi)
-          runs.push_back(zof::tp::element_runs(p, pi));
-        std::vector<float> m, v;
-        {
-          zof::ZOEngine e(mine, *be, 8, opt);
-          e.set_element_runs(runs);
-          steps(e);
-          e.read_state(m, v);
+      for (int T : {2, 4})
+        for (int r = 0; r < T; ++r) {
+          const zof::tp::Plan p = zof::tp::plan(full.config(), r, T);
+          const zof::Model mine = zof::tp::slice(full, p);
+          zof::Model copy = zof::Model::zeros(p.local);
+          zof::tp::perturbed_copy(p, *be, mine, key, eps, sign, copy.storage());
+          const zof::Model want = zof::tp::slice(one, p);
+          EXPECT_EQ(0, std::memcmp(copy.storage(), want.storage(),
+                                   want.storage_size() * sizeof(float)))
+              << "sign " << sign << " T=" << T << " rank " << r;
         }
-        const zof::Model want = zof::tp::slice(one, p);
-        EXPECT_EQ(0, std::memcmp(mine.storage(), want.storage(),
-                                 want.storage_size() * sizeof(float)))
-            << "optimizer " << (int)o << " T=" << T << " rank " << r;
-        // The state too: the single process's state planes, sliced as the weights are.
-        auto expect_plane = [&](const std::vector<float>& whole, const std::vector<float>& mine,
-                                const char* plane) {
-          zof::Model st = zof::Model::zeros(full.config());
-          ASSERT_EQ((int64_t)whole.size(), st.storage_size());
-          std::memcpy(st.storage(), whole.data(), whole.size() * sizeof(float));
-          const zof::Model sl = zof::tp::slice(st, p);
-          ASSERT_EQ((int64_t)mine.size(), sl.storage_size());
-          EXPECT_EQ(0, std::memcmp(mine.data(), sl.storage(), mine.size() * sizeof(float)))
-              << "optimizer " << (int)o << " T=" << T << " rank " << r << ": " << plane;
-        };
-        if (o != Opt::SGD) expect_plane(m1, m, "m");
-        if (o == Opt::Adam) expect_plane(v1, v, "v");
-        EXPECT_EQ(v.empty(), o != Opt::Adam);
+    }
+    using Opt = zof::ZOStepOptions::Optimizer;
+    for (Opt o : {Opt::SGD, Opt::Momentum, Opt::Adam}) {
+      zof::ZOStepOptions opt;
+      opt.perturb = false;
+      opt.optimizer = o;
+      opt.weight_decay = 0.1f;
+      opt.queries = 2;
+      opt.seed = 5;
+      opt.low_rank = rank;
+      opt.low_rank_every = 2;
+      auto steps = [&](zof::ZOEngine& e) {
+        e.schedule_update(0, 1e-2f, {0.7, -1.3});
+        e.flush();
+        e.schedule_update(1, 1e-2f, {-0.4, 2.1});
+        e.flush();
+      };
+      zof::Model one = zof::Model::load(dir);
+      std::vector<float> m1, v1;
+      {
+        zof::ZOEngine e(one, *be, 8, opt);
+        steps(e);
+        e.read_state(m1, v1);
       }
+      for (int T : {2, 4})
+        for (int r = 0; r < T; ++r) {
+          const zof::tp::Plan p = zof::tp::plan(full.config(), r, T);
+          zof::Model mine = zof::tp::slice(full, p);
+          std::vector<float> m, v;
+          {
+            zof::ZOEngine e(mine, *be, 8, opt);
+            e.set_tensor_slice(p);
+            steps(e);
+            e.read_state(m, v);
+          }
+          const zof::Model want = zof::tp::slice(one, p);
+          EXPECT_EQ(0, std::memcmp(mine.storage(), want.storage(),
+                                   want.storage_size() * sizeof(float)))
+              << "optimizer " << (int)o << " T=" << T << " rank " << r;
+          // The state too: the single process's state planes, sliced as the weights are.
+          auto expect_plane = [&](const std::vector<float>& whole, const std::vector<float>& mine,
+                                  const char* plane) {
+            zof::Model st = zof::Model::zeros(full.config());
+            ASSERT_EQ((int64_t)whole.size(), st.storage_size());
+            std::memcpy(st.storage(), whole.data(), whole.size() * sizeof(float));
+            const zof::Model sl = zof::tp::slice(st, p);
+            ASSERT_EQ((int64_t)mine.size(), sl.storage_size());
+            EXPECT_EQ(0, std::memcmp(mine.data(), sl.storage(), mine.size() * sizeof(float)))
+                << "optimizer " << (int)o << " T=" << T << " rank " << r << ": " << plane;
+          };
+          if (o != Opt::SGD) expect_plane(m1, m, "m");
+          if (o == Opt::Adam) expect_plane(v1, v, "v");
+          EXPECT_EQ(v.empty(), o != Opt::Adam);
+        }
+    }
   }
 }
 

@@ -208,6 +208,25 @@ TEST_F(MpiTensorFinetune, TwoAndFourRanksWithinFp32OfOneProcessRerunsIdenticalAn
   expect_identical(dir_ / "t2", r);
 }
 
+// Low-rank directions (--low-rank 2, V new every 3 steps) over slices: each rank draws the whole
+// matrix's factor rows for the elements it holds, so T = 2 (row-parallel slices hold half of
+// each row of o and down) steps within fp32 of one process's low-rank run, reruns identically,
+// and is not the dense run.
+TEST_F(MpiTensorFinetune, LowRankDirectionsWithinFp32OfOneProcess) {
+  const std::string lr = "--low-rank 2 --low-rank-every 3";
+  const fs::path one = dir_ / "one", dense = dir_ / "dense", a = dir_ / "a", b = dir_ / "b";
+  ASSERT_EQ(run_command(args(one, 8, lr)).code, 0);
+  const auto ra = run_command(mpirun(2) + args(a, 8, lr + " --tensor-parallel 2"));
+  ASSERT_EQ(ra.code, 0) << ra.err;
+  expect_within_fp32(one, a);
+  ASSERT_EQ(run_command(mpirun(2) + args(b, 8, lr + " --tensor-parallel 2")).code, 0);
+  expect_identical(a, b);
+  ASSERT_EQ(run_command(mpirun(2) + args(dense, 8, "--tensor-parallel 2")).code, 0);
+  const auto sa = records(a, "step"), sd = records(dense, "step");
+  ASSERT_EQ(sa.size(), sd.size());
+  EXPECT_NE(sa.back()["g"], sd.back()["g"]);  // the directions are not the dense ones
+}
+
 TEST_F(MpiTensorFinetune, KilledRankStopsTheJobAndTheRunResumesOnItsGridOrAnother) {
   const fs::path ref = dir_ / "ref", run = dir_ / "run";
   ASSERT_EQ(run_command(mpirun(2) + args(ref, 24, "--tensor-parallel 2")).code, 0);
