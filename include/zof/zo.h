@@ -280,7 +280,8 @@ class ZOEngine {
   // process's update on the elements it holds. Only for an engine that applies updates
   // (ZOStepOptions::perturb off, no Sparse MeZO mask, fp32 master, no streaming or disk
   // tier): the perturbed passes of a slice are the tensor-parallel forward's.
-  void set_tensor_slice(const tp::Plan& plan);
+  void set_tensor_slice(const tp::Plan& plan);  // plan outlives the engine
+  void set_tensor_slice(const tp::Plan&& plan) = delete;
 
  private:
   // The walk's state, its device buffers and helpers (src/zo/zo_engine.h).

@@ -400,8 +400,11 @@ void fill_factors(const ZKey& key, uint32_t tensor, uint32_t side, int64_t i0, i
 
 // V of a low-rank key, transposed (vt[k * cols + j] = V[j][k]) so that a row's elements read it
 // in order. It is the same for every pass over a tensor under one (seed, query, step /
-// rank_every), and the token table's rows, the LM head's chunks and the held passes each cover
-// a part of a tensor, so the calling thread keeps the last few it drew.
+// rank_every), and the token table's rows, the LM head's chunks, the held passes and a
+// tensor-parallel slice's row runs (one pass a row of a row-parallel o or down, each with a
+// key per update term) each cover a part of a tensor, so the calling thread keeps the ones it
+// drew last: up to 32 MiB of them, and never fewer than 4 (a pass with q terms finds all its
+// q + 1 keys' tables again at the next row while they fit).
 std::shared_ptr<const std::vector<float>> v_table(const ZKey& key, uint32_t tensor) {
   struct Entry {
     uint64_t seed;
@@ -426,9 +429,14 @@ std::shared_ptr<const std::vector<float>> v_table(const ZKey& key, uint32_t tens
   auto vt = std::make_shared<std::vector<float>>(v.size());
   for (int64_t j = 0; j < cols; ++j)
     for (int64_t k = 0; k < r; ++k) (*vt)[size_t(k * cols + j)] = v[size_t(j * r + k)];
-  constexpr size_t kKept = 4;
-  if (cache.size() == kKept) cache.erase(cache.begin());
   cache.push_back({key.seed, vstep, key.query, key.rank, key.cols, tensor, vt});
+  constexpr size_t kKeptBytes = size_t(32) << 20, kKeptLeast = 4;
+  size_t bytes = 0;
+  for (const Entry& e : cache) bytes += e.vt->size() * sizeof(float);
+  while (cache.size() > kKeptLeast && bytes > kKeptBytes) {
+    bytes -= cache.front().vt->size() * sizeof(float);
+    cache.erase(cache.begin());
+  }
   return vt;
 }
 

@@ -267,6 +267,28 @@ TEST_P(TensorParallel, PerturbedSlicesAreTheSingleProcessPerturbedModel) {
       zof::tp::slice_z(p, mine, key, pi, z.data());
       for (int64_t j = 0; j < (int64_t)z.size(); j += 7)
         ASSERT_EQ(z[(size_t)j], zof::z_element(key, (uint32_t)pi, (uint64_t)p.global_element(pi, j)));
+      // A low-rank key's z of a column-parallel (q_proj, Phi-3's qkv_proj) and a row-parallel
+      // (o_proj) slice: the whole matrix's, at the width of the full model's tensor.
+      int checked = 0;
+      for (const std::string name : {"q_proj.weight", "qkv_proj.weight", "o_proj.weight"}) {
+        int lp = -1;
+        for (int i = 0; i < (int)full.params().size() && lp < 0; ++i)
+          if (full.params()[(size_t)i].name == "model.layers.0.self_attn." + name) lp = i;
+        if (lp < 0) continue;
+        ++checked;
+        zof::ZKey lk = key;
+        lk.rank = 2;
+        lk.rank_every = 3;
+        zof::ZKey whole = lk;
+        whole.cols = (uint32_t)full.params()[(size_t)lp].shape.back();
+        std::vector<float> lz((size_t)mine.params()[(size_t)lp].numel);
+        zof::tp::slice_z(p, mine, lk, lp, lz.data());
+        for (int64_t j = 0; j < (int64_t)lz.size(); j += 5)
+          ASSERT_EQ(lz[(size_t)j],
+                    zof::z_element(whole, (uint32_t)lp, (uint64_t)p.global_element(lp, j)))
+              << name << " T=" << T << " rank " << r << " element " << j;
+      }
+      EXPECT_EQ(checked, 2);
     }
   }
   // The perturbed slices gathered are the single process's perturbed model, and saved they are
@@ -304,11 +326,11 @@ TEST_P(TensorParallel, PerturbedSlicesAreTheSingleProcessPerturbedModel) {
 }
 
 // What finetune --tensor-parallel runs on a rank: tp::perturbed_copy's two streams, and the
-// ZO engine's updates over the slice's element runs (SGD with weight decay, momentum, Adam, two
-// steps each so that the state carries over), are the single process's on the elements the
-// slice holds, bit for bit; with dense directions and with low-rank ones (--low-rank 2, V new
-// every 2 steps: the two steps draw different U and the same V), whose factors are the whole
-// matrix's, also where a row-parallel slice holds a part of each row.
+// ZO engine's updates over the slice's element runs (SGD with weight decay, momentum, Adam,
+// three steps each so that the state carries over), are the single process's on the elements
+// the slice holds, bit for bit; with dense directions and with low-rank ones (--low-rank 2, V
+// new every 2 steps: steps 0 and 1 draw different U and the same V, step 2 a new V), whose
+// factors are the whole matrix's, also where a row-parallel slice holds a part of each row.
 TEST_P(TensorParallel, ASlicesCopiesAndUpdatesAreTheSingleProcessOnesBitForBit) {
   const std::string dir = model_dir(GetParam());
   ZOF_REQUIRE_PATH(dir + "/model.safetensors");
@@ -358,6 +380,8 @@ TEST_P(TensorParallel, ASlicesCopiesAndUpdatesAreTheSingleProcessOnesBitForBit) 
         e.schedule_update(0, 1e-2f, {0.7, -1.3});
         e.flush();
         e.schedule_update(1, 1e-2f, {-0.4, 2.1});
+        e.flush();
+        e.schedule_update(2, 1e-2f, {0.3, 0.9});  // a low-rank direction's new V
         e.flush();
       };
       zof::Model one = zof::Model::load(dir);
