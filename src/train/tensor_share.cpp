@@ -71,7 +71,6 @@ void TensorShare::wire(tp::TensorForward& fwd) {
   fwd.set_stage(first, last, std::move(recv), std::move(send));
 }
 
-
 void TensorShare::gather_to_root(Model& full) { gather_storage_to_root(local_.storage(), full); }
 
 void TensorShare::gather_plane_to_root(const std::vector<float>& mine, std::vector<float>& whole) {
